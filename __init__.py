@@ -1,0 +1,32 @@
+"""quern: a step-addressable input pipeline for JAX.
+
+Every batch is a pure function of (pipeline definition, step, host slice)::
+
+    import quern
+    src = quern.sources.ArrayRecordSource("data/train-*.array_record")
+    pipe = (quern.Pipeline.from_source(src, seed=0).shuffle()
+            .map(quern.transforms.decode(np.int32)).map(quern.transforms.pad(512))
+            .batch(256))
+    batch = pipe.batch_at(step)          # or: for batch in pipe.iterator(start_step=step)
+"""
+
+from . import transforms
+from .pipeline import index, sources
+from .pipeline.collate import collate
+from .pipeline.dataset import Pipeline, StepError
+from .pipeline.loader import PipelineIterator
+from .pipeline.sources import SourceError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Pipeline",
+    "PipelineIterator",
+    "StepError",
+    "SourceError",
+    "collate",
+    "index",
+    "sources",
+    "transforms",
+    "__version__",
+]

@@ -1,0 +1,85 @@
+"""Collation: a list of records -> one batch.
+
+Dicts collate key by key, tuples and lists position by position, arrays and
+numbers are stacked along a new first axis, ``bytes`` and ``str`` become an
+object array. The result depends only on the records and their order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["collate", "CollatedRows"]
+
+
+class CollatedRows(Sequence):
+    """Records that are already stacked into one batch (``collated``).
+
+    Behaves as a read-only sequence of per-row records (row ``i`` is the batch
+    with every array indexed by ``i``, built on access), and :func:`collate`
+    returns ``collated`` itself, saving a copy. Vectorised transforms
+    (``map_many``) return it."""
+
+    def __init__(self, collated: Any, length: int):
+        self.collated = collated
+        self._len = int(length)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._len))]
+        if not -self._len <= i < self._len:
+            raise IndexError(i)
+        return _row(self.collated, i)
+
+
+def _row(batch: Any, i: int) -> Any:
+    if isinstance(batch, Mapping):
+        return {k: _row(v, i) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_row(v, i) for v in batch)
+    return batch[i]
+
+
+def collate(records: Sequence[Any], path: str = "batch") -> Any:
+    """Collate ``records`` (all of the same structure) into a batch.
+
+    Raises ``ValueError`` naming the key path when records disagree in
+    structure, keys or array shapes."""
+    if isinstance(records, CollatedRows):
+        return records.collated
+    if not len(records):
+        raise ValueError(f"{path}: cannot collate an empty list of records")
+    first = records[0]
+    if isinstance(first, Mapping):
+        keys = list(first)
+        for i, r in enumerate(records):
+            if not isinstance(r, Mapping) or len(r) != len(keys) or any(k not in r for k in keys):
+                got = list(r) if isinstance(r, Mapping) else type(r).__name__
+                raise ValueError(f"{path}: row {i} has keys {got}, row 0 has {keys}")
+        return {k: collate([r[k] for r in records], f"{path}[{k!r}]") for k in keys}
+    if isinstance(first, (tuple, list)) and not isinstance(first, np.ndarray):
+        n = len(first)
+        for i, r in enumerate(records):
+            if not isinstance(r, (tuple, list)) or len(r) != n:
+                raise ValueError(f"{path}: row {i} is {type(r).__name__} of length {len(r) if hasattr(r, '__len__') else '?'}, row 0 has {n} fields")
+        out = [collate([r[j] for r in records], f"{path}[{j}]") for j in range(n)]
+        return tuple(out) if isinstance(first, tuple) else out
+    if isinstance(first, (bytes, str)):
+        arr = np.empty(len(records), dtype=object)
+        arr[:] = list(records)
+        return arr
+    if first is None:
+        raise ValueError(f"{path}: records hold None, which cannot be collated")
+    try:
+        return np.stack([np.asarray(r) for r in records])
+    except ValueError as e:
+        shapes = sorted({np.shape(r) for r in records})
+        raise ValueError(
+            f"{path}: arrays of different shapes {shapes[:4]} cannot be stacked; pad or truncate them first "
+            f"(e.g. quern.transforms.pad)"
+        ) from e

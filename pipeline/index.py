@@ -1,0 +1,220 @@
+"""Index arithmetic: stream position -> record id, with no state and no O(N) memory.
+
+Everything here is a pure, vectorised function of its arguments. The
+pipeline's data order is defined by these functions alone:
+
+* ``position p`` (0, 1, 2, ...) is a slot in the endless stream of records;
+* ``epoch = p // N`` and ``j = p % N``;
+* ``record = perm(key(seed, epoch))(j)`` where ``perm`` is a keyed bijection on
+  ``[0, N)`` (a Feistel network with cycle walking), or the block shuffle
+  variant for row-group formats;
+* step ``s`` of global batch ``B`` covers positions ``[s*B, (s+1)*B)``, and
+  host ``h`` of ``H`` owns rows ``[h*B/H, (h+1)*B/H)`` of it.
+
+Nothing depends on hosts, workers, threads or time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "MAX_RECORDS",
+    "check_seed",
+    "hash64",
+    "derive_key",
+    "permute",
+    "block_permute",
+    "epoch_record_ids",
+    "host_rows",
+]
+
+_U64 = np.uint64
+_MASK64 = (1 << 64) - 1
+MAX_RECORDS = 1 << 62
+"""Largest supported source length (positions and ids fit in int64 with room)."""
+
+_FEISTEL_ROUNDS = 6
+
+
+def check_seed(seed: object) -> int:
+    """Return ``seed`` as a Python int after checking it is an integer in ``[0, 2**64)``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer in [0, 2**64), got {seed!r} ({type(seed).__name__})")
+    seed = int(seed)
+    if not 0 <= seed <= _MASK64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def hash64(x: np.ndarray | int) -> np.ndarray:
+    """SplitMix64 finaliser, element-wise on ``uint64`` (wrapping arithmetic).
+
+    A bijective mixing function on 64-bit words: the output depends only on ``x``.
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(x, dtype=_U64) + _U64(0x9E3779B97F4A7C15)
+        z ^= z >> _U64(30)
+        z *= _U64(0xBF58476D1CE4E5B9)
+        z ^= z >> _U64(27)
+        z *= _U64(0x94D049BB133111EB)
+        z ^= z >> _U64(31)
+    return z
+
+
+def derive_key(seed: int, *parts: int | np.ndarray) -> np.ndarray:
+    """Hash ``(seed, *parts)`` into a ``uint64`` key (broadcast over array parts).
+
+    The key depends only on the values and their order: ``derive_key(s, e + 1)``
+    is unrelated to ``derive_key(s + 1, e)`` (unlike ``seed + epoch`` schemes).
+    """
+    k = hash64(np.asarray(check_seed(seed), dtype=_U64))
+    for i, part in enumerate(parts):
+        p = np.asarray(part)
+        if p.dtype.kind == "i":
+            p = p.astype(np.int64).view(_U64) if p.ndim else np.asarray(int(p) & _MASK64, dtype=_U64)
+        p = np.asarray(p, dtype=_U64)
+        with np.errstate(over="ignore"):
+            k = hash64(k ^ hash64(p + _U64(i + 1) * _U64(0xD1B54A32D192ED03)))
+    return k
+
+
+def _round_keys(key: np.ndarray) -> list[np.ndarray]:
+    """Per-round subkeys of a Feistel key (scalar or per-element array)."""
+    with np.errstate(over="ignore"):
+        return [hash64(key + _U64(r + 1) * _U64(0x9E3779B97F4A7C15)) for r in range(_FEISTEL_ROUNDS)]
+
+
+def _feistel(x: np.ndarray, half_bits: int, round_keys: list[np.ndarray]) -> np.ndarray:
+    """Balanced Feistel permutation of ``uint64`` values on ``[0, 2**(2*half_bits))``."""
+    mask = _U64((1 << half_bits) - 1)
+    shift = _U64(half_bits)
+    left = (x >> shift) & mask
+    right = x & mask
+    for rk in round_keys:
+        f = hash64(right ^ rk)
+        f &= mask
+        f ^= left
+        left, right = right, f
+    return (left << shift) | right
+
+
+def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
+    """Map indices ``j`` in ``[0, n)`` through the keyed bijection ``perm_key`` on ``[0, n)``.
+
+    A Feistel network on the smallest even bit width covering ``n`` (domain
+    below ``4n``), with cycle walking back into ``[0, n)``: a bijection for every
+    ``n >= 1``. ``key`` is a ``uint64`` scalar or an array broadcast against
+    ``j``. The output depends only on ``(j, n, key)``; memory is O(len(j)).
+    """
+    n = int(n)
+    if not 1 <= n <= MAX_RECORDS:
+        raise ValueError(f"permutation domain must be in [1, 2**62], got {n}")
+    j = np.asarray(j, dtype=np.int64)
+    if j.size and (j.min() < 0 or j.max() >= n):
+        raise IndexError(f"index out of range for permutation of {n}")
+    if n == 1:
+        return np.zeros_like(j)
+    bits = max(2, int(n - 1).bit_length())
+    half = (bits + 1) // 2
+    key = np.asarray(key, dtype=_U64)
+    per_element = key.ndim > 0 and key.size > 1
+    if per_element:
+        key = np.broadcast_to(key, j.shape)
+    rks = _round_keys(key)
+    out = _feistel(j.astype(_U64), half, rks)
+    todo = np.nonzero(out >= _U64(n))[0]
+    while todo.size:  # cycle walking: expected < 4 rounds since the domain is < 4n
+        sub = [rk[todo] for rk in rks] if per_element else rks
+        out[todo] = _feistel(out[todo], half, sub)
+        todo = todo[out[todo] >= _U64(n)]
+    return out.astype(np.int64)
+
+
+def block_permute(j: np.ndarray, n: int, key: int, block: int, window: int) -> np.ndarray:
+    """Block shuffle on ``[0, n)``: shuffle blocks of ``block`` consecutive ids, then
+    shuffle ids within each window of ``window`` consecutive (shuffled) blocks.
+
+    Full blocks are permuted among themselves; the partial tail block (if
+    ``n % block``) keeps the last slot. Within window ``g`` the offsets are
+    permuted with a key derived from ``(key, g)``. A bijection on ``[0, n)``
+    depending only on ``(j, n, key, block, window)``. Consecutive positions
+    mostly fall in the same few blocks, so a host reading a contiguous range of
+    positions touches few row groups.
+    """
+    if block < 1 or window < 1:
+        raise ValueError(f"block and window must be >= 1, got block={block}, window={window}")
+    j = np.asarray(j, dtype=np.int64)
+    n = int(n)
+    span = block * window
+    full_blocks = n // block
+    g = j // span
+    u = j % span
+    out_u = np.empty_like(u)
+    last_g = (n - 1) // span
+    last_size = n - last_g * span
+    wkey = derive_key(0, np.asarray(key, dtype=_U64), g)
+    for is_last in (False, True):
+        sel = (g == last_g) if is_last else (g != last_g)
+        if sel.any():
+            size = last_size if is_last else span
+            out_u[sel] = permute(u[sel], size, wkey[sel])
+    slot = g * window + out_u // block
+    offset = out_u % block
+    blk = slot.copy()
+    full = slot < full_blocks
+    if full.any():
+        blk[full] = permute(slot[full], full_blocks, key)
+    return blk * block + offset
+
+
+def epoch_record_ids(
+    positions: np.ndarray,
+    n: int,
+    seed: int,
+    shuffle: str | None,
+    block: int = 1,
+    window: int = 1,
+) -> np.ndarray:
+    """Record id at each stream position.
+
+    ``epoch = p // n``, ``j = p % n``; ``shuffle=None`` gives ``j``; ``"global"``
+    gives ``permute(j, n, derive_key(seed, epoch))``; ``"block"`` gives
+    ``block_permute(j, n, derive_key(seed, epoch), block, window)``. Depends only
+    on the arguments.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    epoch = positions // n
+    j = positions % n
+    if shuffle is None:
+        return j
+    out = np.empty_like(j)
+    for e in np.unique(epoch):
+        sel = epoch == e
+        key = derive_key(seed, int(e))
+        if shuffle == "global":
+            out[sel] = permute(j[sel], n, key)
+        elif shuffle == "block":
+            out[sel] = block_permute(j[sel], n, key, block, window)
+        else:
+            raise ValueError(f"unknown shuffle mode {shuffle!r}; expected None, 'global' or 'block'")
+    return out
+
+
+def host_rows(global_batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of a global batch that host ``process_index`` of ``process_count`` owns.
+
+    Host ``h`` of ``H`` owns ``[h*B/H, (h+1)*B/H)``; ``B % H != 0`` is an error.
+    """
+    b, h, n_hosts = int(global_batch_size), int(process_index), int(process_count)
+    if n_hosts < 1:
+        raise ValueError(f"process_count must be >= 1, got {n_hosts}")
+    if not 0 <= h < n_hosts:
+        raise ValueError(f"process_index must be in [0, {n_hosts}), got {h}")
+    if b % n_hosts:
+        raise ValueError(
+            f"global batch size {b} is not divisible by process_count {n_hosts}; "
+            f"choose a batch size that is a multiple of the host count"
+        )
+    per = b // n_hosts
+    return h * per, (h + 1) * per
