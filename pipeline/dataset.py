@@ -265,17 +265,11 @@ class Pipeline:
         gives the global batch."""
         positions = self.positions(step, process_index, process_count)
         where = f"step {step} (host {process_index} of {process_count})"
-        ids = self.record_ids(positions)
-        try:
-            records = self.source.read_many(ids)
-        except Exception as e:
-            raise StepError(f"{where}, stage 'read' of source {self.source.name!r}: {e}") from e
-        for k, op in enumerate(self.record_ops):
-            records = self._apply_record_op(k, op, records, positions, ids, where)
-        try:
-            batch = collate(records)
-        except Exception as e:
-            raise StepError(f"{where}, stage 'collate': {e}") from e
+        if positions.size:
+            batch = self._collated(positions, where)
+        else:  # a host with no rows in a partial last batch: the batch's structure, with 0 rows
+            probe = np.asarray([step * self.batch_size], dtype=np.int64)
+            batch = _take_rows(self._collated(probe, where), slice(0, 0))
         for k, op in enumerate(self.batch_ops):
             try:
                 if op.kind == "random_map_batch":
@@ -285,6 +279,20 @@ class Pipeline:
             except Exception as e:
                 raise StepError(f"{where}, stage {op.kind}[{k}] {_name(op.fn)}: {type(e).__name__}: {e}") from e
         return batch
+
+    def _collated(self, positions: np.ndarray, where: str) -> Any:
+        """Read, transform and collate the records at ``positions``."""
+        ids = self.record_ids(positions)
+        try:
+            records = self.source.read_many(ids)
+        except Exception as e:
+            raise StepError(f"{where}, stage 'read' of source {self.source.name!r}: {e}") from e
+        for k, op in enumerate(self.record_ops):
+            records = self._apply_record_op(k, op, records, positions, ids, where)
+        try:
+            return collate(records)
+        except Exception as e:
+            raise StepError(f"{where}, stage 'collate': {e}") from e
 
     def _keys(self, positions: np.ndarray, level: str, k: int) -> np.ndarray:
         salt = 1 if level == "record" else 2
@@ -397,6 +405,14 @@ class Pipeline:
             parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
         parts += [f".{op.kind}({_name(op.fn)})" for op in self.batch_ops]
         return "".join(parts)
+
+
+def _take_rows(batch: Any, rows: slice) -> Any:
+    if isinstance(batch, dict):
+        return {k: _take_rows(v, rows) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_take_rows(v, rows) for v in batch)
+    return batch[rows]
 
 
 def _name(fn: Any) -> str:
