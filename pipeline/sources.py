@@ -221,6 +221,9 @@ def _column_to_numpy(col) -> tuple[str, Any]:
         width = t.list_size
         values = arr.flatten().to_numpy(zero_copy_only=False)
         return "flat", values.reshape(len(arr), width)
+    if arr.null_count and not pa.types.is_floating(t):
+        # NumPy has no null for ints/bools: keep exact values, with None for nulls
+        return "flat", np.array(arr.to_pylist(), dtype=object)
     return "flat", arr.to_numpy(zero_copy_only=False)
 
 
@@ -406,16 +409,18 @@ class TensorStoreSource(Source):
 
     def read_many(self, ids: np.ndarray) -> list:
         ids = _check_ids(ids, len(self), f"TensorStoreSource {self.name!r}")
+        if not ids.size:
+            return []
         uniq, inverse = np.unique(ids, return_inverse=True)
         cols = {}
         for key in self.specs:
             st = self._store(key)
             try:
-                lo, hi = int(uniq[0]), int(uniq[-1]) + 1 if uniq.size else 0
-                if uniq.size and hi - lo == uniq.size:  # contiguous: one slice read
+                lo, hi = int(uniq[0]), int(uniq[-1]) + 1
+                if hi - lo == uniq.size:  # contiguous: one slice read
                     block = st[lo:hi].read().result()
                 else:
-                    block = st[uniq].read().result() if uniq.size else np.empty((0,) + tuple(st.shape[1:]))
+                    block = st[uniq].read().result()
             except Exception as e:
                 raise SourceError(f"TensorStoreSource: reading rows of {self.specs[key]!r} failed: {e}") from e
             cols[key] = block[inverse]
