@@ -263,13 +263,53 @@ class Pipeline:
         Depends only on the pipeline definition, ``step`` and the host slice
         ``(process_index, process_count)``. Concatenating the slices of all hosts
         gives the global batch."""
-        positions = self.positions(step, process_index, process_count)
-        where = f"step {step} (host {process_index} of {process_count})"
-        if positions.size:
-            batch = self._collated(positions, where)
-        else:  # a host with no rows in a partial last batch: the batch's structure, with 0 rows
-            probe = np.asarray([step * self.batch_size], dtype=np.int64)
-            batch = _take_rows(self._collated(probe, where), slice(0, 0))
+        return self.batches_at(step, 1, process_index, process_count)[0]
+
+    def batches_at(self, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list:
+        """``[batch_at(s) for s in range(step, step + count)]``, with the records of all
+        ``count`` steps read in one bulk ``read_many`` call (fewer, larger reads).
+
+        Each batch is bit-identical to ``batch_at(s)``: record transforms, collation
+        and batch transforms still run step by step."""
+        count = _check_int(count, "count", 1)
+        steps = list(range(step, step + count))
+        positions = [self.positions(s, process_index, process_count) for s in steps]
+        wheres = [f"step {s} (host {process_index} of {process_count})" for s in steps]
+        for i, s in enumerate(steps):  # a host with no rows in a partial last batch: probe row 0 for the structure
+            if not positions[i].size:
+                positions[i] = np.asarray([s * self.batch_size], dtype=np.int64)
+                wheres[i] = None
+        all_ids = self.record_ids(np.concatenate(positions))
+        try:
+            all_records = self.source.read_many(all_ids)
+        except Exception as e:
+            span = f"steps {steps[0]}..{steps[-1]}" if count > 1 else f"step {steps[0]}"
+            raise StepError(
+                f"{span} (host {process_index} of {process_count}), stage 'read' of source {self.source.name!r}: {e}"
+            ) from e
+        out, lo = [], 0
+        for s, pos, where in zip(steps, positions, wheres):
+            hi = lo + len(pos)
+            ids, records = all_ids[lo:hi], all_records[lo:hi]
+            lo = hi
+            if where is None:
+                batch = _take_rows(self._transform(records, pos, ids, f"step {s}"), slice(0, 0))
+                pos = pos[:0]
+            else:
+                batch = self._transform(records, pos, ids, where)
+            out.append(self._batch_ops(batch, pos, where or f"step {s}"))
+        return out
+
+    def _transform(self, records: list, positions: np.ndarray, ids: np.ndarray, where: str) -> Any:
+        """Run the record transforms on one step's records and collate them."""
+        for k, op in enumerate(self.record_ops):
+            records = self._apply_record_op(k, op, records, positions, ids, where)
+        try:
+            return collate(records)
+        except Exception as e:
+            raise StepError(f"{where}, stage 'collate': {e}") from e
+
+    def _batch_ops(self, batch: Any, positions: np.ndarray, where: str) -> Any:
         for k, op in enumerate(self.batch_ops):
             try:
                 if op.kind == "random_map_batch":
@@ -279,20 +319,6 @@ class Pipeline:
             except Exception as e:
                 raise StepError(f"{where}, stage {op.kind}[{k}] {_name(op.fn)}: {type(e).__name__}: {e}") from e
         return batch
-
-    def _collated(self, positions: np.ndarray, where: str) -> Any:
-        """Read, transform and collate the records at ``positions``."""
-        ids = self.record_ids(positions)
-        try:
-            records = self.source.read_many(ids)
-        except Exception as e:
-            raise StepError(f"{where}, stage 'read' of source {self.source.name!r}: {e}") from e
-        for k, op in enumerate(self.record_ops):
-            records = self._apply_record_op(k, op, records, positions, ids, where)
-        try:
-            return collate(records)
-        except Exception as e:
-            raise StepError(f"{where}, stage 'collate': {e}") from e
 
     def _keys(self, positions: np.ndarray, level: str, k: int) -> np.ndarray:
         salt = 1 if level == "record" else 2
@@ -358,8 +384,9 @@ class Pipeline:
         process_index: int = 0,
         process_count: int = 1,
         num_workers: int = 0,
-        prefetch: int = 4,
+        prefetch: int = 2,
         num_threads: int = 1,
+        read_ahead: int | None = None,
     ):
         """An iterator yielding ``batch_at(s)`` for ``s = start_step, start_step+1, ...``.
 
@@ -374,6 +401,7 @@ class Pipeline:
             num_workers=num_workers,
             prefetch=prefetch,
             num_threads=num_threads,
+            read_ahead=read_ahead,
         )
 
     def resume(self, state: dict, force: bool = False, **iterator_kwargs):

@@ -134,6 +134,35 @@ class _ThreadLocalHandles:
         self.__init__()
 
 
+class _HandlePool:
+    """Idle open handles per key, shared by the threads of one process: a thread
+    borrows a handle for one call (``take``) and gives it back (``give``), so no
+    handle is used by two threads at once and handles opened once are reused by
+    every thread. Dropped on pickling and after a fork."""
+
+    def __init__(self) -> None:
+        self._idle: dict = {}
+        self._pid = os.getpid()
+
+    def take(self, key: Any) -> Any:
+        if self._pid != os.getpid():
+            self.__init__()
+        try:
+            return self._idle.get(key, []).pop()  # list.pop/append are atomic under the GIL
+        except IndexError:
+            return None
+
+    def give(self, key: Any, handle: Any) -> None:
+        if self._pid == os.getpid():
+            self._idle.setdefault(key, []).append(handle)
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+
 # --------------------------------------------------------------------------- ArrayRecord
 
 
@@ -143,7 +172,8 @@ class ArrayRecordSource(Source):
     Ids are global over the files in the given order (globs sorted). Reads are
     grouped by file: one ``ArrayRecordReader.read(list)`` call per file per
     ``read_many``. Readers are opened for random access
-    (``readahead_buffer_size:0``).
+    (``readahead_buffer_size:0``) and shared by threads through a pool (a reader
+    is never used by two threads at once).
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
@@ -151,14 +181,18 @@ class ArrayRecordSource(Source):
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], name: str | None = None):
         self.paths = _expand_paths(paths, "ArrayRecordSource")
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
-        self._handles = _ThreadLocalHandles()
-        counts = [self._reader(i).num_records() for i in range(len(self.paths))]
+        self._pool = _HandlePool()
+        counts = []
+        for i in range(len(self.paths)):
+            reader = self._reader(i)
+            counts.append(reader.num_records())
+            self._pool.give(i, reader)
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     def _reader(self, file_index: int):
-        handles = self._handles.get()
-        r = handles.get(file_index)
+        """A reader of file ``file_index`` for this thread's exclusive use; give it back to ``self._pool``."""
+        r = self._pool.take(file_index)
         if r is None:
             from array_record.python import array_record_module
 
@@ -171,7 +205,6 @@ class ArrayRecordSource(Source):
                 except Exception as e:  # the reader keeps the failure status
                     detail = str(e)
                 raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {detail}")
-            handles[file_index] = r
         return r
 
     def __len__(self) -> int:
@@ -183,15 +216,16 @@ class ArrayRecordSource(Source):
         file_of = np.searchsorted(self.starts, ids, side="right") - 1
         for f, where in _group_by(file_of):
             local = (ids[where] - self.starts[f]).tolist()
+            reader = self._reader(f)
             try:
-                records = self._reader(f).read(local)
-            except SourceError:
-                raise
+                records = reader.read(local)
             except Exception as e:
                 raise SourceError(
                     f"ArrayRecordSource: reading records {local[:8]}{'...' if len(local) > 8 else ''} "
                     f"of {self.paths[f]!r} failed: {e}"
                 ) from e
+            finally:
+                self._pool.give(f, reader)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
         return out

@@ -67,11 +67,11 @@ def test_drop_remainder_drops_only_the_last_partial_batch():
 
 
 @pytest.mark.parametrize("start", [0, 1, 5, 17])
-@pytest.mark.parametrize("threads,prefetch", [(1, 1), (1, 4), (2, 3)])
-def test_iterator_equals_batch_at(start, threads, prefetch):
+@pytest.mark.parametrize("threads,prefetch,read_ahead", [(1, 1, 1), (1, 2, 8), (2, 3, 3)])
+def test_iterator_equals_batch_at(start, threads, prefetch, read_ahead):
     pipe = _pipe()
-    with pipe.iterator(start_step=start, num_threads=threads, prefetch=prefetch) as it:
-        for s in range(start, start + 8):
+    with pipe.iterator(start_step=start, num_threads=threads, prefetch=prefetch, read_ahead=read_ahead) as it:
+        for s in range(start, start + 20):
             assert it.step == s
             _equal(next(it), pipe.batch_at(s))
 
@@ -202,6 +202,16 @@ def test_resume_refuses_a_changed_pipeline_unless_forced():
         assert it.step == 2
     with pytest.raises(ValueError, match="'step'"):
         other.resume({"fingerprint": "x"})
+
+
+def test_batches_at_equals_batch_at_step_by_step():
+    pipe = quern.Pipeline.from_source(_arrays(100), num_epochs=1).shuffle().map(add_one).batch(24, drop_remainder=False)
+    for h, hosts in [(0, 1), (3, 4)]:
+        many = pipe.batches_at(1, 4, h, hosts)  # steps 1..4; step 4 is partial, host 3 has no rows in it
+        for s, got in zip(range(1, 5), many):
+            _equal(got, pipe.batch_at(s, h, hosts))
+    with pytest.raises(IndexError, match="step 5 is past the end"):
+        pipe.batches_at(3, 3)
 
 
 def test_iterator_stops_at_the_end_and_closes_its_threads():

@@ -304,7 +304,11 @@ def test_array_record_one_read_call_per_file(ar_shards, monkeypatch):
     src = S.ArrayRecordSource([str(p) for p in paths])
     calls: list = []
     real_reader = src._reader
-    monkeypatch.setattr(src, "_reader", lambda f: _CountingReader(real_reader(f), f, calls))
+    def borrow(f):  # readers go back to a shared pool after each call: unwrap a proxy that comes back
+        r = real_reader(f)
+        return _CountingReader(getattr(r, "_inner", r), f, calls)
+
+    monkeypatch.setattr(src, "_reader", borrow)
 
     starts = np.cumsum([0] + [len(r) for r in recs])
     flat = [r for rs in recs for r in rs]

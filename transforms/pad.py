@@ -35,13 +35,6 @@ class pad:
         if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)) or self.length < 1:
             raise ValueError(f"pad length must be a positive integer, got {self.length!r}")
 
-    def _source(self, record: Any) -> np.ndarray:
-        arr = record[self.key] if self.key is not None else record
-        arr = np.asarray(arr)
-        if arr.ndim < 1:
-            raise ValueError(f"pad expects an array with at least one axis, got shape {arr.shape}")
-        return arr
-
     def _fields(self, record: Any, out: np.ndarray, n: int, mask: np.ndarray | None) -> dict:
         fields = {k: v for k, v in record.items() if k != self.key} if isinstance(record, dict) else {}
         fields[self.output] = out
@@ -52,24 +45,31 @@ class pad:
         return fields
 
     def __call__(self, record: Any) -> dict:
-        out = self.map_many([record])[0]
-        return out
+        return self.map_many([record])[0]
 
     def map_many(self, records: list) -> list:
-        arrays = [self._source(r) for r in records]
-        if not arrays:
+        if not len(records):
             return []
-        tail = arrays[0].shape[1:]
-        dtype = np.result_type(*{a.dtype for a in arrays[:64]}) if len(arrays) > 1 else arrays[0].dtype
-        block = np.full((len(arrays), self.length) + tail, self.pad_value, dtype=dtype)
-        lengths = np.empty(len(arrays), dtype=np.int32)
+        arrays = [r[self.key] for r in records] if self.key is not None else list(records)
+        if not all(type(a) is np.ndarray for a in arrays):
+            arrays = [np.asarray(a) for a in arrays]
+        first = arrays[0]
+        if first.ndim < 1:
+            raise ValueError(f"pad expects an array with at least one axis, got shape {first.shape}")
+        tail = first.shape[1:]
+        if not all(a.ndim == first.ndim for a in arrays) or (tail and not all(a.shape[1:] == tail for a in arrays)):
+            i = next(i for i, a in enumerate(arrays) if a.ndim != first.ndim or a.shape[1:] != tail)
+            raise ValueError(f"pad: record {i} has shape {arrays[i].shape}, record 0 has {first.shape}")
+        dtypes = {a.dtype for a in arrays}
+        dtype = first.dtype if len(dtypes) == 1 else np.result_type(*dtypes)
         L = self.length
-        for i, a in enumerate(arrays):
-            if a.shape[1:] != tail:
-                raise ValueError(f"pad: record {i} has trailing shape {a.shape[1:]}, record 0 has {tail}")
-            n = min(len(a), L)
+        shape = (len(arrays), L) + tail
+        block = np.zeros(shape, dtype) if self.pad_value == 0 else np.full(shape, self.pad_value, dtype)
+        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        np.minimum(lengths, L, out=lengths)
+        for i, (a, n) in enumerate(zip(arrays, lengths.tolist())):
             block[i, :n] = a[:n]
-            lengths[i] = n
+        lengths = lengths.astype(np.int32)
         masks = np.arange(L) < lengths[:, None] if self.mask_key is not None else None
         if any(isinstance(r, dict) for r in records):
             return [
