@@ -10,12 +10,14 @@ Every batch is a pure function of (pipeline definition, step, host slice)::
     batch = pipe.batch_at(step)          # or: for batch in pipe.iterator(start_step=step)
 """
 
-from . import transforms
-from .pipeline import index, sources
-from .pipeline.collate import collate
-from .pipeline.dataset import Pipeline, StepError
-from .pipeline.loader import PipelineIterator
-from .pipeline.sources import SourceError
+# Absolute imports: pytest imports a repository root's __init__.py as a plain module
+# (the root is the package here), where relative imports would fail.
+from quern import transforms
+from quern.pipeline import index, sources
+from quern.pipeline.collate import collate
+from quern.pipeline.dataset import Pipeline, StepError
+from quern.pipeline.loader import PipelineIterator
+from quern.pipeline.sources import SourceError
 
 __version__ = "0.1.0"
 
