@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["collate", "CollatedRows"]
+__all__ = ["collate", "CollatedRows", "take"]
 
 
 class CollatedRows(Sequence):
@@ -34,15 +34,16 @@ class CollatedRows(Sequence):
             return [self[k] for k in range(*i.indices(self._len))]
         if not -self._len <= i < self._len:
             raise IndexError(i)
-        return _row(self.collated, i)
+        return take(self.collated, i)
 
 
-def _row(batch: Any, i: int) -> Any:
+def take(batch: Any, index: Any) -> Any:
+    """Index every array of a (nested) batch with ``index``: a row (int) or rows (slice, array)."""
     if isinstance(batch, Mapping):
-        return {k: _row(v, i) for k, v in batch.items()}
+        return {k: take(v, index) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_row(v, i) for v in batch)
-    return batch[i]
+        return type(batch)(take(v, index) for v in batch)
+    return batch[index]
 
 
 def collate(records: Sequence[Any], path: str = "batch") -> Any:

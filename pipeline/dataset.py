@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import index as _index
-from .collate import collate
+from .collate import collate, take
 from .sources import Source, as_source
 
 __all__ = ["Pipeline", "StepError", "Op"]
@@ -293,7 +293,7 @@ class Pipeline:
             ids, records = all_ids[lo:hi], all_records[lo:hi]
             lo = hi
             if where is None:
-                batch = _take_rows(self._transform(records, pos, ids, f"step {s}"), slice(0, 0))
+                batch = take(self._transform(records, pos, ids, f"step {s}"), slice(0, 0))
                 pos = pos[:0]
             else:
                 batch = self._transform(records, pos, ids, where)
@@ -433,14 +433,6 @@ class Pipeline:
             parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
         parts += [f".{op.kind}({_name(op.fn)})" for op in self.batch_ops]
         return "".join(parts)
-
-
-def _take_rows(batch: Any, rows: slice) -> Any:
-    if isinstance(batch, dict):
-        return {k: _take_rows(v, rows) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_take_rows(v, rows) for v in batch)
-    return batch[rows]
 
 
 def _name(fn: Any) -> str:
