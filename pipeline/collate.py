@@ -11,7 +11,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["collate", "CollatedRows", "take"]
+__all__ = ["collate", "CollateError", "CollatedRows", "take"]
+
+
+class CollateError(ValueError):
+    """Records could not be collated; ``row`` is the offending row when one is to blame."""
+
+    def __init__(self, message: str, row: int | None = None):
+        super().__init__(message)
+        self.row = row
 
 
 class CollatedRows(Sequence):
@@ -61,26 +69,30 @@ def collate(records: Sequence[Any], path: str = "batch") -> Any:
         for i, r in enumerate(records):
             if not isinstance(r, Mapping) or len(r) != len(keys) or any(k not in r for k in keys):
                 got = list(r) if isinstance(r, Mapping) else type(r).__name__
-                raise ValueError(f"{path}: row {i} has keys {got}, row 0 has {keys}")
+                raise CollateError(f"{path}: row {i} has keys {got}, row 0 has {keys}", i)
         return {k: collate([r[k] for r in records], f"{path}[{k!r}]") for k in keys}
     if isinstance(first, (tuple, list)) and not isinstance(first, np.ndarray):
         n = len(first)
         for i, r in enumerate(records):
             if not isinstance(r, (tuple, list)) or len(r) != n:
-                raise ValueError(f"{path}: row {i} is {type(r).__name__} of length {len(r) if hasattr(r, '__len__') else '?'}, row 0 has {n} fields")
+                size = len(r) if hasattr(r, "__len__") else "?"
+                raise CollateError(f"{path}: row {i} is {type(r).__name__} of length {size}, row 0 has {n} fields", i)
         out = [collate([r[j] for r in records], f"{path}[{j}]") for j in range(n)]
         return tuple(out) if isinstance(first, tuple) else out
     if isinstance(first, (bytes, str)):
         arr = np.empty(len(records), dtype=object)
         arr[:] = list(records)
         return arr
-    if first is None:
-        raise ValueError(f"{path}: records hold None, which cannot be collated")
-    try:
-        return np.stack([np.asarray(r) for r in records])
-    except ValueError as e:
-        shapes = sorted({np.shape(r) for r in records})
-        raise ValueError(
-            f"{path}: arrays of different shapes {shapes[:4]} cannot be stacked; pad or truncate them first "
-            f"(e.g. quern.transforms.pad)"
-        ) from e
+    nulls = [i for i, r in enumerate(records) if r is None]
+    if nulls:
+        raise CollateError(f"{path}: row {nulls[0]} is None (a null?), which cannot be collated", nulls[0])
+    arrays = [np.asarray(r) for r in records]
+    shape = arrays[0].shape
+    odd = next((i for i, a in enumerate(arrays) if a.shape != shape), None)
+    if odd is not None:
+        raise CollateError(
+            f"{path}: row {odd} has shape {arrays[odd].shape}, row 0 has {shape}: arrays of different shapes "
+            f"cannot be stacked; pad or truncate them first (e.g. quern.transforms.pad)",
+            odd,
+        )
+    return np.stack(arrays)

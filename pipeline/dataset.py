@@ -87,13 +87,7 @@ def _cell_ok(cell) -> bool:
         return False
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+_check_int = _index.check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +301,12 @@ class Pipeline:
         try:
             return collate(records)
         except Exception as e:
-            raise StepError(f"{where}, stage 'collate': {e}") from e
+            row = getattr(e, "row", None)
+            blame = (
+                f" row {row} = record {int(ids[row])} of source {self.source.name!r}"
+                if row is not None and row < len(ids) else ""
+            )
+            raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
     def _batch_ops(self, batch: Any, positions: np.ndarray, where: str) -> Any:
         for k, op in enumerate(self.batch_ops):

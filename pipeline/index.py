@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "MAX_RECORDS",
+    "check_int",
     "check_seed",
     "hash64",
     "derive_key",
@@ -35,6 +36,16 @@ MAX_RECORDS = 1 << 62
 """Largest supported source length (positions and ids fit in int64 with room)."""
 
 _FEISTEL_ROUNDS = 6
+
+
+def check_int(value: object, name: str, minimum: int) -> int:
+    """Return ``value`` as an int after checking it is an integer (not bool) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def check_seed(seed: object) -> int:
@@ -71,6 +82,8 @@ def derive_key(seed: int, *parts: int | np.ndarray) -> np.ndarray:
     k = hash64(np.asarray(check_seed(seed), dtype=_U64))
     for i, part in enumerate(parts):
         p = np.asarray(part)
+        if p.dtype.kind not in "iu":
+            raise TypeError(f"derive_key parts must be integers, got {part!r}")
         if p.dtype.kind == "i":
             p = p.astype(np.int64).view(_U64) if p.ndim else np.asarray(int(p) & _MASK64, dtype=_U64)
         p = np.asarray(p, dtype=_U64)
@@ -111,16 +124,17 @@ def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
     if not 1 <= n <= MAX_RECORDS:
         raise ValueError(f"permutation domain must be in [1, 2**62], got {n}")
     j = np.asarray(j, dtype=np.int64)
+    shape = j.shape
+    j = j.reshape(-1)
     if j.size and (j.min() < 0 or j.max() >= n):
         raise IndexError(f"index out of range for permutation of {n}")
     if n == 1:
-        return np.zeros_like(j)
+        return np.zeros(shape, dtype=np.int64)
     bits = max(2, int(n - 1).bit_length())
     half = (bits + 1) // 2
     key = np.asarray(key, dtype=_U64)
-    per_element = key.ndim > 0 and key.size > 1
-    if per_element:
-        key = np.broadcast_to(key, j.shape)
+    per_element = key.size > 1
+    key = np.broadcast_to(key, shape).reshape(-1) if per_element else key.reshape(())
     rks = _round_keys(key)
     out = _feistel(j.astype(_U64), half, rks)
     todo = np.nonzero(out >= _U64(n))[0]
@@ -128,24 +142,26 @@ def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
         sub = [rk[todo] for rk in rks] if per_element else rks
         out[todo] = _feistel(out[todo], half, sub)
         todo = todo[out[todo] >= _U64(n)]
-    return out.astype(np.int64)
+    return out.astype(np.int64).reshape(shape)
 
 
-def block_permute(j: np.ndarray, n: int, key: int, block: int, window: int) -> np.ndarray:
+def block_permute(j: np.ndarray, n: int, key: np.ndarray | int, block: int, window: int) -> np.ndarray:
     """Block shuffle on ``[0, n)``: shuffle blocks of ``block`` consecutive ids, then
     shuffle ids within each window of ``window`` consecutive (shuffled) blocks.
 
     Full blocks are permuted among themselves; the partial tail block (if
     ``n % block``) keeps the last slot. Within window ``g`` the offsets are
-    permuted with a key derived from ``(key, g)``. A bijection on ``[0, n)``
-    depending only on ``(j, n, key, block, window)``. Consecutive positions
+    permuted with a key derived from ``(key, g)``. ``key`` is a scalar or one
+    key per element of ``j``. A bijection on ``[0, n)`` depending only on
+    ``(j, n, key, block, window)``. Consecutive positions
     mostly fall in the same few blocks, so a host reading a contiguous range of
     positions touches few row groups.
     """
     if block < 1 or window < 1:
         raise ValueError(f"block and window must be >= 1, got block={block}, window={window}")
-    j = np.asarray(j, dtype=np.int64)
+    j = np.asarray(j, dtype=np.int64).reshape(-1)
     n = int(n)
+    key = np.broadcast_to(np.asarray(key, dtype=_U64), j.shape)
     span = block * window
     full_blocks = n // block
     g = j // span
@@ -153,7 +169,7 @@ def block_permute(j: np.ndarray, n: int, key: int, block: int, window: int) -> n
     out_u = np.empty_like(u)
     last_g = (n - 1) // span
     last_size = n - last_g * span
-    wkey = derive_key(0, np.asarray(key, dtype=_U64), g)
+    wkey = derive_key(0, key, g)
     for is_last in (False, True):
         sel = (g == last_g) if is_last else (g != last_g)
         if sel.any():
@@ -164,7 +180,7 @@ def block_permute(j: np.ndarray, n: int, key: int, block: int, window: int) -> n
     blk = slot.copy()
     full = slot < full_blocks
     if full.any():
-        blk[full] = permute(slot[full], full_blocks, key)
+        blk[full] = permute(slot[full], full_blocks, key[full])
     return blk * block + offset
 
 
@@ -188,17 +204,14 @@ def epoch_record_ids(
     j = positions % n
     if shuffle is None:
         return j
-    out = np.empty_like(j)
-    for e in np.unique(epoch):
-        sel = epoch == e
-        key = derive_key(seed, int(e))
-        if shuffle == "global":
-            out[sel] = permute(j[sel], n, key)
-        elif shuffle == "block":
-            out[sel] = block_permute(j[sel], n, key, block, window)
-        else:
-            raise ValueError(f"unknown shuffle mode {shuffle!r}; expected None, 'global' or 'block'")
-    return out
+    if shuffle not in ("global", "block"):
+        raise ValueError(f"unknown shuffle mode {shuffle!r}; expected None, 'global' or 'block'")
+    epochs = np.unique(epoch)
+    # one key per epoch; a scalar key when the positions lie in one epoch (the usual case: cheaper rounds)
+    keys = derive_key(seed, int(epochs[0])) if len(epochs) == 1 else derive_key(seed, epoch)
+    if shuffle == "global":
+        return permute(j, n, keys)
+    return block_permute(j, n, keys, block, window)
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
@@ -206,9 +219,9 @@ def host_rows(global_batch_size: int, process_index: int, process_count: int) ->
 
     Host ``h`` of ``H`` owns ``[h*B/H, (h+1)*B/H)``; ``B % H != 0`` is an error.
     """
-    b, h, n_hosts = int(global_batch_size), int(process_index), int(process_count)
-    if n_hosts < 1:
-        raise ValueError(f"process_count must be >= 1, got {n_hosts}")
+    b = check_int(global_batch_size, "global batch size", 1)
+    h = check_int(process_index, "process_index", 0)
+    n_hosts = check_int(process_count, "process_count", 1)
     if not 0 <= h < n_hosts:
         raise ValueError(f"process_index must be in [0, {n_hosts}), got {h}")
     if b % n_hosts:

@@ -40,7 +40,7 @@ class PipelineIterator:
         num_threads: int = 1,
         read_ahead: int | None = None,
     ):
-        from .dataset import _check_int
+        from .index import check_int as _check_int
         from .index import host_rows
 
         self._closed = True

@@ -1,9 +1,9 @@
 """Random-access record sources with bulk reads.
 
 Every source has ``name`` (used by ``Pipeline.explain``), ``__len__``,
-``__getitem__`` (one record) and ``read_many(ids) -> list`` (records for an
-array of ids, in that order, read in bulk: grouped by file or row group, one
-read call per group). ``identity()`` describes the data (files, sizes, record
+``__getitem__`` (one record) and ``read_many(ids)`` (a sequence of the records
+for an array of ids, in that order, read in bulk: grouped by file or row group,
+one read call per group; a list, or rows already stacked as ``CollatedRows``). ``identity()`` describes the data (files, sizes, record
 counts) for the pipeline fingerprint.
 
 Sources are picklable: open file handles are per process and per thread and
@@ -20,6 +20,8 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from .collate import CollatedRows
 
 __all__ = [
     "SourceError",
@@ -138,29 +140,48 @@ class _HandlePool:
     """Idle open handles per key, shared by the threads of one process: a thread
     borrows a handle for one call (``take``) and gives it back (``give``), so no
     handle is used by two threads at once and handles opened once are reused by
-    every thread. Dropped on pickling and after a fork."""
+    every thread. At most ``limit`` idle handles are kept (the least recently
+    given back are dropped, which closes them). Dropped on pickling and after a
+    fork."""
 
-    def __init__(self) -> None:
-        self._idle: dict = {}
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._idle: collections.OrderedDict = collections.OrderedDict()  # key -> [handles], least recent first
+        self._count = 0
+        self._lock = threading.Lock()
         self._pid = os.getpid()
 
     def take(self, key: Any) -> Any:
-        if self._pid != os.getpid():
-            self.__init__()
-        try:
-            return self._idle.get(key, []).pop()  # list.pop/append are atomic under the GIL
-        except IndexError:
-            return None
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle.clear()
+                self._count, self._pid = 0, os.getpid()
+            handles = self._idle.get(key)
+            if not handles:
+                return None
+            self._count -= 1
+            return handles.pop()
 
     def give(self, key: Any, handle: Any) -> None:
-        if self._pid == os.getpid():
+        with self._lock:
+            if self._pid != os.getpid():
+                return
             self._idle.setdefault(key, []).append(handle)
+            self._idle.move_to_end(key)
+            self._count += 1
+            while self._count > self.limit:
+                oldest, handles = next(iter(self._idle.items()))
+                if handles:
+                    handles.pop(0)
+                    self._count -= 1
+                if not handles:
+                    del self._idle[oldest]
 
     def __getstate__(self) -> dict:
-        return {}
+        return {"limit": self.limit}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self.__init__(state["limit"])
 
 
 # --------------------------------------------------------------------------- ArrayRecord
@@ -173,15 +194,21 @@ class ArrayRecordSource(Source):
     grouped by file: one ``ArrayRecordReader.read(list)`` call per file per
     ``read_many``. Readers are opened for random access
     (``readahead_buffer_size:0``) and shared by threads through a pool (a reader
-    is never used by two threads at once).
+    is never used by two threads at once) that keeps at most ``max_open_files``
+    idle readers open.
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], name: str | None = None):
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        name: str | None = None,
+        max_open_files: int = 256,
+    ):
         self.paths = _expand_paths(paths, "ArrayRecordSource")
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
-        self._pool = _HandlePool()
+        self._pool = _HandlePool(max_open_files)
         counts = []
         for i in range(len(self.paths)):
             reader = self._reader(i)
@@ -237,28 +264,44 @@ class ArrayRecordSource(Source):
 # --------------------------------------------------------------------------- Parquet
 
 
-def _column_to_numpy(col) -> tuple[str, Any]:
-    """Convert one Arrow column of a row group to NumPy in bulk.
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)  # cached and shared by every batch that reads this row group
+    return a
 
-    Returns ``("list", (offsets, values))`` for list columns (row i is
-    ``values[offsets[i]:offsets[i+1]]``) and ``("flat", array)`` otherwise.
+
+def _values_to_numpy(arr) -> np.ndarray:
+    """Arrow array -> NumPy in bulk; with nulls, an object array holding ``None`` for them."""
+    if arr.null_count:
+        return np.array(arr.to_pylist(), dtype=object)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _column_to_numpy(col) -> tuple[str, Any]:
+    """Convert one Arrow column of a row group to read-only NumPy arrays, in bulk.
+
+    Returns ``("list", (offsets, values, valid))`` for list columns (row i is
+    ``values[offsets[i]:offsets[i+1]]``, or ``None`` where ``valid`` is False)
+    and ``("flat", array)`` otherwise. A null is ``None`` in every column type
+    (in an object array); columns without nulls keep their NumPy dtype.
     """
     import pyarrow as pa
 
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     t = arr.type
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and arr.null_count == 0:
-        offsets = arr.offsets.to_numpy()  # respects a slice offset; .values does not
-        values = arr.values.to_numpy(zero_copy_only=False)
-        return "list", (offsets - offsets[0], values[offsets[0] : offsets[-1]])
     if pa.types.is_fixed_size_list(t) and arr.null_count == 0:
         width = t.list_size
-        values = arr.flatten().to_numpy(zero_copy_only=False)
-        return "flat", values.reshape(len(arr), width)
-    if arr.null_count and not pa.types.is_floating(t):
-        # NumPy has no null for ints/bools: keep exact values, with None for nulls
-        return "flat", np.array(arr.to_pylist(), dtype=object)
-    return "flat", arr.to_numpy(zero_copy_only=False)
+        values = _values_to_numpy(arr.values[arr.offset * width : (arr.offset + len(arr)) * width])
+        return "flat", _readonly(values.reshape((len(arr), width) + values.shape[1:]))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if pa.types.is_fixed_size_list(t):
+            width = t.list_size
+            offsets = np.arange(len(arr) + 1, dtype=np.int64) * width + arr.offset * width
+        else:
+            offsets = arr.offsets.to_numpy()  # respects a slice offset; .values does not
+        values = _values_to_numpy(arr.values[int(offsets[0]) : int(offsets[-1])])
+        valid = _readonly(arr.is_valid().to_numpy(zero_copy_only=False)) if arr.null_count else None
+        return "list", (_readonly(offsets - offsets[0]), _readonly(values), valid)
+    return "flat", _readonly(_values_to_numpy(arr))
 
 
 class ParquetSource(Source):
@@ -268,7 +311,9 @@ class ParquetSource(Source):
     ``(file, row group, row)``; ``read_many`` decodes each needed row group once
     (kept in an LRU cache of ``cache_row_groups`` decoded row groups), converts
     it to NumPy column by column in bulk, and slices rows out. List columns
-    come out as 1-D arrays, scalar columns as NumPy scalars, strings/binary as
+    come out as read-only 1-D arrays (views of the cached row group: copy before
+    changing them in place), scalar columns as NumPy scalars, a null as ``None``
+    in every column type, strings/binary as
     ``str``/``bytes``.
     """
 
@@ -282,7 +327,7 @@ class ParquetSource(Source):
         import pyarrow.parquet as pq
 
         self.paths = _expand_paths(paths, "ParquetSource")
-        self.columns = list(columns) if columns is not None else None
+        self.columns = [columns] if isinstance(columns, str) else (list(columns) if columns is not None else None)
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "parquet"
         self.cache_row_groups = int(cache_row_groups)
         rg_rows, rg_file, rg_index, file_rows = [], [], [], []
@@ -367,8 +412,11 @@ class ParquetSource(Source):
             cols = {}
             for name, (kind, data) in decoded.items():
                 if kind == "list":
-                    offsets, values = data
+                    offsets, values, valid = data
                     cols[name] = [values[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+                    if valid is not None:
+                        for k in np.flatnonzero(~valid[rows]).tolist():
+                            cols[name][k] = None
                 else:
                     cols[name] = data[rows]
             names = list(cols)
@@ -435,6 +483,7 @@ class TensorStoreSource(Source):
                 raise SourceError(f"TensorStoreSource: cannot open {self.specs[key]!r}: {e}") from e
             if st.rank < 1:
                 raise ValueError(f"TensorStoreSource: {self.specs[key]!r} is a scalar; need a record axis")
+            st = st[ts.d[0].translate_to[0]]  # record i is row i of the domain, whatever its origin
             handles[key] = st
         return st
 
@@ -481,11 +530,20 @@ def _json_safe(obj: Any) -> Any:
 
 
 class ArraySource(Source):
-    """In-memory arrays ``{"x": ndarray, ...}``; record ``i`` is ``{"x": x[i], ...}``."""
+    """In-memory arrays. ``ArraySource({"x": ndarray, ...})``: record ``i`` is
+    ``{"x": x[i], ...}``; ``ArraySource(ndarray)``: record ``i`` is ``x[i]``.
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], name: str = "arrays"):
+    ``read_many`` gathers each array once with the whole id array and returns
+    the rows already stacked (a :class:`~quern.pipeline.collate.CollatedRows`), so
+    collation costs no copy. The identity hashes the arrays' contents.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray] | np.ndarray, name: str = "arrays"):
+        self._single = isinstance(arrays, np.ndarray)
+        if self._single:
+            arrays = {"": arrays}
         if not isinstance(arrays, Mapping) or not arrays:
-            raise TypeError("ArraySource expects a non-empty dict of name -> array")
+            raise TypeError("ArraySource expects an array or a non-empty dict of name -> array")
         self.arrays = {str(k): np.asarray(v) for k, v in arrays.items()}
         lengths = {k: (v.shape[0] if v.ndim else None) for k, v in self.arrays.items()}
         if None in lengths.values() or len(set(lengths.values())) != 1:
@@ -496,11 +554,10 @@ class ArraySource(Source):
     def __len__(self) -> int:
         return self._len
 
-    def read_many(self, ids: np.ndarray) -> list:
+    def read_many(self, ids: np.ndarray) -> Sequence:
         ids = _check_ids(ids, len(self), f"ArraySource {self.name!r}")
         cols = {k: v[ids] for k, v in self.arrays.items()}
-        names = list(cols)
-        return [{k: cols[k][i] for k in names} for i in range(len(ids))]
+        return CollatedRows(cols[""] if self._single else cols, len(ids))
 
     def identity(self) -> dict:
         h = hashlib.blake2b(digest_size=16)
@@ -550,10 +607,10 @@ class SequenceSource(Source):
 
 
 def as_source(obj: Any) -> Source:
-    """Wrap ``obj`` as a :class:`Source`: quern sources pass through, dicts of arrays
-    become :class:`ArraySource`, other ``__len__``/``__getitem__`` objects :class:`SequenceSource`."""
+    """Wrap ``obj`` as a :class:`Source`: quern sources pass through, arrays and dicts
+    of arrays become :class:`ArraySource`, other ``__len__``/``__getitem__`` objects :class:`SequenceSource`."""
     if isinstance(obj, Source):
         return obj
-    if isinstance(obj, Mapping):
+    if isinstance(obj, (Mapping, np.ndarray)):
         return ArraySource(obj)
     return SequenceSource(obj)
