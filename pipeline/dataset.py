@@ -67,16 +67,41 @@ def _describe(obj: Any, depth: int = 0) -> Any:
     code = getattr(obj, "__code__", None)
     if code is not None:
         h = hashlib.blake2b(digest_size=8)
-        h.update(code.co_code)
-        h.update(repr([c for c in code.co_consts if not inspect.iscode(c)]).encode())
+        names = _hash_code(code, h)
+        glb = getattr(obj, "__globals__", {})
+        used = {n: _describe_global(glb[n], depth) for n in sorted(names) if n in glb}
         closure = [_describe(c.cell_contents, depth + 1) for c in (obj.__closure__ or ()) if _cell_ok(c)]
-        return {"fn": f"{obj.__module__}:{obj.__qualname__}", "code": h.hexdigest(),
+        return {"fn": f"{obj.__module__}:{obj.__qualname__}", "code": h.hexdigest(), "globals": used,
                 "defaults": _describe(list(obj.__defaults__ or ()), depth + 1), "closure": closure}
     if type(obj).__repr__ is not object.__repr__:
         return f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
     call = getattr(type(obj), "__call__", None)
     return {"callable": f"{type(obj).__module__}:{type(obj).__qualname__}",
             "call": _describe(call, depth + 1) if call is not None else None}
+
+
+def _hash_code(code, h) -> set[str]:
+    """Feed a code object (bytecode, constants, names, nested code) into ``h``; return the names it uses."""
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _hash_code(c, h)
+        else:
+            h.update(repr(c).encode())
+    return names
+
+
+def _describe_global(value: Any, depth: int) -> Any:
+    """A module-level name a transform uses: modules by name, plain values by value, functions recursively."""
+    if inspect.ismodule(value):
+        return f"module {value.__name__}"
+    if isinstance(value, (str, int, float, bool, bytes, type(None), tuple, frozenset)):
+        return repr(value)
+    if inspect.isfunction(value) or isinstance(value, np.ndarray):
+        return _describe(value, depth + 1)
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _cell_ok(cell) -> bool:

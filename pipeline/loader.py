@@ -70,6 +70,7 @@ class PipelineIterator:
         self._pending: collections.deque[tuple[int, int, cf.Future]] = collections.deque()
         self._ready: collections.deque = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
+        self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
         self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         self._closed = False
 
@@ -88,10 +89,16 @@ class PipelineIterator:
             first, count, fut = self._pending.popleft()
             assert first == self.step
             try:
-                self._ready.extend(fut.result())
-            except BaseException:
-                self._drop_pending()  # the failed steps are recomputed if next() is called again
-                raise
+                batches = fut.result()
+            except BaseException as e:
+                self._drop_pending()  # failed steps are recomputed if next() is called again
+                if count == 1 or not isinstance(e, Exception):
+                    raise
+                # the chunk failed at one of its steps: redo them one at a time so that an
+                # error surfaces at exactly its own step and the good steps before it are yielded
+                self._careful_until = first + count
+                batches = [self.pipe.batch_at(self.step, self.process_index, self.process_count)]
+            self._ready.extend(batches)
             self._fill()
         self.step += 1
         return self._ready.popleft()
@@ -100,7 +107,8 @@ class PipelineIterator:
         """Keep ``prefetch`` chunks of steps in flight after the ones already computed."""
         nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
         while len(self._pending) < self.prefetch and (self._end is None or nxt < self._end):
-            count = self._chunk if self._end is None else min(self._chunk, self._end - nxt)
+            count = 1 if nxt < self._careful_until else self._chunk
+            count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
             fut = self._pool.submit(self.pipe.batches_at, nxt, count, self.process_index, self.process_count)
             self._pending.append((nxt, count, fut))

@@ -347,3 +347,70 @@ def test_module_hash_matches_index_module():
     pos = pipe.positions(7)
     assert pos.tolist() == list(range(7 * 64, 8 * 64))
     np.testing.assert_array_equal(pipe.record_ids(pos), index.epoch_record_ids(pos, 1000, 0, "global"))
+
+
+def _fail_at_position_50(rec):
+    if int(rec["id"]) == 50:
+        raise ValueError("bad record 50")
+    return rec
+
+
+@pytest.mark.parametrize("read_ahead,prefetch", [(8, 1), (16, 2), (1, 3)])
+def test_iterator_error_surfaces_at_exactly_its_step(read_ahead, prefetch):
+    pipe = quern.Pipeline.from_source(_arrays(200)).map(_fail_at_position_50).batch(10)  # unshuffled: step 5
+    with pipe.iterator(read_ahead=read_ahead, prefetch=prefetch) as it:
+        for s in range(5):
+            _equal(next(it), pipe.batch_at(s))
+        for _ in range(2):  # and again on retry: nothing skipped, nothing raised early
+            with pytest.raises(quern.StepError, match=r"^step 5 .*record 50"):
+                next(it)
+            assert it.step == 5
+
+
+SCALE = 2.0
+
+
+def scaled(batch):
+    return {"x": batch["x"] * SCALE}
+
+
+def test_fingerprint_sees_code_and_the_globals_it_reads(monkeypatch):
+    base = quern.Pipeline.from_source({"x": np.arange(10.0)}).batch(2)
+    sqrt = base.map_batch(lambda b: {"x": np.sqrt(b["x"])})
+    exp = base.map_batch(lambda b: {"x": np.exp(b["x"])})
+    assert sqrt.fingerprint() != exp.fingerprint()
+    before = base.map_batch(scaled).fingerprint()
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
+    assert base.map_batch(scaled).fingerprint() != before
+
+
+def test_small_source_with_a_large_batch_covers_every_epoch():
+    pipe = quern.Pipeline.from_source(np.arange(3), seed=1).shuffle().batch(3000)
+    batch = pipe.batch_at(7)
+    assert np.array_equal(np.bincount(batch, minlength=3), [1000, 1000, 1000])
+    for e in range(0, 3000, 3):  # every epoch (3 consecutive positions) is a permutation
+        assert sorted(batch[e : e + 3].tolist()) == [0, 1, 2]
+
+
+def test_bare_array_source_rows_and_content_fingerprint():
+    data = np.arange(100) * 10
+    pipe = quern.Pipeline.from_source(data, seed=2).shuffle().batch(10)
+    ids = [r[0][1] for r in pipe.explain(3)]
+    np.testing.assert_array_equal(pipe.batch_at(3), data[ids])
+    changed = data.copy()
+    changed[50] += 1
+    assert quern.Pipeline.from_source(changed, seed=2).shuffle().batch(10).fingerprint() != pipe.fingerprint()
+
+
+def test_a_null_record_names_its_record_id():
+    recs = [np.int64(i) for i in range(10)]
+    recs[7] = None
+    pipe = quern.Pipeline.from_source(recs).batch(5)
+    with pytest.raises(quern.StepError, match=r"step 1 .*collate.* row 2 = record 7 .*None"):
+        pipe.batch_at(1)
+
+
+@pytest.mark.parametrize("args", [(0, 1.7, 2), (0, "1", 2), (0, True, 2), (0, 0, 2.0)])
+def test_host_arguments_must_be_integers(args):
+    with pytest.raises(TypeError, match="must be an integer"):
+        _pipe().batch_at(*args)

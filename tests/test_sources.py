@@ -916,3 +916,73 @@ def test_damaged_zarr_chunk_raises_naming_file(tmp_path, driver, chunk_file):
     for r in (bad_read, all_read):
         assert "error" in r, r
         _assert_error_names_file(r["error"], path)
+
+
+# --------------------------------------------------------------------------- nulls, read-only cache, limits
+
+
+def _plain(v):
+    return v.tolist() if isinstance(v, np.ndarray) else (v.item() if isinstance(v, np.generic) else v)
+
+
+def test_parquet_nulls_are_none_in_every_column_type(tmp_path):
+    table = pa.table({
+        "l": pa.array([[1, 2], None, [3, None], [4]], type=pa.list_(pa.int64())),
+        "f": pa.array([1.5, None, 2.5, 3.0]),
+        "i": pa.array([1, 2, None, 2**60 + 1]),
+        "fs": pa.array([[1, 2], [3, 4], None, [5, 6]], type=pa.list_(pa.int32(), 2)),
+        "s": pa.array(["a", None, "c", "d"]),
+    })
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(table, path, row_group_size=2)
+    got = S.ParquetSource(path).read_many(np.arange(4))
+    assert [{k: _plain(v) for k, v in r.items()} for r in got] == table.to_pylist()
+
+
+def test_parquet_cached_arrays_are_read_only(tmp_path):
+    path = tmp_path / "flags.parquet"
+    pq.write_table(pa.table({"flags": pa.array([[True, False]] * 8, type=pa.list_(pa.bool_()))}), path, row_group_size=4)
+    src = S.ParquetSource(path)
+
+    def flip(rec):
+        rec["flags"][0] = ~rec["flags"][0]
+        return rec
+
+    with pytest.raises(quern.StepError, match="read-only"):
+        quern.Pipeline.from_source(src).map(flip).batch(2).batch_at(0)
+    copying = quern.Pipeline.from_source(src).map(lambda r: {"flags": ~r["flags"]}).batch(2)
+    first = copying.batch_at(0)["flags"]
+    np.testing.assert_array_equal(copying.batch_at(0)["flags"], first)
+    assert first[:, 0].tolist() == [False, False]
+
+
+def test_parquet_columns_may_be_one_name(pq_files):
+    paths, rows, _ = pq_files
+    rec = S.ParquetSource(paths, columns="id")[3]
+    assert list(rec) == ["id"] and rec["id"] == rows[3]["id"]
+
+
+def test_array_record_keeps_at_most_max_open_files_readers(tmp_path):
+    paths = []
+    for i in range(20):
+        p = tmp_path / f"s-{i:03d}.array_record"
+        w = array_record_module.ArrayRecordWriter(str(p), "group_size:1")
+        for j in range(3):
+            w.write(bytes([i, j]))
+        w.close()
+        paths.append(p)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    src = S.ArrayRecordSource(str(tmp_path / "*.array_record"), max_open_files=3)
+    got = src.read_many(np.arange(60)[::-1])
+    assert [bytes(r) for r in got] == [bytes([i // 3, i % 3]) for i in range(60)][::-1]
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 3
+
+
+def test_tensorstore_domain_with_nonzero_origin(tmp_path):
+    arr = np.arange(40 * 2, dtype=np.int32).reshape(40, 2)
+    st = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}},
+                 create=True, dtype=ts.int32, shape=arr.shape).result()
+    st.write(arr).result()
+    src = S.TensorStoreSource(st[20:30].spec())
+    assert len(src) == 10
+    np.testing.assert_array_equal(np.stack(src.read_many([0, 1, 9])), arr[[20, 21, 29]])
