@@ -255,6 +255,8 @@ class Pipeline:
                 f"({len(self.source)} records x {self.num_epochs} epochs, batch {self.batch_size})"
             )
         lo, hi = _index.host_rows(self.batch_size, process_index, process_count)
+        if (step + 1) * self.batch_size > _index.MAX_RECORDS:
+            raise IndexError(f"step {step} is beyond the addressable stream (positions must stay below 2**62)")
         start = step * self.batch_size
         end = start + hi
         if self.num_epochs is not None:

@@ -78,6 +78,7 @@ def derive_key(seed: int, *parts: int | np.ndarray) -> np.ndarray:
 
     The key depends only on the values and their order: ``derive_key(s, e + 1)``
     is unrelated to ``derive_key(s + 1, e)`` (unlike ``seed + epoch`` schemes).
+    Parts are integers taken modulo ``2**64`` (so ``-1`` and ``2**64 - 1`` agree).
     """
     k = hash64(np.asarray(check_seed(seed), dtype=_U64))
     for i, part in enumerate(parts):

@@ -414,3 +414,8 @@ def test_a_null_record_names_its_record_id():
 def test_host_arguments_must_be_integers(args):
     with pytest.raises(TypeError, match="must be an integer"):
         _pipe().batch_at(*args)
+
+
+def test_steps_beyond_the_addressable_stream_are_refused():
+    with pytest.raises(IndexError, match=r"step 576460752303423488 is beyond"):
+        quern.Pipeline.from_source(HugeSource()).batch(8).batch_at(2**59)
