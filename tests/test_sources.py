@@ -986,3 +986,21 @@ def test_tensorstore_domain_with_nonzero_origin(tmp_path):
     src = S.TensorStoreSource(st[20:30].spec())
     assert len(src) == 10
     np.testing.assert_array_equal(np.stack(src.read_many([0, 1, 9])), arr[[20, 21, 29]])
+
+
+def test_block_shuffle_over_parquet_reads_few_row_groups_per_step(tmp_path):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"id": np.arange(1000)}), path, row_group_size=50)
+    src = S.ParquetSource(path)
+    pipe = quern.Pipeline.from_source(src, seed=4, num_epochs=1).shuffle("block", window=2).batch(100)
+    assert pipe.block == 50  # the row-group size
+    ids = np.concatenate([pipe.batch_at(s)["id"] for s in range(10)])
+    assert np.array_equal(np.sort(ids), np.arange(1000)) and not np.array_equal(ids, np.arange(1000))
+    for s in range(10):  # a step of 100 positions = one window of 2 blocks = 2 row groups
+        groups = {int(i) // 50 for i in pipe.batch_at(s)["id"]}
+        assert len(groups) == 2
+    global_groups = [
+        len({int(i) // 50 for i in quern.Pipeline.from_source(src, seed=4).shuffle().batch(100).batch_at(s)["id"]})
+        for s in range(5)
+    ]
+    assert min(global_groups) > 10  # a global shuffle touches most row groups every step
