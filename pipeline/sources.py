@@ -304,12 +304,22 @@ def _column_to_numpy(col) -> tuple[str, Any]:
     return "flat", _readonly(_values_to_numpy(arr))
 
 
+def _decoded_nbytes(decoded: dict) -> int:
+    """Approximate memory of a decoded row group (object arrays count their pointers only)."""
+    total = 0
+    for _, data in decoded.values():
+        for a in data if isinstance(data, tuple) else (data,):
+            total += a.nbytes if isinstance(a, np.ndarray) else 0
+    return total
+
+
 class ParquetSource(Source):
     """Parquet files (a glob, a path or a list); records are ``{column: value}`` dicts.
 
     Random access by row through the row-group index: ids map to
     ``(file, row group, row)``; ``read_many`` decodes each needed row group once
-    (kept in an LRU cache of ``cache_row_groups`` decoded row groups), converts
+    (kept in an LRU cache bounded by ``cache_bytes`` of decoded data and, if
+    given, ``cache_row_groups`` row groups), converts
     it to NumPy column by column in bulk, and slices rows out. List columns
     come out as read-only 1-D arrays (views of the cached row group: copy before
     changing them in place), scalar columns as NumPy scalars, a null as ``None``
@@ -322,14 +332,16 @@ class ParquetSource(Source):
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         columns: Sequence[str] | None = None,
         name: str | None = None,
-        cache_row_groups: int = 16,
+        cache_row_groups: int | None = None,
+        cache_bytes: int = 1 << 30,
     ):
         import pyarrow.parquet as pq
 
         self.paths = _expand_paths(paths, "ParquetSource")
         self.columns = [columns] if isinstance(columns, str) else (list(columns) if columns is not None else None)
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "parquet"
-        self.cache_row_groups = int(cache_row_groups)
+        self.cache_row_groups = None if cache_row_groups is None else int(cache_row_groups)
+        self.cache_bytes = int(cache_bytes)
         rg_rows, rg_file, rg_index, file_rows = [], [], [], []
         schema = None
         for fi, path in enumerate(self.paths):
@@ -354,18 +366,21 @@ class ParquetSource(Source):
         self.rg_starts = np.concatenate([[0], np.cumsum(np.asarray(rg_rows, dtype=np.int64))]).astype(np.int64)
         self._handles = _ThreadLocalHandles()
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict = collections.OrderedDict()
+        self._cache: collections.OrderedDict = collections.OrderedDict()  # row group -> (decoded, nbytes)
+        self._cached_bytes = 0
 
     def __getstate__(self) -> dict:
         d = self.__dict__.copy()
         d["_lock"] = None
         d["_cache"] = None
+        d["_cached_bytes"] = 0
         return d
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
         self._lock = threading.Lock()
         self._cache = collections.OrderedDict()
+        self._cached_bytes = 0
 
     def __len__(self) -> int:
         return int(self.rg_starts[-1])
@@ -380,7 +395,7 @@ class ParquetSource(Source):
             hit = self._cache.get(g)
             if hit is not None:
                 self._cache.move_to_end(g)
-                return hit
+                return hit[0]
         import pyarrow.parquet as pq
 
         f, local = int(self.rg_file[g]), int(self.rg_index[g])
@@ -397,9 +412,14 @@ class ParquetSource(Source):
         except Exception as e:
             raise SourceError(f"ParquetSource: reading row group {local} of {path!r} failed: {e}") from e
         with self._lock:
-            self._cache[g] = decoded
-            while len(self._cache) > self.cache_row_groups:
-                self._cache.popitem(last=False)
+            if g not in self._cache:
+                size = _decoded_nbytes(decoded)
+                self._cache[g] = (decoded, size)
+                self._cached_bytes += size
+            while (len(self._cache) > 1 and self._cached_bytes > self.cache_bytes) or (
+                self.cache_row_groups is not None and len(self._cache) > self.cache_row_groups
+            ):
+                self._cached_bytes -= self._cache.popitem(last=False)[1][1]
         return decoded
 
     def read_many(self, ids: np.ndarray) -> list:

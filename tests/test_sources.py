@@ -1004,3 +1004,15 @@ def test_block_shuffle_over_parquet_reads_few_row_groups_per_step(tmp_path):
         for s in range(5)
     ]
     assert min(global_groups) > 10  # a global shuffle touches most row groups every step
+
+
+def test_parquet_cache_is_bounded_by_bytes(tmp_path):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": np.arange(1000, dtype=np.int64)}), path, row_group_size=100)  # 800 B per group
+    roomy = S.ParquetSource(path)
+    roomy.read_many(np.arange(1000))
+    assert len(roomy._cache) == 10
+    tight = S.ParquetSource(path, cache_bytes=2500)
+    got = tight.read_many(np.arange(1000)[::-1])
+    assert [int(r["x"]) for r in got] == list(range(999, -1, -1))
+    assert len(tight._cache) == 3 and tight._cached_bytes <= 2500

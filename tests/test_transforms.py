@@ -106,3 +106,10 @@ def test_variable_length_records_without_pad_fail_with_a_hint():
     pipe = quern.Pipeline.from_source([np.arange(i + 1) for i in range(10)]).batch(5)
     with pytest.raises(quern.StepError, match="stage 'collate'.*pad"):
         pipe.batch_at(0)
+
+
+def test_pad_of_records_with_differing_fields_leaves_the_error_to_collate():
+    out = pad(3, key="ids").map_many([{"ids": np.array([1]), "a": 1}, {"ids": np.array([2]), "b": 2}])
+    assert isinstance(out, list) and out[0]["a"] == 1 and out[1]["b"] == 2
+    with pytest.raises(ValueError, match="row 1 has keys"):
+        quern.collate(out)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.collate import CollatedRows
+from ..pipeline.collate import CollatedRows, collate
 
 __all__ = ["pad"]
 
@@ -71,14 +71,32 @@ class pad:
             block[i, :n] = a[:n]
         lengths = lengths.astype(np.int32)
         masks = np.arange(L) < lengths[:, None] if self.mask_key is not None else None
+        batch: dict = {}
         if any(isinstance(r, dict) for r in records):
-            return [
-                self._fields(r, block[i], int(lengths[i]), None if masks is None else masks[i])
-                for i, r in enumerate(records)
-            ]
-        batch = {self.output: block}
+            rest = _collate_other_fields(records, self.key)
+            if rest is None:  # records disagree in their fields: let the collate stage report it
+                return [
+                    self._fields(r, block[i], int(lengths[i]), None if masks is None else masks[i])
+                    for i, r in enumerate(records)
+                ]
+            batch.update(rest)
+        batch[self.output] = block
         if self.length_key is not None:
             batch[self.length_key] = lengths
         if masks is not None:
             batch[self.mask_key] = masks
         return CollatedRows(batch, len(records))
+
+
+def _collate_other_fields(records: list, key: str | None) -> dict | None:
+    """The records' fields other than ``key``, collated; ``None`` if they cannot be."""
+    first = records[0]
+    if not all(isinstance(r, dict) for r in records):
+        return None
+    keys = [k for k in first if k != key]
+    if not all(len(r) == len(first) and all(k in r for k in keys) for r in records):
+        return None
+    try:
+        return {k: collate([r[k] for r in records]) for k in keys}
+    except ValueError:
+        return None
