@@ -23,6 +23,7 @@ test: install
 
 bench: install
 	$(PY) benchmarks/vs_grain.py
+	$(PY) benchmarks/parquet.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
