@@ -580,6 +580,12 @@ class ArraySource(Source):
         return CollatedRows(cols[""] if self._single else cols, len(ids))
 
     def identity(self) -> dict:
+        """Type, name, length and a hash of the contents (computed once: the arrays must not change)."""
+        if getattr(self, "_content", None) is None:
+            self._content = self._hash_content()
+        return {**super().identity(), "content": self._content}
+
+    def _hash_content(self) -> str:
         h = hashlib.blake2b(digest_size=16)
         for k in sorted(self.arrays):
             a = np.ascontiguousarray(self.arrays[k])
@@ -588,7 +594,7 @@ class ArraySource(Source):
                 h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
             else:
                 h.update(repr(a.tolist()).encode())
-        return {**super().identity(), "content": h.hexdigest()}
+        return h.hexdigest()
 
 
 class SequenceSource(Source):
