@@ -19,11 +19,11 @@ class PipelineIterator:
 
     Work is done in chunks of up to ``read_ahead`` consecutive steps (default:
     about 4096 records' worth, at most 16 steps; the first chunks are smaller,
-    for a quick first batch): the records of a whole chunk
-    are read in one bulk call per file, which is several times faster than one
-    call per step. ``prefetch`` chunks are computed ahead by ``num_threads``
-    background threads (bulk reads release the GIL for part of their time).
-    ``num_workers`` (worker processes) must be 0 for now. ``.step`` is the next step to be yielded and
+    for a quick first batch): the records of a whole chunk are read in one bulk
+    call per file, which is several times faster than one call per step.
+    ``prefetch`` chunks are computed ahead by ``num_threads`` background threads
+    (bulk reads release the GIL for part of their time). ``num_workers`` (worker
+    processes) must be 0 for now. ``.step`` is the next step to be yielded and
     ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
     state["step"])`` resumes exactly. Use as a context manager or call
     ``close()``; garbage collection also closes it.
@@ -55,11 +55,10 @@ class PipelineIterator:
             )
         self.prefetch = _check_int(prefetch, "prefetch", 1)
         self.num_threads = _check_int(num_threads, "num_threads", 1)
+        lo, hi = host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
         if read_ahead is None:  # about 4096 records per bulk read, at most 16 steps
-            lo, hi = host_rows(pipe.batch_size, process_index, process_count)
-            read_ahead = max(1, min(16, 4096 // max(1, hi - lo)))
+            read_ahead = max(1, min(16, 4096 // (hi - lo)))
         self.read_ahead = _check_int(read_ahead, "read_ahead", 1)
-        host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         n_steps = pipe.num_steps

@@ -3,11 +3,13 @@
 Every source has ``name`` (used by ``Pipeline.explain``), ``__len__``,
 ``__getitem__`` (one record) and ``read_many(ids)`` (a sequence of the records
 for an array of ids, in that order, read in bulk: grouped by file or row group,
-one read call per group; a list, or rows already stacked as ``CollatedRows``). ``identity()`` describes the data (files, sizes, record
-counts) for the pipeline fingerprint.
+one read call per group; a list, or rows already stacked as ``CollatedRows``).
+``identity()`` describes the data (files, sizes, record counts) for the
+pipeline fingerprint.
 
-Sources are picklable: open file handles are per process and per thread and
-are never pickled; they are reopened lazily where the source is used.
+Sources are picklable: open file handles belong to one process (per thread, or
+lent to one thread at a time from a pool), are never pickled, and are reopened
+lazily where the source is used.
 """
 
 from __future__ import annotations
