@@ -291,9 +291,27 @@ class Pipeline:
         ``count`` steps read in one bulk ``read_many`` call (fewer, larger reads).
 
         Each batch is bit-identical to ``batch_at(s)``: record transforms, collation
-        and batch transforms still run step by step."""
+        and batch transforms still run step by step. Raises the error of the first
+        step that fails."""
         count = _check_int(count, "count", 1)
-        steps = list(range(step, step + count))
+        out = []
+        for _, batch, error in self.step_results(range(step, step + count), process_index, process_count):
+            if error is not None:
+                raise error
+            out.append(batch)
+        return out
+
+    def step_results(self, steps: Sequence[int], process_index: int = 0, process_count: int = 1):
+        """Yield ``(step, batch_at(step), None)`` or ``(step, None, error)`` for each of
+        ``steps`` in order (any steps, not necessarily consecutive).
+
+        The records of all the steps are read with one bulk ``read_many`` call; if
+        that read fails, each step is read on its own so that a read error is
+        reported at its own step and the other steps still succeed. A failing step
+        does not stop the later ones. Each batch is bit-identical to ``batch_at``."""
+        steps = [_check_int(s, "step", 0) for s in steps]
+        if not steps:
+            return
         positions = [self.positions(s, process_index, process_count) for s in steps]
         wheres = [f"step {s} (host {process_index} of {process_count})" for s in steps]
         for i, s in enumerate(steps):  # a host with no rows in a partial last batch: probe row 0 for the structure
@@ -304,22 +322,33 @@ class Pipeline:
         try:
             all_records = self.source.read_many(all_ids)
         except Exception as e:
-            span = f"steps {steps[0]}..{steps[-1]}" if count > 1 else f"step {steps[0]}"
-            raise StepError(
-                f"{span} (host {process_index} of {process_count}), stage 'read' of source {self.source.name!r}: {e}"
-            ) from e
-        out, lo = [], 0
+            if len(steps) > 1:  # find the step(s) whose records fail, one read each
+                for s in steps:
+                    yield from self.step_results([s], process_index, process_count)
+                return
+            error = StepError(
+                f"step {steps[0]} (host {process_index} of {process_count}), stage 'read' of source "
+                f"{self.source.name!r} (records {_ids_text(self, all_ids)}): {type(e).__name__}: {e}"
+            )
+            error.__cause__ = e
+            yield steps[0], None, error
+            return
+        lo = 0
         for s, pos, where in zip(steps, positions, wheres):
             hi = lo + len(pos)
             ids, records = all_ids[lo:hi], all_records[lo:hi]
             lo = hi
-            if where is None:
-                batch = take(self._transform(records, pos, ids, f"step {s}"), slice(0, 0))
-                pos = pos[:0]
-            else:
-                batch = self._transform(records, pos, ids, where)
-            out.append(self._batch_ops(batch, pos, where or f"step {s}"))
-        return out
+            try:
+                if where is None:
+                    batch = take(self._transform(records, pos, ids, f"step {s}"), slice(0, 0))
+                    pos, ids = pos[:0], ids[:0]
+                else:
+                    batch = self._transform(records, pos, ids, where)
+                batch = self._batch_ops(batch, pos, ids, where or f"step {s}")
+            except Exception as e:
+                yield s, None, e
+                continue
+            yield s, batch, None
 
     def _transform(self, records: list, positions: np.ndarray, ids: np.ndarray, where: str) -> Any:
         """Run the record transforms on one step's records and collate them."""
@@ -331,11 +360,11 @@ class Pipeline:
             row = getattr(e, "row", None)
             blame = (
                 f" row {row} = record {int(ids[row])} of source {self.source.name!r}"
-                if row is not None and row < len(ids) else ""
+                if row is not None and row < len(ids) else f" (records {_ids_text(self, ids)})"
             )
             raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
-    def _batch_ops(self, batch: Any, positions: np.ndarray, where: str) -> Any:
+    def _batch_ops(self, batch: Any, positions: np.ndarray, ids: np.ndarray, where: str) -> Any:
         for k, op in enumerate(self.batch_ops):
             try:
                 if op.kind == "random_map_batch":
@@ -343,7 +372,10 @@ class Pipeline:
                 else:
                     batch = op.fn(batch)
             except Exception as e:
-                raise StepError(f"{where}, stage {op.kind}[{k}] {_name(op.fn)}: {type(e).__name__}: {e}") from e
+                raise StepError(
+                    f"{where}, stage {op.kind}[{k}] {_name(op.fn)} (records {_ids_text(self, ids)}): "
+                    f"{type(e).__name__}: {e}"
+                ) from e
         return batch
 
     def _keys(self, positions: np.ndarray, level: str, k: int) -> np.ndarray:

@@ -1,14 +1,17 @@
-"""Execution: iterate a pipeline's steps in order, computing ahead on threads.
+"""Execution: iterate a pipeline's steps in order, computing ahead on threads or
+in worker processes (:mod:`quern.pipeline.workers`).
 
 The iterator holds no data-order state beyond the next step number: what it
 yields at step ``s`` is exactly ``pipe.batch_at(s, process_index, process_count)``,
-whatever the thread count, prefetch depth or timing.
+whatever the worker count, thread count, prefetch depth or timing.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures as cf
+import weakref
 from typing import Any
 
 __all__ = ["PipelineIterator"]
@@ -22,8 +25,16 @@ class PipelineIterator:
     for a quick first batch): the records of a whole chunk are read in one bulk
     call per file, which is several times faster than one call per step.
     ``prefetch`` chunks are computed ahead by ``num_threads`` background threads
-    (bulk reads release the GIL for part of their time). ``num_workers`` (worker
-    processes) must be 0 for now. ``.step`` is the next step to be yielded and
+    (bulk reads release the GIL for part of their time).
+
+    With ``num_workers=W > 0``, W worker processes compute the steps instead
+    (step ``s`` on worker ``s % W``), each a task of ``read_ahead`` steps at a
+    time read in one bulk call, with ``prefetch`` tasks per worker in flight; the
+    batches come back through shared memory and are copied out once, so a batch
+    you hold is never overwritten. Shared memory: ``W * prefetch * read_ahead``
+    batches. See :mod:`quern.pipeline.workers` for start-up and faults.
+
+    ``.step`` is the next step to be yielded and
     ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
     state["step"])`` resumes exactly. Use as a context manager or call
     ``close()``; garbage collection also closes it.
@@ -39,6 +50,7 @@ class PipelineIterator:
         prefetch: int = 2,
         num_threads: int = 1,
         read_ahead: int | None = None,
+        _copy: bool = True,
     ):
         from .index import check_int as _check_int
         from .index import host_rows
@@ -47,14 +59,14 @@ class PipelineIterator:
         pipe._need_batch("iterator")
         self.pipe = pipe
         self.step = _check_int(start_step, "start_step", 0)
-        num_workers = _check_int(num_workers, "num_workers", 0)
-        if num_workers:
-            raise NotImplementedError(
-                f"num_workers={num_workers}: worker processes are not available yet; use num_workers=0 "
-                "(the default), which computes batches on background threads"
-            )
+        self.num_workers = _check_int(num_workers, "num_workers", 0)
         self.prefetch = _check_int(prefetch, "prefetch", 1)
         self.num_threads = _check_int(num_threads, "num_threads", 1)
+        if self.num_workers and self.num_threads != 1:
+            raise ValueError(
+                f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
+                "each worker process computes its steps on one thread"
+            )
         lo, hi = host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
         if read_ahead is None:  # about 4096 records per bulk read, at most 16 steps
             read_ahead = max(1, min(16, 4096 // (hi - lo)))
@@ -70,8 +82,19 @@ class PipelineIterator:
         self._ready: collections.deque = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
-        self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
+        self._workers = None
+        self._pool = None
+        if self.num_workers:
+            from .workers import WorkerPool
+
+            self._workers = WorkerPool(
+                pipe, self.num_workers, self.process_index, self.process_count,
+                self.prefetch, self.read_ahead, self._end, copy=_copy,
+            )
+        else:
+            self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         self._closed = False
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ protocol
 
@@ -83,6 +106,10 @@ class PipelineIterator:
             raise RuntimeError("iterator is closed")
         if self._end is not None and self.step >= self._end:
             raise StopIteration
+        if self._workers is not None:
+            batch = self._workers.get(self.step)
+            self.step += 1
+            return batch
         if not self._ready:
             self._fill()
             first, count, fut = self._pending.popleft()
@@ -124,13 +151,32 @@ class PipelineIterator:
         """``{"step": next step, "fingerprint": pipeline fingerprint}``; JSON-serialisable."""
         return {"step": self.step, "fingerprint": self._fingerprint}
 
+    def wait_for_workers(self, timeout: float | None = None) -> bool:
+        """Block until every worker process has started and loaded the pipeline; True
+        when they have, False if ``timeout`` seconds passed first. Until then the
+        iterator computes a starting worker's steps in this process, so waiting is
+        never needed for correctness; it is useful before timing, say."""
+        if self._closed:
+            raise RuntimeError("iterator is closed")
+        return True if self._workers is None else self._workers.wait_ready(timeout)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes (empty with ``num_workers=0`` or once closed)."""
+        return self._workers.pids if self._workers is not None else []
+
     def close(self) -> None:
-        """Stop the prefetch threads and drop computed-ahead batches. Idempotent."""
+        """Stop the prefetch threads or worker processes and drop computed-ahead
+        batches; with workers, no process and no shared memory is left. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._drop_pending()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._workers is not None:
+            workers, self._workers = self._workers, None
+            workers.close()
 
     def __enter__(self) -> "PipelineIterator":
         return self
@@ -146,3 +192,16 @@ class PipelineIterator:
 
     def __repr__(self) -> str:
         return f"PipelineIterator(step={self.step}, host={self.process_index}/{self.process_count})"
+
+
+_LIVE: "weakref.WeakSet[PipelineIterator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At interpreter exit, close the iterators still open (their workers with them)."""
+    for it in list(_LIVE):
+        try:
+            it.close()
+        except Exception:
+            pass

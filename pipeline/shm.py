@@ -1,0 +1,170 @@
+"""Anonymous shared memory and the messages that carry it between processes.
+
+Buffers are ``memfd`` files (an unlinked temporary file where ``memfd_create``
+is missing): they have no name, so nothing can ever be left behind in
+``/dev/shm`` or on disk, whatever happens to the processes; the kernel frees a
+buffer when the last process that maps it or holds its descriptor is gone.
+Buffers travel between processes as file descriptors over a Unix socket
+(``SCM_RIGHTS``).
+
+Objects travel as pickles (protocol 5) whose large array buffers are stored
+out of band in a shared buffer, so an array is copied once into shared memory
+by the sender and, at most, once out of it by the receiver.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import pickle
+import socket
+import struct
+import tempfile
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["Buffer", "dumps", "loads", "send", "recv", "ALIGN"]
+
+ALIGN = 64  # byte alignment of each array buffer inside a shared buffer
+_HEADER = struct.Struct("<Q")
+_MAX_FDS = 64
+
+
+def _anonymous_fd(size: int) -> int:
+    """A new file descriptor of ``size`` zero bytes that has no name anywhere."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("quern", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - non-Linux: an unlinked temporary file
+        fd, path = tempfile.mkstemp(prefix="quern-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Buffer:
+    """A shared buffer of ``size`` bytes: a descriptor plus this process's mapping of it.
+
+    ``Buffer.create(size)`` makes a new one; ``Buffer(fd, size)`` maps one received
+    from another process (taking ownership of ``fd``). ``close()`` unmaps it and
+    closes the descriptor; the memory is freed once no process holds it."""
+
+    def __init__(self, fd: int, size: int, writable: bool = True):
+        self.fd, self.size = fd, size
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self.mm = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, prot)
+        self.array = np.frombuffer(self.mm, np.uint8, size) if writable else None
+
+    @classmethod
+    def create(cls, size: int) -> "Buffer":
+        size = -(-max(size, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        return cls(_anonymous_fd(size), size)
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        return memoryview(self.mm)[offset : offset + nbytes]
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        self.array = None
+        try:
+            self.mm.close()
+        except BufferError:  # arrays still view it (a lease): the mapping goes when they do
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+
+def dumps(obj: Any, pickler: Callable = pickle.dumps, min_bytes: int = 0) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj`` with protocol 5; contiguous array buffers of at least
+    ``min_bytes`` are returned out of band instead of being copied into the pickle."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(pb: pickle.PickleBuffer) -> bool:
+        if pb.raw().nbytes < min_bytes:
+            return True  # small: keep in the pickle
+        buffers.append(pb)
+        return False
+
+    return pickler(obj, protocol=5, buffer_callback=out_of_band), buffers
+
+
+def layout(buffers: list[pickle.PickleBuffer]) -> tuple[list[tuple[int, int]], int]:
+    """``([(offset, nbytes), ...], total bytes)`` placing ``buffers`` one after another, aligned."""
+    spans, end = [], 0
+    for pb in buffers:
+        n = pb.raw().nbytes
+        spans.append((end, n))
+        end += -(-n // ALIGN) * ALIGN
+    return spans, end
+
+
+def write(dst: Buffer, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]]) -> None:
+    """Copy each out-of-band buffer to its span of ``dst``."""
+    for pb, (off, n) in zip(buffers, spans):
+        dst.array[off : off + n] = np.frombuffer(pb.raw(), np.uint8)
+
+
+def loads(data: bytes, src: Buffer, spans: list[tuple[int, int]], copy: bool = True) -> Any:
+    """Rebuild an object pickled by :func:`dumps` whose buffers were written to ``src``.
+
+    ``copy=True`` copies each buffer out (the result owns its memory and ``src``
+    can be reused at once); ``copy=False`` returns views into ``src`` (valid only
+    while ``src`` keeps its contents)."""
+    if copy:
+        bufs = []
+        for off, n in spans:
+            b = np.empty(n, np.uint8)
+            b[:] = np.frombuffer(src.mm, np.uint8, n, off)
+            bufs.append(b)
+    else:
+        bufs = [src.view(off, n) for off, n in spans]
+    return pickle.loads(data, buffers=bufs)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
+    """Send one pickled message, with ``fds`` (file descriptors) attached to it."""
+    payload = pickle.dumps(obj, protocol=5)
+    frame = _HEADER.pack(len(payload)) + payload
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([frame], anc)
+    if sent < len(frame):
+        sock.sendall(memoryview(frame)[sent:])
+
+
+def recv(sock: socket.socket) -> tuple[Any, list[int]]:
+    """Receive one message sent by :func:`send`: ``(object, file descriptors)``.
+
+    Raises ``EOFError`` when the peer has closed its end (or died)."""
+    head, fds = b"", []
+    while len(head) < _HEADER.size:
+        data, anc, _flags, _addr = sock.recvmsg(_HEADER.size - len(head), socket.CMSG_SPACE(_MAX_FDS * 4))
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
+                fds.extend(got)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("peer closed the connection")
+        head += data
+    (n,) = _HEADER.unpack(head)
+    payload = bytearray(n)
+    view, got = memoryview(payload), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError("peer closed the connection in the middle of a message")
+        got += k
+    return pickle.loads(payload), fds

@@ -1,0 +1,380 @@
+"""Worker processes: each computes whole steps and hands them over in shared memory.
+
+The parent (:class:`WorkerPool`, driven by the iterator) sends worker ``w`` the
+steps ``s`` with ``s % W == w``, a task of up to ``read_ahead`` steps at a time.
+The worker reads the records of the whole task in one bulk read, then for each
+step runs the record transforms, collates, runs the batch transforms, copies the
+batch's arrays into its shared-memory slot for that step and tells the parent.
+Slot ``(s // W) % slots`` of worker ``s % W`` holds step ``s``; the parent keeps
+steps only in the window ``[next step, next step + W * slots)``, so a slot is
+reused only after the parent has copied its previous step out. Which process
+computed a step never changes its bytes: every step is a pure function of the
+pipeline, the step and the host slice.
+
+Start method: workers are fresh interpreters (``sys.executable``, like
+multiprocessing's "spawn"), never ``fork()``: forking a parent that runs JAX,
+XLA or other threads can deadlock the child on a lock held by a thread that
+does not exist in it. The pipeline is sent with cloudpickle (so lambdas and
+functions of ``__main__`` work); its large arrays (an ``ArraySource``'s data)
+travel once through shared memory, not through the pipe, and sources open
+their files lazily in the worker. While a worker starts (about 0.15 s: an
+interpreter plus numpy), the parent computes the steps that worker owns
+itself, so the first batch comes as fast as with ``num_workers=0``. Workers run
+with ``JAX_PLATFORMS=cpu`` so that a transform importing jax never claims an
+accelerator.
+
+Faults: a worker that dies (a signal, the OOM killer, a crash in native code)
+is replaced and the steps it had not delivered are computed again; a step
+whose transform raises is reported to the parent with the worker's traceback
+and raised there when the iterator reaches that step. Workers ignore SIGINT
+(the parent handles Ctrl-C and closes them) and exit by themselves when the
+parent goes away, because their socket to it reaches end of file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import shm
+from .dataset import StepError
+
+__all__ = ["WorkerPool", "WorkerError"]
+
+_MAX_DEATHS = 3  # a worker dying this many times in a row without delivering a step is an error
+_ARRAY_INLINE_BYTES = 1 << 16  # pipeline arrays smaller than this travel inside the pickle
+
+
+class WorkerError(RuntimeError):
+    """Worker processes cannot make progress: they cannot start, or keep dying."""
+
+
+# =========================================================================== worker side
+
+
+def _worker_main(fd: int) -> None:
+    """Entry point of a worker process; ``fd`` is its socket to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    try:
+        (_, spans, size, index, count), fds = shm.recv(sock)
+        try:  # the pickled pipeline is the first span of the shared buffer, its large arrays the others
+            definition = shm.Buffer(fds[0], size, writable=False)
+            (start, n), spans = spans[0], spans[1:]
+            pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
+        except BaseException as e:
+            shm.send(sock, ("fatal", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            return
+        shm.send(sock, ("ready", os.getpid()))
+        slots: dict[int, shm.Buffer] = {}
+        while True:
+            (_, steps, slot_ids), _ = shm.recv(sock)
+            for (step, batch, error), slot in zip(pipe.step_results(steps, index, count), slot_ids):
+                if error is not None:
+                    shm.send(sock, ("error", step, _error_report(error)))
+                    continue
+                data, buffers = shm.dumps(batch)
+                spans, size = shm.layout(buffers)
+                fds = []
+                if slot not in slots or slots[slot].size < size:
+                    if slot in slots:
+                        slots[slot].close()
+                    slots[slot] = shm.Buffer.create(size)
+                    fds = [slots[slot].fd]
+                shm.write(slots[slot], buffers, spans)
+                shm.send(sock, ("done", step, slot, data, spans, slots[slot].size), fds)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent closed the iterator or exited
+
+
+def _error_report(error: BaseException) -> tuple[str, str, bytes | None]:
+    """(message, traceback text, pickled exception or None) of a failed step."""
+    tb = "".join(traceback.format_exception(error))
+    try:  # the user's own exception, for ``__cause__`` in the parent
+        cause = pickle.dumps(error.__cause__ or error)
+        pickle.loads(cause)
+    except Exception:
+        cause = None
+    return str(error), tb, cause
+
+
+# =========================================================================== parent side
+
+
+class _Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, index: int, init_message: tuple, init_fds: list[int]):
+        self.index = index
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = (
+            f"import sys; sys.path[:] = {sys.path!r}; "
+            f"from quern.pipeline.workers import _worker_main; _worker_main({child_sock.fileno()})"
+        )
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child_sock.fileno()], env=env)
+        finally:
+            child_sock.close()
+        self.sock = parent_sock
+        self.ready = False
+        self.slots: dict[int, shm.Buffer] = {}
+        self.pending: list[int] = []  # steps sent and not yet delivered, in order
+        shm.send(self.sock, init_message, init_fds)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exit_text(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # a worker holds nothing that needs cleaning up
+        try:
+            self.sock.close()
+        finally:
+            self.proc.wait()
+            for buf in self.slots.values():
+                buf.close()
+            self.slots.clear()
+
+
+class WorkerPool:
+    """``num_workers`` processes computing the steps of ``pipe`` for one host slice.
+
+    :meth:`get` returns the batch of a step; the caller asks for consecutive steps
+    (asking again for a step that raised retries it). Steps ahead of the one asked
+    for are computed in the background, at most ``prefetch * read_ahead`` per
+    worker. Shared memory held: ``num_workers * prefetch * read_ahead`` slots,
+    each the size of one batch's arrays.
+    """
+
+    def __init__(self, pipe, num_workers: int, process_index: int, process_count: int,
+                 prefetch: int, read_ahead: int, end: int | None, copy: bool = True):
+        import cloudpickle
+
+        self.pipe, self.end, self.copy = pipe, end, copy
+        self.num_workers, self.read_ahead = num_workers, read_ahead
+        self.slots_per_worker = prefetch * read_ahead
+        self.process_index, self.process_count = process_index, process_count
+        try:
+            data, buffers = shm.dumps(pipe, cloudpickle.dumps, _ARRAY_INLINE_BYTES)
+        except Exception as e:
+            raise TypeError(
+                f"num_workers={num_workers}: the pipeline cannot be sent to worker processes "
+                f"({type(e).__name__}: {e}); make its source and transforms picklable, or use num_workers=0"
+            ) from e
+        buffers.insert(0, pickle.PickleBuffer(data))
+        spans, size = shm.layout(buffers)
+        self._definition = shm.Buffer.create(size)  # shared by all workers, read-only there
+        shm.write(self._definition, buffers, spans)
+        self._init = ("init", spans, size, process_index, process_count)
+        self._selector = selectors.DefaultSelector()
+        self._results: dict[int, tuple] = {}  # step -> ("done", worker, slot, data, spans) | ("error", report)
+        self._deaths = [0] * num_workers  # consecutive deaths without a delivered step
+        self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
+        self.workers: list[_Worker | None] = [None] * num_workers
+        try:
+            for w in range(num_workers):
+                self._start(w)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ processes
+
+    def _start(self, w: int) -> None:
+        worker = _Worker(w, self._init, [self._definition.fd])
+        self.workers[w] = worker
+        self._selector.register(worker.sock, selectors.EVENT_READ, worker)
+
+    def _on_death(self, worker: _Worker, count: bool = True) -> None:
+        """Keep what the dead worker delivered, forget what it had not, start another.
+
+        ``count=False``: the parent itself stopped the worker (its message stream
+        was interrupted half-way, by Ctrl-C say), which is not the worker's fault."""
+        self._selector.unregister(worker.sock)
+        for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
+            self._results[step] = ("batch", self._materialise(self._results[step], copy=True))
+        for step in worker.pending:
+            self._sent.discard(step)
+        worker.close()
+        w = worker.index
+        self._deaths[w] += count
+        self.workers[w] = None
+        if self._deaths[w] >= _MAX_DEATHS:
+            self._deaths[w] = 0  # asking for the step again tries again
+            steps = worker.pending[:8]
+            raise WorkerError(
+                f"worker {w} (pid {worker.pid}) {worker.exit_text()}; it died {self._deaths[w]} times in a row "
+                f"without delivering a step (host {self.process_index} of {self.process_count}, "
+                f"steps in progress: {steps or 'none'}); see its output above"
+            )
+        self._start(w)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until every worker has started (True) or ``timeout`` seconds pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not all(w is not None and w.ready for w in self.workers):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            for w, worker in enumerate(self.workers):
+                if worker is None:
+                    self._start(w)
+            self._poll(1.0 if left is None else min(left, 1.0))
+        return True
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w is not None]
+
+    # ------------------------------------------------------------------ messages
+
+    def _poll(self, timeout: float | None) -> None:
+        """Handle every message that arrives within ``timeout`` seconds (0: only those waiting)."""
+        for key, _ in self._selector.select(timeout):
+            worker: _Worker = key.data
+            try:
+                while True:
+                    msg, fds = shm.recv(worker.sock)
+                    self._handle(worker, msg, fds)
+                    if not _readable(worker.sock):
+                        break
+            except (EOFError, ConnectionResetError):
+                worker.proc.wait()
+                self._on_death(worker)
+            except BaseException:
+                # interrupted half-way through a message (Ctrl-C): the stream may be out of
+                # step, so this worker is replaced and its steps computed again
+                if self.workers[worker.index] is worker:
+                    self._on_death(worker, count=False)
+                raise
+
+    def _handle(self, worker: _Worker, msg: tuple, fds: list[int]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            worker.ready = True
+        elif kind == "fatal":
+            _, text, tb = msg
+            raise WorkerError(
+                f"worker {worker.index} (pid {worker.pid}) could not start: {text}\n\nworker traceback:\n{tb}"
+            )
+        elif kind == "done":
+            _, step, slot, data, spans, size = msg
+            if fds:
+                if slot in worker.slots:
+                    worker.slots[slot].close()
+                worker.slots[slot] = shm.Buffer(fds[0], size)
+            self._deliver(worker, step, ("done", worker, slot, data, spans))
+        elif kind == "error":
+            self._deliver(worker, msg[1], ("error", worker.index, worker.pid, msg[2]))
+
+    def _deliver(self, worker: _Worker, step: int, result: tuple) -> None:
+        worker.pending.remove(step)
+        self._sent.discard(step)
+        self._results[step] = result
+        self._deaths[worker.index] = 0
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _dispatch(self, step: int) -> None:
+        """Send every ready worker its steps of the window ``[step, step + W * slots)``
+        not yet sent, ``read_ahead`` at a time (a shorter task only at the end of
+        the stream or when it holds ``step`` itself)."""
+        W = self.num_workers
+        hi = step + W * self.slots_per_worker
+        if self.end is not None:
+            hi = min(hi, self.end)
+        for worker in self.workers:
+            if worker is None or not worker.ready:
+                continue
+            first = step + (worker.index - step) % W
+            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results]
+            for i in range(0, len(todo), self.read_ahead):
+                task = todo[i : i + self.read_ahead]
+                if len(task) < self.read_ahead and hi != self.end and step not in task:
+                    break  # wait until a full task's worth of slots is free
+                slots = [(s // W) % self.slots_per_worker for s in task]
+                worker.pending.extend(task)
+                self._sent.update(task)
+                try:
+                    shm.send(worker.sock, ("task", task, slots))
+                except (BrokenPipeError, ConnectionResetError):  # it died: _poll will see why
+                    break
+                except BaseException:  # Ctrl-C half-way through the message
+                    self._on_death(worker, count=False)
+                    raise
+
+    def get(self, step: int) -> Any:
+        """The batch of ``step``; steps must be asked for in order."""
+        w = step % self.num_workers
+        while True:
+            if self.workers[w] is None:  # given up on after repeated deaths: try again
+                self._start(w)
+            self._poll(0)
+            if step in self._results:
+                return self._take(step)
+            self._dispatch(step)
+            if step not in self._sent:  # its worker is still starting: compute it here
+                self._dispatch(step + 1)
+                return self.pipe.batch_at(step, self.process_index, self.process_count)
+            self._poll(1.0)
+
+    def _take(self, step: int) -> Any:
+        result = self._results.pop(step)
+        if result[0] == "error":
+            _, w, pid, (text, tb, cause) = result
+            error = StepError(f"{text}\n\nworker {w} (pid {pid}) traceback:\n{tb}")
+            if cause is not None:
+                try:
+                    error.__cause__ = pickle.loads(cause)
+                except Exception:
+                    pass
+            raise error
+        batch = result[1] if result[0] == "batch" else self._materialise(result, self.copy)
+        self._dispatch(step + 1)
+        return batch
+
+    def _materialise(self, result: tuple, copy: bool) -> Any:
+        _, worker, slot, data, spans = result
+        return shm.loads(data, worker.slots[slot], spans, copy=copy)
+
+    def close(self) -> None:
+        """Kill the workers and free all shared memory. Idempotent."""
+        for i, worker in enumerate(self.workers):
+            if worker is not None:
+                self.workers[i] = None
+                worker.close()
+        self._results.clear()
+        self._sent.clear()
+        self._selector.close()
+        if self._definition is not None:
+            self._definition.close()
+            self._definition = None
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has data (or end of file) waiting."""
+    import select
+
+    r, _, _ = select.select([sock], [], [], 0)
+    return bool(r)
