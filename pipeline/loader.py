@@ -83,6 +83,7 @@ class PipelineIterator:
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
         self._workers = None
+        self._last_stats = {"workers": 0}
         self._pool = None
         if self.num_workers:
             from .workers import WorkerPool
@@ -105,6 +106,7 @@ class PipelineIterator:
         if self._closed:
             raise RuntimeError("iterator is closed")
         if self._end is not None and self.step >= self._end:
+            self._stop_workers()  # the stream is over: free the processes now
             raise StopIteration
         if self._workers is not None:
             batch = self._workers.get(self.step)
@@ -160,6 +162,19 @@ class PipelineIterator:
             raise RuntimeError("iterator is closed")
         return True if self._workers is None else self._workers.wait_ready(timeout)
 
+    def stats(self) -> dict:
+        """Where the steps came from: ``{"workers": W, "delivered_by_worker": [...],
+        "computed_in_parent": n, "worker_restarts": k}`` (with workers; counts since the
+        iterator started; kept after the workers stop), or ``{"workers": 0}``."""
+        if self._workers is None:
+            return dict(self._last_stats)
+        return {
+            "workers": self.num_workers,
+            "delivered_by_worker": list(self._workers.delivered),
+            "computed_in_parent": self._workers.in_parent,
+            "worker_restarts": self._workers.restarts,
+        }
+
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty with ``num_workers=0`` or once closed)."""
@@ -174,7 +189,11 @@ class PipelineIterator:
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
         if self._workers is not None:
+            self._last_stats = self.stats()
             workers, self._workers = self._workers, None
             workers.close()
 

@@ -191,6 +191,10 @@ class WorkerPool:
         self._results: dict[int, tuple] = {}  # step -> ("done", worker, slot, data, spans) | ("error", report)
         self._deaths = [0] * num_workers  # consecutive deaths without a delivered step
         self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
+        self._suspect: set[int] = set()  # steps in progress when a worker died: never computed here
+        self.delivered = [0] * num_workers  # steps each worker has delivered
+        self.in_parent = 0  # steps computed in the parent while their worker was starting
+        self.restarts = 0  # workers replaced after dying
         self.workers: list[_Worker | None] = [None] * num_workers
         try:
             for w in range(num_workers):
@@ -216,15 +220,18 @@ class WorkerPool:
             self._results[step] = ("batch", self._materialise(self._results[step], copy=True))
         for step in worker.pending:
             self._sent.discard(step)
+        if count:  # one of these steps may crash whatever process computes it
+            self._suspect.update(worker.pending)
         worker.close()
         w = worker.index
         self._deaths[w] += count
+        self.restarts += 1
         self.workers[w] = None
         if self._deaths[w] >= _MAX_DEATHS:
-            self._deaths[w] = 0  # asking for the step again tries again
+            deaths, self._deaths[w] = self._deaths[w], 0  # asking for the step again tries again
             steps = worker.pending[:8]
             raise WorkerError(
-                f"worker {w} (pid {worker.pid}) {worker.exit_text()}; it died {self._deaths[w]} times in a row "
+                f"worker {w} (pid {worker.pid}) {worker.exit_text()}; it died {deaths} times in a row "
                 f"without delivering a step (host {self.process_index} of {self.process_count}, "
                 f"steps in progress: {steps or 'none'}); see its output above"
             )
@@ -292,7 +299,9 @@ class WorkerPool:
         worker.pending.remove(step)
         self._sent.discard(step)
         self._results[step] = result
+        self._suspect.discard(step)
         self._deaths[worker.index] = 0
+        self.delivered[worker.index] += 1
 
     # ------------------------------------------------------------------ scheduling
 
@@ -334,9 +343,11 @@ class WorkerPool:
             if step in self._results:
                 return self._take(step)
             self._dispatch(step)
-            if step not in self._sent:  # its worker is still starting: compute it here
+            if step not in self._sent and step not in self._suspect:  # its worker is starting: compute it here
                 self._dispatch(step + 1)
-                return self.pipe.batch_at(step, self.process_index, self.process_count)
+                batch = self.pipe.batch_at(step, self.process_index, self.process_count)
+                self.in_parent += 1
+                return batch
             self._poll(1.0)
 
     def _take(self, step: int) -> Any:

@@ -1,0 +1,521 @@
+"""Worker processes: bit-identical output for every worker count, faults, clean shutdown.
+
+Every expected batch comes from ``pipe.batch_at`` computed in this process; the
+iterator's batches come from real worker processes (``stats()`` shows which
+process computed each step). Leak checks look at the real system: this
+process's children (psutil), ``/dev/shm`` and ``/proc/<pid>/maps``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from array_record.python import array_record_module
+
+import quern
+from quern.pipeline.workers import WorkerError
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- transforms (module level: workers import them)
+
+
+def jitter(rec, rng):
+    return {**rec, "noise": rng.normal(size=2).astype(np.float32)}
+
+
+def add_stats(batch):
+    return {**batch, "total": batch["tokens"].sum(axis=1, dtype=np.int64)}
+
+
+def fail_on_record(rec):
+    if rec["id"] == 140:
+        raise ValueError("record 140 is bad")
+    return rec
+
+
+def fail_on_big_batch(batch):
+    if batch["id"].max() > 900:
+        raise KeyError("too big")
+    return batch
+
+
+def die_on_record(rec):
+    if rec["id"] == 77 and os.environ.get("QUERN_TEST_PARENT") != str(os.getpid()):
+        os.kill(os.getpid(), signal.SIGKILL)  # only in a worker
+    return rec
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _memfd_maps(pid: int) -> list[tuple[int, int]]:
+    """(start, end) of the ``memfd:quern`` mappings of process ``pid``."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            if "memfd:quern" in line:
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def _equal(got, want, where=""):
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            _equal(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _equal(g, w, f"{where}[{i}]")
+    else:
+        assert type(got) is type(want), where
+        if isinstance(want, np.ndarray):
+            assert got.dtype == want.dtype and got.shape == want.shape, where
+        np.testing.assert_array_equal(got, want, err_msg=where)
+
+
+def _arrays(n=1000):
+    return {"id": np.arange(n, dtype=np.int64), "x": np.arange(2 * n, dtype=np.float32).reshape(n, 2)}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Three ArrayRecord shards of variable-length int32 token records (1000 in all)."""
+    d = tmp_path_factory.mktemp("ar")
+    rng = np.random.default_rng(5)
+    paths = []
+    for k, n in enumerate([400, 350, 250]):
+        p = d / f"tokens-{k}.array_record"
+        w = array_record_module.ArrayRecordWriter(str(p), "group_size:1")
+        for _ in range(n):
+            w.write(rng.integers(1, 1000, size=int(rng.integers(1, 60)), dtype=np.int32).tobytes())
+        w.close()
+        paths.append(str(p))
+    return paths
+
+
+def _token_pipe(paths, seed=0, num_epochs=None, batch=16, drop_remainder=True):
+    src = quern.sources.ArrayRecordSource(paths)
+    return (
+        quern.Pipeline.from_source(src, seed=seed, num_epochs=num_epochs)
+        .shuffle()
+        .map(quern.transforms.decode(np.int32))
+        .map(quern.transforms.pad(32))
+        .random_map(jitter)
+        .batch(batch, drop_remainder=drop_remainder)
+        .map_batch(add_stats)
+    )
+
+
+def _started(it, timeout=60):
+    assert it.wait_for_workers(timeout), "workers did not start"
+    return it
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("start", [0, 5, 1001])
+def test_every_worker_count_gives_batch_at(shards, start):
+    pipe = _token_pipe(shards, seed=11)
+    want = [pipe.batch_at(s) for s in range(start, start + 40)]
+    for w in [0, 1, 2, 3]:
+        with pipe.iterator(start_step=start, num_workers=w, read_ahead=3) as it:
+            if w:
+                _started(it)
+            got = [next(it) for _ in range(40)]
+            stats = it.stats()
+        for s, (g, e) in enumerate(zip(got, want), start):
+            _equal(g, e, f"num_workers={w} step {s}")
+        if w:  # the steps really came from the workers, each from its own
+            assert stats["computed_in_parent"] == 0
+            assert all(n > 0 for n in stats["delivered_by_worker"]), stats
+
+
+def test_batches_before_the_workers_are_up_are_identical_too(shards):
+    pipe = _token_pipe(shards, seed=2)
+    with pipe.iterator(num_workers=2) as it:
+        got = [next(it) for _ in range(200)]
+        stats = it.stats()
+    for s, g in enumerate(got):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+    assert stats["computed_in_parent"] + sum(stats["delivered_by_worker"]) >= 200
+
+
+def test_host_slices_and_a_partial_last_batch(shards):
+    pipe = _token_pipe(shards, seed=4, num_epochs=2, batch=48, drop_remainder=False)
+    assert pipe.num_steps == 42  # 2000 records / 48, the last batch has 32 rows
+    for h in range(2):
+        with pipe.iterator(process_index=h, process_count=2, num_workers=2, read_ahead=4) as it:
+            _started(it)
+            got = list(it)
+        assert len(got) == 42
+        for s, g in enumerate(got):
+            _equal(g, pipe.batch_at(s, h, 2), f"host {h} step {s}")
+    assert got[-1]["tokens"].shape == (8, 32)  # host 1's share of the last batch's 32 rows
+
+
+def test_held_batches_are_never_overwritten(shards):
+    pipe = _token_pipe(shards, seed=6)
+    with pipe.iterator(num_workers=2, prefetch=1, read_ahead=2) as it:  # 4 slots: each reused many times
+        _started(it)
+        held = [next(it) for _ in range(60)]
+    for s, g in enumerate(held):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+
+
+def odd_structures(rec):
+    i = int(rec["id"])
+    return {
+        "nested": {"a": rec["x"], "b": (rec["id"], np.float64(i) / 3)},
+        "text": f"record-{i}",  # collates to an object array: travels inside the pickle
+        "strided": np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2] + i,  # non-contiguous
+        "big": np.full((100, 50), i, np.float32),
+    }
+
+
+def test_any_batch_structure_travels(shards):
+    pipe = quern.Pipeline.from_source(_arrays(), seed=1).shuffle().map(odd_structures).batch(10)
+    with pipe.iterator(num_workers=2, start_step=3) as it:
+        _started(it)
+        for s in range(3, 23):
+            got = next(it)
+            _equal(got, pipe.batch_at(s), f"step {s}")
+            assert got["text"].dtype == object
+            assert got["big"].flags.writeable and got["big"].flags.c_contiguous
+
+
+def test_source_arrays_are_shared_with_workers_not_copied():
+    n = 1 << 20  # 8 MiB of int64
+    pipe = quern.Pipeline.from_source({"id": np.arange(n, dtype=np.int64)}, seed=0).shuffle().batch(64)
+    with pipe.iterator(num_workers=2) as it:
+        _started(it)
+        for s in range(10):
+            _equal(next(it), pipe.batch_at(s))
+        for pid in it.worker_pids:  # each worker maps the one shared copy of the array
+            assert any(hi - lo >= n * 8 for lo, hi in _memfd_maps(pid)), pid
+
+
+def test_shared_memory_is_bounded_by_workers_times_slots(shards):
+    pipe = _token_pipe(shards)
+    W, prefetch, read_ahead = 2, 2, 3
+    with pipe.iterator(num_workers=W, prefetch=prefetch, read_ahead=read_ahead) as it:
+        _started(it)
+        for _ in range(100):
+            next(it)
+        slots = _memfd_maps(os.getpid())
+        # one mapping per slot plus the shared pipeline definition, whatever the number of steps
+        assert len(slots) <= W * prefetch * read_ahead + 1
+        assert len(slots) >= W * read_ahead
+    assert _memfd_maps(os.getpid()) == []
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_sigkilled_worker_is_replaced_and_output_is_unchanged(shards):
+    pipe = _token_pipe(shards, seed=9)
+    with pipe.iterator(num_workers=2, read_ahead=4) as it:
+        _started(it)
+        got = [next(it) for _ in range(10)]
+        victim = it.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        got += [next(it) for _ in range(60)]
+        assert victim not in it.worker_pids and len(it.worker_pids) == 2
+        assert it.stats()["worker_restarts"] == 1
+    for s, g in enumerate(got):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+    assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stage", ["map", "map_batch"])
+def test_raising_transform_names_step_host_records_and_stage(stage):
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0)
+    pipe = pipe.map(fail_on_record).batch(50) if stage == "map" else pipe.batch(50).map_batch(fail_on_big_batch)
+    bad_step = 140 // 50 if stage == "map" else 901 // 50  # host 1 has rows 25..49 of each step
+    with pipe.iterator(num_workers=2, process_index=1, process_count=2) as it:
+        _started(it)
+        for _ in range(bad_step):
+            next(it)
+        with pytest.raises(quern.StepError) as info:
+            next(it)
+        msg = str(info.value)
+        assert f"step {bad_step} (host 1 of 2)" in msg
+        assert f"stage {stage}[0]" in msg
+        assert "traceback:" in msg and "Traceback (most recent call last)" in msg
+        if stage == "map":
+            assert "record 140" in msg and isinstance(info.value.__cause__, ValueError)
+        else:
+            assert "records arrays [925, 926" in msg and isinstance(info.value.__cause__, KeyError)
+        assert it.step == bad_step  # asking again retries the same step
+        with pytest.raises(quern.StepError):
+            next(it)
+        assert it.stats()["computed_in_parent"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_read_error_in_a_worker_names_step_and_file(shards, tmp_path):
+    damaged = tmp_path / "damaged.array_record"
+    w = array_record_module.ArrayRecordWriter(str(damaged), "group_size:1")
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        w.write(rng.bytes(2000))
+    w.close()
+    data = bytearray(damaged.read_bytes())
+    for i in range(80_000, 80_064):  # inside record ~40's chunk; header and footer intact
+        data[i] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    pipe = quern.Pipeline.from_source(quern.sources.ArrayRecordSource([shards[0], str(damaged)]), seed=0).batch(50)
+    with pipe.iterator(num_workers=2, start_step=6) as it:  # step 8 = records 400..449 = damaged.array_record 0..49
+        _started(it)
+        next(it), next(it)
+        with pytest.raises(quern.StepError) as info:
+            next(it)
+        assert it.step == 8
+        with pytest.raises(quern.StepError, match="step 8 "):  # asking again fails the same way
+            next(it)
+    msg = str(info.value)
+    assert "step 8 (host 0 of 1), stage 'read'" in msg and "damaged.array_record" in msg
+
+
+@pytest.mark.timeout(90)
+def test_worker_that_keeps_dying_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setenv("QUERN_TEST_PARENT", str(os.getpid()))
+    children = _children()
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(die_on_record).batch(50)
+    with pipe.iterator(num_workers=2, start_step=1) as it:  # record 77 is in step 1, worker 1's
+        _started(it)
+        with pytest.raises(WorkerError, match=r"worker 1 .*killed by SIGKILL.*3 times in a row.*steps in progress: \[1,"):
+            next(it)
+    assert _children() == children  # closed cleanly after the error
+    assert _memfd_maps(os.getpid()) == []
+
+
+def test_unpicklable_pipeline_fails_at_once():
+    import threading
+
+    lock = threading.Lock()
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(lambda r: (lock, r)[1]).batch(10)
+    before = _children()
+    with pytest.raises(TypeError, match="cannot be sent to worker processes.*num_workers=0"):
+        pipe.iterator(num_workers=2)
+    assert _children() == before
+
+
+@pytest.mark.timeout(60)
+def test_worker_that_cannot_load_the_pipeline_reports_why(tmp_path, monkeypatch):
+    mod = tmp_path / "vanishing_module.py"
+    mod.write_text("def ident(rec):\n    return rec\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import vanishing_module
+
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(vanishing_module.ident).batch(10)
+    mod.unlink()  # the workers cannot import it any more
+    with pipe.iterator(num_workers=1) as it:
+        with pytest.raises(WorkerError, match="could not start.*ModuleNotFoundError.*vanishing_module"):
+            it.wait_for_workers(30)
+    sys.modules.pop("vanishing_module", None)
+
+
+# --------------------------------------------------------------------------- nothing left behind
+
+
+def _assert_clean(before_children, before_shm, pids):
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"workers {pids} still alive"
+        time.sleep(0.05)
+    assert _children() == before_children
+    assert _shm() == before_shm
+    assert _memfd_maps(os.getpid()) == []
+
+
+def test_normal_end_leaves_nothing(shards):
+    children, shm = _children(), _shm()
+    pipe = _token_pipe(shards, num_epochs=1, batch=100)
+    it = pipe.iterator(num_workers=2)
+    pids = it.worker_pids
+    assert len(pids) == 2 and set(pids) <= _children()
+    assert len(list(it)) == 10
+    it.close()
+    _assert_clean(children, shm, pids)
+
+
+def test_close_leaves_nothing(shards):
+    children, shm = _children(), _shm()
+    it = _token_pipe(shards).iterator(num_workers=3)
+    _started(it)
+    next(it)
+    pids = it.worker_pids
+    it.close()
+    it.close()  # idempotent
+    assert it.worker_pids == []
+    _assert_clean(children, shm, pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        next(it)
+
+
+def test_garbage_collection_leaves_nothing(shards):
+    children, shm = _children(), _shm()
+    it = _token_pipe(shards).iterator(num_workers=2)
+    _started(it)
+    next(it)
+    pids = it.worker_pids
+    del it
+    gc.collect()
+    _assert_clean(children, shm, pids)
+
+
+def test_keyboard_interrupt_in_the_loop(shards):
+    children, shm = _children(), _shm()
+    pipe = _token_pipe(shards, seed=3)
+    it = pipe.iterator(num_workers=2)
+    pids = it.worker_pids
+    try:
+        for batch in it:
+            if it.step == 30:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    # the iterator is still usable after the interrupt...
+    _equal(next(it), pipe.batch_at(30))
+    # ...and dropping it (as unwinding a program does) cleans up
+    del it, batch
+    gc.collect()
+    _assert_clean(children, shm, pids)
+
+
+def slow_batch(batch):
+    time.sleep(0.2)
+    return batch
+
+
+def test_ctrl_c_while_waiting_inside_next(shards):
+    pipe = _token_pipe(shards, seed=8).map_batch(slow_batch)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pipe.iterator(num_workers=2, read_ahead=2) as it:
+            _started(it)
+            got = [next(it)]
+            interrupted = 0
+            for _ in range(5):  # interrupt next() while it waits for a worker
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                try:
+                    got.append(next(it))
+                except KeyboardInterrupt:
+                    interrupted += 1
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            assert interrupted >= 1
+            got += [next(it) for _ in range(3)]
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    for s, g in enumerate(got):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+
+
+def test_jax_and_threads_in_the_parent_are_safe(shards):
+    """Workers are fresh interpreters, never forks of this multi-threaded process."""
+    import threading
+    import warnings
+
+    import jax.numpy as jnp
+
+    assert float(jnp.ones(3).sum()) == 3.0  # the XLA runtime and its threads are up
+    stop = threading.Event()
+    busy = threading.Thread(target=lambda: stop.wait(30), daemon=True)
+    busy.start()
+    pipe = _token_pipe(shards, seed=1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # JAX warns when a process that runs it forks
+            with pipe.iterator(num_workers=2) as it:
+                _started(it)
+                for s in range(20):
+                    _equal(next(it), pipe.batch_at(s))
+    finally:
+        stop.set()
+    assert not [w for w in caught if "fork" in str(w.message)]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_workers import _token_pipe
+    it = _token_pipe({shards!r}).iterator(num_workers=2)
+    it.wait_for_workers(60)
+    print(*it.worker_pids, flush=True)
+    for batch in it:
+        if it.step == 20 and {mode!r} == "exit":
+            sys.exit(0)  # leaves the iterator open
+        if it.step == 20:
+            print("iterating", flush=True)  # and go on until stopped
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["exit", "ctrl-c", "sigkill"])
+def test_a_process_that_iterates_leaves_nothing_when_it_ends(shards, mode):
+    """The program exits without closing its iterator; or Ctrl-C (SIGINT to its whole
+    process group, as a terminal sends it) interrupts it mid-iteration; or it is
+    SIGKILLed, and then its workers notice and exit by themselves."""
+    shm = _shm()
+    code = _CHILD.format(tests=str(REPO / "tests"), shards=shards, mode=mode)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        if mode != "exit":
+            assert proc.stdout.readline().strip() == "iterating"
+            if mode == "ctrl-c":
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = proc.stderr.read()
+    if mode == "exit":
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    elif mode == "ctrl-c":
+        assert proc.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt"), err
+        assert err.count("Traceback") == 1, err  # the parent's only: workers ignore SIGINT
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"workers {pids} outlived their parent ({mode})"
+        time.sleep(0.1)
+    assert _shm() == shm
