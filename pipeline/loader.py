@@ -28,11 +28,14 @@ class PipelineIterator:
     (bulk reads release the GIL for part of their time).
 
     With ``num_workers=W > 0``, W worker processes compute the steps instead
-    (step ``s`` on worker ``s % W``), each a task of ``read_ahead`` steps at a
-    time read in one bulk call, with ``prefetch`` tasks per worker in flight; the
-    batches come back through shared memory and are copied out once, so a batch
-    you hold is never overwritten. Shared memory: ``W * prefetch * read_ahead``
-    batches. See :mod:`quern.pipeline.workers` for start-up and faults.
+    (step ``s`` on worker ``s % W``), in tasks of ``read_ahead`` of their steps
+    whose records are read in one bulk call (default: about 8192 records, at
+    most 32 steps, fewer if the slots below would pass 256 MiB), with
+    ``prefetch`` tasks per worker in flight. Batches come back through shared
+    memory and are copied out once, so a batch you hold is never overwritten.
+    Shared memory: at most ``W * prefetch * read_ahead`` batches. The stream's
+    end frees the workers; see :mod:`quern.pipeline.workers` for start-up,
+    faults and shutdown.
 
     ``.step`` is the next step to be yielded and
     ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
@@ -68,9 +71,11 @@ class PipelineIterator:
                 "each worker process computes its steps on one thread"
             )
         lo, hi = host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
-        if read_ahead is None:  # about 4096 records per bulk read, at most 16 steps
-            read_ahead = max(1, min(16, 4096 // (hi - lo)))
-        self.read_ahead = _check_int(read_ahead, "read_ahead", 1)
+        if read_ahead is not None:
+            read_ahead = _check_int(read_ahead, "read_ahead", 1)
+        elif not self.num_workers:  # about 4096 records per bulk read, at most 16 steps
+            read_ahead = max(1, min(16, 4096 // max(1, hi - lo)))
+        self.read_ahead = read_ahead  # with workers, None: chosen by the worker pool
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         n_steps = pipe.num_steps

@@ -51,6 +51,9 @@ __all__ = ["WorkerPool", "WorkerError"]
 
 _MAX_DEATHS = 3  # a worker dying this many times in a row without delivering a step is an error
 _ARRAY_INLINE_BYTES = 1 << 16  # pipeline arrays smaller than this travel inside the pickle
+TASK_RECORDS = 8192  # default task: about this many records read in one bulk call...
+MAX_TASK_STEPS = 32  # ...but at most this many steps
+SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots within this
 
 
 class WorkerError(RuntimeError):
@@ -126,13 +129,27 @@ class _Worker:
             child_sock.close()
         self.sock = parent_sock
         self.ready = False
-        self.slots: dict[int, shm.Buffer] = {}
+        self.slots: dict[int, shm.Buffer] = {}  # slot id -> this process's mapping of it
+        self.slot_of: dict[int, int] = {}  # step -> slot, for steps sent and not yet taken
+        self.free: list[int] = []  # slot ids not in use
         self.pending: list[int] = []  # steps sent and not yet delivered, in order
         shm.send(self.sock, init_message, init_fds)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def assign(self, step: int) -> int:
+        """A free slot for ``step`` (a new slot id when none is free)."""
+        slot = self.free.pop() if self.free else len(self.slot_of) + len(self.free)
+        self.slot_of[step] = slot
+        return slot
+
+    def release(self, step: int) -> None:
+        """``step`` has been copied out (or failed): its slot is free again."""
+        slot = self.slot_of.pop(step, None)
+        if slot is not None:
+            self.free.append(slot)
 
     def exit_text(self) -> str:
         code = self.proc.poll()
@@ -161,19 +178,29 @@ class WorkerPool:
     """``num_workers`` processes computing the steps of ``pipe`` for one host slice.
 
     :meth:`get` returns the batch of a step; the caller asks for consecutive steps
-    (asking again for a step that raised retries it). Steps ahead of the one asked
-    for are computed in the background, at most ``prefetch * read_ahead`` per
-    worker. Shared memory held: ``num_workers * prefetch * read_ahead`` slots,
-    each the size of one batch's arrays.
+    (asking again for a step that raised retries it). Each worker gets tasks of
+    ``read_ahead`` of its steps and has at most ``prefetch`` tasks in flight, so
+    shared memory holds at most ``num_workers * prefetch * read_ahead`` batches
+    (each worker's slots, reused). ``read_ahead=None`` picks about
+    :data:`TASK_RECORDS` records per task (at most :data:`MAX_TASK_STEPS` steps),
+    lowered once the first batch's size is known so that the slots stay within
+    :data:`SHARED_MEMORY_BUDGET`; until then tasks are one step.
     """
 
     def __init__(self, pipe, num_workers: int, process_index: int, process_count: int,
-                 prefetch: int, read_ahead: int, end: int | None, copy: bool = True):
+                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = True):
         import cloudpickle
 
+        from .index import host_rows
+
         self.pipe, self.end, self.copy = pipe, end, copy
-        self.num_workers, self.read_ahead = num_workers, read_ahead
-        self.slots_per_worker = prefetch * read_ahead
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self._auto = read_ahead is None
+        if self._auto:
+            lo, hi = host_rows(pipe.batch_size, process_index, process_count)
+            read_ahead = max(1, min(MAX_TASK_STEPS, TASK_RECORDS // max(1, hi - lo)))
+        self.max_read_ahead = read_ahead
+        self.read_ahead = 1 if self._auto else read_ahead  # until the size of a batch is known
         self.process_index, self.process_count = process_index, process_count
         try:
             data, buffers = shm.dumps(pipe, cloudpickle.dumps, _ARRAY_INLINE_BYTES)
@@ -291,8 +318,13 @@ class WorkerPool:
                 if slot in worker.slots:
                     worker.slots[slot].close()
                 worker.slots[slot] = shm.Buffer(fds[0], size)
+            if self._auto and self.read_ahead == 1 and self.max_read_ahead > 1:
+                nbytes = spans[-1][0] + spans[-1][1] if spans else 0
+                fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
+                self.read_ahead = max(1, min(self.max_read_ahead, fit))
             self._deliver(worker, step, ("done", worker, slot, data, spans))
         elif kind == "error":
+            worker.release(msg[1])  # nothing was written to its slot
             self._deliver(worker, msg[1], ("error", worker.index, worker.pid, msg[2]))
 
     def _deliver(self, worker: _Worker, step: int, result: tuple) -> None:
@@ -306,23 +338,28 @@ class WorkerPool:
     # ------------------------------------------------------------------ scheduling
 
     def _dispatch(self, step: int) -> None:
-        """Send every ready worker its steps of the window ``[step, step + W * slots)``
-        not yet sent, ``read_ahead`` at a time (a shorter task only at the end of
-        the stream or when it holds ``step`` itself)."""
-        W = self.num_workers
-        hi = step + W * self.slots_per_worker
-        if self.end is not None:
-            hi = min(hi, self.end)
+        """Send every ready worker its next steps (from ``step`` on, not yet sent),
+        ``read_ahead`` at a time, while it has fewer than ``prefetch * read_ahead``
+        steps in flight (sent or delivered, and not yet taken). A shorter task goes
+        only at the end of the stream or when it holds ``step`` itself."""
+        W, ra = self.num_workers, self.read_ahead
+        limit = self.prefetch * ra
         for worker in self.workers:
             if worker is None or not worker.ready:
                 continue
+            room = limit - len(worker.slot_of)
+            if room <= 0:
+                continue
             first = step + (worker.index - step) % W
-            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results]
-            for i in range(0, len(todo), self.read_ahead):
-                task = todo[i : i + self.read_ahead]
-                if len(task) < self.read_ahead and hi != self.end and step not in task:
-                    break  # wait until a full task's worth of slots is free
-                slots = [(s // W) % self.slots_per_worker for s in task]
+            hi = first + W * limit
+            if self.end is not None:
+                hi = min(hi, self.end)
+            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results][:room]
+            for i in range(0, len(todo), ra):
+                task = todo[i : i + ra]
+                if len(task) < ra and step not in task and (self.end is None or task[-1] + W < self.end):
+                    break  # wait until a whole task's worth of slots is free
+                slots = [worker.assign(s) for s in task]
                 worker.pending.extend(task)
                 self._sent.update(task)
                 try:
@@ -361,7 +398,11 @@ class WorkerPool:
                 except Exception:
                     pass
             raise error
-        batch = result[1] if result[0] == "batch" else self._materialise(result, self.copy)
+        if result[0] == "batch":
+            batch = result[1]
+        else:
+            batch = self._materialise(result, self.copy)
+            result[1].release(step)
         self._dispatch(step + 1)
         return batch
 

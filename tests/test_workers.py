@@ -233,6 +233,40 @@ def test_shared_memory_is_bounded_by_workers_times_slots(shards):
     assert _memfd_maps(os.getpid()) == []
 
 
+def widen(batch):
+    """8 MiB per batch of 64 rows."""
+    return {"big": np.repeat(batch["x"][:, :1], 32768, axis=1)}
+
+
+def test_default_task_size_keeps_slots_within_the_budget():
+    from quern.pipeline import workers
+
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).batch(64).map_batch(widen)
+    with pipe.iterator(num_workers=2) as it:
+        _started(it)
+        for s in range(120):
+            got = next(it)
+        _equal(got, pipe.batch_at(119))
+        mapped = sum(hi - lo for lo, hi in _memfd_maps(os.getpid()))
+    batch_bytes = 64 * 32768 * 4
+    assert batch_bytes * 2 * 2 * workers.MAX_TASK_STEPS > 3 * workers.SHARED_MEMORY_BUDGET  # would not fit
+    assert mapped <= workers.SHARED_MEMORY_BUDGET + (1 << 20)
+
+
+def test_workers_open_files_lazily(shards):
+    """Starting a worker reads no file: the pipeline arrives with its index, and a
+    worker opens a file when it first reads from it."""
+    pipe = _token_pipe(shards)
+    with pipe.iterator(num_workers=2) as it:
+        _started(it)
+        for pid in it.worker_pids:
+            assert not [f for f in psutil.Process(pid).open_files() if f.path.endswith(".array_record")]
+        for _ in range(40):
+            next(it)
+        for pid in it.worker_pids:
+            assert {f.path for f in psutil.Process(pid).open_files()} >= set(shards)
+
+
 # --------------------------------------------------------------------------- faults
 
 
