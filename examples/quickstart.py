@@ -6,8 +6,9 @@
 2. Runs a shuffled, padded, batched pipeline over the ArrayRecord shards, prints
    a few batches and the throughput.
 3. Stops at a step, saves the iterator state as JSON, builds everything afresh
-   (as a restarted job would), resumes from the state and checks that the
-   following batches are identical to those of an uninterrupted run.
+   (as a restarted job would), resumes from the state with 2 worker processes
+   and checks that the following batches are identical to those of the
+   uninterrupted (one-process) run.
 4. Reads the same step from the Parquet copy and checks it holds the same tokens.
 
 Run:  python examples/quickstart.py  [--out DIR] [--batch 64] [--steps 200]
@@ -142,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     restarted = make_pipeline(ar_paths, args.batch)
     with open(state_path) as f:
         state = json.load(f)
-    with restarted.resume(state) as it:
+    with restarted.resume(state, num_workers=2) as it:  # now with 2 worker processes: same batches
         resumed = [next(it) for _ in range(5)]
     ok = all(same(a, b) for a, b in zip(resumed, reference[args.stop_at : args.stop_at + 5]))
-    print(f"resumed at step {state['step']}: next 5 batches identical to the uninterrupted run: {ok}")
+    print(f"resumed at step {state['step']} with 2 worker processes: "
+          f"next 5 batches identical to the uninterrupted run: {ok}")
 
     # -- the Parquet copy holds the same records in the same order (file i of each
     #    format was written from the same list), so record ids are row ids there too
