@@ -29,23 +29,68 @@ One pipeline, built three ways over the same synthetic data:
   .map(decode(int32)).map(pad(512)).batch(256)``: ``pipe.iterator()`` with its
   defaults (one process, 1 background thread, the records of 16 steps read in
   one bulk call per file), with 2 threads, with one read per step
-  (``read_ahead=1``), plus ``pipe.batch_at(step)`` in a plain loop (no
-  threads). The fastest is "quern".
+  (``read_ahead=1``), with 1 and 2 worker processes (``num_workers``), plus
+  ``pipe.batch_at(step)`` in a plain loop (no threads). The fastest is "quern"
+  (the loop is not a candidate). With workers, quern lends each batch's
+  shared-memory slot to the caller (zero copy; the slot is reused once no
+  array of the batch is alive). One more config, ``PipelineIterator(pipe,
+  num_workers=2, _copy=True)``, copies each batch out of shared memory once
+  instead: a private knob that exists only to measure what the lease saves
+  (labelled "copy out once, measurement only"), never a candidate for "quern".
 
-Every config: one iterator, ``--warmup`` batches untimed, then ``--runs``
+CPU-heavy variant (``--heavy``, the default; names start with "heavy:"): the
+same pipelines with one more per-record transform after decode + pad,
+``heavy(record)``: ``HEAVY_ROUNDS`` rounds of scale / cumsum / mod / sort on
+the record's 512 tokens as float32, adding ``"score"`` (the last value) to the
+record -- many small NumPy calls, so it holds the GIL for most of its time
+(about 50 us per record on a 2-core development machine; the cost measured
+at start-up is printed). It is a module-level function (grain's spawned
+workers import it by reference) and runs identically in quern ``iterator()``
+with 0, 1 and 2 workers (``.map(heavy)`` after ``pad``), grain
+``.batch().to_iter_dataset(0 threads).mp_prefetch(2 workers, buffer 4)`` and
+``grain.DataLoader(worker_count=2, 0 read threads, buffer 4)`` (the fastest
+2-worker forms of the plain run; ``.map(heavy)`` / ``Heavy()`` after
+``decode_pad``). Here parallel workers matter.
+
+Every config: one iterator (with workers: started and, for quern,
+``wait_for_workers()`` before any batch is taken; for grain the warm-up batches
+wait for them), ``--warmup`` batches untimed, then ``--runs``
 consecutive timed runs, each at least ``--batches`` batches and at least
 ``--min-seconds`` long (so batches prefetched before the clock starts weigh
 little); the reported figure is the median records/s over the runs. The files are read once before measuring, so
-the page cache is warm. Also reported: time to the first batch for quern
-(fresh source + pipeline + iterator) from step 0 and after resuming at step
-10**7, the same for grain's MapDataset by index, and peak RSS of this process
-and of its (multiprocessing) children, each measured separately by
-``getrusage`` (RUSAGE_CHILDREN is the largest single waited-for child).
+the page cache is warm. While a config runs (start, measurement and close), a
+background thread samples every 50 ms the summed RSS of this process and all
+its descendants (``psutil``, about 1 ms of this process's time per sample;
+pages shared between processes, such as the workers' shared-memory batches,
+count once per process that maps them); the peak is reported per config, with
+its rise over the value at the config's start. At the end, ``ru_maxrss`` of
+this process alone is printed too (getrusage's figure for children is left
+out: a child started by fork + exec inherits its parent's high-water mark).
+After each config, and at the end, a warning is printed if any child process is still alive
+(multiprocessing's resource tracker, which grain's workers start and which
+lives as long as this process, excepted).
+
+Time to the first batch (fresh source + pipeline + iterator, closing not
+timed; median of 5 rounds, of 3 for grain with workers): quern ``iterator()``
+with 0 and 2 workers from step 0 and after resuming at step 10**7, quern
+``batch_at``, grain's MapDataset by index, grain ``mp_prefetch(2 workers)``
+and ``grain.DataLoader(worker_count=2)`` (both in their tuned forms). With
+workers, quern computes the first steps in this process while the workers
+start; grain waits for its workers.
+
+The summary prints the tables (plain, heavy), then ratios: plain quern 2
+workers vs grain ``mp_prefetch(2)`` (best of its forms), quern 1 and 2 workers
+vs 0, copy vs zero-copy lease; heavy quern 2 workers vs 0 and vs grain's
+2-worker forms; time to first batch of quern with 2 workers vs grain
+``mp_prefetch(2)``, ``DataLoader(2)`` and ``ds[0]``. It prints figures only
+and asserts no timing target.
 
 A light correctness check runs first: the quern batch at step 0 has shape
 (256, 512), and the raw and quern outputs at step 0 hold the same multiset of
 lengths as decoding the records ``pipe.explain(0)`` names (and identical
-tokens), so every config does real work.
+tokens), so every config does real work; quern's 2-worker iterator yields the
+same batches as ``batch_at``, and quern's and grain's heavy batches carry
+``heavy``'s score of each row.
 
 Data
 ----
@@ -57,10 +102,12 @@ are regenerated when missing or when ``--records`` differs from the cached set.
 
 Run
 ---
-    .venv/bin/python benchmarks/vs_grain.py            # full run, a few minutes on 2 cores
+    .venv/bin/python benchmarks/vs_grain.py            # full run, several minutes on 2 cores
     .venv/bin/python benchmarks/vs_grain.py --quick    # fewer batches, 3 runs
     .venv/bin/python benchmarks/vs_grain.py --records 50000 --batches 60 --runs 5
     .venv/bin/python benchmarks/vs_grain.py --only quern  # configs whose name contains "quern"
+    .venv/bin/python benchmarks/vs_grain.py --only heavy  # the CPU-heavy variant only
+    .venv/bin/python benchmarks/vs_grain.py --no-heavy    # the plain pipeline only
 
 A config that raises prints a FAILED line (set VS_GRAIN_TRACEBACK=1 for the
 traceback) and the rest still run.
@@ -69,18 +116,21 @@ traceback) and the rest still run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
 import shlex
 import statistics
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grain
 import numpy as np
+import psutil
 
 import quern
 
@@ -92,7 +142,25 @@ DATA_SEED = 20240601
 VOCAB = 32000
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 RESUME_STEP = 10**7
+HEAVY_ROUNDS = 4  # rounds of heavy(): about 50 us per record on a 2-core development machine
+WORKER_START_TIMEOUT = 60.0  # seconds for quern's worker processes to start
+RSS_INTERVAL = 0.05  # seconds between RSS samples
+# ReadOptions(num_threads=0) means "no reader threads": records are read in the calling thread.
+GRAIN_NO_THREADS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vs_grain")
+
+# Config names the summary refers to.
+Q_W0 = "quern iterator() [defaults: 1 thread, read_ahead 16]"
+Q_W1 = "quern iterator(num_workers=1)"
+Q_W2 = "quern iterator(num_workers=2)"
+Q_COPY = "quern PipelineIterator(num_workers=2, _copy=True) [copy out once, measurement only]"
+G_MP = "grain .batch().to_iter_dataset(0 thr).mp_prefetch(2 workers, buf 4)"
+G_LOADER = "grain DataLoader(worker_count=2, 0 read threads, buf 4)"
+HQ_W0 = "heavy: quern iterator() [num_workers=0]"
+HQ_W1 = "heavy: quern iterator(num_workers=1)"
+HQ_W2 = "heavy: quern iterator(num_workers=2)"
+HG_MP = "heavy: " + G_MP
+HG_LOADER = "heavy: " + G_LOADER
 
 
 # --------------------------------------------------------------------------- data
@@ -143,7 +211,7 @@ def warm_page_cache(paths: list[str]) -> int:
     return total
 
 
-# --------------------------------------------------------------------------- shared transform
+# --------------------------------------------------------------------------- shared transforms
 
 
 def decode_pad(record: bytes) -> dict:
@@ -160,6 +228,35 @@ class DecodePad(grain.transforms.Map):
 
     def map(self, element: bytes) -> dict:
         return decode_pad(element)
+
+
+def heavy(record: dict) -> dict:
+    """The CPU-heavy per-record transform (after decode + pad, in quern and grain alike):
+    ``HEAVY_ROUNDS`` rounds of small NumPy calls on the tokens; adds ``"score"``."""
+    x = record["tokens"].astype(np.float32)
+    for _ in range(HEAVY_ROUNDS):
+        x = np.sort(np.cumsum(x * np.float32(1e-3)) % np.float32(7.0))
+    return {**record, "score": np.float32(x[-1])}
+
+
+class Heavy(grain.transforms.Map):
+    """``heavy`` as a grain transform (for ``grain.DataLoader`` operations)."""
+
+    def map(self, element: dict) -> dict:
+        return heavy(element)
+
+
+def heavy_cost_us(paths: list[str], reps: int = 5) -> float:
+    """Median microseconds per record of ``heavy`` over the padded records of step 0."""
+    rows = quern_pipeline(paths).batch_at(0)
+    records = [{"tokens": t, "length": n} for t, n in zip(rows["tokens"], rows["length"])]
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for r in records:
+            heavy(r)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(records) * 1e6
 
 
 # --------------------------------------------------------------------------- raw ArrayRecord (the limit)
@@ -210,23 +307,75 @@ class RawReader:
 # --------------------------------------------------------------------------- builders
 
 
-def quern_pipeline(paths: list[str]):
+def quern_pipeline(paths: list[str], heavy_work: bool = False):
+    """The quern pipeline; ``heavy_work``: with ``.map(heavy)`` after ``pad``."""
     src = quern.sources.ArrayRecordSource(paths)
-    return (
+    pipe = (
         quern.Pipeline.from_source(src, seed=0)
         .shuffle()
         .map(quern.transforms.decode(np.int32))
         .map(quern.transforms.pad(SEQ_LEN))
-        .batch(BATCH)
     )
+    return (pipe.map(heavy) if heavy_work else pipe).batch(BATCH)
 
 
-def grain_map_dataset(paths: list[str], batched: bool = True, repeat: bool = False):
+def grain_map_dataset(paths: list[str], batched: bool = True, repeat: bool = False, heavy_work: bool = False):
+    """grain's MapDataset; ``heavy_work``: with ``.map(heavy)`` after ``decode_pad``."""
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths)).shuffle(seed=0)
     if repeat:  # only when one epoch has fewer batches than the benchmark needs
         ds = ds.repeat()
     ds = ds.map(decode_pad)
+    if heavy_work:
+        ds = ds.map(heavy)
     return ds.batch(BATCH, drop_remainder=True) if batched else ds
+
+
+def grain_iter(paths: list[str], read_options=None, batched: bool = True, workers: int | None = None,
+               worker_buffer: int = 1, repeat: bool = False, heavy_work: bool = False) -> Iterator:
+    """``iter()`` of the MapDataset through ``to_iter_dataset(read_options)`` (batched
+    before or after it), with ``mp_prefetch`` when ``workers`` is given; it has ``close()``."""
+    ds = grain_map_dataset(paths, batched=batched, repeat=repeat, heavy_work=heavy_work)
+    it_ds = ds.to_iter_dataset(read_options)  # None: grain's default ReadOptions
+    if not batched:
+        it_ds = it_ds.batch(BATCH, drop_remainder=True)
+    if workers is not None:
+        options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=worker_buffer)
+        it_ds = it_ds.mp_prefetch(options)
+    return iter(it_ds)
+
+
+def grain_loader(paths: list[str], workers: int, read_options=None, worker_buffer: int = 1, repeat: bool = False,
+                 heavy_work: bool = False) -> tuple[Iterator, Any]:
+    """``iter(grain.DataLoader(...))`` and the DatasetIterator underneath it (which has ``close()``)."""
+    source = grain.sources.ArrayRecordDataSource(paths)
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=grain.samplers.IndexSampler(
+            num_records=len(source), shard_options=grain.sharding.NoSharding(), shuffle=True, seed=0,
+            num_epochs=None if repeat else 1,
+        ),
+        operations=[DecodePad(), *([Heavy()] if heavy_work else []),
+                    grain.transforms.Batch(BATCH, drop_remainder=True)],
+        worker_count=workers,
+        worker_buffer_size=worker_buffer,
+        read_options=read_options,
+    )
+    it = iter(loader)
+    return it, getattr(it, "_iterator", None)
+
+
+def quern_iterator(paths: list[str], heavy_work: bool = False, copy: bool = False, **kwargs):
+    """A quern iterator from step 0 whose worker processes (if any) have started.
+
+    ``copy``: ``PipelineIterator(num_workers=2, _copy=True)``, the private knob
+    (copy each batch out instead of lending its slot) that exists only to measure
+    what the lease saves."""
+    pipe = quern_pipeline(paths, heavy_work)
+    it = quern.PipelineIterator(pipe, num_workers=2, _copy=True) if copy else pipe.iterator(start_step=0, **kwargs)
+    if not it.wait_for_workers(WORKER_START_TIMEOUT):
+        it.close()
+        raise RuntimeError(f"quern workers did not start within {WORKER_START_TIMEOUT:g}s")
+    return it
 
 
 class Stepper:
@@ -247,7 +396,88 @@ def _close(obj: Any) -> None:
         close()
 
 
+def _first(it: Iterator, handle: Any) -> tuple[Any, Any]:
+    """``(next(it), handle)``; ``handle`` is closed if ``next`` raises."""
+    try:
+        return next(it), handle
+    except BaseException:
+        _close(handle)
+        raise
+
+
+# --------------------------------------------------------------------------- memory and processes
+
+
+class PeakRSS:
+    """Peak of the summed RSS of this process and all its descendants, sampled every
+    ``RSS_INTERVAL`` seconds on a background thread while the ``with`` block runs (MiB)."""
+
+    def __init__(self):
+        self.start = self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vs-grain-rss", daemon=True)
+
+    @staticmethod
+    def sample() -> float:
+        me = psutil.Process()
+        total = me.memory_info().rss
+        for child in me.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:  # it exited meanwhile
+                pass
+        return total / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.wait(RSS_INTERVAL):
+            self.peak = max(self.peak, self.sample())
+
+    def __enter__(self) -> "PeakRSS":
+        self.start = self.peak = self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sample())
+
+
+def leftover_children(wait: float = 0.0) -> list[str]:
+    """Descendants of this process still present after up to ``wait`` seconds, as
+    "pid: command" lines; multiprocessing's resource tracker (started by
+    grain's workers, it lives as long as this process) does not count."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.ZombieProcess:
+                cmd = "<zombie: exited, not waited for>"
+            except psutil.Error:  # it exited meanwhile
+                continue
+            if "resource_tracker" not in cmd:
+                left.append(f"{p.pid}: {cmd[:120]}")
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------- measurement
+
+
+@dataclasses.dataclass
+class Result:
+    """One config's outcome: median records/s (``None`` if it failed) and peak RSS (MiB)."""
+
+    group: str
+    name: str
+    rate: float | None
+    runs: list[float]
+    rss_start: float
+    rss_peak: float
+    error: str = ""
 
 
 def measure(make: Callable[[], tuple[Callable[[], Any], Any]], args) -> tuple[float, list[float]]:
@@ -306,42 +536,21 @@ def configs(paths: list[str], raw_ids: np.ndarray, args) -> list[tuple[str, str,
         ds = grain_map_dataset(paths, repeat=repeat)
         return Stepper(lambda s: ds[s]), None
 
-    def g_iter(read_options=None, batched=True, workers=None, worker_buffer=1):
+    def g_iter(read_options=None, **kwargs):
         def make():
-            ds = grain_map_dataset(paths, batched=batched, repeat=repeat)
-            it_ds = ds.to_iter_dataset(read_options)  # None: grain's default ReadOptions
-            if not batched:
-                it_ds = it_ds.batch(BATCH, drop_remainder=True)
-            if workers is not None:
-                it_ds = it_ds.mp_prefetch(
-                    grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=worker_buffer)
-                )
-            it = iter(it_ds)
+            it = grain_iter(paths, read_options, repeat=repeat, **kwargs)
             return it.__next__, it
 
         return make
 
-    def g_loader(workers: int, read_options=None, worker_buffer=1):
+    def g_loader(workers: int, read_options=None, worker_buffer=1, **kwargs):
         def make():
-            source = grain.sources.ArrayRecordDataSource(paths)
-            loader = grain.DataLoader(
-                data_source=source,
-                sampler=grain.samplers.IndexSampler(
-                    num_records=len(source), shard_options=grain.sharding.NoSharding(), shuffle=True, seed=0,
-                    num_epochs=None if repeat else 1,
-                ),
-                operations=[DecodePad(), grain.transforms.Batch(BATCH, drop_remainder=True)],
-                worker_count=workers,
-                worker_buffer_size=worker_buffer,
-                read_options=read_options,
-            )
-            it = iter(loader)
-            return it.__next__, getattr(it, "_iterator", None)  # the DatasetIterator underneath has close()
+            it, handle = grain_loader(paths, workers, read_options, worker_buffer, repeat=repeat, **kwargs)
+            return it.__next__, handle
 
         return make
 
-    # ReadOptions(num_threads=0) means "no reader threads": records are read in the calling thread.
-    no_threads = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    no_threads = GRAIN_NO_THREADS
     threads = lambda n, buf: grain.ReadOptions(num_threads=n, prefetch_buffer_size=buf)  # noqa: E731
     out += [
         ("grain", "grain MapDataset ds[i]", g_index),
@@ -351,18 +560,17 @@ def configs(paths: list[str], raw_ids: np.ndarray, args) -> list[tuple[str, str,
         ("grain", "grain .to_iter_dataset(0 threads).batch()", g_iter(no_threads, batched=False)),
         ("grain", "grain .to_iter_dataset(2 threads).batch()", g_iter(threads(2, 2 * BATCH), batched=False)),
         ("grain", "grain .batch().to_iter_dataset().mp_prefetch(2 workers)", g_iter(workers=2)),
-        ("grain", "grain .batch().to_iter_dataset(0 thr).mp_prefetch(2 workers, buf 4)",
-         g_iter(no_threads, workers=2, worker_buffer=4)),
+        ("grain", G_MP, g_iter(no_threads, workers=2, worker_buffer=4)),
         ("grain", "grain DataLoader(worker_count=0)", g_loader(0)),
         ("grain", "grain DataLoader(worker_count=0, 0 read threads)", g_loader(0, no_threads)),
         ("grain", "grain DataLoader(worker_count=2)", g_loader(2)),
-        ("grain", "grain DataLoader(worker_count=2, 0 read threads, buf 4)", g_loader(2, no_threads, 4)),
+        ("grain", G_LOADER, g_loader(2, no_threads, 4)),
     ]
 
-    # 3. quern, single process
+    # 3. quern: one process (threads), then worker processes
     def q_iter(**kwargs):
         def make():
-            it = quern_pipeline(paths).iterator(start_step=0, **kwargs)
+            it = quern_iterator(paths, **kwargs)
             return it.__next__, it
 
         return make
@@ -372,11 +580,24 @@ def configs(paths: list[str], raw_ids: np.ndarray, args) -> list[tuple[str, str,
         return Stepper(pipe.batch_at), None
 
     out += [
-        ("quern", "quern iterator() [defaults: 1 thread, read_ahead 16]", q_iter()),
+        ("quern", Q_W0, q_iter()),
         ("quern", "quern iterator(num_threads=2)", q_iter(num_threads=2)),
         ("quern", "quern iterator(read_ahead=1) [one read per step]", q_iter(read_ahead=1)),
+        ("quern", Q_W1, q_iter(num_workers=1)),
+        ("quern", Q_W2, q_iter(num_workers=2)),
         ("quern-loop", "quern batch_at(step) loop (no threads)", q_batch_at),
+        ("quern-copy", Q_COPY, q_iter(copy=True)),
     ]
+
+    # 4. the CPU-heavy variant: heavy() after decode + pad, 2-worker grain in its fastest plain forms
+    if args.heavy:
+        out += [
+            ("heavy-quern", HQ_W0, q_iter(heavy_work=True)),
+            ("heavy-quern", HQ_W1, q_iter(heavy_work=True, num_workers=1)),
+            ("heavy-quern", HQ_W2, q_iter(heavy_work=True, num_workers=2)),
+            ("heavy-grain", HG_MP, g_iter(no_threads, workers=2, worker_buffer=4, heavy_work=True)),
+            ("heavy-grain", HG_LOADER, g_loader(2, no_threads, 4, heavy_work=True)),
+        ]
     return out
 
 
@@ -415,84 +636,135 @@ def check_correctness(paths: list[str], raw_ids: np.ndarray) -> None:
     for row, a in zip(q["tokens"], expected):
         n = min(len(a), SEQ_LEN)
         assert np.array_equal(row[:n], a[:n]) and not row[n:].any()
+
+    # Worker processes: steps 0 and 1 computed by the two workers equal batch_at.
+    it = quern_iterator(paths, num_workers=2)
+    try:
+        for step in range(2):
+            b, ref = next(it), pipe.batch_at(step)
+            assert all(np.array_equal(b[k], ref[k]) for k in ref), f"num_workers=2 differs from batch_at({step})"
+    finally:
+        it.close()
+
+    # The heavy variant: the same rows plus heavy()'s score of each, in quern and in grain.
+    def check_heavy(b: dict, who: str) -> None:
+        assert set(b) == {"tokens", "length", "score"}, (who, sorted(b))
+        scores = [heavy({"tokens": t, "length": n})["score"] for t, n in zip(b["tokens"], b["length"])]
+        assert np.array_equal(b["score"], scores), f"{who}: heavy scores differ"
+
+    h = quern_pipeline(paths, heavy_work=True).batch_at(0)
+    assert np.array_equal(h["tokens"], q["tokens"]) and np.array_equal(h["length"], q["length"])
+    check_heavy(h, "quern")
+    check_heavy(grain_map_dataset(paths, heavy_work=True)[0], "grain")
     print(f"correctness: ok (step 0: shape {q['tokens'].shape}, lengths {min(exp_len)}..{max(exp_len)}, "
-          f"mean {np.mean(exp_len):.0f}; quern == raw == records named by explain(0))")
+          f"mean {np.mean(exp_len):.0f}; quern == raw == records named by explain(0); "
+          "num_workers=2 == batch_at; heavy scores in quern and grain)")
 
 
-def time_to_first_batch(paths: list[str], reps: int = 5) -> list[tuple[str, float]]:
-    """Median seconds from nothing (no open files, no pipeline) to the first batch.
+def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -> list[tuple[str, str, float]]:
+    """(key, label, median seconds) from nothing (no open files, no pipeline) to the first batch.
 
     Closing the iterator afterwards is not timed. One untimed round first pays
-    imports and other one-time lazy initialisation."""
+    imports and other one-time lazy initialisation. grain's worker cases start
+    new processes each round (a few seconds), so they take ``worker_reps``."""
 
-    def quern_iter(step: int) -> float:
+    def timed(start: Callable[[int], tuple[Any, Any]], step: int) -> float:
         t0 = time.perf_counter()
-        it = quern_pipeline(paths).iterator(start_step=step)
-        b = next(it)
+        b, handle = start(step)
         dt = time.perf_counter() - t0
-        it.close()
+        _close(handle)
         assert b["tokens"].shape == (BATCH, SEQ_LEN)
         return dt
 
-    def quern_batch_at(step: int) -> float:
-        t0 = time.perf_counter()
-        b = quern_pipeline(paths).batch_at(step)
-        dt = time.perf_counter() - t0
-        assert b["tokens"].shape == (BATCH, SEQ_LEN)
-        return dt
+    def quern_iter(workers: int) -> Callable[[int], tuple[Any, Any]]:
+        def start(step: int) -> tuple[Any, Any]:
+            it = quern_pipeline(paths).iterator(start_step=step, num_workers=workers)
+            return _first(it, it)
 
-    def grain_index(step: int) -> float:
-        t0 = time.perf_counter()
+        return start
+
+    def quern_batch_at(step: int) -> tuple[Any, Any]:
+        return quern_pipeline(paths).batch_at(step), None
+
+    def grain_index(step: int) -> tuple[Any, Any]:
         ds = grain_map_dataset(paths)
-        b = ds[step % len(ds)]
-        dt = time.perf_counter() - t0
-        assert b["tokens"].shape == (BATCH, SEQ_LEN)
-        return dt
+        return ds[step % len(ds)], None
 
+    def grain_mp(step: int) -> tuple[Any, Any]:
+        it = grain_iter(paths, GRAIN_NO_THREADS, workers=2, worker_buffer=4)
+        return _first(it, it)
+
+    def grain_dl(step: int) -> tuple[Any, Any]:
+        return _first(*grain_loader(paths, 2, GRAIN_NO_THREADS, 4))
+
+    resume = f"{RESUME_STEP:.0e}"
     cases = [
-        ("quern: source+pipeline+iterator -> batch at step 0", quern_iter, 0),
-        (f"quern: source+pipeline+iterator(start_step={RESUME_STEP:.0e}) -> batch", quern_iter, RESUME_STEP),
-        ("quern: source+pipeline -> batch_at(0) (no threads)", quern_batch_at, 0),
-        (f"quern: source+pipeline -> batch_at({RESUME_STEP:.0e}) (no threads)", quern_batch_at, RESUME_STEP),
-        ("grain: source+MapDataset -> ds[0]", grain_index, 0),
-        (f"grain: source+MapDataset -> ds[{RESUME_STEP:.0e} % len(ds)]", grain_index, RESUME_STEP),
+        ("q0", "quern: source+pipeline+iterator -> batch at step 0", quern_iter(0), 0, reps),
+        ("q0-resume", f"quern: source+pipeline+iterator(start_step={resume}) -> batch", quern_iter(0), RESUME_STEP,
+         reps),
+        ("q2", "quern: source+pipeline+iterator(num_workers=2) -> batch at step 0", quern_iter(2), 0, reps),
+        ("q2-resume", f"quern: source+pipeline+iterator(num_workers=2, start_step={resume}) -> batch",
+         quern_iter(2), RESUME_STEP, reps),
+        ("q-batch_at", "quern: source+pipeline -> batch_at(0) (no threads)", quern_batch_at, 0, reps),
+        ("q-batch_at-resume", f"quern: source+pipeline -> batch_at({resume}) (no threads)", quern_batch_at,
+         RESUME_STEP, reps),
+        ("g-index", "grain: source+MapDataset -> ds[0]", grain_index, 0, reps),
+        ("g-index-resume", f"grain: source+MapDataset -> ds[{resume} % len(ds)]", grain_index, RESUME_STEP, reps),
+        ("g-mp", "grain: source+MapDataset+iterator, mp_prefetch(2 workers, 0 thr, buf 4) -> batch", grain_mp, 0,
+         worker_reps),
+        ("g-loader", "grain: DataLoader(worker_count=2, 0 read threads, buf 4) -> batch", grain_dl, 0, worker_reps),
     ]
     out = []
-    for name, fn, step in cases:
+    for key, name, fn, step, n in cases:
         try:
-            fn(step)
-            out.append((name, statistics.median(fn(step) for _ in range(reps))))
+            timed(fn, step)
+            out.append((key, name, statistics.median(timed(fn, step) for _ in range(n))))
         except Exception as e:  # noqa: BLE001
             print(f"  ERROR {name}: {type(e).__name__}: {e}")
-            out.append((name, float("nan")))
+            out.append((key, name, float("nan")))
     return out
 
 
 # --------------------------------------------------------------------------- main
 
 
-def print_summary(results: list[tuple[str, str, float | None, Any]]) -> None:
-    """The final table: every config, then raw / grain-best / quern and their ratios."""
+def _ratio(x: float | None, y: float | None) -> str:
+    return f"{x / y:.2f}x" if x is not None and y and np.isfinite(x / y) else "-"
 
-    def best(group: str) -> tuple[str, float] | None:
-        ok = [(n, m) for g, n, m, _ in results if g == group and m is not None]
+
+def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> None:
+    """The final tables (plain, then heavy), the best of raw / grain / quern, and the
+    ratios the worker processes are judged by: figures only, no target is asserted."""
+
+    def best(group: str, contains: str = "") -> tuple[str, float] | None:
+        ok = [(r.name, r.rate) for r in results if r.group == group and r.rate is not None and contains in r.name]
         return max(ok, key=lambda x: x[1]) if ok else None
 
-    def ratio(x: float, b: tuple[str, float] | None) -> str:
-        return f"{x / b[1]:.2f}x" if b else "-"
-
+    rate = {r.name: r.rate for r in results}
+    w = max([len(r.name) for r in results] + [20])
+    head = f"{'config':<{w}s} {'records/s':>11s} {'batches/s':>10s} {'vs raw':>8s} {'vs grain-best':>13s}  peak RSS MiB"
     raw_b, grain_b, quern_b = best("raw"), best("grain"), best("quern")
-    w = max([len(n) for _, n, _, _ in results] + [20])
-    line = "-" * (w + 44)
-    print("\n" + "=" * (w + 44))
-    print(f"{'config':<{w}s} {'records/s':>11s} {'batches/s':>10s} {'vs raw':>8s} {'vs grain-best':>13s}")
-    print(line)
-    for _, name, med, _ in results:
-        if med is None:
-            print(f"{name:<{w}s} {'FAILED':>11s}")
-        else:
-            print(f"{name:<{w}s} {med:>11,.0f} {med / BATCH:>10.1f} {ratio(med, raw_b):>8s} {ratio(med, grain_b):>13s}")
-    print(line)
+    for heavy_part in (False, True):
+        rows = [r for r in results if r.group.startswith("heavy") == heavy_part]
+        if not rows:
+            continue
+        ref_raw, ref_grain = (None, best("heavy-grain")) if heavy_part else (raw_b, grain_b)
+        print("\n" + "=" * len(head))
+        print("CPU-heavy variant: heavy() after decode + pad" if heavy_part else "plain pipeline")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            if r.rate is None:
+                print(f"{r.name:<{w}s} {'FAILED':>11s}")
+                continue
+            ref_r = _ratio(r.rate, ref_raw[1] if ref_raw else None)
+            ref_g = _ratio(r.rate, ref_grain[1] if ref_grain else None)
+            print(f"{r.name:<{w}s} {r.rate:>11,.0f} {r.rate / BATCH:>10.1f} {ref_r:>8s} {ref_g:>13s}  "
+                  f"{r.rss_peak:>6,.0f} (+{r.rss_peak - r.rss_start:,.0f})")
+    if results:
+        print("-" * len(head))
+        print("peak RSS: this process + all its children, summed, sampled every "
+              f"{RSS_INTERVAL * 1e3:.0f} ms while the config ran (+: rise over its start)")
     for label, b in (("raw (limit)", raw_b), ("grain-best", grain_b), ("quern", quern_b)):
         if b:
             print(f"{label:<12s} {b[1]:>11,.0f} rec/s   [{b[0]}]")
@@ -500,9 +772,36 @@ def print_summary(results: list[tuple[str, str, float | None, Any]]) -> None:
         print(f"quern / grain-best = {quern_b[1] / grain_b[1]:.2f}x")
     if quern_b and raw_b:
         print(f"quern / raw        = {quern_b[1] / raw_b[1]:.2f}x")
-    for _, name, med, err in results:
-        if med is None:
-            print(f"failed: {name}: {err}")
+
+    def line(label: str, x: float | None, y: float | None, note: str = "", ms: bool = False) -> None:
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1e3:,.1f}" if ms else f"{v:,.0f}"
+
+        print(f"  {label:<54s} {_ratio(x, y):>8s}   ({fmt(x)} / {fmt(y)} {'ms' if ms else 'rec/s'}){note}")
+
+    mp_b = best("grain", "mp_prefetch")
+    print("\n(a) plain pipeline, records/s")
+    line("quern num_workers=2 / grain mp_prefetch(2) best", rate.get(Q_W2), mp_b and mp_b[1],
+         f"  target >= 8x; grain: {mp_b[0]}" if mp_b else "  target >= 8x")
+    line("quern num_workers=1 / quern num_workers=0", rate.get(Q_W1), rate.get(Q_W0))
+    line("quern num_workers=2 / quern num_workers=0", rate.get(Q_W2), rate.get(Q_W0))
+    line("quern num_workers=2: lease (default) / copy out once", rate.get(Q_W2), rate.get(Q_COPY),
+         "  (what lending the slot saves over copying each batch out)")
+    print("(b) CPU-heavy variant, records/s")
+    line("quern num_workers=2 / quern num_workers=0", rate.get(HQ_W2), rate.get(HQ_W0), "  target >= 1.6x")
+    line("quern num_workers=1 / quern num_workers=0", rate.get(HQ_W1), rate.get(HQ_W0))
+    line("quern num_workers=2 / grain mp_prefetch(2)", rate.get(HQ_W2), rate.get(HG_MP))
+    line("quern num_workers=2 / grain DataLoader(worker_count=2)", rate.get(HQ_W2), rate.get(HG_LOADER))
+    secs = {key: s for key, _, s in ttfb}
+    print("(c) time to first batch, lower is better")
+    line("quern num_workers=2 / grain mp_prefetch(2)", secs.get("q2"), secs.get("g-mp"), "  target <= 1x", ms=True)
+    line("quern num_workers=2 / grain DataLoader(2)", secs.get("q2"), secs.get("g-loader"), ms=True)
+    line("quern num_workers=2 / grain MapDataset ds[0]", secs.get("q2"), secs.get("g-index"), ms=True)
+    line("quern num_workers=2, resumed / grain ds[i], i large", secs.get("q2-resume"), secs.get("g-index-resume"),
+         ms=True)
+    for r in results:
+        if r.rate is None:
+            print(f"failed: {r.name}: {r.error}")
 
 
 def parse_flags_for_grain() -> None:
@@ -521,7 +820,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed batches before timing (default 2)")
     ap.add_argument("--min-seconds", type=float, default=None, help="minimum seconds per timed run (default 2; --quick: 0.5)")
     ap.add_argument("--quick", action="store_true", help="fewer batches per run (40), 3 runs")
-    ap.add_argument("--only", default=None, help="only configs whose name contains this text (e.g. quern)")
+    ap.add_argument("--only", default=None, help="only configs whose name contains this text (e.g. quern, heavy)")
+    ap.add_argument("--heavy", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the CPU-heavy variant (default: yes)")
     args = ap.parse_args()
     args.batches = args.batches or (40 if args.quick else 100)
     args.runs = args.runs or 3
@@ -539,39 +840,53 @@ def main() -> None:
     print(f"data: {args.records:,} records, {NUM_SHARDS} shards, {nbytes / 2**20:.0f} MiB on disk (page cache warmed)")
     print(f"each config: {args.warmup} warm-up batches, then {args.runs} runs of at least {args.batches} batches "
           f"x {BATCH} records and {args.min_seconds:g} s; median records/s")
+    if args.heavy:
+        cost = heavy_cost_us(paths)
+        print(f"heavy(): {HEAVY_ROUNDS} rounds, {cost:.1f} us per record measured here "
+              f"(x {BATCH} = {cost * BATCH / 1e3:.1f} ms of transform per batch, on one core)")
 
     # Record ids for the raw reader: quern's shuffled order, computed outside the timed region.
     raw_ids = quern_pipeline(paths).record_ids(np.arange(3 * args.records // (16 * BATCH) * 16 * BATCH))
     check_correctness(paths, raw_ids)
 
-    results: list[tuple[str, str, float | None, list[float] | str]] = []
+    results: list[Result] = []
+    selected = [c for c in configs(paths, raw_ids, args) if not args.only or args.only in c[1]]
+    w = max([len(name) for _, name, _ in selected] + [20])
     print()
-    for group, name, make in configs(paths, raw_ids, args):
-        if args.only and args.only not in name:
-            continue
+    for group, name, make in selected:
         t0 = time.perf_counter()
+        rss = PeakRSS()
         try:
-            med, rates = measure(make, args)
-            results.append((group, name, med, rates))
-            print(f"  {name:<66s} {med:>10,.0f} rec/s   runs: {', '.join(f'{r:,.0f}' for r in rates)}"
+            with rss:
+                med, rates = measure(make, args)
+            results.append(Result(group, name, med, rates, rss.start, rss.peak))
+            print(f"  {name:<{w}s} {med:>10,.0f} rec/s   runs: {', '.join(f'{r:,.0f}' for r in rates)}"
+                  f"   peak RSS {rss.peak:,.0f} MiB (+{rss.peak - rss.start:,.0f})"
                   f"   ({time.perf_counter() - t0:.1f}s)", flush=True)
         except Exception as e:  # noqa: BLE001 - one broken config must not stop the benchmark
             msg = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-            results.append((group, name, None, msg))
-            print(f"  {name:<66s} FAILED: {msg}", flush=True)
+            results.append(Result(group, name, None, [], rss.start, rss.peak, msg))
+            print(f"  {name:<{w}s} FAILED: {msg}", flush=True)
             if os.environ.get("VS_GRAIN_TRACEBACK"):
                 traceback.print_exc()
+        if left := leftover_children(wait=5.0):
+            print(f"  WARNING: {len(left)} child process(es) still alive after closing this config: {'; '.join(left)}")
 
-    print("\ntime to first batch (fresh source and pipeline, median of 5, in this already-warm process):")
-    for name, secs in time_to_first_batch(paths):
-        print(f"  {name:<66s} {secs * 1e3:>9.1f} ms")
+    print("\ntime to first batch (fresh source and pipeline, median of 5, grain with workers: of 3; "
+          "in this already-warm process):")
+    ttfb = time_to_first_batch(paths)
+    w = max([len(name) for _, name, _ in ttfb] + [20])
+    for _, name, secs in ttfb:
+        print(f"  {name:<{w}s} {secs * 1e3:>9.1f} ms")
 
-    print_summary(results)
+    print_summary(results, ttfb)
 
+    # RUSAGE_CHILDREN is left out: a child started by fork + exec inherits the parent's high-water mark
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak RSS: this process {self_rss:,.0f} MiB; largest child process {child_rss:,.0f} MiB "
-          "(ru_maxrss, measured separately; not a sum)")
+    print(f"whole run, peak RSS of this process alone (ru_maxrss): {self_rss:,.0f} MiB")
+    left = leftover_children(wait=5.0)
+    print(f"WARNING: {len(left)} child process(es) still alive: {'; '.join(left)}" if left
+          else "child processes: none left")
     print(f"total time {time.perf_counter() - t_start:.0f}s")
     print("command:", shlex.join([sys.executable] + sys.argv))
 

@@ -29,11 +29,14 @@ class PipelineIterator:
 
     With ``num_workers=W > 0``, W worker processes compute the steps instead
     (step ``s`` on worker ``s % W``), in tasks of ``read_ahead`` of their steps
-    whose records are read in one bulk call (default: about 8192 records, at
-    most 32 steps, fewer if the slots below would pass 256 MiB), with
+    whose records are read in one bulk call (default: about 16384 records, at
+    most 64 steps, fewer if the slots below would pass 256 MiB), with
     ``prefetch`` tasks per worker in flight. Batches come back through shared
-    memory and are copied out once, so a batch you hold is never overwritten.
-    Shared memory: at most ``W * prefetch * read_ahead`` batches. The stream's
+    memory without a copy: their arrays are views into a worker's slot, lent to
+    you until no array of the batch is alive, so a batch you hold is never
+    overwritten (copy what you keep for long: one kept array keeps its whole
+    batch's slot). Shared memory: at most ``W * prefetch * read_ahead`` batches
+    in flight, plus the ones you hold. The stream's
     end frees the workers; see :mod:`quern.pipeline.workers` for start-up,
     faults and shutdown.
 
@@ -53,7 +56,7 @@ class PipelineIterator:
         prefetch: int = 2,
         num_threads: int = 1,
         read_ahead: int | None = None,
-        _copy: bool = True,
+        _copy: bool = False,
     ):
         from .index import check_int as _check_int
         from .index import host_rows

@@ -21,11 +21,12 @@ import pickle
 import socket
 import struct
 import tempfile
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Buffer", "dumps", "loads", "send", "recv", "ALIGN"]
+__all__ = ["Buffer", "dumps", "loads", "lease", "send", "recv", "ALIGN"]
 
 ALIGN = 64  # byte alignment of each array buffer inside a shared buffer
 _HEADER = struct.Struct("<Q")
@@ -125,6 +126,15 @@ def loads(data: bytes, src: Buffer, spans: list[tuple[int, int]], copy: bool = T
     else:
         bufs = [src.view(off, n) for off, n in spans]
     return pickle.loads(data, buffers=bufs)
+
+
+def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]], on_release: Callable[[], Any]) -> Any:
+    """Rebuild an object pickled by :func:`dumps` with its arrays as views into ``src``
+    (no copy), and call ``on_release()`` once no array of it is left alive (from
+    whichever thread drops the last one): until then ``src`` must not be reused."""
+    owner = np.frombuffer(src.mm, np.uint8, spans[-1][0] + spans[-1][1]) if spans else np.empty(0, np.uint8)
+    weakref.finalize(owner, on_release)
+    return pickle.loads(data, buffers=[owner[off : off + n] for off, n in spans])
 
 
 # --------------------------------------------------------------------------- messages

@@ -4,12 +4,14 @@ The parent (:class:`WorkerPool`, driven by the iterator) sends worker ``w`` the
 steps ``s`` with ``s % W == w``, a task of up to ``read_ahead`` steps at a time.
 The worker reads the records of the whole task in one bulk read, then for each
 step runs the record transforms, collates, runs the batch transforms, copies the
-batch's arrays into its shared-memory slot for that step and tells the parent.
-Slot ``(s // W) % slots`` of worker ``s % W`` holds step ``s``; the parent keeps
-steps only in the window ``[next step, next step + W * slots)``, so a slot is
-reused only after the parent has copied its previous step out. Which process
-computed a step never changes its bytes: every step is a pure function of the
-pipeline, the step and the host slice.
+batch's arrays into the shared-memory slot the parent chose for that step and
+tells the parent. The parent yields the steps in order; the arrays it yields are
+views into the slot, which it *lends* to the caller: the slot goes back to its
+worker only once no array of that batch is alive any more (a
+``weakref.finalize`` on the arrays' common base), so a batch you hold is never
+overwritten, and no copy is made. Which process computed a step never changes
+its bytes: every step is a pure function of the pipeline, the step and the host
+slice.
 
 Start method: workers are fresh interpreters (``sys.executable``, like
 multiprocessing's "spawn"), never ``fork()``: forking a parent that runs JAX,
@@ -33,6 +35,8 @@ parent goes away, because their socket to it reaches end of file.
 
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import pickle
 import selectors
@@ -51,8 +55,8 @@ __all__ = ["WorkerPool", "WorkerError"]
 
 _MAX_DEATHS = 3  # a worker dying this many times in a row without delivering a step is an error
 _ARRAY_INLINE_BYTES = 1 << 16  # pipeline arrays smaller than this travel inside the pickle
-TASK_RECORDS = 8192  # default task: about this many records read in one bulk call...
-MAX_TASK_STEPS = 32  # ...but at most this many steps
+TASK_RECORDS = 16384  # default task: about this many records read in one bulk call...
+MAX_TASK_STEPS = 64  # ...but at most this many steps
 SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots within this
 
 
@@ -132,6 +136,7 @@ class _Worker:
         self.slots: dict[int, shm.Buffer] = {}  # slot id -> this process's mapping of it
         self.slot_of: dict[int, int] = {}  # step -> slot, for steps sent and not yet taken
         self.free: list[int] = []  # slot ids not in use
+        self.next_slot = 0  # slot ids ever made
         self.pending: list[int] = []  # steps sent and not yet delivered, in order
         shm.send(self.sock, init_message, init_fds)
 
@@ -141,7 +146,10 @@ class _Worker:
 
     def assign(self, step: int) -> int:
         """A free slot for ``step`` (a new slot id when none is free)."""
-        slot = self.free.pop() if self.free else len(self.slot_of) + len(self.free)
+        if self.free:
+            slot = self.free.pop()
+        else:
+            slot, self.next_slot = self.next_slot, self.next_slot + 1
         self.slot_of[step] = slot
         return slot
 
@@ -181,14 +189,16 @@ class WorkerPool:
     (asking again for a step that raised retries it). Each worker gets tasks of
     ``read_ahead`` of its steps and has at most ``prefetch`` tasks in flight, so
     shared memory holds at most ``num_workers * prefetch * read_ahead`` batches
-    (each worker's slots, reused). ``read_ahead=None`` picks about
+    in flight (each worker's slots, reused) plus the batches the caller holds
+    (lent slots). ``copy=True`` copies each batch out of its slot instead (only
+    to measure what lending saves). ``read_ahead=None`` picks about
     :data:`TASK_RECORDS` records per task (at most :data:`MAX_TASK_STEPS` steps),
     lowered once the first batch's size is known so that the slots stay within
     :data:`SHARED_MEMORY_BUDGET`; until then tasks are one step.
     """
 
     def __init__(self, pipe, num_workers: int, process_index: int, process_count: int,
-                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = True):
+                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = False):
         import cloudpickle
 
         from .index import host_rows
@@ -215,6 +225,7 @@ class WorkerPool:
         shm.write(self._definition, buffers, spans)
         self._init = ("init", spans, size, process_index, process_count)
         self._selector = selectors.DefaultSelector()
+        self._returned: collections.deque = collections.deque()  # (worker, slot) of released leases
         self._results: dict[int, tuple] = {}  # step -> ("done", worker, slot, data, spans) | ("error", report)
         self._deaths = [0] * num_workers  # consecutive deaths without a delivered step
         self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
@@ -342,6 +353,10 @@ class WorkerPool:
         ``read_ahead`` at a time, while it has fewer than ``prefetch * read_ahead``
         steps in flight (sent or delivered, and not yet taken). A shorter task goes
         only at the end of the stream or when it holds ``step`` itself."""
+        while self._returned:  # slots of leased batches that nobody holds any more
+            worker, slot = self._returned.popleft()
+            if self.workers[worker.index] is worker:
+                worker.free.append(slot)
         W, ra = self.num_workers, self.read_ahead
         limit = self.prefetch * ra
         for worker in self.workers:
@@ -400,9 +415,13 @@ class WorkerPool:
             raise error
         if result[0] == "batch":
             batch = result[1]
-        else:
-            batch = self._materialise(result, self.copy)
+        elif self.copy:
+            batch = self._materialise(result, copy=True)
             result[1].release(step)
+        else:  # lend the slot: it comes back once no array of the batch is alive
+            _, worker, slot, data, spans = result
+            del worker.slot_of[step]
+            batch = shm.lease(data, worker.slots[slot], spans, functools.partial(self._returned.append, (worker, slot)))
         self._dispatch(step + 1)
         return batch
 

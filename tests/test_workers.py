@@ -183,8 +183,12 @@ def test_held_batches_are_never_overwritten(shards):
     with pipe.iterator(num_workers=2, prefetch=1, read_ahead=2) as it:  # 4 slots: each reused many times
         _started(it)
         held = [next(it) for _ in range(60)]
-    for s, g in enumerate(held):
+        os.kill(it.worker_pids[0], signal.SIGKILL)  # its slots stay valid for the batches held
+        held += [next(it) for _ in range(20)]
+    for s, g in enumerate(held):  # also after close()
         _equal(g, pipe.batch_at(s), f"step {s}")
+    del g, held
+    assert _memfd_maps(os.getpid()) == []  # dropping the batches unmaps their shared memory
 
 
 def odd_structures(rec):
@@ -227,8 +231,10 @@ def test_shared_memory_is_bounded_by_workers_times_slots(shards):
         for _ in range(100):
             next(it)
         slots = _memfd_maps(os.getpid())
-        # one mapping per slot plus the shared pipeline definition, whatever the number of steps
-        assert len(slots) <= W * prefetch * read_ahead + 1
+        # one mapping per slot plus the shared pipeline definition, whatever the number of steps:
+        # prefetch * read_ahead slots in flight per worker, plus one for the batch the caller
+        # still holds while asking for the next one
+        assert len(slots) <= W * (prefetch * read_ahead + 1) + 1
         assert len(slots) >= W * read_ahead
     assert _memfd_maps(os.getpid()) == []
 
@@ -245,12 +251,12 @@ def test_default_task_size_keeps_slots_within_the_budget():
     with pipe.iterator(num_workers=2) as it:
         _started(it)
         for s in range(120):
-            got = next(it)
-        _equal(got, pipe.batch_at(119))
+            next(it)
         mapped = sum(hi - lo for lo, hi in _memfd_maps(os.getpid()))
+        _equal(next(it), pipe.batch_at(120))
     batch_bytes = 64 * 32768 * 4
     assert batch_bytes * 2 * 2 * workers.MAX_TASK_STEPS > 3 * workers.SHARED_MEMORY_BUDGET  # would not fit
-    assert mapped <= workers.SHARED_MEMORY_BUDGET + (1 << 20)
+    assert mapped <= workers.SHARED_MEMORY_BUDGET + 2 * batch_bytes + (1 << 20)  # + one held batch per worker
 
 
 def test_workers_open_files_lazily(shards):
