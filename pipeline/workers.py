@@ -363,13 +363,13 @@ class WorkerPool:
             if worker is None or not worker.ready:
                 continue
             room = limit - len(worker.slot_of)
-            if room <= 0:
-                continue
             first = step + (worker.index - step) % W
+            if room < ra and first != step and (self.end is None or first + W * room < self.end):
+                continue  # no room for a whole task, and nothing urgent
             hi = first + W * limit
             if self.end is not None:
                 hi = min(hi, self.end)
-            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results][:room]
+            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results][: max(room, 0)]
             for i in range(0, len(todo), ra):
                 task = todo[i : i + ra]
                 if len(task) < ra and step not in task and (self.end is None or task[-1] + W < self.end):

@@ -155,6 +155,44 @@ def test_every_worker_count_gives_batch_at(shards, start):
             assert all(n > 0 for n in stats["delivered_by_worker"]), stats
 
 
+class Squares:
+    """grain's data-source protocol: any object with ``__len__`` and ``__getitem__``."""
+
+    def __len__(self):
+        return 500
+
+    def __getitem__(self, i):
+        return {"id": np.int64(i), "sq": np.float64(i) ** 2}
+
+
+@pytest.mark.parametrize("kind", ["parquet", "zarr", "sequence"])
+def test_other_sources_through_workers(kind, tmp_path):
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for k in range(2):
+            table = pa.table({"id": np.arange(k * 300, (k + 1) * 300), "v": [[float(i)] * (i % 5) for i in range(300)]})
+            pq.write_table(table, tmp_path / f"part-{k}.parquet", row_group_size=64)
+        src = quern.sources.ParquetSource(str(tmp_path / "*.parquet"))
+        pipe = quern.Pipeline.from_source(src, seed=5).shuffle("block").map(quern.transforms.pad(4, key="v"))
+    elif kind == "zarr":
+        import tensorstore as ts
+
+        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}}
+        arr = ts.open(spec, create=True, dtype=ts.int32, shape=[700, 3], chunk_layout=ts.ChunkLayout(chunk_shape=[50, 3])).result()
+        arr.write(np.arange(2100, dtype=np.int32).reshape(700, 3)).result()
+        pipe = quern.Pipeline.from_source(quern.sources.TensorStoreSource(spec), seed=5).shuffle()
+    else:
+        pipe = quern.Pipeline.from_source(Squares(), seed=5).shuffle()
+    pipe = pipe.batch(32)
+    with pipe.iterator(num_workers=2, start_step=3) as it:
+        _started(it)
+        for s in range(3, 43):
+            _equal(next(it), pipe.batch_at(s), f"{kind} step {s}")
+        assert it.stats()["computed_in_parent"] == 0
+
+
 def test_batches_before_the_workers_are_up_are_identical_too(shards):
     pipe = _token_pipe(shards, seed=2)
     with pipe.iterator(num_workers=2) as it:

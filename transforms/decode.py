@@ -46,7 +46,8 @@ class decode:
         if self.key is None and self.shape is None:
             try:  # fast path; on any problem redo record by record for a precise error
                 if all(type(r) is bytes for r in records):
-                    return [np.frombuffer(r, dtype=self.dtype) for r in records]
+                    frombuffer, dtype = np.frombuffer, np.dtype(self.dtype)
+                    return [frombuffer(r, dtype) for r in records]
             except ValueError:
                 pass
         return [self(r) for r in records]
