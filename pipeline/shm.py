@@ -21,7 +21,6 @@ import pickle
 import socket
 import struct
 import tempfile
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -128,13 +127,13 @@ def loads(data: bytes, src: Buffer, spans: list[tuple[int, int]], copy: bool = T
     return pickle.loads(data, buffers=bufs)
 
 
-def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]], on_release: Callable[[], Any]) -> Any:
+def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]]) -> tuple[Any, np.ndarray]:
     """Rebuild an object pickled by :func:`dumps` with its arrays as views into ``src``
-    (no copy), and call ``on_release()`` once no array of it is left alive (from
-    whichever thread drops the last one): until then ``src`` must not be reused."""
+    (no copy): ``(object, owner)``, where ``owner`` is the one array all those views
+    derive from, so it dies exactly when no array of the object is alive any more
+    (watch it with ``weakref.ref``); until then ``src`` must not be reused."""
     owner = np.frombuffer(src.mm, np.uint8, spans[-1][0] + spans[-1][1]) if spans else np.empty(0, np.uint8)
-    weakref.finalize(owner, on_release)
-    return pickle.loads(data, buffers=[owner[off : off + n] for off, n in spans])
+    return pickle.loads(data, buffers=[owner[off : off + n] for off, n in spans]), owner
 
 
 # --------------------------------------------------------------------------- messages

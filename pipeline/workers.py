@@ -36,9 +36,9 @@ parent goes away, because their socket to it reaches end of file.
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import pickle
+import select
 import selectors
 import signal
 import socket
@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 import traceback
+import weakref
 from typing import Any
 
 from . import shm
@@ -225,11 +226,13 @@ class WorkerPool:
         shm.write(self._definition, buffers, spans)
         self._init = ("init", spans, size, process_index, process_count)
         self._selector = selectors.DefaultSelector()
-        self._returned: collections.deque = collections.deque()  # (worker, slot) of released leases
+        self._leases: dict[int, tuple] = {}  # id(weakref to a lent batch) -> (weakref, worker, slot)
+        self._returned: collections.deque = collections.deque()  # leases whose batch died
         self._results: dict[int, tuple] = {}  # step -> ("done", worker, slot, data, spans) | ("error", report)
         self._deaths = [0] * num_workers  # consecutive deaths without a delivered step
         self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
         self._suspect: set[int] = set()  # steps in progress when a worker died: never computed here
+        self._fatal: WorkerError | None = None  # a worker could not load the pipeline
         self.delivered = [0] * num_workers  # steps each worker has delivered
         self.in_parent = 0  # steps computed in the parent while their worker was starting
         self.restarts = 0  # workers replaced after dying
@@ -262,9 +265,11 @@ class WorkerPool:
             self._suspect.update(worker.pending)
         worker.close()
         w = worker.index
+        self.workers[w] = None
+        if self._fatal is not None:
+            return
         self._deaths[w] += count
         self.restarts += 1
-        self.workers[w] = None
         if self._deaths[w] >= _MAX_DEATHS:
             deaths, self._deaths[w] = self._deaths[w], 0  # asking for the step again tries again
             steps = worker.pending[:8]
@@ -279,6 +284,8 @@ class WorkerPool:
         """Block until every worker has started (True) or ``timeout`` seconds pass (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not all(w is not None and w.ready for w in self.workers):
+            if self._fatal is not None:
+                raise self._fatal
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
@@ -318,11 +325,12 @@ class WorkerPool:
         kind = msg[0]
         if kind == "ready":
             worker.ready = True
-        elif kind == "fatal":
+        elif kind == "fatal":  # it cannot load the pipeline: neither can any other, so stop for good
             _, text, tb = msg
-            raise WorkerError(
+            self._fatal = WorkerError(
                 f"worker {worker.index} (pid {worker.pid}) could not start: {text}\n\nworker traceback:\n{tb}"
             )
+            raise self._fatal
         elif kind == "done":
             _, step, slot, data, spans, size = msg
             if fds:
@@ -353,8 +361,8 @@ class WorkerPool:
         ``read_ahead`` at a time, while it has fewer than ``prefetch * read_ahead``
         steps in flight (sent or delivered, and not yet taken). A shorter task goes
         only at the end of the stream or when it holds ``step`` itself."""
-        while self._returned:  # slots of leased batches that nobody holds any more
-            worker, slot = self._returned.popleft()
+        while self._returned:  # slots of lent batches that nobody holds any more
+            _, worker, slot = self._leases.pop(id(self._returned.popleft()))
             if self.workers[worker.index] is worker:
                 worker.free.append(slot)
         W, ra = self.num_workers, self.read_ahead
@@ -389,6 +397,8 @@ class WorkerPool:
         """The batch of ``step``; steps must be asked for in order."""
         w = step % self.num_workers
         while True:
+            if self._fatal is not None:
+                raise self._fatal
             if self.workers[w] is None:  # given up on after repeated deaths: try again
                 self._start(w)
             self._poll(0)
@@ -421,7 +431,12 @@ class WorkerPool:
         else:  # lend the slot: it comes back once no array of the batch is alive
             _, worker, slot, data, spans = result
             del worker.slot_of[step]
-            batch = shm.lease(data, worker.slots[slot], spans, functools.partial(self._returned.append, (worker, slot)))
+            batch, owner = shm.lease(data, worker.slots[slot], spans)
+            # the callback is a C function (no Python code runs when the batch dies, so a
+            # Ctrl-C can never land in it and be lost)
+            ref = weakref.ref(owner, self._returned.append)
+            self._leases[id(ref)] = (ref, worker, slot)
+            del owner
         self._dispatch(step + 1)
         return batch
 
@@ -445,7 +460,5 @@ class WorkerPool:
 
 def _readable(sock: socket.socket) -> bool:
     """Whether ``sock`` has data (or end of file) waiting."""
-    import select
-
     r, _, _ = select.select([sock], [], [], 0)
     return bool(r)

@@ -416,6 +416,10 @@ def test_worker_that_cannot_load_the_pipeline_reports_why(tmp_path, monkeypatch)
     with pipe.iterator(num_workers=1) as it:
         with pytest.raises(WorkerError, match="could not start.*ModuleNotFoundError.*vanishing_module"):
             it.wait_for_workers(30)
+        for _ in range(2):  # and from then on, every time: no endless restarts
+            with pytest.raises(WorkerError, match="could not start"):
+                next(it)
+        assert it.worker_pids == []
     sys.modules.pop("vanishing_module", None)
 
 
