@@ -24,6 +24,7 @@ test: install
 bench: install
 	$(PY) benchmarks/vs_grain.py
 	$(PY) benchmarks/parquet.py
+	$(PY) benchmarks/handover.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

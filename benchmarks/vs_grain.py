@@ -102,7 +102,7 @@ are regenerated when missing or when ``--records`` differs from the cached set.
 
 Run
 ---
-    .venv/bin/python benchmarks/vs_grain.py            # full run, several minutes on 2 cores
+    .venv/bin/python benchmarks/vs_grain.py            # full run, about 7 minutes on 2 cores
     .venv/bin/python benchmarks/vs_grain.py --quick    # fewer batches, 3 runs
     .venv/bin/python benchmarks/vs_grain.py --records 50000 --batches 60 --runs 5
     .venv/bin/python benchmarks/vs_grain.py --only quern  # configs whose name contains "quern"
@@ -818,7 +818,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=None, help="timed batches per run (default 100; --quick: 40)")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per config (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed batches before timing (default 2)")
-    ap.add_argument("--min-seconds", type=float, default=None, help="minimum seconds per timed run (default 2; --quick: 0.5)")
+    ap.add_argument("--min-seconds", type=float, default=None, help="minimum seconds per timed run (default 5; --quick: 0.5)")
     ap.add_argument("--quick", action="store_true", help="fewer batches per run (40), 3 runs")
     ap.add_argument("--only", default=None, help="only configs whose name contains this text (e.g. quern, heavy)")
     ap.add_argument("--heavy", action=argparse.BooleanOptionalAction, default=True,
@@ -826,7 +826,7 @@ def main() -> None:
     args = ap.parse_args()
     args.batches = args.batches or (40 if args.quick else 100)
     args.runs = args.runs or 3
-    args.min_seconds = args.min_seconds if args.min_seconds is not None else (0.5 if args.quick else 2.0)
+    args.min_seconds = args.min_seconds if args.min_seconds is not None else (0.5 if args.quick else 5.0)
     if args.records < BATCH:
         ap.error(f"--records must be >= {BATCH}")
     parse_flags_for_grain()
