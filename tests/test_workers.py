@@ -436,39 +436,33 @@ def _assert_clean(before_children, before_shm, pids):
     assert _memfd_maps(os.getpid()) == []
 
 
-def test_normal_end_leaves_nothing(shards):
+def test_the_end_of_the_stream_leaves_nothing(shards):
     children, shm = _children(), _shm()
     pipe = _token_pipe(shards, num_epochs=1, batch=100)
     it = pipe.iterator(num_workers=2)
     pids = it.worker_pids
     assert len(pids) == 2 and set(pids) <= _children()
     assert len(list(it)) == 10
-    it.close()
-    _assert_clean(children, shm, pids)
+    _assert_clean(children, shm, pids)  # StopIteration freed the workers, without close()
+    assert it.stats()["workers"] == 2 and it.state()["step"] == 10
 
 
-def test_close_leaves_nothing(shards):
+@pytest.mark.parametrize("how", ["close", "gc"])
+def test_close_or_garbage_collection_leaves_nothing(shards, how):
     children, shm = _children(), _shm()
     it = _token_pipe(shards).iterator(num_workers=3)
     _started(it)
     next(it)
     pids = it.worker_pids
-    it.close()
-    it.close()  # idempotent
-    assert it.worker_pids == []
-    _assert_clean(children, shm, pids)
-    with pytest.raises(RuntimeError, match="closed"):
-        next(it)
-
-
-def test_garbage_collection_leaves_nothing(shards):
-    children, shm = _children(), _shm()
-    it = _token_pipe(shards).iterator(num_workers=2)
-    _started(it)
-    next(it)
-    pids = it.worker_pids
-    del it
-    gc.collect()
+    if how == "close":
+        it.close()
+        it.close()  # idempotent
+        assert it.worker_pids == []
+        with pytest.raises(RuntimeError, match="closed"):
+            next(it)
+    else:
+        del it
+        gc.collect()
     _assert_clean(children, shm, pids)
 
 
