@@ -78,6 +78,8 @@ def collate(records: Sequence[Any], path: str = "batch") -> Any:
                 size = len(r) if hasattr(r, "__len__") else "?"
                 raise CollateError(f"{path}: row {i} is {type(r).__name__} of length {size}, row 0 has {n} fields", i)
         out = [collate([r[j] for r in records], f"{path}[{j}]") for j in range(n)]
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple stays one
+            return type(first)(*out)
         return tuple(out) if isinstance(first, tuple) else out
     if isinstance(first, (bytes, str)):
         arr = np.empty(len(records), dtype=object)

@@ -92,15 +92,20 @@ class PipelineIterator:
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
         self._workers = None
         self._last_stats = {"workers": 0}
-        self._pool = None
         if self.num_workers:
+            self._last_stats = {
+                "workers": self.num_workers, "delivered_by_worker": [0] * self.num_workers,
+                "computed_in_parent": 0, "worker_restarts": 0,
+            }
+        self._pool = None
+        if self.num_workers and (self._end is None or self.step < self._end):
             from .workers import WorkerPool
 
             self._workers = WorkerPool(
                 pipe, self.num_workers, self.process_index, self.process_count,
                 self.prefetch, self.read_ahead, self._end, copy=_copy,
             )
-        else:
+        elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         self._closed = False
         _LIVE.add(self)

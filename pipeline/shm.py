@@ -48,36 +48,50 @@ def _anonymous_fd(size: int) -> int:
 
 
 class Buffer:
-    """A shared buffer of ``size`` bytes: a descriptor plus this process's mapping of it.
+    """A shared buffer of ``size`` bytes mapped into this process.
 
-    ``Buffer.create(size)`` makes a new one; ``Buffer(fd, size)`` maps one received
-    from another process (taking ownership of ``fd``). ``close()`` unmaps it and
-    closes the descriptor; the memory is freed once no process holds it."""
+    ``Buffer.create(size)`` makes a new one and keeps its descriptor (``fd``) to
+    send to other processes; ``drop_fd()`` closes it once sent. ``Buffer(fd, size)``
+    maps one received from another process and closes ``fd`` at once (the mapping
+    holds the memory; one descriptor per buffer is all a process keeps).
+    ``private=True`` maps it copy-on-write: this process may write to it, and
+    nobody else sees the writes. ``close()`` unmaps it (or leaves that to the
+    arrays still viewing it); the memory is freed once no process maps it."""
 
-    def __init__(self, fd: int, size: int, writable: bool = True):
-        self.fd, self.size = fd, size
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        self.mm = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, prot)
-        self.array = np.frombuffer(self.mm, np.uint8, size) if writable else None
+    def __init__(self, fd: int, size: int, private: bool = False, keep_fd: bool = False):
+        self.size = size
+        try:
+            flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
+            self.mm = mmap.mmap(fd, max(size, 1), flags, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        if not keep_fd:
+            self.drop_fd()
+        self.array = np.frombuffer(self.mm, np.uint8, size)
 
     @classmethod
     def create(cls, size: int) -> "Buffer":
         size = -(-max(size, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
-        return cls(_anonymous_fd(size), size)
+        return cls(_anonymous_fd(size), size, keep_fd=True)
+
+    def drop_fd(self) -> None:
+        """Close the descriptor (the mapping stays)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         return memoryview(self.mm)[offset : offset + nbytes]
 
     def close(self) -> None:
-        if self.fd < 0:
-            return
+        self.drop_fd()
         self.array = None
         try:
             self.mm.close()
-        except BufferError:  # arrays still view it (a lease): the mapping goes when they do
+        except BufferError:  # arrays still view it (a lent batch): the mapping goes when they do
             pass
-        os.close(self.fd)
-        self.fd = -1
 
 
 def dumps(obj: Any, pickler: Callable = pickle.dumps, min_bytes: int = 0) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -152,28 +166,40 @@ def send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
 def recv(sock: socket.socket) -> tuple[Any, list[int]]:
     """Receive one message sent by :func:`send`: ``(object, file descriptors)``.
 
-    Raises ``EOFError`` when the peer has closed its end (or died)."""
-    head, fds = b"", []
-    while len(head) < _HEADER.size:
-        data, anc, _flags, _addr = sock.recvmsg(_HEADER.size - len(head), socket.CMSG_SPACE(_MAX_FDS * 4))
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
-                fds.extend(got)
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            raise EOFError("peer closed the connection")
-        head += data
-    (n,) = _HEADER.unpack(head)
-    payload = bytearray(n)
-    view, got = memoryview(payload), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            for fd in fds:
-                os.close(fd)
-            raise EOFError("peer closed the connection in the middle of a message")
-        got += k
-    return pickle.loads(payload), fds
+    Raises ``EOFError`` when the peer has closed its end (or died), and
+    ``OSError`` (after reading the whole message) when the kernel had to drop the
+    descriptors attached to it because this process has too many files open.
+    Descriptors arrive close-on-exec."""
+    head, fds, truncated = b"", [], False
+    try:
+        while len(head) < _HEADER.size:
+            data, anc, flags, _addr = sock.recvmsg(
+                _HEADER.size - len(head), socket.CMSG_SPACE(_MAX_FDS * 4), getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+            )
+            for level, kind, raw in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(raw[: len(raw) - len(raw) % got.itemsize])
+                    fds.extend(got)
+            truncated |= bool(flags & socket.MSG_CTRUNC)
+            if not data:
+                raise EOFError("peer closed the connection")
+            head += data
+        (n,) = _HEADER.unpack(head)
+        payload = bytearray(n)
+        view, got = memoryview(payload), 0
+        while got < n:
+            k = sock.recv_into(view[got:])
+            if not k:
+                raise EOFError("peer closed the connection in the middle of a message")
+            got += k
+        if truncated:
+            raise OSError(
+                "a shared-memory descriptor from a worker was dropped: this process reached its limit of "
+                "open files (ulimit -n); raise it, or lower num_workers, prefetch or read_ahead"
+            )
+        return pickle.loads(payload), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise

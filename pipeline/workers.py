@@ -36,6 +36,8 @@ parent goes away, because their socket to it reaches end of file.
 from __future__ import annotations
 
 import collections
+import functools
+import io
 import os
 import pickle
 import select
@@ -69,46 +71,103 @@ class WorkerError(RuntimeError):
 
 
 def _worker_main(fd: int) -> None:
-    """Entry point of a worker process; ``fd`` is its socket to the parent."""
+    """Entry point of a worker process; ``fd`` is its socket to the parent. Ends the
+    process (``os._exit``) when the parent closes the socket or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # whole lines as they come, so that what a transform prints is not lost when the worker is killed
+        sys.stdout.reconfigure(line_buffering=True)
+    except Exception:
+        pass
+    os.set_inheritable(fd, False)  # a process a transform starts must not hold the parent's socket
     sock = socket.socket(fileno=fd)
+    status = 0
     try:
-        (_, spans, size, index, count), fds = shm.recv(sock)
-        try:  # the pickled pipeline is the first span of the shared buffer, its large arrays the others
-            definition = shm.Buffer(fds[0], size, writable=False)
-            (start, n), spans = spans[0], spans[1:]
-            pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
-        except BaseException as e:
-            shm.send(sock, ("fatal", f"{type(e).__name__}: {e}", traceback.format_exc()))
-            return
-        shm.send(sock, ("ready", os.getpid()))
-        slots: dict[int, shm.Buffer] = {}
-        while True:
-            (_, steps, slot_ids), _ = shm.recv(sock)
-            for (step, batch, error), slot in zip(pipe.step_results(steps, index, count), slot_ids):
-                if error is not None:
-                    shm.send(sock, ("error", step, _error_report(error)))
-                    continue
-                data, buffers = shm.dumps(batch)
-                spans, size = shm.layout(buffers)
-                fds = []
-                if slot not in slots or slots[slot].size < size:
-                    if slot in slots:
-                        slots[slot].close()
-                    slots[slot] = shm.Buffer.create(size)
-                    fds = [slots[slot].fd]
-                shm.write(slots[slot], buffers, spans)
-                shm.send(sock, ("done", step, slot, data, spans, slots[slot].size), fds)
+        _serve(sock)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed the iterator or exited
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(status)  # not even a non-daemon thread a transform started keeps a worker alive
+
+
+def _serve(sock: socket.socket) -> None:
+    """Load the pipeline, then compute the tasks the parent sends, until end of file."""
+    (_, spans, size, index, count), fds = shm.recv(sock)
+    try:  # the pickled pipeline is the first span of the shared buffer, its large arrays the others
+        definition = shm.Buffer(fds[0], size, private=True)  # copy-on-write: arrays are writable here
+        (start, n), spans = spans[0], spans[1:]
+        pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
+    except BaseException as e:
+        shm.send(sock, ("fatal", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        return
+    shm.send(sock, ("ready", os.getpid()))
+    slots: dict[int, shm.Buffer] = {}
+    while True:
+        msg, _ = shm.recv(sock)
+        if msg[0] == "drop":  # slots the parent no longer needs
+            for slot in msg[1]:
+                if slot in slots:
+                    slots.pop(slot).close()
+            continue
+        _, steps, slot_ids = msg
+        for (step, batch, error), slot in zip(pipe.step_results(steps, index, count), slot_ids):
+            if error is None:
+                try:
+                    data, buffers = shm.dumps(batch, _pickle_for_parent)
+                except Exception as e:
+                    error = StepError(
+                        f"step {step} (host {index} of {count}), stage 'send': the batch cannot be pickled "
+                        f"to send it to the parent: {type(e).__name__}: {e}"
+                    )
+                    error.__cause__ = e
+            if error is not None:
+                shm.send(sock, ("error", step, _error_report(error)))
+                continue
+            spans, size = shm.layout(buffers)
+            fds = []
+            if slot not in slots or slots[slot].size < size:
+                if slot in slots:
+                    slots[slot].close()
+                slots[slot] = shm.Buffer.create(size)
+                fds = [slots[slot].fd]
+            shm.write(slots[slot], buffers, spans)
+            shm.send(sock, ("done", step, slot, data, spans, slots[slot].size), fds)
+            slots[slot].drop_fd()  # sent: the mapping is all this process needs
+
+
+class _ParentPickler(pickle.Pickler):
+    """Pickles classes of ``__main__`` by name, so that a batch or an exception whose
+    class the user's script defines is rebuilt in the parent with the parent's class
+    (a worker's ``__main__`` is not the script; cloudpickle rebuilt those classes by value)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and obj.__module__ == "__main__":
+            return _from_main, (obj.__qualname__,)
+        return NotImplemented
+
+
+def _from_main(qualname: str) -> Any:
+    return functools.reduce(getattr, qualname.split("."), sys.modules["__main__"])
+
+
+def _pickle_for_parent(obj: Any, protocol: int = 5, buffer_callback=None) -> bytes:
+    out = io.BytesIO()
+    _ParentPickler(out, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
+    return out.getvalue()
 
 
 def _error_report(error: BaseException) -> tuple[str, str, bytes | None]:
     """(message, traceback text, pickled exception or None) of a failed step."""
     tb = "".join(traceback.format_exception(error))
     try:  # the user's own exception, for ``__cause__`` in the parent
-        cause = pickle.dumps(error.__cause__ or error)
-        pickle.loads(cause)
+        cause = _pickle_for_parent(error.__cause__ or error)
     except Exception:
         cause = None
     return str(error), tb, cause
@@ -128,8 +187,10 @@ class _Worker:
             f"from quern.pipeline.workers import _worker_main; _worker_main({child_sock.fileno()})"
         )
         env = dict(os.environ, JAX_PLATFORMS="cpu")
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child_sock.fileno()], env=env)
+        try:  # its own process group: a Ctrl-C at the terminal goes to the parent only
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code], pass_fds=[child_sock.fileno()], env=env, process_group=0
+            )
         finally:
             child_sock.close()
         self.sock = parent_sock
@@ -171,13 +232,19 @@ class _Worker:
                 return f"killed by signal {-code}"
         return f"exited with status {code}"
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # a worker holds nothing that needs cleaning up
+    def close(self, grace: float = 0.0) -> None:
+        """Stop the process (after up to ``grace`` seconds for it to exit by itself) and unmap its slots."""
         try:
+            if grace and self.proc.poll() is None:
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()  # a worker holds nothing that needs cleaning up
             self.sock.close()
-        finally:
             self.proc.wait()
+        finally:
             for buf in self.slots.values():
                 buf.close()
             self.slots.clear()
@@ -210,6 +277,9 @@ class WorkerPool:
         if self._auto:
             lo, hi = host_rows(pipe.batch_size, process_index, process_count)
             read_ahead = max(1, min(MAX_TASK_STEPS, TASK_RECORDS // max(1, hi - lo)))
+        room = _descriptor_room(num_workers * (prefetch * read_ahead + 2))  # one per slot, plus spares
+        if self._auto and room < num_workers * (prefetch * read_ahead + 2):
+            read_ahead = max(1, (room // num_workers - 2) // prefetch)
         self.max_read_ahead = read_ahead
         self.read_ahead = 1 if self._auto else read_ahead  # until the size of a batch is known
         self.process_index, self.process_count = process_index, process_count
@@ -233,6 +303,7 @@ class WorkerPool:
         self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
         self._suspect: set[int] = set()  # steps in progress when a worker died: never computed here
         self._fatal: WorkerError | None = None  # a worker could not load the pipeline
+        self._broken: dict[int, WorkerError] = {}  # worker index -> why it is not restarted
         self.delivered = [0] * num_workers  # steps each worker has delivered
         self.in_parent = 0  # steps computed in the parent while their worker was starting
         self.restarts = 0  # workers replaced after dying
@@ -255,42 +326,47 @@ class WorkerPool:
         """Keep what the dead worker delivered, forget what it had not, start another.
 
         ``count=False``: the parent itself stopped the worker (its message stream
-        was interrupted half-way, by Ctrl-C say), which is not the worker's fault."""
-        self._selector.unregister(worker.sock)
-        for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
-            self._results[step] = ("batch", self._materialise(self._results[step], copy=True))
-        for step in worker.pending:
-            self._sent.discard(step)
-        if count:  # one of these steps may crash whatever process computes it
-            self._suspect.update(worker.pending)
-        worker.close()
+        was interrupted half-way, by Ctrl-C say), which is not the worker's fault.
+        After ``_MAX_DEATHS`` deaths in a row without a delivered step, the worker
+        is not restarted: :meth:`get` raises :class:`WorkerError` at its next step."""
         w = worker.index
-        self.workers[w] = None
+        if self.workers[w] is worker:
+            self.workers[w] = None  # first, so that an interruption below cannot leave it half-replaced
+        self._selector.unregister(worker.sock)
+        try:
+            for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
+                self._results[step] = ("batch", self._materialise(self._results[step], copy=True))
+            if count:  # one of these steps may crash whatever process computes it
+                self._suspect.update(worker.pending)
+        finally:
+            for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
+                del self._results[step]  # not copied out (interrupted): computed again
+            self._sent.difference_update(worker.pending)
+            worker.close(grace=1.0 if count else 0.0)
         if self._fatal is not None:
             return
         self._deaths[w] += count
-        self.restarts += 1
         if self._deaths[w] >= _MAX_DEATHS:
-            deaths, self._deaths[w] = self._deaths[w], 0  # asking for the step again tries again
-            steps = worker.pending[:8]
-            raise WorkerError(
-                f"worker {w} (pid {worker.pid}) {worker.exit_text()}; it died {deaths} times in a row "
+            self._broken[w] = WorkerError(
+                f"worker {w} (pid {worker.pid}) {worker.exit_text()}; it died {self._deaths[w]} times in a row "
                 f"without delivering a step (host {self.process_index} of {self.process_count}, "
-                f"steps in progress: {steps or 'none'}); see its output above"
+                f"steps in progress: {worker.pending[:8] or 'none'}); see its output above"
             )
+            self._deaths[w] = 0  # asking for the step again tries again
+            return
+        self.restarts += 1
         self._start(w)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until every worker has started (True) or ``timeout`` seconds pass (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not all(w is not None and w.ready for w in self.workers):
-            if self._fatal is not None:
-                raise self._fatal
+            self._raise_failures()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             for w, worker in enumerate(self.workers):
-                if worker is None:
+                if worker is None and w not in self._broken:
                     self._start(w)
             self._poll(1.0 if left is None else min(left, 1.0))
         return True
@@ -305,14 +381,19 @@ class WorkerPool:
         """Handle every message that arrives within ``timeout`` seconds (0: only those waiting)."""
         for key, _ in self._selector.select(timeout):
             worker: _Worker = key.data
+            if self.workers[worker.index] is not worker:
+                continue  # already replaced
             try:
                 while True:
                     msg, fds = shm.recv(worker.sock)
-                    self._handle(worker, msg, fds)
+                    try:
+                        self._handle(worker, msg, fds)
+                    finally:
+                        for fd in fds:  # any that _handle did not take
+                            os.close(fd)
                     if not _readable(worker.sock):
                         break
             except (EOFError, ConnectionResetError):
-                worker.proc.wait()
                 self._on_death(worker)
             except BaseException:
                 # interrupted half-way through a message (Ctrl-C): the stream may be out of
@@ -330,13 +411,13 @@ class WorkerPool:
             self._fatal = WorkerError(
                 f"worker {worker.index} (pid {worker.pid}) could not start: {text}\n\nworker traceback:\n{tb}"
             )
-            raise self._fatal
+            self._raise_failures()
         elif kind == "done":
             _, step, slot, data, spans, size = msg
             if fds:
                 if slot in worker.slots:
                     worker.slots[slot].close()
-                worker.slots[slot] = shm.Buffer(fds[0], size)
+                worker.slots[slot] = shm.Buffer(fds.pop(0), size)
             if self._auto and self.read_ahead == 1 and self.max_read_ahead > 1:
                 nbytes = spans[-1][0] + spans[-1][1] if spans else 0
                 fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
@@ -361,12 +442,10 @@ class WorkerPool:
         ``read_ahead`` at a time, while it has fewer than ``prefetch * read_ahead``
         steps in flight (sent or delivered, and not yet taken). A shorter task goes
         only at the end of the stream or when it holds ``step`` itself."""
-        while self._returned:  # slots of lent batches that nobody holds any more
-            _, worker, slot = self._leases.pop(id(self._returned.popleft()))
-            if self.workers[worker.index] is worker:
-                worker.free.append(slot)
         W, ra = self.num_workers, self.read_ahead
         limit = self.prefetch * ra
+        if self._returned:
+            self._reclaim(limit)
         for worker in self.workers:
             if worker is None or not worker.ready:
                 continue
@@ -393,12 +472,42 @@ class WorkerPool:
                     self._on_death(worker, count=False)
                     raise
 
+    def _reclaim(self, limit: int) -> None:
+        """Take back the slots of lent batches that nobody holds any more; a worker
+        keeps one spare slot beyond its ``limit`` in flight, the others are unmapped
+        (here and in the worker), so memory held for batches once kept is given back."""
+        touched = set()
+        while self._returned:
+            _, worker, slot = self._leases.pop(id(self._returned.popleft()))
+            if self.workers[worker.index] is worker:
+                worker.free.append(slot)
+                touched.add(worker)
+        for worker in touched:
+            extra = min(len(worker.free), len(worker.free) + len(worker.slot_of) - limit - 1)
+            if extra > 0:
+                drop = [worker.free.pop() for _ in range(extra)]
+                for slot in drop:
+                    buf = worker.slots.pop(slot, None)
+                    if buf is not None:
+                        buf.close()
+                try:
+                    shm.send(worker.sock, ("drop", drop))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # it died: _poll will see why
+
+    def _raise_failures(self, w: int | None = None) -> None:
+        """Raise the error that stops worker ``w`` (any worker when ``None``), if there is one."""
+        if self._fatal is not None:
+            raise WorkerError(*self._fatal.args)
+        broken = [v for v in self._broken if w is None or v == w]
+        if broken:
+            raise self._broken.pop(broken[0])
+
     def get(self, step: int) -> Any:
         """The batch of ``step``; steps must be asked for in order."""
         w = step % self.num_workers
         while True:
-            if self._fatal is not None:
-                raise self._fatal
+            self._raise_failures(w)
             if self.workers[w] is None:  # given up on after repeated deaths: try again
                 self._start(w)
             self._poll(0)
@@ -452,13 +561,39 @@ class WorkerPool:
                 worker.close()
         self._results.clear()
         self._sent.clear()
+        self._leases.clear()
+        self._returned.clear()
         self._selector.close()
         if self._definition is not None:
             self._definition.close()
             self._definition = None
 
 
+def _descriptor_room(wanted: int) -> int:
+    """How many more files this process may open, after raising its soft limit
+    (``RLIMIT_NOFILE``) towards the hard one if ``wanted`` more would not fit; the
+    parent maps one descriptor per shared-memory slot, and workers inherit the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 256
+    need = in_use + wanted + 64  # 64: headroom for everything else
+    if soft != resource.RLIM_INFINITY and need > soft:
+        new = need if hard == resource.RLIM_INFINITY else min(hard, need)
+        if new > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):
+                pass
+    return wanted if soft == resource.RLIM_INFINITY else max(0, soft - in_use - 64)
+
+
 def _readable(sock: socket.socket) -> bool:
     """Whether ``sock`` has data (or end of file) waiting."""
-    r, _, _ = select.select([sock], [], [], 0)
-    return bool(r)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))

@@ -420,3 +420,13 @@ def test_host_arguments_must_be_integers(args):
 def test_steps_beyond_the_addressable_stream_are_refused():
     with pytest.raises(IndexError, match=r"step 576460752303423488 is beyond"):
         quern.Pipeline.from_source(HugeSource()).batch(8).batch_at(2**59)
+
+
+def test_collate_keeps_namedtuples():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    batch = quern.collate([Pair(np.arange(2), 1.5), Pair(np.arange(2) + 1, 2.5)])
+    assert type(batch) is Pair
+    np.testing.assert_array_equal(batch.a, [[0, 1], [1, 2]])
+    np.testing.assert_array_equal(batch.b, [1.5, 2.5])

@@ -311,6 +311,125 @@ def test_workers_open_files_lazily(shards):
             assert {f.path for f in psutil.Process(pid).open_files()} >= set(shards)
 
 
+class Scaler:
+    """A transform that reuses a preallocated scratch array (800 KB: it travels to the
+    workers through shared memory, and must be writable there as it is here)."""
+
+    def __init__(self):
+        self.scratch = np.zeros(100_000)
+
+    def __call__(self, batch):
+        out = self.scratch[: batch["x"].size].reshape(batch["x"].shape)
+        np.multiply(batch["x"], 2, out=out)
+        return {**batch, "x2": out.copy()}
+
+
+def test_arrays_of_the_pipeline_are_writable_in_workers():
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).batch(10).map_batch(Scaler())
+    with pipe.iterator(num_workers=2) as it:
+        _started(it)
+        for s in range(10):
+            _equal(next(it), pipe.batch_at(s))
+
+
+def test_memory_of_batches_held_then_dropped_is_given_back(shards):
+    W, prefetch, read_ahead = 2, 2, 2
+    with _token_pipe(shards).iterator(num_workers=W, prefetch=prefetch, read_ahead=read_ahead) as it:
+        _started(it)
+        held = [next(it) for _ in range(100)]
+        assert len(_memfd_maps(os.getpid())) > 100  # each held batch keeps its slot
+        del held
+        for _ in range(30):
+            next(it)
+        assert len(_memfd_maps(os.getpid())) <= W * (prefetch * read_ahead + 2) + 1
+
+
+_SCRIPT_STDOUT = """
+import numpy as np, quern
+
+def shout(batch):
+    print("computed", int(batch["id"][0]))
+    return batch
+
+if __name__ == "__main__":
+    pipe = quern.Pipeline.from_source({"id": np.arange(1000)}, seed=0).batch(10).map_batch(shout)
+    with pipe.iterator(num_workers=2) as it:
+        it.wait_for_workers(60)
+        for _ in range(20):
+            next(it)
+"""
+
+_SCRIPT_MAIN_CLASSES = """
+from typing import NamedTuple
+import numpy as np, quern
+
+class Pair(NamedTuple):
+    a: np.ndarray
+    b: np.ndarray
+
+class Oops(Exception):
+    pass
+
+def to_pair(rec):
+    return Pair(rec["x"], rec["x"] * 2)
+
+def check(batch):
+    if int(batch.a[0]) >= 500:
+        raise Oops("five hundred")
+    return batch
+
+if __name__ == "__main__":
+    pipe = quern.Pipeline.from_source({"x": np.arange(1000)}, seed=0).map(to_pair).batch(100).map_batch(check)
+    with pipe.iterator(num_workers=2) as it:
+        it.wait_for_workers(60)
+        for s in range(5):
+            batch = next(it)
+            assert type(batch) is Pair and np.array_equal(batch.b, pipe.batch_at(s).b), s
+        try:
+            next(it)
+        except quern.StepError as e:
+            print("cause is Oops:", type(e.__cause__) is Oops, "stats:", it.stats()["computed_in_parent"])
+"""
+
+_SCRIPT_FD_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))  # far below what the default slots would take
+sys.path.insert(0, {tests!r})
+import numpy as np
+from test_workers import _token_pipe, _equal
+
+pipe = _token_pipe({shards!r})
+with pipe.iterator(num_workers=2) as it:
+    it.wait_for_workers(60)
+    for s in range(300):
+        _equal(next(it), pipe.batch_at(s), f"step {{s}}")
+print("ok", it.stats()["computed_in_parent"])
+"""
+
+
+def _run_script(tmp_path, text, env=None):
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_what_workers_print_reaches_the_parents_stdout(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout is a pipe: block-buffered
+    lines = _run_script(tmp_path, _SCRIPT_STDOUT, env).splitlines()
+    assert {f"computed {10 * s}" for s in range(20)} <= set(lines)
+
+
+def test_classes_of_the_main_script_in_batches_and_errors(tmp_path):
+    assert _run_script(tmp_path, _SCRIPT_MAIN_CLASSES).strip() == "cause is Oops: True stats: 0"
+
+
+def test_a_low_limit_of_open_files_is_respected(tmp_path, shards):
+    out = _run_script(tmp_path, _SCRIPT_FD_LIMIT.format(tests=str(REPO / "tests"), shards=shards))
+    assert out.strip() == "ok 0"
+
+
 # --------------------------------------------------------------------------- faults
 
 
