@@ -8,7 +8,7 @@ batch's arrays into the shared-memory slot the parent chose for that step and
 tells the parent. The parent yields the steps in order; the arrays it yields are
 views into the slot, which it *lends* to the caller: the slot goes back to its
 worker only once no array of that batch is alive any more (a
-``weakref.finalize`` on the arrays' common base), so a batch you hold is never
+``weakref.ref`` on the arrays' common base, whose callback is a C function), so a batch you hold is never
 overwritten, and no copy is made. Which process computed a step never changes
 its bytes: every step is a pure function of the pipeline, the step and the host
 slice.
@@ -18,12 +18,19 @@ multiprocessing's "spawn"), never ``fork()``: forking a parent that runs JAX,
 XLA or other threads can deadlock the child on a lock held by a thread that
 does not exist in it. The pipeline is sent with cloudpickle (so lambdas and
 functions of ``__main__`` work); its large arrays (an ``ArraySource``'s data)
-travel once through shared memory, not through the pipe, and sources open
-their files lazily in the worker. While a worker starts (about 0.15 s: an
-interpreter plus numpy), the parent computes the steps that worker owns
-itself, so the first batch comes as fast as with ``num_workers=0``. Workers run
-with ``JAX_PLATFORMS=cpu`` so that a transform importing jax never claims an
-accelerator.
+are copied once into shared memory that every worker maps copy-on-write (not
+once per worker, not through the pipe), and sources open their files lazily in
+the worker. While a worker starts (about 0.15 s: an interpreter plus numpy),
+the parent computes the steps that worker owns itself, so the first batch
+comes as fast as with ``num_workers=0``; this is why transforms must not depend
+on process-global settings that a fresh interpreter does not share (a jax
+config flag set by the script, say). Workers run with ``JAX_PLATFORMS=cpu`` so
+that a transform importing jax never claims an accelerator, in their own
+process group (a Ctrl-C at the terminal reaches the parent only), with stdout
+line-buffered (what a transform prints arrives whole and is not lost when a
+worker is stopped). The parent keeps one descriptor per shared-memory slot; it
+raises its soft limit of open files if needed (or, with the default
+``read_ahead``, makes tasks smaller to fit).
 
 Faults: a worker that dies (a signal, the OOM killer, a crash in native code)
 is replaced and the steps it had not delivered are computed again; a step
