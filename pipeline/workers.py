@@ -561,7 +561,9 @@ class WorkerPool:
         return shm.loads(data, worker.slots[slot], spans, copy=copy)
 
     def close(self) -> None:
-        """Kill the workers and free all shared memory. Idempotent."""
+        """Kill the workers and free all shared memory. Idempotent. (In a process
+        forked from this one, ``Popen`` sees that the workers are not its children
+        and leaves them alone.)"""
         for i, worker in enumerate(self.workers):
             if worker is not None:
                 self.workers[i] = None

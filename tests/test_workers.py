@@ -587,6 +587,24 @@ def test_close_or_garbage_collection_leaves_nothing(shards, how):
     _assert_clean(children, shm, pids)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork")
+def test_a_forked_child_closing_its_copy_leaves_the_workers_alone(shards):
+    pipe = _token_pipe(shards, seed=4)
+    with pipe.iterator(num_workers=2) as it:
+        _started(it)
+        got = [next(it)]
+        pid = os.fork()
+        if pid == 0:  # the child closes its copy of the iterator, as its exit would
+            it.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert all(psutil.pid_exists(p) for p in it.worker_pids)
+        got += [next(it) for _ in range(20)]
+        assert it.stats()["worker_restarts"] == 0
+    for s, g in enumerate(got):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+
+
 def test_keyboard_interrupt_in_the_loop(shards):
     children, shm = _children(), _shm()
     pipe = _token_pipe(shards, seed=3)
