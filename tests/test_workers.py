@@ -252,7 +252,7 @@ def test_any_batch_structure_travels(shards):
             assert got["big"].flags.writeable and got["big"].flags.c_contiguous
 
 
-def test_source_arrays_are_shared_with_workers_not_copied():
+def test_source_arrays_reach_workers_through_one_shared_copy():
     n = 1 << 20  # 8 MiB of int64
     pipe = quern.Pipeline.from_source({"id": np.arange(n, dtype=np.int64)}, seed=0).shuffle().batch(64)
     with pipe.iterator(num_workers=2) as it:
