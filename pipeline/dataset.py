@@ -467,6 +467,12 @@ class Pipeline:
 
         Refuses (``ValueError``) a state whose fingerprint differs from this
         pipeline's, i.e. a different definition or different data, unless ``force``."""
+        return self.iterator(start_step=self.check_state(state, force), **iterator_kwargs)
+
+    def check_state(self, state: dict, force: bool = False) -> int:
+        """The step of an iterator state (``it.state()``), after checking that it was
+        saved from this pipeline: a different fingerprint (another definition or other
+        data) is a ``ValueError`` unless ``force``."""
         if not isinstance(state, dict) or "step" not in state:
             raise ValueError(f"state must be a dict with a 'step' key, as from iterator.state(); got {state!r}")
         fp = state.get("fingerprint")
@@ -475,7 +481,7 @@ class Pipeline:
                 f"state fingerprint {fp} does not match this pipeline's {self.fingerprint()}: the definition or "
                 "the data changed since the state was saved; pass force=True to resume anyway"
             )
-        return self.iterator(start_step=state["step"], **iterator_kwargs)
+        return _check_int(state["step"], "state['step']", 0)
 
     def __iter__(self):
         return self.iterator()
