@@ -18,7 +18,15 @@ import numpy as np
 
 from ..pipeline.index import host_rows
 
-__all__ = ["global_iterator", "GlobalIterator", "process_rows"]
+__all__ = ["global_iterator", "GlobalIterator", "process_rows", "host_slice"]
+
+
+def host_slice() -> tuple[int, int]:
+    """``(process_index, process_count)`` of this process, from JAX: the host slice to
+    pass to ``pipe.batch_at`` or ``pipe.iterator`` in a multi-host job."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
 
 
 def _batch_sharding(mesh, partition_spec):
