@@ -1,4 +1,5 @@
-"""One host of a multi-process JAX test: ``run_host.py PROCESS_ID NUM_PROCESSES PORT DEVICES START STEPS``.
+"""One host of a multi-process JAX test:
+``run_host.py PROCESS_ID NUM_PROCESSES PORT DEVICES START STEPS [WORKERS]``.
 
 Initialises ``jax.distributed`` on 127.0.0.1 with DEVICES CPU devices in this
 process, iterates the test pipeline's global batches from START for STEPS
@@ -11,6 +12,7 @@ import os
 import sys
 
 pid, n, port, ndev, start, steps = (int(a) for a in sys.argv[1:7])
+workers = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -30,7 +32,7 @@ mesh = jax.make_mesh((n * ndev,), ("data",))
 replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 gather = jax.jit(lambda tree: tree, out_shardings=replicated)
 out = []
-with global_iterator(pipe, mesh, start_step=start) as it:
+with global_iterator(pipe, mesh, start_step=start, num_workers=workers) as it:
     for _ in range(steps):
         batch = gather(next(it))
         out.append({k: np.asarray(v).tolist() for k, v in batch.items()})

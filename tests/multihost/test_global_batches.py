@@ -1,5 +1,6 @@
 """Real multi-process JAX on 127.0.0.1: global batches equal ``batch_at``, and a run
-stopped on 2 hosts resumes on 1 or 4 hosts with bit-identical global batches.
+stopped on 2 hosts resumes on 1 host (with 2 quern worker processes) or on 4 hosts
+with bit-identical global batches.
 
 Each host is a subprocess (``run_host.py``) with ``jax.distributed.initialize``
 and forced CPU devices; every run has a timeout, so a host whose peer never
@@ -31,14 +32,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(processes: int, devices: int, start: int, steps: int, timeout: float = 180) -> dict:
-    """Run ``processes`` hosts with ``devices`` CPU devices each; process 0's JSON output."""
+def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0, timeout: float = 180) -> dict:
+    """Run ``processes`` hosts with ``devices`` CPU devices (and ``workers`` quern worker
+    processes) each; process 0's JSON output."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.join(HERE, "run_host.py"), str(i), str(processes), str(port), str(devices),
-             str(start), str(steps)],
+             str(start), str(steps), str(workers)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         for i in range(processes)
@@ -72,6 +74,6 @@ def test_stop_on_two_hosts_resume_on_one_or_four():
     stopped = _run(processes=2, devices=2, start=0, steps=3)
     k = stopped["state"]["step"]
     assert k == 3 and stopped["batches"] == whole[:3]
-    for processes, devices in [(1, 2), (4, 1)]:
-        resumed = _run(processes=processes, devices=devices, start=k, steps=5)["batches"]
-        assert resumed == whole[k:], (processes, devices)
+    for processes, devices, workers in [(1, 2, 2), (4, 1, 0)]:
+        resumed = _run(processes=processes, devices=devices, start=k, steps=5, workers=workers)["batches"]
+        assert resumed == whole[k:], (processes, devices, workers)
