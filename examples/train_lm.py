@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # batch axis over every device
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     params = jax.device_put(init_params(jax.random.key(0)), replicated)
-    opt = {"m": jax.tree_util.tree_map(jnp.zeros_like, params),
-           "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)}
+    opt = jax.device_put({"m": jax.tree_util.tree_map(jnp.zeros_like, params),
+                          "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)},
+                         replicated)
 
     mngr = ocp.CheckpointManager(os.path.abspath(args.ckpt_dir))
     start = 0

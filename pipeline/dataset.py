@@ -212,6 +212,8 @@ class Pipeline:
                 f"balance_hosts needs one integer length per record of source {self.source.name!r} "
                 f"(shape ({len(self.source)},)), got an array of shape {lengths.shape} and dtype {lengths.dtype}"
             )
+        if lengths.size and lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"balance_hosts: record {int(lengths.argmax())} has a length beyond 2**63")
         if lengths.size and lengths.min() < 0:
             raise ValueError(f"balance_hosts: lengths must be >= 0, record {int(lengths.argmin())} has {lengths.min()}")
         lengths = lengths.astype(np.int64)

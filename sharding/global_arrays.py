@@ -6,7 +6,8 @@ shape ``(global_batch_size, ...)``, sharded over ``mesh``. Each process computes
 only the rows its own devices hold (its host slice), with
 ``jax.make_array_from_process_local_data``. The batch at step ``s`` depends only
 on the pipeline and ``s``: not on the number of hosts, devices or workers, so a
-run stopped at step ``k`` on H hosts resumes on H' hosts with the same batches.
+run stopped at step ``k`` on H hosts resumes on H' hosts with the same batches
+(with ``Pipeline.balance_hosts``, the same rows in an order that depends on H).
 """
 
 from __future__ import annotations
@@ -85,8 +86,15 @@ class GlobalIterator:
         self._jax = jax
 
     def _to_global(self, batch: Any) -> Any:
+        rows = self.global_batch_size // self.process_count
+
         def one(x):
             x = np.asarray(x)
+            if x.ndim == 0 or x.shape[0] != rows or x.dtype.kind not in "biufc":
+                raise ValueError(
+                    f"global_iterator: every leaf of a batch must be a numeric array with a leading axis of this "
+                    f"host's {rows} rows; got {x.dtype} of shape {x.shape}"
+                )
             return self._jax.make_array_from_process_local_data(
                 self.sharding, x, (self.global_batch_size,) + x.shape[1:]
             )
@@ -102,6 +110,10 @@ class GlobalIterator:
                 self._ready.append(self._to_global(next(self._host)))  # transfers start now, asynchronously
             except StopIteration:
                 break
+            except Exception:
+                if self._ready:  # yield the good steps first; the failing one is retried when reached
+                    break
+                raise
         if not self._ready:
             raise StopIteration
         self.step += 1
@@ -126,7 +138,8 @@ def global_iterator(pipe, mesh, *, start_step: int = 0, partition_spec=None, num
                     device_prefetch: int = 2) -> GlobalIterator:
     """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
 
-    ``partition_spec`` (default: the batch axis over all mesh axes) shards axis 0.
+    ``partition_spec`` (default: the batch axis over all mesh axes) is a one-entry
+    spec for axis 0 (the batch axis); other axes are replicated.
     This process computes only its own rows (``num_workers`` worker processes,
     see ``pipe.iterator``) and keeps ``device_prefetch`` batches in flight to the
     devices, so host-to-device copies overlap the training step. The batch at
