@@ -12,7 +12,7 @@ Every batch is a pure function of (pipeline definition, step, host slice)::
 
 # Absolute imports: pytest imports a repository root's __init__.py as a plain module
 # (the root is the package here), where relative imports would fail.
-from quern import transforms
+from quern import sharding, transforms
 from quern.pipeline import index, sources
 from quern.pipeline.collate import collate
 from quern.pipeline.dataset import Pipeline, StepError
@@ -28,6 +28,7 @@ __all__ = [
     "SourceError",
     "collate",
     "index",
+    "sharding",
     "sources",
     "transforms",
     "__version__",

@@ -134,6 +134,7 @@ class Pipeline:
     batch_size: int | None = None
     drop_remainder: bool = True
     batch_ops: tuple[Op, ...] = ()
+    host_lengths: Any = dataclasses.field(default=None, compare=False)  # per-record lengths, see balance_hosts
 
     # ------------------------------------------------------------------ construction
 
@@ -194,6 +195,30 @@ class Pipeline:
         if self.batch_size is not None:
             raise ValueError("random_map() after batch(): use random_map_batch(fn) for batch-level randomness")
         return self._replace(record_ops=self.record_ops + (Op("random_map", fn),))
+
+    def balance_hosts(self, lengths: Any) -> "Pipeline":
+        """Token-balanced host slices: ``lengths[i]`` is the length (token count) of
+        record ``i``, a length index computed once. Each host still gets ``B / H``
+        rows of every full global batch, but which rows is chosen so that the hosts'
+        token counts are even: rows sorted by length (longest first, ties by
+        position) are dealt to hosts in a snake order (0..H-1, H-1..0, ...), so the
+        token counts of two hosts differ by at most the longest row. Deterministic;
+        the set of rows of a global batch is unchanged, but their order in the
+        assembled global batch then depends on the host count. A partial last
+        batch is split into contiguous slices as usual."""
+        lengths = np.asarray(lengths)
+        if lengths.shape != (len(self.source),) or not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(
+                f"balance_hosts needs one integer length per record of source {self.source.name!r} "
+                f"(shape ({len(self.source)},)), got an array of shape {lengths.shape} and dtype {lengths.dtype}"
+            )
+        if lengths.size and lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"balance_hosts: record {int(lengths.argmax())} has a length beyond 2**63")
+        if lengths.size and lengths.min() < 0:
+            raise ValueError(f"balance_hosts: lengths must be >= 0, record {int(lengths.argmin())} has {lengths.min()}")
+        lengths = lengths.astype(np.int64)
+        lengths.setflags(write=False)
+        return self._replace(host_lengths=lengths)
 
     def batch(self, global_batch_size: int, drop_remainder: bool = True) -> "Pipeline":
         """Group ``global_batch_size`` consecutive stream positions into a step.
@@ -261,7 +286,20 @@ class Pipeline:
         end = start + hi
         if self.num_epochs is not None:
             end = min(end, len(self.source) * self.num_epochs)
+        full = self.num_epochs is None or start + self.batch_size <= len(self.source) * self.num_epochs
+        if self.host_lengths is not None and process_count > 1 and full:
+            return self._balanced_positions(start, process_index, process_count)
         return np.arange(start + lo, max(start + lo, end), dtype=np.int64)
+
+    def _balanced_positions(self, start: int, process_index: int, process_count: int) -> np.ndarray:
+        """This host's positions of the full global batch at ``start`` (see :meth:`balance_hosts`)."""
+        B, H = self.batch_size, process_count
+        positions = np.arange(start, start + B, dtype=np.int64)
+        order = np.argsort(-self.host_lengths[self.record_ids(positions)], kind="stable")
+        rank = np.arange(B)
+        within, rnd = rank % H, rank // H
+        host = np.where(rnd % 2 == 0, within, H - 1 - within)
+        return np.sort(positions[order[host == process_index]])
 
     def record_ids(self, positions: np.ndarray) -> np.ndarray:
         """Record id at each stream position (pure index arithmetic)."""
@@ -429,6 +467,8 @@ class Pipeline:
             "record_ops": [[op.kind, _describe(op.fn)] for op in self.record_ops],
             "batch": [self.batch_size, self.drop_remainder],
             "batch_ops": [[op.kind, _describe(op.fn)] for op in self.batch_ops],
+            **({} if self.host_lengths is None else
+               {"balance_hosts": hashlib.sha256(self.host_lengths.tobytes()).hexdigest()[:32]}),
         }
 
     def fingerprint(self) -> str:
@@ -467,6 +507,12 @@ class Pipeline:
 
         Refuses (``ValueError``) a state whose fingerprint differs from this
         pipeline's, i.e. a different definition or different data, unless ``force``."""
+        return self.iterator(start_step=self.check_state(state, force), **iterator_kwargs)
+
+    def check_state(self, state: dict, force: bool = False) -> int:
+        """The step of an iterator state (``it.state()``), after checking that it was
+        saved from this pipeline: a different fingerprint (another definition or other
+        data) is a ``ValueError`` unless ``force``."""
         if not isinstance(state, dict) or "step" not in state:
             raise ValueError(f"state must be a dict with a 'step' key, as from iterator.state(); got {state!r}")
         fp = state.get("fingerprint")
@@ -475,7 +521,7 @@ class Pipeline:
                 f"state fingerprint {fp} does not match this pipeline's {self.fingerprint()}: the definition or "
                 "the data changed since the state was saved; pass force=True to resume anyway"
             )
-        return self.iterator(start_step=state["step"], **iterator_kwargs)
+        return _check_int(state["step"], "state['step']", 0)
 
     def __iter__(self):
         return self.iterator()
@@ -490,6 +536,8 @@ class Pipeline:
         if self.batch_size is not None:
             parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
         parts += [f".{op.kind}({_name(op.fn)})" for op in self.batch_ops]
+        if self.host_lengths is not None:
+            parts.append(".balance_hosts(...)")
         return "".join(parts)
 
 

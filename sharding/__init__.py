@@ -1,8 +1,12 @@
-"""Host slices of global batches (JAX global arrays and device prefetch build on this).
+"""Host slices of global batches, JAX global arrays with device prefetch, checkpoints.
 
-Host ``h`` of ``H`` owns rows ``[h*B/H, (h+1)*B/H)`` of every global batch.
+Host ``h`` of ``H`` owns rows ``[h*B/H, (h+1)*B/H)`` of every global batch (or a
+token-balanced set of ``B/H`` rows, see ``Pipeline.balance_hosts``).
+``global_iterator`` assembles the hosts' rows into global ``jax.Array`` batches;
+``quern.sharding.checkpoint`` saves the iterator state with orbax.
 """
 
 from ..pipeline.index import host_rows
+from .global_arrays import GlobalIterator, global_iterator, host_slice, process_rows
 
-__all__ = ["host_rows"]
+__all__ = ["host_rows", "host_slice", "global_iterator", "GlobalIterator", "process_rows"]

@@ -430,3 +430,43 @@ def test_collate_keeps_namedtuples():
     assert type(batch) is Pair
     np.testing.assert_array_equal(batch.a, [[0, 1], [1, 2]])
     np.testing.assert_array_equal(batch.b, [1.5, 2.5])
+
+
+def _skewed(n=2000):
+    """Records whose length grows with the id: contiguous host slices of an unshuffled
+    pipeline get very uneven token counts."""
+    lengths = (np.arange(n) % 200 + 1).astype(np.int64)
+    return {"id": np.arange(n, dtype=np.int64), "length": lengths}, lengths
+
+
+@pytest.mark.parametrize("hosts", [2, 4, 8])
+def test_balanced_host_slices_even_out_tokens(hosts):
+    data, lengths = _skewed()
+    plain = quern.Pipeline.from_source(data, seed=1).batch(64)
+    balanced = plain.balance_hosts(lengths)
+    assert balanced.fingerprint() != plain.fingerprint()
+    for step in [0, 3, 17]:
+        rows = [balanced.batch_at(step, h, hosts) for h in range(hosts)]
+        assert all(len(r["id"]) == 64 // hosts for r in rows)
+        # the same records as the global batch, each once
+        ids = np.sort(np.concatenate([r["id"] for r in rows]))
+        np.testing.assert_array_equal(ids, np.sort(plain.batch_at(step)["id"]))
+        sums = [int(r["length"].sum()) for r in rows]
+        assert max(sums) - min(sums) <= lengths.max()
+        contiguous = [int(plain.batch_at(step, h, hosts)["length"].sum()) for h in range(hosts)]
+        assert max(contiguous) - min(contiguous) > lengths.max()  # the problem it solves
+        # the same on every call, and what the iterator (with workers) yields
+        assert [r["id"].tolist() for r in rows] == [balanced.batch_at(step, h, hosts)["id"].tolist() for h in range(hosts)]
+    with balanced.iterator(start_step=3, process_index=1, process_count=hosts, num_workers=1) as it:
+        np.testing.assert_array_equal(next(it)["id"], balanced.batch_at(3, 1, hosts)["id"])
+
+
+def test_balance_hosts_checks_its_lengths():
+    data, lengths = _skewed(100)
+    pipe = quern.Pipeline.from_source(data).batch(10)
+    with pytest.raises(ValueError, match="one integer length per record"):
+        pipe.balance_hosts(lengths[:50])
+    with pytest.raises(ValueError, match="one integer length per record"):
+        pipe.balance_hosts(lengths.astype(np.float32))
+    with pytest.raises(ValueError, match="record 3 has -1"):
+        pipe.balance_hosts(np.where(np.arange(100) == 3, -1, lengths))

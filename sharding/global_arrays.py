@@ -1,0 +1,147 @@
+"""Global ``jax.Array`` batches: each host computes its rows, JAX assembles the global batch.
+
+:func:`global_iterator` yields, for steps ``start_step, start_step + 1, ...``, the
+pipeline's global batch at that step as a tree of ``jax.Array`` of the global
+shape ``(global_batch_size, ...)``, sharded over ``mesh``. Each process computes
+only the rows its own devices hold (its host slice), with
+``jax.make_array_from_process_local_data``. The batch at step ``s`` depends only
+on the pipeline and ``s``: not on the number of hosts, devices or workers, so a
+run stopped at step ``k`` on H hosts resumes on H' hosts with the same batches
+(with ``Pipeline.balance_hosts``, the same rows in an order that depends on H).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from ..pipeline.index import host_rows
+
+__all__ = ["global_iterator", "GlobalIterator", "process_rows", "host_slice"]
+
+
+def host_slice() -> tuple[int, int]:
+    """``(process_index, process_count)`` of this process, from JAX: the host slice to
+    pass to ``pipe.batch_at`` or ``pipe.iterator`` in a multi-host job."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def _batch_sharding(mesh, partition_spec):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if partition_spec is None:  # the batch axis over every mesh axis
+        partition_spec = PartitionSpec(tuple(mesh.axis_names))
+    return NamedSharding(mesh, partition_spec)
+
+
+def process_rows(sharding, global_batch_size: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of a global batch that this process's devices hold under
+    ``sharding`` (a contiguous range, or a ``ValueError``)."""
+    shape = (global_batch_size,)
+    rows = set()
+    for index in sharding.addressable_devices_indices_map(shape).values():
+        sl = index[0] if index else slice(None)
+        lo, hi, _ = sl.indices(global_batch_size)
+        rows.update(range(lo, hi))
+    lo, hi = min(rows), max(rows) + 1
+    if len(rows) != hi - lo:
+        raise ValueError(
+            f"the devices of this process hold rows {sorted(rows)[:8]}... of the global batch, which are not "
+            "contiguous; order the mesh's devices by process (e.g. jax.make_mesh) so that each host owns a block"
+        )
+    return lo, hi
+
+
+class GlobalIterator:
+    """Iterator of global batches; see :func:`global_iterator`. ``.step`` is the next
+    step to be yielded; ``.state()`` and ``.close()`` as for ``pipe.iterator()``."""
+
+    def __init__(self, pipe, mesh, start_step: int, partition_spec, num_workers: int, device_prefetch: int):
+        import jax
+
+        pipe._need_batch("global_iterator")
+        if not pipe.drop_remainder and pipe.num_steps is not None and len(pipe.source) * pipe.num_epochs % pipe.batch_size:
+            raise ValueError(
+                "global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)"
+            )
+        self.sharding = _batch_sharding(mesh, partition_spec)
+        B = pipe.batch_size
+        lo, hi = process_rows(self.sharding, B)
+        count = B // (hi - lo)
+        if B % (hi - lo) or lo % (hi - lo):
+            raise ValueError(f"this process holds rows [{lo}, {hi}) of {B}: not one of {B} // n equal host slices")
+        index = lo // (hi - lo)
+        host_rows(B, index, count)  # validates
+        self.process_index, self.process_count = index, count
+        self.global_batch_size = B
+        self.device_prefetch = max(0, int(device_prefetch))
+        self._host = pipe.iterator(start_step=start_step, process_index=index, process_count=count,
+                                   num_workers=num_workers)
+        self.step = self._host.step
+        self._ready: collections.deque = collections.deque()
+        self._jax = jax
+
+    def _to_global(self, batch: Any) -> Any:
+        rows = self.global_batch_size // self.process_count
+
+        def one(x):
+            x = np.asarray(x)
+            if x.ndim == 0 or x.shape[0] != rows or x.dtype.kind not in "biufc":
+                raise ValueError(
+                    f"global_iterator: every leaf of a batch must be a numeric array with a leading axis of this "
+                    f"host's {rows} rows; got {x.dtype} of shape {x.shape}"
+                )
+            return self._jax.make_array_from_process_local_data(
+                self.sharding, x, (self.global_batch_size,) + x.shape[1:]
+            )
+
+        return self._jax.tree_util.tree_map(one, batch)
+
+    def __iter__(self) -> "GlobalIterator":
+        return self
+
+    def __next__(self) -> Any:
+        while len(self._ready) <= self.device_prefetch:
+            try:
+                self._ready.append(self._to_global(next(self._host)))  # transfers start now, asynchronously
+            except StopIteration:
+                break
+            except Exception:
+                if self._ready:  # yield the good steps first; the failing one is retried when reached
+                    break
+                raise
+        if not self._ready:
+            raise StopIteration
+        self.step += 1
+        return self._ready.popleft()
+
+    def state(self) -> dict:
+        """``{"step": next step to be yielded, "fingerprint": ...}``: JSON-serialisable."""
+        return {**self._host.state(), "step": self.step}
+
+    def close(self) -> None:
+        self._ready.clear()
+        self._host.close()
+
+    def __enter__(self) -> "GlobalIterator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def global_iterator(pipe, mesh, *, start_step: int = 0, partition_spec=None, num_workers: int = 0,
+                    device_prefetch: int = 2) -> GlobalIterator:
+    """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
+
+    ``partition_spec`` (default: the batch axis over all mesh axes) is a one-entry
+    spec for axis 0 (the batch axis); other axes are replicated.
+    This process computes only its own rows (``num_workers`` worker processes,
+    see ``pipe.iterator``) and keeps ``device_prefetch`` batches in flight to the
+    devices, so host-to-device copies overlap the training step. The batch at
+    step ``s`` is the same whatever the number of processes and devices."""
+    return GlobalIterator(pipe, mesh, start_step, partition_spec, num_workers, device_prefetch)

@@ -1,0 +1,51 @@
+"""global_iterator in one process: values, prefetch, state, errors at their own step."""
+
+import jax
+import numpy as np
+import pytest
+
+import quern
+
+
+def fail_at_seven(batch):
+    if int(batch["x"].max()) >= 70:
+        raise ValueError("step seven")
+    return batch
+
+
+def _mesh():
+    return jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+
+
+def _pipe(**kw):
+    return quern.Pipeline.from_source({"x": np.arange(100, dtype=np.int64)}, **kw).batch(10)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_batches_state_and_end(prefetch):
+    pipe = _pipe(seed=3, num_epochs=1)
+    with quern.sharding.global_iterator(pipe, _mesh(), start_step=4, device_prefetch=prefetch) as it:
+        first = next(it)
+        assert isinstance(first["x"], jax.Array) and first["x"].shape == (10,)
+        np.testing.assert_array_equal(np.asarray(first["x"]), pipe.batch_at(4)["x"])
+        assert it.state()["step"] == 5 and it.state()["fingerprint"] == pipe.fingerprint()
+        rest = list(it)
+    assert [np.asarray(b["x"]).tolist() for b in rest] == [pipe.batch_at(s)["x"].tolist() for s in range(5, 10)]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_error_surfaces_at_its_own_step_after_the_good_ones(prefetch):
+    pipe = _pipe().map_batch(fail_at_seven)  # unshuffled: step 7 holds 70..79
+    with quern.sharding.global_iterator(pipe, _mesh(), device_prefetch=prefetch) as it:
+        got = [next(it) for _ in range(7)]
+        with pytest.raises(quern.StepError, match="step 7"):
+            next(it)
+        assert it.step == 7
+    assert [int(np.asarray(b["x"])[0]) for b in got] == [0, 10, 20, 30, 40, 50, 60]
+
+
+def test_leaves_that_are_not_row_arrays_get_a_clear_error():
+    pipe = _pipe().map_batch(lambda b: {**b, "name": np.array(["a"] * 10)})
+    with quern.sharding.global_iterator(pipe, _mesh()) as it:
+        with pytest.raises(ValueError, match="every leaf of a batch must be a numeric array"):
+            next(it)
