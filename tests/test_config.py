@@ -169,3 +169,18 @@ def test_unreadable_config_files(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(quern.ConfigError, match="cannot parse"):
         quern.load_config(tmp_path / "bad.json")
+
+
+def test_example_configs_are_the_example_pipelines(tmp_path):
+    import os
+    import shutil
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "examples"))
+    import quickstart
+
+    ar_paths, _ = quickstart.build_dataset(str(tmp_path / "data"))
+    shutil.copytree(os.path.join(root, "examples", "configs"), tmp_path / "configs")
+    _same(quern.load_config(tmp_path / "configs" / "quickstart.yaml"), quickstart.make_pipeline(ar_paths, 64))
+    _same(quern.load_config(tmp_path / "configs" / "lm.yaml"), quickstart.make_pipeline(ar_paths, 32))
