@@ -21,6 +21,20 @@ import numpy as np
 __all__ = ["main"]
 
 
+def _nonneg(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _load(args) -> Any:
     from .config import ConfigError, load_config
 
@@ -43,16 +57,26 @@ def cmd_run(args) -> int:
     pipe = _load(args)
     start = args.start_step
     if args.state:
-        with open(args.state) as f:
-            state = json.load(f)
+        try:
+            with open(args.state) as f:
+                state = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"quern: cannot read the state file {args.state}: {e}", file=sys.stderr)
+            return 2
         try:
             start = pipe.check_state(state, force=args.force)
         except ValueError as e:
-            print(f"quern: cannot resume from {args.state}: {e}", file=sys.stderr)
+            print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}",
+                  file=sys.stderr)
             return 2
     steps = args.steps
     if pipe.num_steps is not None:
-        steps = min(steps, pipe.num_steps - start)
+        if start > pipe.num_steps:
+            print(f"quern: start step {start} is past the end of the stream ({pipe.num_steps} steps)", file=sys.stderr)
+            return 2
+        if pipe.num_steps - start < steps:
+            steps = pipe.num_steps - start
+            print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
     t0, records = time.perf_counter(), 0
     with pipe.iterator(start_step=start, num_workers=args.workers) as it:
         for i in range(steps):
@@ -119,7 +143,7 @@ def cmd_inspect(args) -> int:
     pipe = _load(args)
     try:
         batch = pipe.batch_at(args.step, args.process_index, args.process_count)
-    except IndexError as e:
+    except (IndexError, ValueError) as e:
         print(f"quern: {e}", file=sys.stderr)
         return 2
     print(f"step {args.step}, host {args.process_index} of {args.process_count}")
@@ -137,8 +161,15 @@ def cmd_bench(args) -> int:
 
     pipe = _load(args)
     times = {"read": 0.0, "record transforms": 0.0, "collate": 0.0, "batch transforms": 0.0}
-    records = 0
-    for s in range(args.start_step, args.start_step + args.steps):
+    records, end = 0, args.start_step + args.steps
+    if pipe.num_steps is not None:
+        if args.start_step >= pipe.num_steps:
+            print(f"quern: start step {args.start_step} is past the end of the stream ({pipe.num_steps} steps)",
+                  file=sys.stderr)
+            return 2
+        end = min(end, pipe.num_steps)
+    args.steps = end - args.start_step
+    for s in range(args.start_step, end):
         pos = pipe.positions(s)
         ids = pipe.record_ids(pos)
         t = time.perf_counter()
@@ -174,32 +205,32 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     def host(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--process-index", type=int, default=0, help="this host's index (default 0)")
-        p.add_argument("--process-count", type=int, default=1, help="number of hosts (default 1)")
+        p.add_argument("--process-index", type=_nonneg, default=0, help="this host's index (default 0)")
+        p.add_argument("--process-count", type=_positive, default=1, help="number of hosts (default 1)")
 
     p = with_config("run", "iterate the pipeline, with a progress bar, and print throughput")
-    p.add_argument("--steps", type=int, default=100, help="steps to run (default 100)")
-    p.add_argument("--start-step", type=int, default=0, help="first step (default 0)")
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default 0)")
+    p.add_argument("--steps", type=_positive, default=100, help="steps to run (default 100)")
+    p.add_argument("--start-step", type=_nonneg, default=0, help="first step (default 0; --state overrides it)")
+    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes (default 0)")
     p.add_argument("--state", help="resume from this saved state (JSON); refused if the data or config changed")
     p.add_argument("--force", action="store_true", help="resume from --state even if the fingerprint differs")
     p.add_argument("--save-state", help="write the state after the last step to this JSON file")
     p.set_defaults(fn=cmd_run)
 
     p = with_config("explain", "which records make each row of a step (O(batch), any step)")
-    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--step", type=_nonneg, required=True)
     host(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=cmd_explain)
 
     p = with_config("inspect", "shapes, dtypes, value summaries and padding of one batch")
-    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--step", type=_nonneg, required=True)
     host(p)
     p.set_defaults(fn=cmd_inspect)
 
     p = with_config("bench", "time per stage (read, record transforms, collate, batch transforms)")
-    p.add_argument("--steps", type=int, default=20, help="steps to time (default 20)")
-    p.add_argument("--start-step", type=int, default=0)
+    p.add_argument("--steps", type=_positive, default=20, help="steps to time (default 20)")
+    p.add_argument("--start-step", type=_nonneg, default=0)
     p.set_defaults(fn=cmd_bench)
     return ap
 
@@ -211,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `quern explain ... | head`
         sys.stderr.close()
         return 0
+    except (ValueError, IndexError, OSError) as e:  # a bad argument or file: a message, not a traceback
+        print(f"quern: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import json
 import os
 from typing import Annotated, Any, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 __all__ = ["load_config", "to_config", "register", "REGISTRY", "ConfigError"]
 
@@ -53,7 +53,7 @@ class ArrayRecordConfig(_Model):
     type: Literal["array_record"]
     paths: Union[str, list[str]]
     name: str | None = None
-    max_open_files: int = Field(256, ge=1)
+    max_open_files: StrictInt = Field(256, ge=1)
 
 
 class ParquetConfig(_Model):
@@ -61,8 +61,8 @@ class ParquetConfig(_Model):
     paths: Union[str, list[str]]
     columns: list[str] | None = None
     name: str | None = None
-    cache_bytes: int = Field(1 << 30, ge=1)
-    cache_row_groups: int | None = Field(None, ge=1)
+    cache_bytes: StrictInt = Field(1 << 30, ge=1)
+    cache_row_groups: StrictInt | None = Field(None, ge=1)
 
 
 class TensorStoreConfig(_Model):
@@ -76,8 +76,8 @@ SourceConfig = Annotated[Union[ArrayRecordConfig, ParquetConfig, TensorStoreConf
 
 class ShuffleConfig(_Model):
     mode: Literal["global", "block"] = "global"
-    block: int | None = Field(None, ge=1)
-    window: int = Field(8, ge=1)
+    block: StrictInt | None = Field(None, ge=1)
+    window: StrictInt = Field(8, ge=1)
 
 
 class TransformConfig(_Model):
@@ -90,28 +90,25 @@ class TransformConfig(_Model):
     def _one_of(self) -> "TransformConfig":
         if (self.name is None) == (self.fn is None):
             raise ValueError("give exactly one of 'name' (a registered transform) or 'fn' ('package.module:function')")
-        if self.fn is not None and ":" not in self.fn:
+        if self.fn is not None and not all(self.fn.partition(":")[::2]):
             raise ValueError(f"fn must look like 'package.module:function', got {self.fn!r}")
         return self
 
 
 class BatchConfig(_Model):
-    size: int = Field(ge=1)
+    size: StrictInt = Field(ge=1)
     drop_remainder: bool = True
 
 
 class PipelineConfig(_Model):
     source: SourceConfig
-    seed: int = Field(0, ge=0, lt=2**64)
-    num_epochs: int | None = Field(None, ge=1)
+    seed: StrictInt = Field(0, ge=0, lt=2**64)
+    num_epochs: StrictInt | None = Field(None, ge=1)
     shuffle: Union[Literal["global", "block"], ShuffleConfig, None] = None
     transforms: list[TransformConfig] = []
-    batch: Union[int, BatchConfig]
+    batch: Union[Annotated[StrictInt, Field(ge=1)], BatchConfig]
     batch_transforms: list[TransformConfig] = []
 
-
-_ALL_KEYS = sorted({k for m in (ArrayRecordConfig, ParquetConfig, TensorStoreConfig, ShuffleConfig, TransformConfig,
-                                BatchConfig, PipelineConfig) for k in m.model_fields})
 
 # --------------------------------------------------------------------------- registry
 
@@ -153,8 +150,11 @@ def _read(config: Any) -> tuple[dict, str]:
     path = os.fspath(config)
     if not os.path.exists(path):
         raise ConfigError(f"config file not found: {path!r}")
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from e
     try:
         if path.endswith(".json"):
             data = json.loads(text)
@@ -169,20 +169,41 @@ def _read(config: Any) -> tuple[dict, str]:
     return data, os.path.dirname(os.path.abspath(path))
 
 
+_SECTIONS = {
+    "": PipelineConfig, "shuffle": ShuffleConfig, "batch": BatchConfig,
+    "transforms": TransformConfig, "batch_transforms": TransformConfig,
+    "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig),
+}
+_TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig"}
+_TYPE_TAGS = {"int", "str", "constrained-int"}  # names pydantic gives union branches in error locations
+
+
+def _keys_of(section: str) -> list[str]:
+    models = _SECTIONS.get(section, ())
+    models = models if isinstance(models, tuple) else (models,)
+    return sorted({k for m in models for k in m.model_fields})
+
+
 def _explain(err: ValidationError) -> str:
-    lines = []
+    errors = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in ("array_record", "parquet", "tensorstore",
-                                                                                      "ShuffleConfig", "BatchConfig",
-                                                                                      "int", "str", "list[str]",
-                                                                                      "literal['global','block']")))
+        path = [p for p in e["loc"] if not (isinstance(p, str) and (p in _TAGS or "[" in p or p in _TYPE_TAGS))]
+        errors.append((path, e))
+    lines = []
+    for path, e in errors:
+        loc = ".".join(map(str, path))
         if e["type"] == "extra_forbidden":
-            key = str(e["loc"][-1])
-            near = difflib.get_close_matches(key, _ALL_KEYS, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            key = str(path[-1])
+            section = str(path[0]) if len(path) > 1 else ""
+            near = [k for k in difflib.get_close_matches(key, _keys_of(section), n=2) if k != key]
+            elsewhere = [s or "the top level" for s in _SECTIONS if s != section and key in _keys_of(s)]
+            hint = f"; did you mean {near[0]!r}?" if near else (f"; it belongs under {elsewhere[0]}" if elsewhere else "")
             lines.append(f"{loc}: unknown key {key!r}{hint}")
-        else:
-            lines.append(f"{loc or '(top level)'}: {e['msg']} (got {e.get('input')!r})")
+            continue
+        if any(len(p) > len(path) and p[: len(path)] == path for p, _ in errors):
+            continue  # a union branch that failed on type: the deeper error says what is wrong
+        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+        lines.append(f"{loc or '(top level)'}: {e['msg']}{got}")
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(lines))
 
 
@@ -200,8 +221,10 @@ def _resolve(cfg: TransformConfig, where: str) -> Callable:
     module, _, qualname = cfg.fn.partition(":")
     try:
         fn = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(f"{where}.fn: cannot import {cfg.fn!r}: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ConfigError(f"{where}.fn: {cfg.fn!r} is a {type(fn).__name__}, not a function")
     return functools.partial(fn, **cfg.kwargs) if cfg.kwargs else fn
 
 
@@ -240,11 +263,14 @@ def load_config(config: Any, process_count: int = 1):
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
     size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
-    if size < 1:
-        raise ConfigError(f"batch: the batch size must be >= 1 (got {size})")
+    if isinstance(process_count, bool) or not isinstance(process_count, int) or process_count < 1:
+        raise ConfigError(f"the host count must be a positive integer, got {process_count!r}")
     if size % process_count:
         raise ConfigError(f"batch: the batch size {size} is not divisible by the host count {process_count}")
-    pipe = Pipeline.from_source(_source(cfg.source, base), seed=cfg.seed, num_epochs=cfg.num_epochs)
+    try:
+        pipe = Pipeline.from_source(_source(cfg.source, base), seed=cfg.seed, num_epochs=cfg.num_epochs)
+    except ValueError as e:
+        raise ConfigError(f"source: {e}") from e
     if cfg.shuffle is not None:
         sh = ShuffleConfig(mode=cfg.shuffle) if isinstance(cfg.shuffle, str) else cfg.shuffle
         pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
@@ -279,7 +305,7 @@ def _transform_config(fn: Callable, kind: str, where: str) -> dict:
     if isinstance(fn, functools.partial) and not fn.args:
         fn, kwargs = fn.func, dict(fn.keywords)
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or module == "__main__" or "<" in qualname:
+    if not module or not qualname or module == "__main__" or "<" in qualname:
         raise ValueError(
             f"{where}: {fn!r} is not a registered transform or an importable module-level function, "
             "so it cannot be written as a config"
@@ -295,8 +321,8 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
     return value
 
 
@@ -307,6 +333,8 @@ def to_config(pipe) -> dict:
     in-memory source, a lambda)."""
     from . import sources
 
+    if pipe.host_lengths is not None:
+        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
     src = pipe.source
     if isinstance(src, sources.ArrayRecordSource):
         source = {"type": "array_record", "paths": list(src.paths), "name": src.name}

@@ -116,3 +116,22 @@ def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "quern")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "run" in out.stdout and "explain" in out.stdout
+
+
+def test_bad_arguments_and_short_streams_exit_2_or_are_capped(config, tmp_path):
+    cfg = yaml.safe_load(config.read_text())
+    cfg["num_epochs"] = 1  # 600 records, batch 8: 75 steps
+    finite = tmp_path / "finite.yaml"
+    finite.write_text(yaml.safe_dump(cfg))
+    for args in [("explain", config, "--step", 0, "--process-count", 0),
+                 ("inspect", config, "--step", -1),
+                 ("inspect", config, "--step", 0, "--process-index", 5),
+                 ("run", config, "--workers", -1),
+                 ("run", finite, "--start-step", 80),
+                 ("run", config, "--state", tmp_path / "missing.json"),
+                 ("bench", finite, "--start-step", 75)]:
+        out = quern_cmd(*args, check=False)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+    run = quern_cmd("run", finite, "--start-step", 70, "--steps", 20)
+    assert "running 5 steps" in run.stderr and "next step 75" in run.stdout
+    assert "5 steps" in quern_cmd("bench", finite, "--start-step", 70).stdout

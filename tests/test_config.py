@@ -144,6 +144,10 @@ BAD = [
     ("batch_transforms.0.fn", "test_config:nope", "batch_transforms.0.fn: cannot import 'test_config:nope'"),
     ("batch_transforms.0.fn", "no_colon_here", "fn must look like 'package.module:function'"),
     ("transforms.0.kind", "map_batch", "transforms.0.kind: 'map_batch' is a batch-level kind"),
+    ("batch", True, "batch: Input should be a valid integer (got True)"),
+    ("block", 4, "unknown key 'block'; it belongs under shuffle"),
+    ("batch_transforms.0.fn", ":shift", "fn must look like 'package.module:function'"),
+    ("batch_transforms.0.fn", "os:sep", "batch_transforms.0.fn: 'os:sep' is a str, not a function"),
 ]
 
 
