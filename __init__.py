@@ -21,12 +21,24 @@ from quern.pipeline.sources import SourceError
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``load_config`` and ``ConfigError``, imported on first use (pydantic and yaml
+    stay out of ``import quern``, and so out of every worker's start-up)."""
+    if name in ("load_config", "ConfigError"):
+        from quern.pipeline import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'quern' has no attribute {name!r}")
+
 __all__ = [
     "Pipeline",
     "PipelineIterator",
     "StepError",
     "SourceError",
     "collate",
+    "ConfigError",
+    "load_config",
     "index",
     "sharding",
     "sources",

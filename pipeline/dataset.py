@@ -509,6 +509,13 @@ class Pipeline:
         pipeline's, i.e. a different definition or different data, unless ``force``."""
         return self.iterator(start_step=self.check_state(state, force), **iterator_kwargs)
 
+    def to_config(self) -> dict:
+        """This pipeline as a config dict (see :mod:`quern.pipeline.config`);
+        ``quern.load_config`` of it gives the same fingerprint and batches."""
+        from .config import to_config
+
+        return to_config(self)
+
     def check_state(self, state: dict, force: bool = False) -> int:
         """The step of an iterator state (``it.state()``), after checking that it was
         saved from this pipeline: a different fingerprint (another definition or other

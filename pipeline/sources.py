@@ -108,11 +108,30 @@ class Source:
         return f"{type(self).__name__}(name={self.name!r}, len={len(self)})"
 
 
+_SAMPLE_BYTES = 8192
+
+
+def _sample_hash(path: str, size: int) -> str:
+    """Hash of the first ``_SAMPLE_BYTES`` of a file and of the last ones before any
+    trailing zero padding: a cheap content check that sees rewritten records even
+    when the size is unchanged (ArrayRecord pads files to 64 KiB blocks, and its
+    index of record offsets sits at the end, before the padding; Parquet's footer
+    is at the end). A change only in the middle of a same-size file with the same
+    offsets is not seen."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE_BYTES))
+        f.seek(max(0, size - (1 << 16)))
+        h.update(f.read(1 << 16).rstrip(b"\0")[-_SAMPLE_BYTES:])
+    return h.hexdigest()[:16]
+
+
 def _file_identity(paths: list[str], counts: Sequence[int]) -> list[dict]:
-    return [
-        {"file": os.path.basename(p), "size": os.path.getsize(p), "records": int(c)}
-        for p, c in zip(paths, counts)
-    ]
+    out = []
+    for p, c in zip(paths, counts):
+        size = os.path.getsize(p)
+        out.append({"file": os.path.basename(p), "size": size, "records": int(c), "sample": _sample_hash(p, size)})
+    return out
 
 
 class _ThreadLocalHandles:

@@ -703,9 +703,10 @@ def test_array_record_identity(ar_shards):
     ident = src.identity()
     assert ident["type"] == "ArrayRecordSource"
     assert ident["len"] == sum(map(len, recs))
-    assert ident["files"] == [
+    assert [{k: v for k, v in f.items() if k != "sample"} for f in ident["files"]] == [
         {"file": p.name, "size": os.path.getsize(p), "records": len(r)} for p, r in zip(paths, recs)
     ]
+    assert len({f["sample"] for f in ident["files"]}) == len(paths)  # a content sample per file
     json.dumps(ident)  # fingerprint material must be JSON-serialisable
     assert S.ArrayRecordSource([str(p) for p in paths]).identity() == ident  # stable
 
@@ -716,7 +717,9 @@ def test_array_record_identity(ar_shards):
     assert os.path.getsize(paths[1]) != old_size
     ident2 = S.ArrayRecordSource([str(p) for p in paths]).identity()
     assert ident2 != ident
-    assert ident2["files"][1] == {"file": paths[1].name, "size": os.path.getsize(paths[1]), "records": len(bigger)}
+    assert {k: v for k, v in ident2["files"][1].items() if k != "sample"} == {
+        "file": paths[1].name, "size": os.path.getsize(paths[1]), "records": len(bigger)}
+    assert ident2["files"][1]["sample"] != ident["files"][1]["sample"]
     assert ident2["files"][0] == ident["files"][0]
     assert ident2["len"] == ident["len"] + 40
 
@@ -728,7 +731,7 @@ def test_parquet_identity(pq_files):
     assert ident["type"] == "ParquetSource"
     assert ident["columns"] == ["id"]
     assert ident["len"] == len(rows)
-    assert ident["files"] == [
+    assert [{k: v for k, v in f.items() if k != "sample"} for f in ident["files"]] == [
         {"file": p.name, "size": os.path.getsize(p), "records": pq.ParquetFile(p).metadata.num_rows} for p in paths
     ]
     json.dumps(ident)
@@ -739,7 +742,8 @@ def test_parquet_identity(pq_files):
     assert os.path.getsize(paths[0]) != old_size
     ident2 = S.ParquetSource([str(p) for p in paths], columns=["id"]).identity()
     assert ident2 != ident
-    assert ident2["files"][0] == {"file": paths[0].name, "size": os.path.getsize(paths[0]), "records": 250}
+    assert {k: v for k, v in ident2["files"][0].items() if k != "sample"} == {
+        "file": paths[0].name, "size": os.path.getsize(paths[0]), "records": 250}
 
 
 def test_array_source_identity_tracks_content():

@@ -34,6 +34,9 @@ class pad:
     def __post_init__(self) -> None:
         if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)) or self.length < 1:
             raise ValueError(f"pad length must be a positive integer, got {self.length!r}")
+        object.__setattr__(self, "length", int(self.length))  # numpy scalars: same value, same fingerprint
+        if isinstance(self.pad_value, np.generic):
+            object.__setattr__(self, "pad_value", self.pad_value.item())
 
     def _fields(self, record: Any, out: np.ndarray, n: int, mask: np.ndarray | None) -> dict:
         fields = {k: v for k, v in record.items() if k != self.key} if isinstance(record, dict) else {}
