@@ -105,11 +105,7 @@ def _leaves(tree: Any) -> list[np.ndarray]:
 
 def cmd_explain(args) -> int:
     pipe = _load(args)
-    try:
-        rows = pipe.explain(args.step, args.process_index, args.process_count)
-    except (IndexError, ValueError) as e:
-        print(f"quern: {e}", file=sys.stderr)
-        return 2
+    rows = pipe.explain(args.step, args.process_index, args.process_count)  # errors: main() exits 2
     first = pipe.positions(args.step, args.process_index, args.process_count)
     if args.json:
         print(json.dumps({"step": args.step, "process_index": args.process_index,
@@ -141,11 +137,7 @@ def _summaries(tree: Any, path: str = "batch") -> list[str]:
 
 def cmd_inspect(args) -> int:
     pipe = _load(args)
-    try:
-        batch = pipe.batch_at(args.step, args.process_index, args.process_count)
-    except (IndexError, ValueError) as e:
-        print(f"quern: {e}", file=sys.stderr)
-        return 2
+    batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 2
     print(f"step {args.step}, host {args.process_index} of {args.process_count}")
     for line in _summaries(batch):
         print("  " + line)

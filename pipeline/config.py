@@ -274,22 +274,22 @@ def load_config(config: Any, process_count: int = 1):
     if cfg.shuffle is not None:
         sh = ShuffleConfig(mode=cfg.shuffle) if isinstance(cfg.shuffle, str) else cfg.shuffle
         pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
-    for i, t in enumerate(cfg.transforms):
-        kind = t.kind or "map"
-        if kind not in ("map", "random_map"):
-            raise ConfigError(f"transforms.{i}.kind: {kind!r} is a batch-level kind; put it under batch_transforms")
-        fn = _resolve(t, f"transforms.{i}")
-        pipe = pipe.map(fn) if kind == "map" else pipe.random_map(fn)
+    pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms")
     try:
         pipe = pipe.batch(size, drop_remainder=drop)
     except ValueError as e:
         raise ConfigError(f"batch: {e}") from e
-    for i, t in enumerate(cfg.batch_transforms):
-        kind = t.kind or "map_batch"
-        if kind not in ("map_batch", "random_map_batch"):
-            raise ConfigError(f"batch_transforms.{i}.kind: {kind!r} is a record-level kind; put it under transforms")
-        fn = _resolve(t, f"batch_transforms.{i}")
-        pipe = pipe.map_batch(fn) if kind == "map_batch" else pipe.random_map_batch(fn)
+    return _add_stages(pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms")
+
+
+def _add_stages(pipe, stages: list[TransformConfig], section: str, kinds: tuple[str, str], other: str):
+    """``pipe`` with the stages of one config section; ``kinds``: its (plain, random) kinds."""
+    for i, t in enumerate(stages):
+        kind = t.kind or kinds[0]
+        if kind not in kinds:
+            raise ConfigError(f"{section}.{i}.kind: {kind!r} does not belong here; put it under {other}")
+        fn = _resolve(t, f"{section}.{i}")
+        pipe = getattr(pipe, kind)(fn)
     return pipe
 
 

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 from array_record.python import array_record_module
 
 import quern
-from test_config import BAD, _good, _set
+from test_config import BAD, _good, _set, write_shards
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,12 +29,7 @@ def quern_cmd(*args, check=True) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def config(tmp_path):
-    rng = np.random.default_rng(1)
-    for k in range(2):
-        w = array_record_module.ArrayRecordWriter(str(tmp_path / f"toks-{k}.array_record"), "group_size:1")
-        for _ in range(300):
-            w.write(rng.integers(1, 255, size=int(rng.integers(1, 40)), dtype=np.uint8).tobytes())
-        w.close()
+    write_shards(tmp_path, seed=1)
     cfg = _good(tmp_path)
     cfg["source"]["paths"] = "toks-*.array_record"  # relative to the config file
     path = tmp_path / "pipe.yaml"

@@ -19,15 +19,20 @@ def shift(batch, by=1):
     return {**batch, "shifted": np.roll(batch["tokens"], -by, axis=1)}
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cfg")
-    rng = np.random.default_rng(0)
+def write_shards(d, seed: int = 0) -> None:
+    """Two ArrayRecord shards ``toks-{0,1}.array_record`` of 300 variable-length byte records each."""
+    rng = np.random.default_rng(seed)
     for k in range(2):
         w = array_record_module.ArrayRecordWriter(str(d / f"toks-{k}.array_record"), "group_size:1")
         for _ in range(300):
             w.write(rng.integers(0, 255, size=int(rng.integers(1, 40)), dtype=np.uint8).tobytes())
         w.close()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cfg")
+    write_shards(d)
     pq.write_table(pa.table({"v": [[float(i)] * (i % 4) for i in range(200)], "i": np.arange(200)}),
                    d / "part.parquet", row_group_size=50)
     return d
@@ -143,7 +148,7 @@ BAD = [
     ("transforms.1.kwargs", {"length": 16, "colour": "red"}, "transforms.1.kwargs: pad("),
     ("batch_transforms.0.fn", "test_config:nope", "batch_transforms.0.fn: cannot import 'test_config:nope'"),
     ("batch_transforms.0.fn", "no_colon_here", "fn must look like 'package.module:function'"),
-    ("transforms.0.kind", "map_batch", "transforms.0.kind: 'map_batch' is a batch-level kind"),
+    ("transforms.0.kind", "map_batch", "transforms.0.kind: 'map_batch' does not belong here; put it under batch_"),
     ("batch", True, "batch: Input should be a valid integer (got True)"),
     ("block", 4, "unknown key 'block'; it belongs under shuffle"),
     ("batch_transforms.0.fn", ":shift", "fn must look like 'package.module:function'"),
