@@ -472,9 +472,17 @@ class Pipeline:
         }
 
     def fingerprint(self) -> str:
-        """Stable hash of :meth:`describe`: the definition and the identity of the data."""
-        text = json.dumps(self.describe(), sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        """Stable hash of :meth:`describe`: the definition and the identity of the data.
+
+        Computed once per pipeline object (it reads a sample of every data file),
+        like the record counts its source took when it was built: build the
+        pipeline again to see data that changed since."""
+        fp = self.__dict__.get("_fingerprint")
+        if fp is None:
+            text = json.dumps(self.describe(), sort_keys=True, default=repr)
+            fp = hashlib.sha256(text.encode()).hexdigest()[:32]
+            object.__setattr__(self, "_fingerprint", fp)
+        return fp
 
     def iterator(
         self,
@@ -522,10 +530,10 @@ class Pipeline:
         data) is a ``ValueError`` unless ``force``."""
         if not isinstance(state, dict) or "step" not in state:
             raise ValueError(f"state must be a dict with a 'step' key, as from iterator.state(); got {state!r}")
-        fp = state.get("fingerprint")
-        if fp is not None and fp != self.fingerprint() and not force:
+        fp, mine = state.get("fingerprint"), self.fingerprint()
+        if fp is not None and fp != mine and not force:
             raise ValueError(
-                f"state fingerprint {fp} does not match this pipeline's {self.fingerprint()}: the definition or "
+                f"state fingerprint {fp} does not match this pipeline's {mine}: the definition or "
                 "the data changed since the state was saved; pass force=True to resume anyway"
             )
         return _check_int(state["step"], "state['step']", 0)
