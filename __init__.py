@@ -15,17 +15,17 @@ Every batch is a pure function of (pipeline definition, step, host slice)::
 from quern import sharding, transforms
 from quern.pipeline import index, sources
 from quern.pipeline.collate import collate
-from quern.pipeline.dataset import Pipeline, StepError
+from quern.pipeline.dataset import Pipeline
+from quern.pipeline.errors import ConfigError, SourceError, StepError, WorkerError
 from quern.pipeline.loader import PipelineIterator
-from quern.pipeline.sources import SourceError
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    """``load_config`` and ``ConfigError``, imported on first use (pydantic and yaml
-    stay out of ``import quern``, and so out of every worker's start-up)."""
-    if name in ("load_config", "ConfigError"):
+def __getattr__(name: str) -> object:
+    """``load_config``, imported on first use (pydantic and yaml stay out of
+    ``import quern``, and so out of every worker's start-up)."""
+    if name == "load_config":
         from quern.pipeline import config
 
         return getattr(config, name)
@@ -36,6 +36,7 @@ __all__ = [
     "PipelineIterator",
     "StepError",
     "SourceError",
+    "WorkerError",
     "collate",
     "ConfigError",
     "load_config",

@@ -11,15 +11,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .errors import CollateError
+
 __all__ = ["collate", "CollateError", "CollatedRows", "take"]
-
-
-class CollateError(ValueError):
-    """Records could not be collated; ``row`` is the offending row when one is to blame."""
-
-    def __init__(self, message: str, row: int | None = None):
-        super().__init__(message)
-        self.row = row
 
 
 class CollatedRows(Sequence):

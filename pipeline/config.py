@@ -35,11 +35,11 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from .dump import to_config
+from .errors import ConfigError
+from .registry import REGISTRY, register
+
 __all__ = ["load_config", "to_config", "register", "REGISTRY", "ConfigError"]
-
-
-class ConfigError(ValueError):
-    """A config is invalid; the message names every bad key path, value and expectation."""
 
 
 # --------------------------------------------------------------------------- schema
@@ -108,36 +108,6 @@ class PipelineConfig(_Model):
     transforms: list[TransformConfig] = []
     batch: Union[Annotated[StrictInt, Field(ge=1)], BatchConfig]
     batch_transforms: list[TransformConfig] = []
-
-
-# --------------------------------------------------------------------------- registry
-
-
-def _builtin_registry() -> dict[str, Callable[..., Any]]:
-    from ..transforms import decode, pad
-
-    return {"decode": decode, "pad": pad}
-
-
-REGISTRY: dict[str, Callable[..., Any]] = {}
-
-
-def register(name: str) -> Callable:
-    """Decorator: make a transform factory available to configs as ``{name: NAME, kwargs: {...}}``.
-    The factory's instances must be dataclasses (their fields become ``kwargs`` in
-    :func:`to_config`)."""
-
-    def add(factory: Callable) -> Callable:
-        REGISTRY[name] = factory
-        return factory
-
-    return add
-
-
-def _registry() -> dict[str, Callable[..., Any]]:
-    if not REGISTRY:
-        REGISTRY.update(_builtin_registry())
-    return REGISTRY
 
 
 # --------------------------------------------------------------------------- loading
@@ -209,7 +179,7 @@ def _explain(err: ValidationError) -> str:
 
 def _resolve(cfg: TransformConfig, where: str) -> Callable:
     if cfg.name is not None:
-        registry = _registry()
+        registry = REGISTRY
         if cfg.name not in registry:
             near = difflib.get_close_matches(cfg.name, registry, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
@@ -291,72 +261,3 @@ def _add_stages(pipe, stages: list[TransformConfig], section: str, kinds: tuple[
         fn = _resolve(t, f"{section}.{i}")
         pipe = getattr(pipe, kind)(fn)
     return pipe
-
-
-# --------------------------------------------------------------------------- dumping
-
-
-def _transform_config(fn: Callable, kind: str, where: str) -> dict:
-    for name, factory in _registry().items():
-        if isinstance(factory, type) and type(fn) is factory and dataclasses.is_dataclass(fn):
-            kwargs = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
-            return {"name": name, "kind": kind, "kwargs": _plain(kwargs)}
-    kwargs = {}
-    if isinstance(fn, functools.partial) and not fn.args:
-        fn, kwargs = fn.func, dict(fn.keywords)
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or not qualname or module == "__main__" or "<" in qualname:
-        raise ValueError(
-            f"{where}: {fn!r} is not a registered transform or an importable module-level function, "
-            "so it cannot be written as a config"
-        )
-    return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": _plain(kwargs)}
-
-
-def _plain(value: Any) -> Any:
-    """JSON-compatible form of a kwargs value (numpy scalars and tuples included)."""
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.tolist()
-    return value
-
-
-def to_config(pipe) -> dict:
-    """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
-
-    Raises ``ValueError`` when a part of the pipeline has no config form (an
-    in-memory source, a lambda)."""
-    from . import sources
-
-    if pipe.host_lengths is not None:
-        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-    src = pipe.source
-    if isinstance(src, sources.ArrayRecordSource):
-        source = {"type": "array_record", "paths": list(src.paths), "name": src.name}
-    elif isinstance(src, sources.ParquetSource):
-        source = {"type": "parquet", "paths": list(src.paths), "columns": src.columns, "name": src.name,
-                  "cache_bytes": src.cache_bytes, "cache_row_groups": src.cache_row_groups}
-    elif isinstance(src, sources.TensorStoreSource) and src._single:
-        source = {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
-    else:
-        raise ValueError(f"source {src.name!r} ({type(src).__name__}) has no config form: use a file-based source")
-    shuffle = None
-    if pipe.shuffle_mode == "global":
-        shuffle = "global"
-    elif pipe.shuffle_mode == "block":
-        shuffle = {"mode": "block", "block": pipe.block, "window": pipe.window}
-    return {
-        "source": source,
-        "seed": pipe.seed,
-        "num_epochs": pipe.num_epochs,
-        "shuffle": shuffle,
-        "transforms": [_transform_config(op.fn, op.kind, f"transforms.{i}") for i, op in enumerate(pipe.record_ops)],
-        "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
-        "batch_transforms": [_transform_config(op.fn, op.kind, f"batch_transforms.{i}")
-                             for i, op in enumerate(pipe.batch_ops)],
-    }

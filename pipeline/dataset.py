@@ -20,13 +20,11 @@ import numpy as np
 
 from . import index as _index
 from .collate import collate, take
+from .dump import to_config
+from .errors import StepError
 from .sources import Source, as_source
 
 __all__ = ["Pipeline", "StepError", "Op"]
-
-
-class StepError(RuntimeError):
-    """A stage failed while computing a step; the message names the step, stage and records."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -520,8 +518,6 @@ class Pipeline:
     def to_config(self) -> dict:
         """This pipeline as a config dict (see :mod:`quern.pipeline.config`);
         ``quern.load_config`` of it gives the same fingerprint and batches."""
-        from .config import to_config
-
         return to_config(self)
 
     def check_state(self, state: dict, force: bool = False) -> int:

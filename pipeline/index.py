@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "INDEX_FORMAT_VERSION",
     "MAX_RECORDS",
     "check_int",
     "check_seed",
@@ -36,6 +37,13 @@ MAX_RECORDS = 1 << 62
 """Largest supported source length (positions and ids fit in int64 with room)."""
 
 _FEISTEL_ROUNDS = 6
+
+INDEX_FORMAT_VERSION = 1
+"""Version of the data order these functions define (permutations, block shuffle,
+key derivation, per-record random keys). It is part of every pipeline's
+fingerprint: a deliberate change of order bumps it, so checkpoints saved under
+another order are refused instead of resumed on different data. The exact
+outputs are pinned by golden values in ``tests/test_golden.py``."""
 
 
 def check_int(value: object, name: str, minimum: int) -> int:

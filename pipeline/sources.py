@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .collate import CollatedRows
+from .errors import SourceError
 
 __all__ = [
     "SourceError",
@@ -35,10 +36,6 @@ __all__ = [
     "SequenceSource",
     "as_source",
 ]
-
-
-class SourceError(RuntimeError):
-    """A source could not be opened or read; the message names the file and record."""
 
 
 def _expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:

@@ -21,7 +21,7 @@ import traceback
 from typing import Any
 
 from . import shm
-from .dataset import StepError
+from .errors import StepError
 
 __all__ = ["main"]
 

@@ -56,7 +56,7 @@ import weakref
 from typing import Any
 
 from . import shm
-from .dataset import StepError
+from .errors import StepError, WorkerError
 
 __all__ = ["WorkerPool", "WorkerError"]
 
@@ -65,10 +65,6 @@ _ARRAY_INLINE_BYTES = 1 << 16  # pipeline arrays smaller than this travel inside
 TASK_RECORDS = 16384  # default task: about this many records read in one bulk call...
 MAX_TASK_STEPS = 64  # ...but at most this many steps
 SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots within this
-
-
-class WorkerError(RuntimeError):
-    """Worker processes cannot make progress: they cannot start, or keep dying."""
 
 
 class _Worker:

@@ -7,9 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from ..pipeline.registry import register
+
 __all__ = ["decode"]
 
 
+@register("decode")
 @dataclasses.dataclass(frozen=True)
 class decode:
     """``bytes -> np.ndarray`` of ``dtype`` (reshaped to ``shape`` if given, one ``-1`` allowed).

@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.collate import CollatedRows, collate
+from ..pipeline.registry import register
 
 __all__ = ["pad"]
 
 
+@register("pad")
 @dataclasses.dataclass(frozen=True)
 class pad:
     """Pad (with ``pad_value``) or truncate a 1-D (or N-D along axis 0) array to ``length``.

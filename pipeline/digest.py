@@ -1,0 +1,91 @@
+"""Content digests of plain values: the bytes of a fingerprint.
+
+:func:`digest` hashes a value by its content and type, never by its ``repr``
+or its address: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
+``bytes``, numpy arrays and scalars (dtype, shape and bytes), and any nesting
+of ``dict``, ``list``, ``tuple``, ``set``, ``frozenset`` and ``range`` of them.
+An object with a ``fingerprint()`` method is described by what it returns.
+Anything else raises :class:`~quern.pipeline.errors.FingerprintError` naming
+where it was found, so that no value is ever hashed by its type name alone.
+
+The digest depends only on the value (dict and set order do not matter; list
+and tuple order do), and is the same in every process and Python session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import numpy as np
+
+from .errors import FingerprintError
+
+__all__ = ["digest", "update", "HOW_TO_DECLARE"]
+
+HOW_TO_DECLARE = (
+    "give it a fingerprint() method that returns a string describing everything that changes its output "
+    "(quern calls it instead of hashing the object), or pass the value to the transform as an argument "
+    "(functools.partial, a dataclass field) in a form quern can hash: numbers, strings, bytes, numpy arrays, "
+    "and dicts, lists, tuples and sets of them"
+)
+
+
+def digest(value: Any, where: str = "value") -> str:
+    """Hex digest (32 characters) of ``value``'s content; ``where`` names it in errors."""
+    h = hashlib.blake2b(digest_size=16)
+    update(h, value, where)
+    return h.hexdigest()
+
+
+def _tag(h: Any, tag: bytes, payload: bytes = b"") -> None:
+    h.update(tag + struct.pack("<Q", len(payload)) + payload)
+
+
+def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
+    """Feed ``value``'s content into the hash object ``h`` (see :func:`digest`)."""
+    if _depth > 64:
+        raise FingerprintError(f"{where}: nested more than 64 levels deep (a self-referencing value?)")
+    if value is None or isinstance(value, bool):
+        _tag(h, b"c", repr(value).encode())
+    elif isinstance(value, int):
+        _tag(h, b"i", str(value).encode())
+    elif isinstance(value, float):
+        _tag(h, b"f", struct.pack("<d", value))
+    elif isinstance(value, complex):
+        _tag(h, b"z", struct.pack("<dd", value.real, value.imag))
+    elif isinstance(value, str):
+        _tag(h, b"s", value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        _tag(h, b"b", bytes(value))
+    elif isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{arr.dtype.str}{arr.shape}".encode())
+        if arr.dtype.kind == "O":
+            for i, item in enumerate(arr.reshape(-1).tolist()):
+                update(h, item, f"{where}[{i}]", _depth + 1)
+        else:
+            _tag(h, b"v", np.ascontiguousarray(arr).tobytes())
+    elif isinstance(value, (list, tuple)):
+        _tag(h, b"l" if isinstance(value, list) else b"t", str(len(value)).encode())
+        for i, item in enumerate(value):
+            update(h, item, f"{where}[{i}]", _depth + 1)
+    elif isinstance(value, dict):
+        items = sorted((digest(k, f"{where} key"), digest(v, f"{where}[{k!r}]")) for k, v in value.items())
+        _tag(h, b"d", "".join(k + v for k, v in items).encode())
+    elif isinstance(value, (set, frozenset)):
+        _tag(h, b"S", "".join(sorted(digest(v, f"{where} item") for v in value)).encode())
+    elif isinstance(value, range):
+        _tag(h, b"r", f"{value.start}:{value.stop}:{value.step}".encode())
+    elif callable(getattr(value, "fingerprint", None)) and not isinstance(value, type):
+        fp = value.fingerprint()
+        if not isinstance(fp, str):
+            raise FingerprintError(f"{where}: {type(value).__qualname__}.fingerprint() returned {type(fp).__name__}, "
+                                   "not a string")
+        _tag(h, b"F", f"{type(value).__module__}.{type(value).__qualname__}:{fp}".encode())
+    else:
+        raise FingerprintError(
+            f"{where}: cannot describe a {type(value).__module__}.{type(value).__qualname__} by its content; "
+            + HOW_TO_DECLARE
+        )
