@@ -3,7 +3,7 @@
 With ``num_workers > 0`` quern's workers write each batch into a shared-memory
 slot. By default the parent *lends* the slot: the batch's arrays are views into
 it, and the slot goes back to its worker once no array of the batch is alive.
-The alternative (the private knob ``PipelineIterator(..., _copy=True)``, which
+The alternative (``pipe.iterator(..., copy_batches=True)``, which
 exists only for this measurement) copies each batch out of its slot once.
 
 Two pipelines over in-memory ids (so that reading costs nothing and the
@@ -41,7 +41,7 @@ def images(batch: dict) -> dict:
 
 def rate(pipe: quern.Pipeline, copy: bool, seconds: float) -> float:
     """Batches per second from 2 workers, lending (``copy=False``) or copying out."""
-    with quern.PipelineIterator(pipe, num_workers=2, _copy=copy) as it:
+    with quern.PipelineIterator(pipe, num_workers=2, copy_batches=copy) as it:
         if not it.wait_for_workers(60):
             raise RuntimeError("workers did not start")
         for _ in range(20):

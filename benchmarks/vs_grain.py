@@ -34,7 +34,7 @@ One pipeline, built three ways over the same synthetic data:
   (the loop is not a candidate). With workers, quern lends each batch's
   shared-memory slot to the caller (zero copy; the slot is reused once no
   array of the batch is alive). One more config, ``PipelineIterator(pipe,
-  num_workers=2, _copy=True)``, copies each batch out of shared memory once
+  num_workers=2, copy_batches=True)``, copies each batch out of shared memory once
   instead: a private knob that exists only to measure what the lease saves
   (labelled "copy out once, measurement only"), never a candidate for "quern".
 
@@ -153,7 +153,7 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vs_
 Q_W0 = "quern iterator() [defaults: 1 thread, read_ahead 16]"
 Q_W1 = "quern iterator(num_workers=1)"
 Q_W2 = "quern iterator(num_workers=2)"
-Q_COPY = "quern PipelineIterator(num_workers=2, _copy=True) [copy out once, measurement only]"
+Q_COPY = "quern PipelineIterator(num_workers=2, copy_batches=True) [copy out once, measurement only]"
 G_MP = "grain .batch().to_iter_dataset(0 thr).mp_prefetch(2 workers, buf 4)"
 G_LOADER = "grain DataLoader(worker_count=2, 0 read threads, buf 4)"
 HQ_W0 = "heavy: quern iterator() [num_workers=0]"
@@ -367,11 +367,11 @@ def grain_loader(paths: list[str], workers: int, read_options=None, worker_buffe
 def quern_iterator(paths: list[str], heavy_work: bool = False, copy: bool = False, **kwargs):
     """A quern iterator from step 0 whose worker processes (if any) have started.
 
-    ``copy``: ``PipelineIterator(num_workers=2, _copy=True)``, the private knob
+    ``copy``: ``PipelineIterator(num_workers=2, copy_batches=True)``
     (copy each batch out instead of lending its slot) that exists only to measure
     what the lease saves."""
     pipe = quern_pipeline(paths, heavy_work)
-    it = quern.PipelineIterator(pipe, num_workers=2, _copy=True) if copy else pipe.iterator(start_step=0, **kwargs)
+    it = quern.PipelineIterator(pipe, num_workers=2, copy_batches=True) if copy else pipe.iterator(start_step=0, **kwargs)
     if not it.wait_for_workers(WORKER_START_TIMEOUT):
         it.close()
         raise RuntimeError(f"quern workers did not start within {WORKER_START_TIMEOUT:g}s")

@@ -2,7 +2,8 @@
 
 :func:`digest` hashes a value by its content and type, never by its ``repr``
 or its address: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
-``bytes``, numpy arrays and scalars (dtype, shape and bytes), and any nesting
+``bytes``, numpy arrays and scalars (dtype, shape and bytes), numpy dtypes,
+enum members, compiled regular expressions, and any nesting
 of ``dict``, ``list``, ``tuple``, ``set``, ``frozenset`` and ``range`` of them.
 An object with a ``fingerprint()`` method is described by what it returns.
 Anything else raises :class:`~quern.pipeline.errors.FingerprintError` naming
@@ -14,7 +15,9 @@ and tuple order do), and is the same in every process and Python session.
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import re
 import struct
 from typing import Any
 
@@ -76,6 +79,13 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
         _tag(h, b"d", "".join(k + v for k, v in items).encode())
     elif isinstance(value, (set, frozenset)):
         _tag(h, b"S", "".join(sorted(digest(v, f"{where} item") for v in value)).encode())
+    elif isinstance(value, enum.Enum):
+        _tag(h, b"e", f"{type(value).__module__}.{type(value).__qualname__}.{value.name}".encode())
+        update(h, value.value, f"{where}.value", _depth + 1)
+    elif isinstance(value, np.dtype):
+        _tag(h, b"D", str(value.descr if value.fields is not None else value.str).encode())
+    elif isinstance(value, re.Pattern):
+        _tag(h, b"R", repr((value.pattern, value.flags)).encode())
     elif isinstance(value, range):
         _tag(h, b"r", f"{value.start}:{value.stop}:{value.step}".encode())
     elif callable(getattr(value, "fingerprint", None)) and not isinstance(value, type):

@@ -14,7 +14,14 @@ import concurrent.futures as cf
 import weakref
 from typing import Any
 
-__all__ = ["PipelineIterator"]
+from . import execute
+from .index import check_int, host_rows
+from .workers import WorkerPool
+
+__all__ = ["PipelineIterator", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
+
+THREAD_READ_RECORDS = 4096  # num_workers=0: about this many records per bulk read...
+THREAD_READ_STEPS = 16  # ...but at most this many steps
 
 
 class PipelineIterator:
@@ -40,7 +47,13 @@ class PipelineIterator:
     end frees the workers; see :mod:`quern.pipeline.workers` for start-up,
     faults and shutdown.
 
-    ``.step`` is the next step to be yielded and
+    ``copy_batches=True`` (with workers) copies each batch out of shared memory
+    instead of lending the slot: one more copy per batch, but a batch you keep
+    for long then holds no slot (``benchmarks/handover.py`` measures the cost).
+
+    ``.step`` is the next step to be yielded (the step of the batch the next
+    ``next()`` returns; after ``next()`` returned the batch of step ``s``, it is
+    ``s + 1``), and
     ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
     state["step"])`` resumes exactly. Use as a context manager or call
     ``close()``; garbage collection also closes it.
@@ -56,18 +69,14 @@ class PipelineIterator:
         prefetch: int = 2,
         num_threads: int = 1,
         read_ahead: int | None = None,
-        _copy: bool = False,
-    ):
-        from .index import check_int as _check_int
-        from .index import host_rows
-
+        copy_batches: bool = False,
+    ) -> None:
         self._closed = True
-        pipe._need_batch("iterator")
         self.pipe = pipe
-        self.step = _check_int(start_step, "start_step", 0)
-        self.num_workers = _check_int(num_workers, "num_workers", 0)
-        self.prefetch = _check_int(prefetch, "prefetch", 1)
-        self.num_threads = _check_int(num_threads, "num_threads", 1)
+        self.step = pipe.check_step(start_step, "start_step", end_ok=True)
+        self.num_workers = check_int(num_workers, "num_workers", 0)
+        self.prefetch = check_int(prefetch, "prefetch", 1)
+        self.num_threads = check_int(num_threads, "num_threads", 1)
         if self.num_workers and self.num_threads != 1:
             raise ValueError(
                 f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
@@ -75,16 +84,13 @@ class PipelineIterator:
             )
         lo, hi = host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
         if read_ahead is not None:
-            read_ahead = _check_int(read_ahead, "read_ahead", 1)
-        elif not self.num_workers:  # about 4096 records per bulk read, at most 16 steps
-            read_ahead = max(1, min(16, 4096 // max(1, hi - lo)))
+            read_ahead = check_int(read_ahead, "read_ahead", 1)
+        elif not self.num_workers:
+            read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS, THREAD_READ_STEPS)
         self.read_ahead = read_ahead  # with workers, None: chosen by the worker pool
         self.process_index = int(process_index)
         self.process_count = int(process_count)
-        n_steps = pipe.num_steps
-        if n_steps is not None and self.step > n_steps:
-            raise IndexError(f"start_step {self.step} is past the end of the stream ({n_steps} steps)")
-        self._end = n_steps
+        self._end = pipe.num_steps
         self._fingerprint = pipe.fingerprint()
         self._pending: collections.deque[tuple[int, int, cf.Future]] = collections.deque()
         self._ready: collections.deque = collections.deque()  # batches of the chunk being consumed
@@ -99,11 +105,9 @@ class PipelineIterator:
             }
         self._pool = None
         if self.num_workers and (self._end is None or self.step < self._end):
-            from .workers import WorkerPool
-
             self._workers = WorkerPool(
                 pipe, self.num_workers, self.process_index, self.process_count,
-                self.prefetch, self.read_ahead, self._end, copy=_copy,
+                self.prefetch, self.read_ahead, self._end, copy=bool(copy_batches),
             )
         elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
@@ -138,7 +142,7 @@ class PipelineIterator:
                 # the chunk failed at one of its steps: redo them one at a time so that an
                 # error surfaces at exactly its own step and the good steps before it are yielded
                 self._careful_until = first + count
-                batches = [self.pipe.batch_at(self.step, self.process_index, self.process_count)]
+                batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
             self._ready.extend(batches)
             self._fill()
         self.step += 1
@@ -151,7 +155,7 @@ class PipelineIterator:
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
-            fut = self._pool.submit(self.pipe.batches_at, nxt, count, self.process_index, self.process_count)
+            fut = self._pool.submit(execute.batches_at, self.pipe, nxt, count, self.process_index, self.process_count)
             self._pending.append((nxt, count, fut))
             nxt += count
 

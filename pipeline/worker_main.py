@@ -20,8 +20,9 @@ import sys
 import traceback
 from typing import Any
 
-from . import shm
+from . import execute, shm
 from .errors import StepError
+from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
 
 __all__ = ["main"]
 
@@ -55,25 +56,29 @@ def main(fd: int) -> None:
 
 def _serve(sock: socket.socket) -> None:
     """Load the pipeline, then compute the tasks the parent sends, until end of file."""
-    (_, spans, size, index, count), fds = shm.recv(sock)
+    init, fds = shm.recv(sock)
+    if not isinstance(init, Init):
+        raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
+    spans, size, index, count = init.spans, init.size, init.process_index, init.process_count
     try:  # the pickled pipeline is the first span of the shared buffer, its large arrays the others
         definition = shm.Buffer(fds[0], size, private=True)  # copy-on-write: arrays are writable here
         (start, n), spans = spans[0], spans[1:]
         pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
     except BaseException as e:
-        shm.send(sock, ("fatal", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
         return
-    shm.send(sock, ("ready", os.getpid()))
+    shm.send(sock, Ready(os.getpid()))
     slots: dict[int, shm.Buffer] = {}
     while True:
         msg, _ = shm.recv(sock)
-        if msg[0] == "drop":  # slots the parent no longer needs
-            for slot in msg[1]:
+        if isinstance(msg, Drop):  # slots the parent no longer needs
+            for slot in msg.slots:
                 if slot in slots:
                     slots.pop(slot).close()
             continue
-        _, steps, slot_ids = msg
-        for (step, batch, error), slot in zip(pipe.step_results(steps, index, count), slot_ids):
+        if not isinstance(msg, Task):
+            raise RuntimeError(f"unexpected message {type(msg).__name__} from the parent")
+        for (step, batch, error), slot in zip(execute.step_results(pipe, msg.steps, index, count), msg.slots):
             if error is None:
                 try:
                     data, buffers = shm.dumps(batch, _pickle_for_parent)
@@ -84,7 +89,7 @@ def _serve(sock: socket.socket) -> None:
                     )
                     error.__cause__ = e
             if error is not None:
-                shm.send(sock, ("error", step, _error_report(error)))
+                shm.send(sock, Failed(step, _error_report(error)))
                 continue
             spans, size = shm.layout(buffers)
             fds = []
@@ -94,7 +99,7 @@ def _serve(sock: socket.socket) -> None:
                 slots[slot] = shm.Buffer.create(size)
                 fds = [slots[slot].fd]
             shm.write(slots[slot], buffers, spans)
-            shm.send(sock, ("done", step, slot, data, spans, slots[slot].size), fds)
+            shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
 
 
@@ -119,11 +124,11 @@ def _pickle_for_parent(obj: Any, protocol: int = 5, buffer_callback=None) -> byt
     return out.getvalue()
 
 
-def _error_report(error: BaseException) -> tuple[str, str, bytes | None]:
+def _error_report(error: BaseException) -> ErrorReport:
     """(message, traceback text, pickled exception or None) of a failed step."""
     tb = "".join(traceback.format_exception(error))
     try:  # the user's own exception, for ``__cause__`` in the parent
         cause = _pickle_for_parent(error.__cause__ or error)
     except Exception:
         cause = None
-    return str(error), tb, cause
+    return ErrorReport(str(error), tb, cause)

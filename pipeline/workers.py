@@ -55,8 +55,12 @@ import time
 import weakref
 from typing import Any
 
-from . import shm
+from typing import NamedTuple
+
+from . import execute, shm
 from .errors import StepError, WorkerError
+from .index import host_rows
+from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Span, Task
 
 __all__ = ["WorkerPool", "WorkerError"]
 
@@ -67,10 +71,36 @@ MAX_TASK_STEPS = 64  # ...but at most this many steps
 SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots within this
 
 
+class _Delivered(NamedTuple):
+    """A step's batch waiting in ``worker``'s slot ``slot``."""
+
+    worker: "_Worker"
+    slot: int
+    data: bytes
+    spans: list[Span]
+
+
+class _Copied(NamedTuple):
+    """A step's batch copied out of the slot of a worker that has died since."""
+
+    batch: Any
+
+
+class _StepFailed(NamedTuple):
+    """A step that raised in worker ``index`` (process ``pid``)."""
+
+    index: int
+    pid: int
+    report: ErrorReport
+
+
+_Result = _Delivered | _Copied | _StepFailed
+
+
 class _Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, index: int, init_message: tuple, init_fds: list[int]):
+    def __init__(self, index: int, init_message: Init, init_fds: list[int]):
         self.index = index
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = (
@@ -158,16 +188,14 @@ class WorkerPool:
 
     def __init__(self, pipe, num_workers: int, process_index: int, process_count: int,
                  prefetch: int, read_ahead: int | None, end: int | None, copy: bool = False):
-        import cloudpickle
-
-        from .index import host_rows
+        import cloudpickle  # not needed by a worker, which only unpickles
 
         self.pipe, self.end, self.copy = pipe, end, copy
         self.num_workers, self.prefetch = num_workers, prefetch
         self._auto = read_ahead is None
         if self._auto:
             lo, hi = host_rows(pipe.batch_size, process_index, process_count)
-            read_ahead = max(1, min(MAX_TASK_STEPS, TASK_RECORDS // max(1, hi - lo)))
+            read_ahead = execute.steps_per_read(hi - lo, TASK_RECORDS, MAX_TASK_STEPS)
         room = _descriptor_room(num_workers * (prefetch * read_ahead + 2))  # one per slot, plus spares
         if self._auto and room < num_workers * (prefetch * read_ahead + 2):
             read_ahead = max(1, (room // num_workers - 2) // prefetch)
@@ -185,11 +213,11 @@ class WorkerPool:
         spans, size = shm.layout(buffers)
         self._definition = shm.Buffer.create(size)  # shared by all workers, read-only there
         shm.write(self._definition, buffers, spans)
-        self._init = ("init", spans, size, process_index, process_count)
+        self._init = Init(spans, size, process_index, process_count)
         self._selector = selectors.DefaultSelector()
         self._leases: dict[int, tuple] = {}  # id(weakref to a lent batch) -> (weakref, worker, slot)
         self._returned: collections.deque = collections.deque()  # leases whose batch died
-        self._results: dict[int, tuple] = {}  # step -> ("done", worker, slot, data, spans) | ("error", report)
+        self._results: dict[int, _Result] = {}  # delivered steps not yet taken
         self._deaths = [0] * num_workers  # consecutive deaths without a delivered step
         self._sent: set[int] = set()  # steps sent to a worker and not yet delivered
         self._suspect: set[int] = set()  # steps in progress when a worker died: never computed here
@@ -225,13 +253,15 @@ class WorkerPool:
             self.workers[w] = None  # first, so that an interruption below cannot leave it half-replaced
         self._selector.unregister(worker.sock)
         try:
-            for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
-                self._results[step] = ("batch", self._materialise(self._results[step], copy=True))
+            for step, r in list(self._results.items()):
+                if isinstance(r, _Delivered) and r.worker is worker:
+                    self._results[step] = _Copied(self._materialise(r, copy=True))
             if count:  # one of these steps may crash whatever process computes it
                 self._suspect.update(worker.pending)
         finally:
-            for step in [s for s, r in self._results.items() if r[0] == "done" and r[1] is worker]:
-                del self._results[step]  # not copied out (interrupted): computed again
+            for step, r in list(self._results.items()):
+                if isinstance(r, _Delivered) and r.worker is worker:
+                    del self._results[step]  # not copied out (interrupted): computed again
             self._sent.difference_update(worker.pending)
             worker.close(grace=1.0 if count else 0.0)
         if self._fatal is not None:
@@ -293,32 +323,32 @@ class WorkerPool:
                     self._on_death(worker, count=False)
                 raise
 
-    def _handle(self, worker: _Worker, msg: tuple, fds: list[int]) -> None:
-        kind = msg[0]
-        if kind == "ready":
+    def _handle(self, worker: _Worker, msg: object, fds: list[int]) -> None:
+        if isinstance(msg, Ready):
             worker.ready = True
-        elif kind == "fatal":  # it cannot load the pipeline: neither can any other, so stop for good
-            _, text, tb = msg
+        elif isinstance(msg, Fatal):  # it cannot load the pipeline: neither can any other, so stop for good
             self._fatal = WorkerError(
-                f"worker {worker.index} (pid {worker.pid}) could not start: {text}\n\nworker traceback:\n{tb}"
+                f"worker {worker.index} (pid {worker.pid}) could not start: {msg.text}\n\n"
+                f"worker traceback:\n{msg.traceback}"
             )
             self._raise_failures()
-        elif kind == "done":
-            _, step, slot, data, spans, size = msg
+        elif isinstance(msg, Done):
             if fds:
-                if slot in worker.slots:
-                    worker.slots[slot].close()
-                worker.slots[slot] = shm.Buffer(fds.pop(0), size)
+                if msg.slot in worker.slots:
+                    worker.slots[msg.slot].close()
+                worker.slots[msg.slot] = shm.Buffer(fds.pop(0), msg.size)
             if self._auto and self.read_ahead == 1 and self.max_read_ahead > 1:
-                nbytes = spans[-1][0] + spans[-1][1] if spans else 0
+                nbytes = msg.spans[-1][0] + msg.spans[-1][1] if msg.spans else 0
                 fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
                 self.read_ahead = max(1, min(self.max_read_ahead, fit))
-            self._deliver(worker, step, ("done", worker, slot, data, spans))
-        elif kind == "error":
-            worker.release(msg[1])  # nothing was written to its slot
-            self._deliver(worker, msg[1], ("error", worker.index, worker.pid, msg[2]))
+            self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans))
+        elif isinstance(msg, Failed):
+            worker.release(msg.step)  # nothing was written to its slot
+            self._deliver(worker, msg.step, _StepFailed(worker.index, worker.pid, msg.report))
+        else:
+            raise WorkerError(f"worker {worker.index} (pid {worker.pid}) sent an unknown message {type(msg).__name__}")
 
-    def _deliver(self, worker: _Worker, step: int, result: tuple) -> None:
+    def _deliver(self, worker: _Worker, step: int, result: _Result) -> None:
         worker.pending.remove(step)
         self._sent.discard(step)
         self._results[step] = result
@@ -356,7 +386,7 @@ class WorkerPool:
                 worker.pending.extend(task)
                 self._sent.update(task)
                 try:
-                    shm.send(worker.sock, ("task", task, slots))
+                    shm.send(worker.sock, Task(task, slots))
                 except (BrokenPipeError, ConnectionResetError):  # it died: _poll will see why
                     break
                 except BaseException:  # Ctrl-C half-way through the message
@@ -382,7 +412,7 @@ class WorkerPool:
                     if buf is not None:
                         buf.close()
                 try:
-                    shm.send(worker.sock, ("drop", drop))
+                    shm.send(worker.sock, Drop(drop))
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # it died: _poll will see why
 
@@ -407,31 +437,32 @@ class WorkerPool:
             self._dispatch(step)
             if step not in self._sent and step not in self._suspect:  # its worker is starting: compute it here
                 self._dispatch(step + 1)
-                batch = self.pipe.batch_at(step, self.process_index, self.process_count)
+                batch = execute.batches_at(self.pipe, step, 1, self.process_index, self.process_count)[0]
                 self.in_parent += 1
                 return batch
             self._poll(1.0)
 
     def _take(self, step: int) -> Any:
         result = self._results.pop(step)
-        if result[0] == "error":
-            _, w, pid, (text, tb, cause) = result
-            error = StepError(f"{text}\n\nworker {w} (pid {pid}) traceback:\n{tb}")
-            if cause is not None:
+        if isinstance(result, _StepFailed):
+            report = result.report
+            error = StepError(f"{report.text}\n\nworker {result.index} (pid {result.pid}) traceback:\n"
+                              f"{report.traceback}")
+            if report.cause is not None:
                 try:
-                    error.__cause__ = pickle.loads(cause)
+                    error.__cause__ = pickle.loads(report.cause)
                 except Exception:
                     pass
             raise error
-        if result[0] == "batch":
-            batch = result[1]
+        if isinstance(result, _Copied):
+            batch = result.batch
         elif self.copy:
             batch = self._materialise(result, copy=True)
-            result[1].release(step)
+            result.worker.release(step)
         else:  # lend the slot: it comes back once no array of the batch is alive
-            _, worker, slot, data, spans = result
+            worker, slot = result.worker, result.slot
             del worker.slot_of[step]
-            batch, owner = shm.lease(data, worker.slots[slot], spans)
+            batch, owner = shm.lease(result.data, worker.slots[slot], result.spans)
             # the callback is a C function (no Python code runs when the batch dies, so a
             # Ctrl-C can never land in it and be lost)
             ref = weakref.ref(owner, self._returned.append)
@@ -440,9 +471,8 @@ class WorkerPool:
         self._dispatch(step + 1)
         return batch
 
-    def _materialise(self, result: tuple, copy: bool) -> Any:
-        _, worker, slot, data, spans = result
-        return shm.loads(data, worker.slots[slot], spans, copy=copy)
+    def _materialise(self, result: _Delivered, copy: bool) -> Any:
+        return shm.loads(result.data, result.worker.slots[result.slot], result.spans, copy=copy)
 
     def close(self) -> None:
         """Kill the workers and free all shared memory. Idempotent. (In a process

@@ -1,0 +1,290 @@
+"""The step runner: compute one (step, host slice) of a pipeline definition.
+
+For each step: the host's stream positions and record ids come from the
+definition (index arithmetic); then the stages run in order, each one a
+function here that names the step, host slice, stage and records when it
+fails (:class:`~quern.pipeline.errors.StepError`, the original exception as
+``__cause__``):
+
+1. ``read``: one bulk ``read_many`` call for the records of all the steps asked
+   for at once (:func:`read`);
+2. the record transforms, in order (:func:`apply_record_op`);
+3. ``collate`` (:func:`collate_rows`);
+4. the batch transforms, in order (:func:`apply_batch_op`).
+
+:func:`step_results` runs them for a list of steps; ``timings``, a dict, gathers
+the seconds spent per stage (``quern bench`` uses it). Every output depends
+only on (the definition, the step, the host slice): never on which process or
+thread runs it, or on what ran before.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Iterator, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from . import index as _index
+from .collate import collate, take
+from .errors import CollateError, StepError
+from .ops import Op, OpKind
+from .sources import Source
+
+__all__ = [
+    "Where",
+    "StepResult",
+    "READ",
+    "COLLATE",
+    "read",
+    "apply_record_op",
+    "collate_rows",
+    "apply_batch_op",
+    "record_keys",
+    "batch_keys",
+    "record_stages",
+    "batch_stages",
+    "step_results",
+    "batches_at",
+    "steps_per_read",
+]
+
+READ = "read"
+COLLATE = "collate"
+_RECORD_SALT, _BATCH_SALT = 1, 2  # part of the published order: keys of random_map / random_map_batch
+
+
+class Definition(Protocol):
+    """What the step runner needs of a pipeline definition (:class:`~quern.pipeline.dataset.Pipeline`)."""
+
+    source: Source
+    seed: int
+    batch_size: int | None
+    record_ops: tuple[Op, ...]
+    batch_ops: tuple[Op, ...]
+
+    def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray: ...
+
+    def record_ids(self, positions: np.ndarray) -> np.ndarray: ...
+
+
+class Where(NamedTuple):
+    """The step and host slice being computed, as messages name them."""
+
+    step: int
+    process_index: int = 0
+    process_count: int = 1
+
+    def __str__(self) -> str:
+        return f"step {self.step} (host {self.process_index} of {self.process_count})"
+
+
+class StepResult(NamedTuple):
+    """The outcome of one step: its batch, or the error that stopped it."""
+
+    step: int
+    batch: Any
+    error: BaseException | None
+
+
+def steps_per_read(rows_per_step: int, target_records: int, max_steps: int) -> int:
+    """How many consecutive steps to read in one bulk call: about ``target_records``
+    records, at least 1 step and at most ``max_steps``. The one chunk-size policy
+    of the threads and the worker processes alike; never changes a byte."""
+    return max(1, min(max_steps, target_records // max(1, rows_per_step)))
+
+
+def _ids_text(source: Source, ids: np.ndarray) -> str:
+    shown = ids[:8].tolist()
+    return f"{source.name} {shown}{'...' if len(ids) > 8 else ''}"
+
+
+def record_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
+    """``uint64`` key per row for record stage ``k`` (``random_map``): a hash of
+    (seed, record level, k, stream position). Part of the published order."""
+    return _index.derive_key(seed, _RECORD_SALT, k, positions)
+
+
+def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
+    """``uint64`` key per row for batch stage ``k`` (``random_map_batch``): a hash of
+    (seed, batch level, k, stream position). Part of the published order."""
+    return _index.derive_key(seed, _BATCH_SALT, k, positions)
+
+
+def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
+    """Stage ``read``: the records ``ids`` of the source, in one bulk call."""
+    try:
+        return pipe.source.read_many(ids)
+    except Exception as e:
+        raise StepError(
+            f"{where}, stage 'read' of source {pipe.source.name!r} (records {_ids_text(pipe.source, ids)}): "
+            f"{type(e).__name__}: {e}"
+        ) from e
+
+
+def apply_record_op(pipe: Definition, k: int, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray,
+                    where: object) -> Sequence[Any]:
+    """Record stage ``k`` on one step's records: ``fn.map_many(records)`` when a
+    ``map`` transform has it, else ``fn(record)`` (``fn(record, rng)`` for
+    ``random_map``, the Generator keyed by :func:`record_keys`) per record."""
+    op = pipe.record_ops[k]
+    stage = op.label(k)
+    many = getattr(op.fn, "map_many", None) if op.kind is OpKind.MAP else None
+    if many is not None:
+        try:
+            out = many(records)
+        except Exception as e:
+            raise StepError(
+                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
+            ) from e
+        if len(out) != len(records):
+            raise StepError(f"{where}, stage {stage}: map_many returned {len(out)} records for {len(records)}")
+        return out
+    out: list[Any] = [None] * len(records)
+    fn = op.fn
+    if op.kind is OpKind.RANDOM_MAP:
+        keys = record_keys(pipe.seed, positions, k)
+        bitgen = np.random.Philox(key=0)
+        rng = np.random.Generator(bitgen)
+        state = bitgen.state
+        state["state"]["counter"][:] = 0
+    for i, rec in enumerate(records):
+        try:
+            if op.kind is OpKind.RANDOM_MAP:
+                state["state"]["key"][:] = (keys[i], k)
+                bitgen.state = state
+                out[i] = fn(rec, rng)
+            else:
+                out[i] = fn(rec)
+        except Exception as e:
+            raise StepError(
+                f"{where}, stage {stage}, row {i} = record {int(ids[i])} of source {pipe.source.name!r} "
+                f"(position {int(positions[i])}): {type(e).__name__}: {e}"
+            ) from e
+    return out
+
+
+def collate_rows(pipe: Definition, records: Sequence[Any], ids: np.ndarray, where: object) -> Any:
+    """Stage ``collate``: one step's transformed records -> a batch."""
+    try:
+        return collate(records)
+    except Exception as e:
+        row = e.row if isinstance(e, CollateError) else None
+        blame = (
+            f" row {row} = record {int(ids[row])} of source {pipe.source.name!r}"
+            if row is not None and row < len(ids) else f" (records {_ids_text(pipe.source, ids)})"
+        )
+        raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
+
+
+def apply_batch_op(pipe: Definition, k: int, batch: Any, positions: np.ndarray, ids: np.ndarray,
+                   where: object) -> Any:
+    """Batch stage ``k``: ``fn(batch)``, or ``fn(batch, keys)`` for
+    ``random_map_batch`` with one key per row from :func:`batch_keys`."""
+    op = pipe.batch_ops[k]
+    try:
+        if op.kind is OpKind.RANDOM_MAP_BATCH:
+            return op.fn(batch, batch_keys(pipe.seed, positions, k))
+        return op.fn(batch)
+    except Exception as e:
+        raise StepError(
+            f"{where}, stage {op.label(k)} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
+        ) from e
+
+
+class _Clock:
+    """Adds the seconds since the last ``lap`` to ``timings[stage]`` (nothing when ``timings`` is None)."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.perf_counter() if timings is not None else 0.0
+
+    def lap(self, stage: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
+            self.t = now
+
+
+def record_stages(pipe: Definition, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray, where: object,
+                  timings: dict[str, float] | None = None) -> Any:
+    """The record transforms and ``collate`` of one step's records: its batch before the batch transforms."""
+    clock = _Clock(timings)
+    for k, op in enumerate(pipe.record_ops):
+        records = apply_record_op(pipe, k, records, positions, ids, where)
+        clock.lap(op.label(k))
+    batch = collate_rows(pipe, records, ids, where)
+    clock.lap(COLLATE)
+    return batch
+
+
+def batch_stages(pipe: Definition, batch: Any, positions: np.ndarray, ids: np.ndarray, where: object,
+                 timings: dict[str, float] | None = None) -> Any:
+    """The batch transforms of one step, in order."""
+    clock = _Clock(timings)
+    for k, op in enumerate(pipe.batch_ops):
+        batch = apply_batch_op(pipe, k, batch, positions, ids, where)
+        clock.lap(op.label(k))
+    return batch
+
+
+def step_results(pipe: Definition, steps: Iterable[int], process_index: int = 0, process_count: int = 1,
+                 timings: dict[str, float] | None = None) -> Iterator[StepResult]:
+    """Yield a :class:`StepResult` for each of ``steps`` in order (any steps, not
+    necessarily consecutive): its batch, bit-identical to ``pipe.batch_at(step)``,
+    or the error that stopped it.
+
+    The records of all the steps are read with one bulk ``read_many`` call; if that
+    read fails, each step is read on its own, so that a read error is reported at
+    its own step and the other steps still succeed. A failing step does not stop
+    the later ones. ``timings``: seconds per stage are added to it."""
+    steps = [_index.check_int(s, "step", 0) for s in steps]
+    if not steps:
+        return
+    positions = [pipe.positions(s, process_index, process_count) for s in steps]
+    wheres = [Where(s, process_index, process_count) for s in steps]
+    empty = [not p.size for p in positions]
+    for i, s in enumerate(steps):  # a host with no rows in a partial last batch: probe row 0 for the structure
+        if empty[i]:
+            positions[i] = np.asarray([s * (pipe.batch_size or 0)], dtype=np.int64)
+    all_ids = pipe.record_ids(np.concatenate(positions))
+    clock = _Clock(timings)
+    try:
+        all_records = read(pipe, all_ids, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
+    except StepError as e:
+        if len(steps) > 1:  # find the step(s) whose records fail, one read each
+            for s in steps:
+                yield from step_results(pipe, [s], process_index, process_count, timings)
+            return
+        yield StepResult(steps[0], None, e)
+        return
+    clock.lap(READ)
+    lo = 0
+    for s, pos, where, is_empty in zip(steps, positions, wheres, empty):
+        hi = lo + len(pos)
+        ids, records = all_ids[lo:hi], all_records[lo:hi]
+        lo = hi
+        try:
+            if is_empty:  # the structure of the probed row, with no rows
+                batch = take(record_stages(pipe, records, pos, ids, f"step {s}", timings), slice(0, 0))
+                batch = batch_stages(pipe, batch, pos[:0], ids[:0], f"step {s}", timings)
+            else:
+                batch = record_stages(pipe, records, pos, ids, where, timings)
+                batch = batch_stages(pipe, batch, pos, ids, where, timings)
+        except Exception as e:
+            yield StepResult(s, None, e)
+            continue
+        yield StepResult(s, batch, None)
+
+
+def batches_at(pipe: Definition, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:
+    """``[pipe.batch_at(s) for s in range(step, step + count)]`` with one bulk read;
+    raises the error of the first step that fails."""
+    count = _index.check_int(count, "count", 1)
+    step = _index.check_int(step, "step", 0)
+    out = []
+    for result in step_results(pipe, range(step, step + count), process_index, process_count):
+        if result.error is not None:
+            raise result.error
+        out.append(result.batch)
+    return out

@@ -1,0 +1,260 @@
+"""The fingerprint covers what changes the bytes of a batch, and nothing else."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import quern
+from quern.pipeline import index
+from quern.pipeline.errors import FingerprintError
+
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def _pipe(fn, kind="map"):
+    base = quern.Pipeline.from_source({"x": np.arange(40)}, seed=3).shuffle()
+    if kind in ("map", "random_map"):
+        return getattr(base, kind)(fn).batch(4)
+    return getattr(base.batch(4), kind)(fn)
+
+
+# ----------------------------------------------------------------------------- __main__ vs imported
+
+TRAIN = '''
+import sys
+import numpy as np
+import quern
+
+SCALE = {"a": [1, 2, (3, 4)], "b": np.arange(3)}
+
+def helper(x):
+    return x * SCALE["a"][0]
+
+def double(rec):
+    return {"x": helper(rec["x"]) * 2 + SCALE["b"][1]}
+
+class Shift:
+    def __init__(self, k):
+        self.k = k
+    def __call__(self, rec):
+        return {"x": rec["x"] + self.k}
+
+def pipe():
+    return (quern.Pipeline.from_source({"x": np.arange(30)}, seed=5).shuffle()
+            .map(double).map(Shift(4)).batch(6))
+
+if __name__ == "__main__":
+    print(pipe().fingerprint())
+'''
+
+
+def test_script_run_as_main_and_imported_give_one_fingerprint(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    as_main = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.strip()
+    imported = subprocess.run([sys.executable, "-c", "import train; print(train.pipe().fingerprint())"],
+                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120,
+                              check=True).stdout.strip()
+    assert len(as_main) == 32 and as_main == imported
+    # and the state a script saved resumes from a launcher that imports it
+    state = {"step": 3, "fingerprint": as_main}
+    code = f"import train; it = train.pipe().resume({state!r}); print(it.step); it.close()"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out == "3"
+    # a change to the code the script runs is a different fingerprint
+    (tmp_path / "train.py").write_text(TRAIN.replace("* 2 +", "* 3 +"))
+    changed = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.strip()
+    assert changed != as_main
+
+
+# ----------------------------------------------------------------------------- module-level values
+
+TABLE = {"scale": [1, 2, 3], "nested": ({"k": np.arange(4)}, {5, 6}), "name": "a"}
+
+
+def _reads_table(rec):
+    return {"x": rec["x"] * TABLE["scale"][0]}
+
+
+@pytest.mark.parametrize("change", [
+    lambda t: t["scale"].append(4),
+    lambda t: t["nested"][0]["k"].__setitem__(2, 99),
+    lambda t: t["nested"][1].add(7),
+    lambda t: t.__setitem__("name", "b"),
+])
+def test_module_level_values_are_hashed_by_content(change, monkeypatch):
+    before = _pipe(_reads_table).fingerprint()
+    table = {"scale": [1, 2, 3], "nested": ({"k": np.arange(4)}, {5, 6}), "name": "a"}
+    monkeypatch.setitem(globals(), "TABLE", table)
+    assert _pipe(_reads_table).fingerprint() == before  # an equal value: the same fingerprint
+    change(table)
+    assert _pipe(_reads_table).fingerprint() != before
+
+
+class Opaque:
+    """No content quern can read."""
+
+    __slots__ = ()
+
+
+OPAQUE = Opaque()
+
+
+def _reads_opaque(rec):
+    return {"x": rec["x"] if OPAQUE is not None else 0}
+
+
+def test_a_value_it_cannot_describe_is_an_error_naming_it():
+    with pytest.raises(FingerprintError, match=r"map\[0\] _reads_opaque reads global 'OPAQUE'.*Opaque.*fingerprint\(\)"):
+        _pipe(_reads_opaque).fingerprint()
+
+
+class Declared:
+    """Declares its content with fingerprint()."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def fingerprint(self) -> str:
+        return self.version
+
+
+DECLARED = Declared("v1")
+
+
+def _reads_declared(rec):
+    return {"x": rec["x"] + len(DECLARED.version)}
+
+
+def test_a_declared_value_is_described_by_its_fingerprint_method(monkeypatch):
+    before = _pipe(_reads_declared).fingerprint()
+    monkeypatch.setitem(globals(), "DECLARED", Declared("v2"))
+    assert _pipe(_reads_declared).fingerprint() != before
+    monkeypatch.setitem(globals(), "DECLARED", Declared("v1"))
+    assert _pipe(_reads_declared).fingerprint() == before
+
+
+# ----------------------------------------------------------------------------- callables by their state
+
+
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, rec):
+        return {"x": rec["x"] * self.k}
+
+    def apply(self, rec):
+        return {"x": rec["x"] * self.k}
+
+
+def _times(rec, k):
+    return {"x": rec["x"] * k}
+
+
+def test_callable_instances_partials_and_bound_methods_are_described_by_state():
+    assert _pipe(Scale(2)).fingerprint() != _pipe(Scale(3)).fingerprint()
+    assert _pipe(Scale(2)).fingerprint() == _pipe(Scale(2)).fingerprint()
+    assert _pipe(functools.partial(_times, k=2)).fingerprint() != _pipe(functools.partial(_times, k=3)).fingerprint()
+    assert _pipe(functools.partial(_times, k=2)).fingerprint() == _pipe(functools.partial(_times, k=2)).fingerprint()
+    assert _pipe(Scale(2).apply).fingerprint() != _pipe(Scale(3).apply).fingerprint()
+    assert _pipe(Scale(2).apply).fingerprint() == _pipe(Scale(2).apply).fingerprint()
+    # a registered transform's parameters
+    pad8 = quern.Pipeline.from_source({"x": np.arange(9)}, seed=0).map(quern.transforms.pad(8, key="x")).batch(3)
+    pad9 = quern.Pipeline.from_source({"x": np.arange(9)}, seed=0).map(quern.transforms.pad(9, key="x")).batch(3)
+    assert pad8.fingerprint() != pad9.fingerprint()
+
+
+def test_closures_defaults_and_recursion():
+    def make(k):
+        return lambda rec: {"x": rec["x"] + k}
+
+    assert _pipe(make(1)).fingerprint() != _pipe(make(2)).fingerprint()
+    assert _pipe(make(1)).fingerprint() == _pipe(make(1)).fingerprint()
+
+    def with_default(rec, k=1):
+        return {"x": rec["x"] + k}
+
+    other = functools.partial(with_default, k=2)
+    assert _pipe(with_default).fingerprint() != _pipe(other).fingerprint()
+    assert _pipe(_recursive).fingerprint() == _pipe(_recursive).fingerprint()
+
+
+def _recursive(rec, depth=2):
+    return rec if depth == 0 else _recursive(rec, depth - 1)
+
+
+# ----------------------------------------------------------------------------- balance_hosts, version, states
+
+
+def test_balance_hosts_lengths_take_part_in_equality_and_fingerprint():
+    base = quern.Pipeline.from_source({"x": np.arange(16)}, seed=0).batch(8)
+    a = base.balance_hosts(np.arange(16))
+    b = base.balance_hosts(np.arange(16).copy())
+    c = base.balance_hosts(np.arange(16)[::-1].copy())
+    assert a == b and a.fingerprint() == b.fingerprint()
+    assert a != c and a.fingerprint() != c.fingerprint()
+    assert a != base and a.fingerprint() != base.fingerprint()
+
+
+def test_the_index_format_version_is_in_the_fingerprint(monkeypatch):
+    pipe = quern.Pipeline.from_source({"x": np.arange(16)}, seed=0).shuffle().batch(4)
+    state = {"step": 2, "fingerprint": pipe.fingerprint()}
+    assert pipe.describe()["index_format"] == index.INDEX_FORMAT_VERSION
+    monkeypatch.setattr(index, "INDEX_FORMAT_VERSION", index.INDEX_FORMAT_VERSION + 1)
+    bumped = quern.Pipeline.from_source({"x": np.arange(16)}, seed=0).shuffle().batch(4)
+    assert bumped.fingerprint() != state["fingerprint"]
+    with pytest.raises(ValueError, match="data order version"):
+        bumped.check_state(state)
+
+
+@pytest.mark.parametrize("state", [{"step": 3}, {"step": 3, "fingerprint": None}])
+def test_a_state_without_fingerprint_is_refused_unless_forced(state):
+    pipe = quern.Pipeline.from_source({"x": np.arange(16)}, seed=0).batch(4)
+    with pytest.raises(ValueError, match="no fingerprint.*force=True"):
+        pipe.check_state(state)
+    with pytest.raises(ValueError, match="no fingerprint"):
+        pipe.resume(state)
+    assert pipe.check_state(state, force=True) == 3
+    with pipe.resume(state, force=True) as it:
+        assert it.step == 3
+        np.testing.assert_array_equal(next(it)["x"], pipe.batch_at(3)["x"])
+
+
+def test_quern_run_refuses_a_state_without_fingerprint(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": np.arange(40)}), tmp_path / "d.parquet")
+    (tmp_path / "c.yaml").write_text(textwrap.dedent("""
+        source: {type: parquet, paths: d.parquet}
+        batch: 4
+    """))
+    (tmp_path / "s.json").write_text(json.dumps({"step": 2}))
+    quern_cmd = [sys.executable, "-m", "quern.pipeline.cli", "run", str(tmp_path / "c.yaml"), "--steps", "1",
+                 "--state", str(tmp_path / "s.json")]
+    refused = subprocess.run(quern_cmd, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no fingerprint" in refused.stderr and "--force" in refused.stderr
+    forced = subprocess.run(quern_cmd + ["--force"], capture_output=True, text=True, timeout=120)
+    assert forced.returncode == 0, forced.stderr
+    assert "next step 3" in forced.stdout
+
+
+def test_the_fingerprint_does_not_depend_on_names_that_change_no_byte():
+    def first(rec):
+        return {"x": rec["x"] + 1}
+
+    def second(rec):
+        return {"x": rec["x"] + 1}
+
+    assert _pipe(first).fingerprint() == _pipe(second).fingerprint()

@@ -1,0 +1,105 @@
+"""The package's structure: its import graph has no cycle, and errors have one home."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import quern
+from quern.pipeline import errors
+
+ROOT = pathlib.Path(quern.__file__).resolve().parent
+PACKAGE_DIRS = ("pipeline", "transforms", "sharding")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Module name -> file for every module of the installed package (tests, examples, benchmarks excluded)."""
+    out = {"quern": ROOT / "__init__.py"}
+    if (ROOT / "__main__.py").exists():
+        out["quern.__main__"] = ROOT / "__main__.py"
+    for d in PACKAGE_DIRS:
+        for path in sorted((ROOT / d).glob("*.py")):
+            name = f"quern.{d}" if path.stem == "__init__" else f"quern.{d}.{path.stem}"
+            out[name] = path
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The quern modules ``name`` imports anywhere in its file (top level, in functions, lazily)."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # `from pkg import sub` imports the submodule when there is one
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle_even_counting_lazy_imports():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert graph["quern.pipeline.dataset"], "the parser found no imports: the test itself is broken"
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_bottom_modules_import_no_other_quern_module_above_them():
+    modules = _modules()
+    assert _imports("quern.pipeline.errors", modules["quern.pipeline.errors"], modules) == set()
+    assert _imports("quern.pipeline.index", modules["quern.pipeline.index"], modules) == set()
+    for name in ("quern.pipeline.loader", "quern.pipeline.workers", "quern.pipeline.worker_main",
+                 "quern.pipeline.execute", "quern.pipeline.fingerprint"):
+        assert "quern.pipeline.dataset" not in _imports(name, modules[name], modules), name
+
+
+def test_every_error_class_is_defined_in_errors_only():
+    defined = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                defined.setdefault(node.name, []).append(name)
+    assert defined, "no error classes found: the test itself is broken"
+    assert {n: m for n, m in defined.items() if m != ["quern.pipeline.errors"]} == {}
+    for cls in (quern.StepError, quern.SourceError, quern.WorkerError, quern.ConfigError):
+        assert getattr(errors, cls.__name__) is cls
