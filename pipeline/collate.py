@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import CollateError
+from .tree import map_leaves
 
 __all__ = ["collate", "CollateError", "CollatedRows", "take"]
 
@@ -41,11 +42,7 @@ class CollatedRows(Sequence):
 
 def take(batch: Any, index: Any) -> Any:
     """Index every array of a (nested) batch with ``index``: a row (int) or rows (slice, array)."""
-    if isinstance(batch, Mapping):
-        return {k: take(v, index) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(take(v, index) for v in batch)
-    return batch[index]
+    return map_leaves(lambda a: a[index], batch)
 
 
 def collate(records: Sequence[Any], path: str = "batch") -> Any:

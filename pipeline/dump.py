@@ -11,10 +11,9 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-import numpy as np
-
 from . import sources
 from .registry import REGISTRY
+from .tree import to_plain
 
 __all__ = ["to_config"]
 
@@ -24,7 +23,7 @@ def _transform_config(fn: Callable, kind: str, where: str) -> dict:
     for name, factory in REGISTRY.items():
         if isinstance(factory, type) and type(fn) is factory and dataclasses.is_dataclass(fn):
             kwargs = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
-            return {"name": name, "kind": kind, "kwargs": _plain(kwargs)}
+            return {"name": name, "kind": kind, "kwargs": to_plain(kwargs)}
     kwargs = {}
     if isinstance(fn, functools.partial) and not fn.args:
         fn, kwargs = fn.func, dict(fn.keywords)
@@ -34,18 +33,7 @@ def _transform_config(fn: Callable, kind: str, where: str) -> dict:
             f"{where}: {fn!r} is not a registered transform or an importable module-level function, "
             "so it cannot be written as a config"
         )
-    return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": _plain(kwargs)}
-
-
-def _plain(value: Any) -> Any:
-    """JSON-compatible form of a kwargs value (numpy scalars and tuples included)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.tolist()
-    return value
+    return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": to_plain(kwargs)}
 
 
 def to_config(pipe) -> dict:
