@@ -4,8 +4,30 @@ Every source has ``name`` (used by ``Pipeline.explain``), ``__len__``,
 ``__getitem__`` (one record) and ``read_many(ids)`` (a sequence of the records
 for an array of ids, in that order, read in bulk: grouped by file or row group,
 one read call per group; a list, or rows already stacked as ``CollatedRows``).
-``identity()`` describes the data (files, sizes, record counts) for the
-pipeline fingerprint.
+
+``identity()`` describes the data for the pipeline fingerprint; it depends on
+the data alone (never on paths' directories, modification times or object
+addresses), so a dataset copied to another host keeps its identity:
+
+- files (ArrayRecord, Parquet): each file's name, size and record count, and a
+  content hash of the whole file when it is at most 1 MiB, else of its first
+  64 KiB, its last 128 KiB and 16 blocks of 4 KiB (one centred in each
+  sixteenth of the file): at most 1 MiB read per file. Any change of a file's
+  name, size or record count, any byte changed in a file of at most 1 MiB, and
+  in bigger files any change touching a sampled range, changes the identity. A
+  same-size change confined to the unsampled bytes of a file over 1 MiB does
+  not. Data with a manifest of checksums (written by a later ``quern prepare``)
+  will be checked exactly.
+- TensorStore arrays: the spec, shape, dtype and chunk layout of each array,
+  and a digest of the chunks (along the record axis) holding the first, the
+  last and a few keyed rows.
+- in-memory arrays: a hash of all their contents.
+- other ``__len__``/``__getitem__`` objects: their type, length and a digest of
+  the first, the last and a few keyed records, unless the object describes
+  itself with an ``identity()`` or ``fingerprint()`` method.
+
+Keyed rows and records are chosen from the record count alone (see
+:func:`_sample_ids`), so the same data always samples the same ones.
 
 Sources are picklable: open file handles belong to one process (per thread, or
 lent to one thread at a time from a pool), are never pickled, and are reopened
@@ -19,21 +41,23 @@ import glob as _glob
 import hashlib
 import os
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .collate import CollatedRows
-from .errors import SourceError
+from .digest import digest
+from .errors import FingerprintError, SourceError
 
 __all__ = [
-    "SourceError",
-    "Source",
     "ArrayRecordSource",
-    "ParquetSource",
-    "TensorStoreSource",
     "ArraySource",
+    "ParquetSource",
     "SequenceSource",
+    "Source",
+    "SourceError",
+    "TensorStoreSource",
     "as_source",
 ]
 
@@ -95,6 +119,7 @@ class Source:
         return self.read_many(np.asarray(ids, dtype=np.int64))
 
     def identity(self) -> dict:
+        """Type, name and length; subclasses add what describes their data (see the module docstring)."""
         return {"type": type(self).__name__, "name": self.name, "len": len(self)}
 
     def block_size(self) -> int:
@@ -105,30 +130,72 @@ class Source:
         return f"{type(self).__name__}(name={self.name!r}, len={len(self)})"
 
 
-_SAMPLE_BYTES = 8192
+_WHOLE_FILE_MAX = 1 << 20  # files up to this size are hashed whole
+_HEAD = 64 << 10  # bigger files: their first _HEAD bytes,
+_TAIL = 128 << 10  # their last _TAIL bytes (ArrayRecord's zero padding is under 64 KiB),
+_BLOCKS, _BLOCK = 16, 4 << 10  # and _BLOCKS blocks of _BLOCK bytes, one centred in each 1/_BLOCKS of the file
+
+
+def _sample_ranges(size: int) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, stop)`` of a file of ``size`` bytes that :func:`_sample_hash` reads."""
+    if size <= _WHOLE_FILE_MAX:
+        return [(0, size)]
+    centres = [(2 * j + 1) * size // (2 * _BLOCKS) for j in range(_BLOCKS)]
+    return [(0, _HEAD), *((c - _BLOCK // 2, c + _BLOCK // 2) for c in centres), (size - _TAIL, size)]
 
 
 def _sample_hash(path: str, size: int) -> str:
-    """Hash of the first ``_SAMPLE_BYTES`` of a file and of the last ones before any
-    trailing zero padding: a cheap content check that sees rewritten records even
-    when the size is unchanged (ArrayRecord pads files to 64 KiB blocks, and its
-    index of record offsets sits at the end, before the padding; Parquet's footer
-    is at the end). A change only in the middle of a same-size file with the same
-    offsets is not seen."""
-    h = hashlib.sha256()
+    """Hex digest (32 characters) of the bytes of ``path`` in :func:`_sample_ranges` of ``size``.
+
+    A file of at most 1 MiB is hashed whole, so any byte changed in it changes
+    the hash. A bigger file is hashed over its first 64 KiB, its last 128 KiB
+    (ArrayRecord pads files with under 64 KiB of zeros, so this holds at least
+    its last 64 KiB of data: the footer index of record offsets and the last
+    records; Parquet's footer is at the end) and 16 blocks of 4 KiB, one
+    centred in each sixteenth of the file: 256 KiB read, at most 1 MiB for any
+    file. A change touching any of these ranges changes the hash; a change
+    confined to the other bytes of a file over 1 MiB does not. Depends only on
+    the bytes (not on the path's directory or the modification time)."""
+    h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
-        h.update(f.read(_SAMPLE_BYTES))
-        f.seek(max(0, size - (1 << 16)))
-        h.update(f.read(1 << 16).rstrip(b"\0")[-_SAMPLE_BYTES:])
-    return h.hexdigest()[:16]
+        for start, stop in _sample_ranges(size):
+            f.seek(start)
+            h.update(f.read(stop - start))
+    return h.hexdigest()
 
 
 def _file_identity(paths: list[str], counts: Sequence[int]) -> list[dict]:
+    """``{"file", "size", "records", "sample"}`` per file: its base name, size in bytes,
+    record count and :func:`_sample_hash`.
+
+    Any change of a file's name, size or record count changes it, as does any
+    byte changed in a file of at most 1 MiB and, in a bigger file, any change
+    touching a sampled range (see :func:`_sample_hash`); a same-size change
+    confined to the unsampled bytes of a file over 1 MiB is not seen. Exact
+    checks need a manifest of checksums (a later ``quern prepare``). The
+    directory and the modification time are not part of it: a copy of the
+    files elsewhere keeps the identity."""
     out = []
     for p, c in zip(paths, counts):
         size = os.path.getsize(p)
         out.append({"file": os.path.basename(p), "size": size, "records": int(c), "sample": _sample_hash(p, size)})
     return out
+
+
+def _sample_ids(n: int, k: int = 5) -> list[int]:
+    """Sorted distinct record ids sampled for an identity: ``0``, ``n - 1`` and one id
+    in each of ``k`` equal strata of ``[0, n)``, placed by a hash of ``n``.
+
+    Depends only on ``n`` (the same in every process and session)."""
+    if n <= 0:
+        return []
+    key = hashlib.blake2b(f"quern.sample_ids:{n}".encode(), digest_size=8 * k).digest()
+    ids = {0, n - 1}
+    for j in range(k):
+        lo, hi = j * n // k, (j + 1) * n // k
+        if hi > lo:
+            ids.add(lo + int.from_bytes(key[8 * j : 8 * j + 8], "little") % (hi - lo))
+    return sorted(ids)
 
 
 class _ThreadLocalHandles:
@@ -245,11 +312,10 @@ class ArrayRecordSource(Source):
             r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
             if not r.ok():
                 try:
-                    r.read([0])
-                    detail = "reader is not ok"
-                except Exception as e:  # the reader keeps the failure status
-                    detail = str(e)
-                raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {detail}")
+                    r.read([0])  # the reader keeps the failure status: reading raises it
+                except Exception as e:
+                    raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {e}") from e
+                raise SourceError(f"ArrayRecordSource: cannot open {path!r}: reader is not ok")
         return r
 
     def __len__(self) -> int:
@@ -282,44 +348,67 @@ class ArrayRecordSource(Source):
 # --------------------------------------------------------------------------- Parquet
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)  # cached and shared by every batch that reads this row group
+def _readonly(a: np.ndarray | None) -> np.ndarray | None:
+    if a is not None:
+        a.setflags(write=False)  # cached and shared by every batch that reads this row group
     return a
 
 
-def _values_to_numpy(arr) -> np.ndarray:
-    """Arrow array -> NumPy in bulk; with nulls, an object array holding ``None`` for them."""
-    if arr.null_count:
-        return np.array(arr.to_pylist(), dtype=object)
-    return arr.to_numpy(zero_copy_only=False)
+def _values_to_numpy(arr) -> tuple[np.ndarray, np.ndarray | None]:
+    """Arrow array -> ``(values, valid)`` in bulk.
+
+    ``values`` has the NumPy dtype the Arrow type converts to when there is no
+    null (``arr.drop_null().to_numpy()``), so a value's type never depends on
+    whether its row group holds a null; null slots hold a placeholder (zero, or
+    ``None`` in object arrays). ``valid`` is the mask of non-null slots, or
+    ``None`` when there is no null."""
+    if not arr.null_count:
+        return arr.to_numpy(zero_copy_only=False), None
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    present = arr.drop_null().to_numpy(zero_copy_only=False)
+    values = (np.empty if present.dtype.kind == "O" else np.zeros)(len(arr), present.dtype)
+    values[valid] = present
+    return values, valid
 
 
-def _column_to_numpy(col) -> tuple[str, Any]:
+def _column_to_numpy(col) -> tuple[str, tuple]:
     """Convert one Arrow column of a row group to read-only NumPy arrays, in bulk.
 
-    Returns ``("list", (offsets, values, valid))`` for list columns (row i is
-    ``values[offsets[i]:offsets[i+1]]``, or ``None`` where ``valid`` is False)
-    and ``("flat", array)`` otherwise. A null is ``None`` in every column type
-    (in an object array); columns without nulls keep their NumPy dtype.
+    Returns ``("flat", (values, valid))`` for scalar columns and for
+    fixed-size lists without nulls (row i is ``values[i]``, a NumPy scalar or a
+    1-D array), and ``("list", (offsets, values, valid, value_nulls))`` for
+    other list columns (row i is ``values[offsets[i]:offsets[i+1]]``;
+    ``value_nulls[j]`` counts the null elements before ``values[j]``, or is
+    ``None`` when there is none). ``valid`` marks the non-null rows (``None``
+    when all are). Dtypes are those of :func:`_values_to_numpy`: the same for
+    every row group of a column.
     """
     import pyarrow as pa
 
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     t = arr.type
-    if pa.types.is_fixed_size_list(t) and arr.null_count == 0:
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        values, valid = _values_to_numpy(arr)
+        return "flat", (_readonly(values), _readonly(valid))
+    if pa.types.is_fixed_size_list(t):
         width = t.list_size
-        values = _values_to_numpy(arr.values[arr.offset * width : (arr.offset + len(arr)) * width])
-        return "flat", _readonly(values.reshape((len(arr), width) + values.shape[1:]))
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        if pa.types.is_fixed_size_list(t):
-            width = t.list_size
-            offsets = np.arange(len(arr) + 1, dtype=np.int64) * width + arr.offset * width
-        else:
-            offsets = arr.offsets.to_numpy()  # respects a slice offset; .values does not
-        values = _values_to_numpy(arr.values[int(offsets[0]) : int(offsets[-1])])
-        valid = _readonly(arr.is_valid().to_numpy(zero_copy_only=False)) if arr.null_count else None
-        return "list", (_readonly(offsets - offsets[0]), _readonly(values), valid)
-    return "flat", _readonly(_values_to_numpy(arr))
+        offsets = np.arange(len(arr) + 1, dtype=np.int64) * width + arr.offset * width
+    else:
+        offsets = arr.offsets.to_numpy()  # respects a slice offset; .values does not
+    values, value_valid = _values_to_numpy(arr.values[int(offsets[0]) : int(offsets[-1])])
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+    if pa.types.is_fixed_size_list(t) and valid is None and value_valid is None:
+        return "flat", (_readonly(values.reshape((len(arr), width) + values.shape[1:])), None)
+    value_nulls = None if value_valid is None else np.concatenate([[0], np.cumsum(~value_valid)])
+    return "list", (_readonly(offsets - offsets[0]), _readonly(values), _readonly(valid), _readonly(value_nulls))
+
+
+def _with_null_elements(values: np.ndarray, nulls: np.ndarray) -> np.ndarray:
+    """A read-only object array of ``values`` (NumPy scalars of their dtype) with ``None`` where ``nulls``."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)  # a list of NumPy scalars: assigning the array itself would make Python ints
+    out[nulls] = None
+    return _readonly(out)
 
 
 def _decoded_nbytes(decoded: dict) -> int:
@@ -338,11 +427,16 @@ class ParquetSource(Source):
     ``(file, row group, row)``; ``read_many`` decodes each needed row group once
     (kept in an LRU cache bounded by ``cache_bytes`` of decoded data and, if
     given, ``cache_row_groups`` row groups), converts
-    it to NumPy column by column in bulk, and slices rows out. List columns
-    come out as read-only 1-D arrays (views of the cached row group: copy before
-    changing them in place), scalar columns as NumPy scalars, a null as ``None``
-    in every column type, strings/binary as
-    ``str``/``bytes``.
+    it to NumPy column by column in bulk, and slices rows out.
+
+    A column's non-null values have one type whatever row group they come from
+    (with or without nulls): scalar columns give NumPy scalars of the column's
+    dtype (``np.int64``, ``np.float64``, ``np.bool_``, ``np.datetime64`` for
+    timestamps and dates, ...), strings/binary ``str``/``bytes``; list columns
+    give read-only 1-D arrays of the element dtype (views of the cached row
+    group: copy before changing them in place). A null is ``None`` in every
+    column type; a list holding a null element is a read-only object array of
+    NumPy scalars of the element dtype and ``None``.
     """
 
     def __init__(
@@ -447,16 +541,24 @@ class ParquetSource(Source):
         for g, where in _group_by(group_of):
             decoded = self._row_group(g)
             rows = ids[where] - self.rg_starts[g]
-            cols = {}
+            cols: dict[str, Sequence] = {}
             for name, (kind, data) in decoded.items():
                 if kind == "list":
-                    offsets, values, valid = data
-                    cols[name] = [values[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
-                    if valid is not None:
-                        for k in np.flatnonzero(~valid[rows]).tolist():
-                            cols[name][k] = None
+                    offsets, values, valid, value_nulls = data
+                    starts, stops = offsets[rows], offsets[rows + 1]
+                    col: Sequence = [values[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+                    if value_nulls is not None and values.dtype.kind != "O":  # object arrays hold None already
+                        for k in np.flatnonzero(value_nulls[stops] > value_nulls[starts]).tolist():
+                            nulls = np.diff(value_nulls[starts[k] : stops[k] + 1]) > 0
+                            col[k] = _with_null_elements(col[k], nulls)
                 else:
-                    cols[name] = data[rows]
+                    values, valid = data
+                    col = values[rows]
+                if valid is not None and not valid[rows].all():
+                    col = list(col)
+                    for k in np.flatnonzero(~valid[rows]).tolist():
+                        col[k] = None
+                cols[name] = col
             names = list(cols)
             for k, i in enumerate(where.tolist()):
                 out[i] = {name: cols[name][k] for name in names}
@@ -550,8 +652,51 @@ class TensorStoreSource(Source):
         names = list(cols)
         return [{k: cols[k][i] for k in names} for i in range(len(ids))]
 
+    SAMPLE_BAND_BYTES = 8 << 20
+
     def identity(self) -> dict:
-        return {**super().identity(), "specs": {k: _json_safe(v) for k, v in self.specs.items()}}
+        """Type, name, length, the specs and, per array (``arrays[key]``, key ``""`` for a
+        single array), its shape, dtype, chunk layout and a content sample (see
+        :meth:`_array_identity`)."""
+        return {
+            **super().identity(),
+            "specs": {k: _json_safe(v) for k, v in self.specs.items()},
+            "arrays": {k: self._array_identity(k) for k in self.specs},
+        }
+
+    def _array_identity(self, key: str) -> dict:
+        """``{"shape", "dtype", "chunk_layout", "sample"}`` of array ``key``.
+
+        ``sample`` is the digest of the bands of rows that share a read chunk
+        along the record axis with the rows :func:`_sample_ids` picks (first,
+        last and five keyed ones; reading a row fetches those chunks anyway), or
+        of the picked row alone where its band exceeds ``SAMPLE_BAND_BYTES``.
+        Rewriting values of the same shape and dtype changes it when a sampled
+        band changes; a change confined to other chunks is not seen."""
+        st = self._store(key)
+        layout = st.chunk_layout
+        n = int(st.shape[0])
+        chunk, origin = layout.read_chunk.shape, layout.grid_origin
+        rows_per_chunk = int(chunk[0]) if chunk is not None and chunk[0] else 1
+        origin0 = int(origin[0]) if origin is not None and origin[0] is not None else 0
+        row_bytes = st.dtype.numpy_dtype.itemsize * int(np.prod(st.shape[1:], dtype=np.int64))
+        if rows_per_chunk * row_bytes > self.SAMPLE_BAND_BYTES:
+            rows_per_chunk, origin0 = 1, 0
+        bands = sorted({
+            (max(0, lo), min(n, lo + rows_per_chunk))
+            for lo in (i - (i - origin0) % rows_per_chunk for i in _sample_ids(n))
+        })
+        try:
+            reads = [st[lo:hi].read() for lo, hi in bands]
+            rows = [r.result() for r in reads]
+        except Exception as e:
+            raise SourceError(f"TensorStoreSource: reading sample rows of {self.specs[key]!r} failed: {e}") from e
+        return {
+            "shape": [int(d) for d in st.shape],
+            "dtype": st.dtype.name,
+            "chunk_layout": _json_safe(layout.to_json()),
+            "sample": digest(list(zip(bands, rows)), f"TensorStoreSource {self.name!r} sample"),
+        }
 
 
 def _json_safe(obj: Any) -> Any:
@@ -619,7 +764,7 @@ class SequenceSource(Source):
     """Any object with ``__len__`` and ``__getitem__`` (grain's data-source protocol).
 
     ``read_many`` calls the object's ``__getitems__`` when it has one, else
-    ``__getitem__`` per id. Its identity is its type, ``len`` and ``repr``.
+    ``__getitem__`` per id. See :meth:`identity` for how it is described.
     """
 
     def __init__(self, obj: Any, name: str | None = None):
@@ -644,10 +789,44 @@ class SequenceSource(Source):
         return [self.obj[i] for i in ids.tolist()]
 
     def identity(self) -> dict:
-        r = repr(self.obj)
-        if " at 0x" in r:  # default object repr carries a memory address: not stable
-            r = type(self.obj).__qualname__
-        return {**super().identity(), "repr": r[:1000]}
+        """Type, name, length, the wrapped object's type (``object``) and either
+
+        - ``identity``: the digest of ``obj.identity()`` when the object has
+          that method (a quern source, or any object that describes its data),
+        - ``fingerprint``: the string ``obj.fingerprint()`` returns when it has
+          that method, or else
+        - ``sample``: the digest of the records :func:`_sample_ids` picks (first,
+          last and five keyed ones, read in one ``read_many``), by content
+          (:func:`~quern.pipeline.digest.digest`), never by ``repr``: the same
+          data gives the same identity in every process.
+
+        Raises :class:`FingerprintError` naming the source and the record when a
+        sampled record cannot be described by its content."""
+        obj = self.obj
+        out = {**super().identity(), "object": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+        if callable(getattr(obj, "identity", None)):
+            return {**out, "identity": digest(obj.identity(), f"source {self.name!r}: identity()")}
+        if callable(getattr(obj, "fingerprint", None)):
+            fp = obj.fingerprint()
+            if not isinstance(fp, str):
+                raise FingerprintError(
+                    f"source {self.name!r}: {type(obj).__qualname__}.fingerprint() returned {type(fp).__name__}, "
+                    "not a string"
+                )
+            return {**out, "fingerprint": fp}
+        ids = _sample_ids(len(self))
+        records = self.read_many(np.asarray(ids, dtype=np.int64))
+        for i, rec in zip(ids, records):
+            try:
+                digest(rec, f"record {i}")
+            except FingerprintError as e:
+                what = str(e).split("; ", 1)[0]  # digest's own advice is about transforms, not sources
+                raise FingerprintError(
+                    f"source {self.name!r} ({out['object']}): cannot fingerprint record {i} ({what}); give the "
+                    "source object an identity() method returning a description of its data (a dict of numbers "
+                    "and strings) or a fingerprint() method returning a string that changes whenever its data does"
+                ) from e
+        return {**out, "sample": digest(list(zip(ids, records)), f"source {self.name!r}")}
 
 
 def as_source(obj: Any) -> Source:

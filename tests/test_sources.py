@@ -11,6 +11,7 @@ native code (riegeli, Arrow, TensorStore) fails the test instead of killing pyte
 from __future__ import annotations
 
 import collections.abc
+import datetime
 import json
 import os
 import pickle
@@ -23,10 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import quern
 import tensorstore as ts
 from array_record.python import array_record_module
-
-import quern
 from quern import sources as S
 
 pytestmark = pytest.mark.timeout(120)
@@ -166,6 +166,7 @@ _PROBE = textwrap.dedent(
 def _probe(kind: str, path, reads=("all",), pyarrow_groups=(), cwd=None) -> dict:
     res = subprocess.run(
         [sys.executable, "-c", _PROBE, kind, str(path), json.dumps(list(reads)), json.dumps(list(pyarrow_groups))],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -278,12 +279,12 @@ def test_array_record_out_of_range_ids(ar_shards, bad):
     bad_id = {None: None, -1: -1, "len": n, "len+5": n + 5}[bad]
     if bad_id is None:  # the last valid id reads fine; one past it does not
         assert src[n - 1] == recs[-1][-1]
-        with pytest.raises(IndexError):
+        with pytest.raises(IndexError, match=rf"record {n} out of range \[0, {n}\)"):
             src[n]
         return
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=rf"record {bad_id} out of range \[0, {n}\)"):
         src.read_many([0, 1, bad_id])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=rf"record {bad_id} out of range"):
         src[bad_id]
 
 
@@ -388,11 +389,11 @@ def test_parquet_block_size_is_row_group_size(pq_files, tmp_path):
 
 
 def test_parquet_out_of_range(pq_files):
-    paths, rows, _ = pq_files
+    paths, _, _ = pq_files
     src = S.ParquetSource(paths[0])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"record 200 out of range \[0, 200\)"):
         src.read_many([0, 200])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"record -1 out of range"):
         src[-1]
 
 
@@ -442,7 +443,7 @@ def test_parquet_lru_cache_is_bounded(pq_files, decode_counter, cache):
 
 
 def test_parquet_lru_order(pq_files, decode_counter):
-    paths, rows, layout = pq_files
+    paths, _, layout = pq_files
     src = S.ParquetSource([str(p) for p in paths], cache_row_groups=3)
     first = [start for start, _ in layout]
     for g in (0, 1, 2):
@@ -476,8 +477,90 @@ def test_parquet_int64_column_with_nulls_keeps_exact_values(tmp_path):
     for g, w in zip(got, [want[0], want[2], want[3]]):
         assert g["text"] == w["text"]
         assert np.asarray(g["tokens"]).tolist() == w["tokens"]
-        assert isinstance(g["id"], (int, np.integer)), f"int64 value came back as {type(g['id']).__name__}"
+        assert type(g["id"]) is np.int64, f"int64 value came back as {type(g['id']).__name__}"
         assert int(g["id"]) == w["id"]
+        assert g["tokens"].dtype == np.int32
+
+
+def _typed_columns() -> tuple[pa.Table, dict]:
+    """12 rows in 3 row groups of 4; only the middle row group holds nulls (row 5 in every
+    column, and null list elements in row 6). Returns the table and, per column, the NumPy
+    type of its non-null values (list columns: the dtype of their 1-D arrays)."""
+    rows = range(12)
+    null = {5}
+
+    def col(make, type_):
+        return pa.array([None if i in null else make(i) for i in rows], type=type_)
+
+    t0 = datetime.datetime(2024, 1, 1, 12, 0, 0)
+    table = pa.table({
+        "i64": col(lambda i: 2**60 + i, pa.int64()),
+        "i32": col(lambda i: -i, pa.int32()),
+        "u8": col(lambda i: i, pa.uint8()),
+        "f64": col(lambda i: i / 3, pa.float64()),
+        "f32": col(lambda i: i / 4, pa.float32()),
+        "b": col(lambda i: i % 2 == 0, pa.bool_()),
+        "ts": col(lambda i: t0 + datetime.timedelta(seconds=i), pa.timestamp("us")),
+        "ts_utc": col(lambda i: t0 + datetime.timedelta(milliseconds=i), pa.timestamp("ms", tz="UTC")),
+        "date": col(lambda i: datetime.date(2024, 1, 1 + i), pa.date32()),
+        "s": col(lambda i: f"row{i}", pa.string()),
+        "bin": col(lambda i: bytes([i, 0, i]), pa.binary()),
+        "l_i32": pa.array([None if i in null else ([i, None, i] if i == 6 else [i] * (i % 3)) for i in rows],
+                          type=pa.list_(pa.int32())),
+        "l_f64": col(lambda i: [i / 2, i / 5], pa.list_(pa.float64())),
+        "l_large": col(lambda i: list(range(i)), pa.large_list(pa.int64())),
+        "fixed": pa.array([None if i in null else ([None, i] if i == 6 else [i, -i]) for i in rows],
+                          type=pa.list_(pa.int16(), 2)),
+        "l_s": col(lambda i: [f"a{i}", f"b{i}"], pa.list_(pa.string())),
+    })
+    want = {
+        "i64": np.int64, "i32": np.int32, "u8": np.uint8, "f64": np.float64, "f32": np.float32, "b": np.bool_,
+        "ts": np.dtype("datetime64[us]"), "ts_utc": np.dtype("datetime64[ms]"), "date": np.dtype("datetime64[D]"),
+        "s": str, "bin": bytes, "l_i32": np.int32, "l_f64": np.float64, "l_large": np.int64, "fixed": np.int16,
+        "l_s": object,
+    }
+    return table, want
+
+
+@pytest.mark.parametrize("name", list(_typed_columns()[1]))
+def test_parquet_value_types_do_not_depend_on_row_group_nulls(tmp_path, name):
+    """A column's non-null values have one type in every row group, with or without nulls."""
+    table, want = _typed_columns()
+    path = tmp_path / "typed.parquet"
+    pq.write_table(table, path, row_group_size=4)
+    md = pq.ParquetFile(path).metadata
+    assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == [4, 4, 4]
+    expected = [row[name] for row in pq.read_table(path).to_pylist()]
+    ids = np.arange(12)[::-1]  # rows of all three row groups, in one read
+    got = {i: r[name] for i, r in zip(ids.tolist(), S.ParquetSource(path).read_many(ids))}
+    kind = want[name]
+    is_list = name.startswith(("l_", "fixed"))
+
+    assert got[5] is None
+    seen: dict = {}  # (type, dtype) of a value -> rows where it was seen
+    for i in [i for i in range(12) if i != 5]:
+        v = got[i]
+        if is_list and expected[i] is not None and None in expected[i]:  # a list holding a null element
+            assert isinstance(v, np.ndarray) and v.dtype == object, (i, v)
+            assert {type(x) for x in v if x is not None} == {np.dtype(kind).type}, (i, v)
+            assert [None if x is None else x.item() for x in v] == expected[i]
+            continue
+        seen.setdefault((type(v), getattr(v, "dtype", None)), []).append(i)
+        if is_list:
+            assert v.ndim == 1 and v.tolist() == expected[i], (i, v)
+        else:
+            plain = v.item() if isinstance(v, np.generic) else v
+            if name == "ts_utc":
+                plain = plain.replace(tzinfo=datetime.UTC)
+            assert plain == expected[i], (i, v)
+    assert len(seen) == 1, f"{name}: value types differ between row groups: {seen}"
+    ((typ, dtype),) = seen
+    if kind in (str, bytes):
+        assert typ is kind
+    elif is_list:
+        assert typ is np.ndarray and dtype == np.dtype(kind)
+    else:
+        assert typ is np.dtype(kind).type and dtype == np.dtype(kind)
 
 
 # --------------------------------------------------------------------------- TensorStore
@@ -532,7 +615,7 @@ def test_tensorstore_dict_of_specs(tmp_path):
     ids = np.array([29, 0, 7, 7, 13, 2])
     _assert_records_equal(src.read_many(ids), [{"image": img[i], "label": lab[i]} for i in ids])
     _assert_records_equal(src.read_many(np.arange(5, 9)), [{"image": img[i], "label": lab[i]} for i in range(5, 9)])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"record 30 out of range \[0, 30\)"):
         src.read_many([30])
 
 
@@ -554,13 +637,13 @@ def test_array_source_rows():
     assert len(src) == 20
     ids = np.array([19, 0, 5, 5, 11])
     _assert_records_equal(src.read_many(ids), [{"x": x[i], "y": y[i]} for i in ids])
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"record 20 out of range \[0, 20\)"):
         src.read_many([20])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="share their first dimension"):
         S.ArraySource({"x": x, "y": y[:5]})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="share their first dimension"):
         S.ArraySource({"x": np.float32(1.0)})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expects an array or a non-empty dict"):
         S.ArraySource([x])
 
 
@@ -608,7 +691,7 @@ def test_sequence_source_falls_back_to_getitem():
     ids = [29, 1, 1, 8]
     assert src.read_many(ids) == [data[i] for i in ids]
     assert obj.getitem_calls == ids
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"record 30 out of range \[0, 30\)"):
         src.read_many([30])
 
 
@@ -627,7 +710,7 @@ def test_as_source_dispatch():
     s = S.as_source(["a", "b", "c"])
     assert isinstance(s, S.SequenceSource)
     assert s.read_many([2, 0]) == ["c", "a"]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="needs __len__ and __getitem__"):
         S.as_source(42)
 
 
