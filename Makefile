@@ -1,11 +1,11 @@
 # Two commands (see README.md):
 #   make quickstart   install quern into .venv and run examples/quickstart.py
-#   make test         install quern with test extras into .venv and run the test suite
+#   make test         install quern with test extras into .venv; lint (ruff), type-check (mypy), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install quickstart test bench clean
+.PHONY: install quickstart lint typecheck test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,17 @@ install: $(VENV)/.installed
 quickstart: install
 	$(PY) examples/quickstart.py
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# mypy checks the package by its name, quern, which is this folder: a link named quern points here
+typecheck: install
+	mkdir -p $(VENV)/typecheck
+	ln -sfn $(CURDIR) $(VENV)/typecheck/quern
+	cd $(VENV)/typecheck && MYPYPATH=. $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml -p quern
+
+test: install lint typecheck
 	$(PY) -m pytest -q
 
 bench: install

@@ -25,14 +25,14 @@ class CollatedRows(Sequence):
     returns ``collated`` itself, saving a copy. Vectorised transforms
     (``map_many``) return it."""
 
-    def __init__(self, collated: Any, length: int):
+    def __init__(self, collated: Any, length: int) -> None:
         self.collated = collated
         self._len = int(length)
 
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self._len))]
         if not -self._len <= i < self._len:

@@ -169,9 +169,11 @@ class Pipeline:
         self._need_batch("random_map_batch")
         return self._replace(batch_ops=self.batch_ops + (Op(OpKind.RANDOM_MAP_BATCH, fn),))
 
-    def _need_batch(self, what: str) -> None:
+    def _need_batch(self, what: str) -> int:
+        """The global batch size; a ``ValueError`` naming ``what`` before ``batch()``."""
         if self.batch_size is None:
             raise ValueError(f"{what}() needs batch() first: a step is a batch")
+        return self.batch_size
 
     def _need_no_batch(self, what: str, instead: str) -> None:
         if self.batch_size is not None:
@@ -183,11 +185,10 @@ class Pipeline:
     @property
     def num_steps(self) -> int | None:
         """Number of steps in the stream, or ``None`` when it is endless."""
-        self._need_batch("num_steps")
+        b = self._need_batch("num_steps")
         if self.num_epochs is None:
             return None
         total = len(self.source) * self.num_epochs
-        b = self.batch_size
         return total // b if self.drop_remainder else -(-total // b)
 
     def check_step(self, step: object, name: str = "step", end_ok: bool = False) -> int:
@@ -195,7 +196,7 @@ class Pipeline:
         (``ValueError``) and inside the stream (``IndexError``): below :attr:`num_steps`,
         or equal to it when ``end_ok`` (a start step at the end of the stream yields
         nothing). The one end-of-stream check of every entry point."""
-        self._need_batch("a step")
+        b = self._need_batch("a step")
         step = _check_int(step, name, 0)
         n_steps = self.num_steps
         if n_steps is not None and (step > n_steps or (step == n_steps and not end_ok)):
@@ -203,28 +204,28 @@ class Pipeline:
                 f"{name} {step} is past the end of the stream: {n_steps} steps "
                 f"({len(self.source)} records x {self.num_epochs} epochs, batch {self.batch_size})"
             )
-        assert self.batch_size is not None
-        if (step + 1) * self.batch_size > _index.MAX_RECORDS:
+        if (step + 1) * b > _index.MAX_RECORDS:
             raise IndexError(f"{name} {step} is beyond the addressable stream (positions must stay below 2**62)")
         return step
 
     def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
         """Stream positions of this host's rows at ``step`` (int64 array)."""
         step = self.check_step(step)
-        assert self.batch_size is not None
-        lo, hi = _index.host_rows(self.batch_size, process_index, process_count)
-        start = step * self.batch_size
+        b = self._need_batch("positions")
+        lo, hi = _index.host_rows(b, process_index, process_count)
+        start = step * b
         end = start + hi
         if self.num_epochs is not None:
             end = min(end, len(self.source) * self.num_epochs)
-        full = self.num_epochs is None or start + self.batch_size <= len(self.source) * self.num_epochs
+        full = self.num_epochs is None or start + b <= len(self.source) * self.num_epochs
         if self.host_lengths is not None and process_count > 1 and full:
             return self._balanced_positions(start, process_index, process_count)
         return np.arange(start + lo, max(start + lo, end), dtype=np.int64)
 
     def _balanced_positions(self, start: int, process_index: int, process_count: int) -> np.ndarray:
         """This host's positions of the full global batch at ``start`` (see :meth:`balance_hosts`)."""
-        B, H = self.batch_size, process_count
+        B, H = self._need_batch("positions"), process_count
+        assert self.host_lengths is not None
         positions = np.arange(start, start + B, dtype=np.int64)
         order = np.argsort(-self.host_lengths[self.record_ids(positions)], kind="stable")
         rank = np.arange(B)

@@ -19,14 +19,15 @@ __all__ = ["to_config"]
 
 
 
-def _transform_config(fn: Callable, kind: str, where: str) -> dict:
+def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
     for name, factory in REGISTRY.items():
         if isinstance(factory, type) and type(fn) is factory and dataclasses.is_dataclass(fn):
-            kwargs = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
-            return {"name": name, "kind": kind, "kwargs": to_plain(kwargs)}
-    kwargs = {}
+            fields = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
+            return {"name": name, "kind": kind, "kwargs": to_plain(fields)}
+    kwargs: dict[str, Any] = {}
     if isinstance(fn, functools.partial) and not fn.args:
-        fn, kwargs = fn.func, dict(fn.keywords)
+        kwargs = dict(fn.keywords)
+        fn = fn.func
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or not qualname or module == "__main__" or "<" in qualname:
         raise ValueError(
@@ -36,7 +37,7 @@ def _transform_config(fn: Callable, kind: str, where: str) -> dict:
     return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": to_plain(kwargs)}
 
 
-def to_config(pipe) -> dict:
+def to_config(pipe: Any) -> dict[str, Any]:
     """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
 
     Raises ``ValueError`` when a part of the pipeline has no config form (an
@@ -44,6 +45,7 @@ def to_config(pipe) -> dict:
     if pipe.host_lengths is not None:
         raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
     src = pipe.source
+    source: dict[str, Any]
     if isinstance(src, sources.ArrayRecordSource):
         source = {"type": "array_record", "paths": list(src.paths), "name": src.name}
     elif isinstance(src, sources.ParquetSource):
@@ -53,7 +55,7 @@ def to_config(pipe) -> dict:
         source = {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
     else:
         raise ValueError(f"source {src.name!r} ({type(src).__name__}) has no config form: use a file-based source")
-    shuffle = None
+    shuffle: str | dict[str, Any] | None = None
     if pipe.shuffle_mode == "global":
         shuffle = "global"
     elif pipe.shuffle_mode == "block":

@@ -32,6 +32,7 @@ from .ops import Op, OpKind
 from .sources import Source
 
 __all__ = [
+    "Definition",
     "Where",
     "StepResult",
     "READ",
@@ -55,13 +56,30 @@ _RECORD_SALT, _BATCH_SALT = 1, 2  # part of the published order: keys of random_
 
 
 class Definition(Protocol):
-    """What the step runner needs of a pipeline definition (:class:`~quern.pipeline.dataset.Pipeline`)."""
+    """What the execution layer (step runner, iterator, workers) needs of a pipeline
+    definition: :class:`~quern.pipeline.dataset.Pipeline` is one."""
 
-    source: Source
-    seed: int
-    batch_size: int | None
-    record_ops: tuple[Op, ...]
-    batch_ops: tuple[Op, ...]
+    @property
+    def source(self) -> Source: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int | None: ...
+
+    @property
+    def record_ops(self) -> tuple[Op, ...]: ...
+
+    @property
+    def batch_ops(self) -> tuple[Op, ...]: ...
+
+    @property
+    def num_steps(self) -> int | None: ...
+
+    def check_step(self, step: object, name: str = "step", end_ok: bool = False) -> int: ...
+
+    def fingerprint(self) -> str: ...
 
     def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray: ...
 
@@ -132,14 +150,14 @@ def apply_record_op(pipe: Definition, k: int, records: Sequence[Any], positions:
     many = getattr(op.fn, "map_many", None) if op.kind is OpKind.MAP else None
     if many is not None:
         try:
-            out = many(records)
+            outs: Sequence[Any] = many(records)
         except Exception as e:
             raise StepError(
                 f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
             ) from e
-        if len(out) != len(records):
-            raise StepError(f"{where}, stage {stage}: map_many returned {len(out)} records for {len(records)}")
-        return out
+        if len(outs) != len(records):
+            raise StepError(f"{where}, stage {stage}: map_many returned {len(outs)} records for {len(records)}")
+        return outs
     out: list[Any] = [None] * len(records)
     fn = op.fn
     if op.kind is OpKind.RANDOM_MAP:

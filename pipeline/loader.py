@@ -61,7 +61,7 @@ class PipelineIterator:
 
     def __init__(
         self,
-        pipe,
+        pipe: execute.Definition,
         start_step: int = 0,
         process_index: int = 0,
         process_count: int = 1,
@@ -82,7 +82,7 @@ class PipelineIterator:
                 f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
                 "each worker process computes its steps on one thread"
             )
-        lo, hi = host_rows(pipe.batch_size, process_index, process_count)  # validates the host slice now
+        lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif not self.num_workers:
@@ -92,18 +92,18 @@ class PipelineIterator:
         self.process_count = int(process_count)
         self._end = pipe.num_steps
         self._fingerprint = pipe.fingerprint()
-        self._pending: collections.deque[tuple[int, int, cf.Future]] = collections.deque()
-        self._ready: collections.deque = collections.deque()  # batches of the chunk being consumed
+        self._pending: collections.deque[tuple[int, int, cf.Future[list[Any]]]] = collections.deque()
+        self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
-        self._workers = None
-        self._last_stats = {"workers": 0}
+        self._workers: WorkerPool | None = None
+        self._last_stats: dict[str, Any] = {"workers": 0}
         if self.num_workers:
             self._last_stats = {
                 "workers": self.num_workers, "delivered_by_worker": [0] * self.num_workers,
                 "computed_in_parent": 0, "worker_restarts": 0,
             }
-        self._pool = None
+        self._pool: cf.ThreadPoolExecutor | None = None
         if self.num_workers and (self._end is None or self.step < self._end):
             self._workers = WorkerPool(
                 pipe, self.num_workers, self.process_index, self.process_count,
@@ -151,6 +151,7 @@ class PipelineIterator:
     def _fill(self) -> None:
         """Keep ``prefetch`` chunks of steps in flight after the ones already computed."""
         nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
+        assert self._pool is not None and self.read_ahead is not None
         while len(self._pending) < self.prefetch and (self._end is None or nxt < self._end):
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
@@ -217,7 +218,7 @@ class PipelineIterator:
     def __enter__(self) -> "PipelineIterator":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 __all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS"]
 
 
-class OpKind(str, enum.Enum):
+class OpKind(enum.StrEnum):
     """What a stage applies to and what it is given.
 
     ``MAP``: ``fn(record)``; ``RANDOM_MAP``: ``fn(record, rng)`` with a numpy
@@ -21,9 +21,6 @@ class OpKind(str, enum.Enum):
     RANDOM_MAP = "random_map"
     MAP_BATCH = "map_batch"
     RANDOM_MAP_BATCH = "random_map_batch"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP)

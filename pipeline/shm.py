@@ -21,7 +21,7 @@ import pickle
 import socket
 import struct
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class Buffer:
     nobody else sees the writes. ``close()`` unmaps it (or leaves that to the
     arrays still viewing it); the memory is freed once no process maps it."""
 
-    def __init__(self, fd: int, size: int, private: bool = False, keep_fd: bool = False):
+    def __init__(self, fd: int, size: int, private: bool = False, keep_fd: bool = False) -> None:
         self.size = size
         try:
             flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
@@ -69,7 +69,7 @@ class Buffer:
         self.fd = fd
         if not keep_fd:
             self.drop_fd()
-        self.array = np.frombuffer(self.mm, np.uint8, size)
+        self.array: np.ndarray | None = np.frombuffer(self.mm, np.uint8, size)
 
     @classmethod
     def create(cls, size: int) -> "Buffer":
@@ -120,22 +120,20 @@ def layout(buffers: list[pickle.PickleBuffer]) -> tuple[list[tuple[int, int]], i
 
 def write(dst: Buffer, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]]) -> None:
     """Copy each out-of-band buffer to its span of ``dst``."""
+    assert dst.array is not None, "the buffer is closed"
     for pb, (off, n) in zip(buffers, spans):
         dst.array[off : off + n] = np.frombuffer(pb.raw(), np.uint8)
 
 
-def loads(data: bytes, src: Buffer, spans: list[tuple[int, int]], copy: bool = True) -> Any:
+def loads(data: bytes | memoryview, src: Buffer, spans: list[tuple[int, int]], copy: bool = True) -> Any:
     """Rebuild an object pickled by :func:`dumps` whose buffers were written to ``src``.
 
     ``copy=True`` copies each buffer out (the result owns its memory and ``src``
     can be reused at once); ``copy=False`` returns views into ``src`` (valid only
     while ``src`` keeps its contents)."""
+    bufs: list[np.ndarray] | list[memoryview]
     if copy:
-        bufs = []
-        for off, n in spans:
-            b = np.empty(n, np.uint8)
-            b[:] = np.frombuffer(src.mm, np.uint8, n, off)
-            bufs.append(b)
+        bufs = [np.frombuffer(src.mm, np.uint8, n, off).copy() for off, n in spans]
     else:
         bufs = [src.view(off, n) for off, n in spans]
     return pickle.loads(data, buffers=bufs)
@@ -153,7 +151,7 @@ def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]]) -> tuple[Any, 
 # --------------------------------------------------------------------------- messages
 
 
-def send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
+def send(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
     """Send one pickled message, with ``fds`` (file descriptors) attached to it."""
     payload = pickle.dumps(obj, protocol=5)
     frame = _HEADER.pack(len(payload)) + payload
@@ -170,7 +168,8 @@ def recv(sock: socket.socket) -> tuple[Any, list[int]]:
     ``OSError`` (after reading the whole message) when the kernel had to drop the
     descriptors attached to it because this process has too many files open.
     Descriptors arrive close-on-exec."""
-    head, fds, truncated = b"", [], False
+    head, truncated = b"", False
+    fds: list[int] = []
     try:
         while len(head) < _HEADER.size:
             data, anc, flags, _addr = sock.recvmsg(
@@ -187,12 +186,12 @@ def recv(sock: socket.socket) -> tuple[Any, list[int]]:
             head += data
         (n,) = _HEADER.unpack(head)
         payload = bytearray(n)
-        view, got = memoryview(payload), 0
-        while got < n:
-            k = sock.recv_into(view[got:])
+        view, received = memoryview(payload), 0
+        while received < n:
+            k = sock.recv_into(view[received:])
             if not k:
                 raise EOFError("peer closed the connection in the middle of a message")
-            got += k
+            received += k
         if truncated:
             raise OSError(
                 "a shared-memory descriptor from a worker was dropped: this process reached its limit of "

@@ -42,7 +42,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -109,13 +109,13 @@ class Source:
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def read_many(self, ids: np.ndarray) -> list:  # pragma: no cover - abstract
+    def read_many(self, ids: np.ndarray) -> Sequence[Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __getitem__(self, i: int) -> Any:
         return self.read_many(np.asarray([i], dtype=np.int64))[0]
 
-    def __getitems__(self, ids: Sequence[int]) -> list:
+    def __getitems__(self, ids: Sequence[int]) -> Sequence[Any]:
         return self.read_many(np.asarray(ids, dtype=np.int64))
 
     def identity(self) -> dict:
@@ -164,7 +164,7 @@ def _sample_hash(path: str, size: int) -> str:
     return h.hexdigest()
 
 
-def _file_identity(paths: list[str], counts: Sequence[int]) -> list[dict]:
+def _file_identity(paths: list[str], counts: Sequence[int] | np.ndarray) -> list[dict]:
     """``{"file", "size", "records", "sample"}`` per file: its base name, size in bytes,
     record count and :func:`_sample_hash`.
 
@@ -218,7 +218,8 @@ class _ThreadLocalHandles:
         return {}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self._local = threading.local()
+        self._pid = os.getpid()
 
 
 class _HandlePool:
@@ -266,7 +267,7 @@ class _HandlePool:
         return {"limit": self.limit}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["limit"])
+        _HandlePool.__init__(self, state["limit"])
 
 
 # --------------------------------------------------------------------------- ArrayRecord
@@ -302,7 +303,7 @@ class ArrayRecordSource(Source):
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
-    def _reader(self, file_index: int):
+    def _reader(self, file_index: int) -> Any:
         """A reader of file ``file_index`` for this thread's exclusive use; give it back to ``self._pool``."""
         r = self._pool.take(file_index)
         if r is None:
@@ -348,13 +349,16 @@ class ArrayRecordSource(Source):
 # --------------------------------------------------------------------------- Parquet
 
 
-def _readonly(a: np.ndarray | None) -> np.ndarray | None:
+_A = TypeVar("_A", bound="np.ndarray | None")
+
+
+def _readonly(a: _A) -> _A:
     if a is not None:
         a.setflags(write=False)  # cached and shared by every batch that reads this row group
     return a
 
 
-def _values_to_numpy(arr) -> tuple[np.ndarray, np.ndarray | None]:
+def _values_to_numpy(arr: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """Arrow array -> ``(values, valid)`` in bulk.
 
     ``values`` has the NumPy dtype the Arrow type converts to when there is no
@@ -371,7 +375,7 @@ def _values_to_numpy(arr) -> tuple[np.ndarray, np.ndarray | None]:
     return values, valid
 
 
-def _column_to_numpy(col) -> tuple[str, tuple]:
+def _column_to_numpy(col: Any) -> tuple[str, tuple]:
     """Convert one Arrow column of a row group to read-only NumPy arrays, in bulk.
 
     Returns ``("flat", (values, valid))`` for scalar columns and for
@@ -541,12 +545,12 @@ class ParquetSource(Source):
         for g, where in _group_by(group_of):
             decoded = self._row_group(g)
             rows = ids[where] - self.rg_starts[g]
-            cols: dict[str, Sequence] = {}
+            cols: dict[str, Any] = {}
             for name, (kind, data) in decoded.items():
                 if kind == "list":
                     offsets, values, valid, value_nulls = data
                     starts, stops = offsets[rows], offsets[rows + 1]
-                    col: Sequence = [values[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+                    col: list[Any] | np.ndarray = [values[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
                     if value_nulls is not None and values.dtype.kind != "O":  # object arrays hold None already
                         for k in np.flatnonzero(value_nulls[stops] > value_nulls[starts]).tolist():
                             nulls = np.diff(value_nulls[starts[k] : stops[k] + 1]) > 0
@@ -555,9 +559,10 @@ class ParquetSource(Source):
                     values, valid = data
                     col = values[rows]
                 if valid is not None and not valid[rows].all():
-                    col = list(col)
+                    with_nulls = list(col)
                     for k in np.flatnonzero(~valid[rows]).tolist():
-                        col[k] = None
+                        with_nulls[k] = None
+                    col = with_nulls
                 cols[name] = col
             names = list(cols)
             for k, i in enumerate(where.tolist()):
@@ -611,7 +616,7 @@ class TensorStoreSource(Source):
         self._len = next(iter(lengths.values()))
         self.name = name or ("tensorstore" if self._single else "+".join(self.specs))
 
-    def _store(self, key: str):
+    def _store(self, key: str) -> Any:
         handles = self._handles.get()
         st = handles.get(key)
         if st is None:
@@ -721,17 +726,17 @@ class ArraySource(Source):
     collation costs no copy. The identity hashes the arrays' contents.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray] | np.ndarray, name: str = "arrays"):
+    def __init__(self, arrays: Mapping[str, np.ndarray] | np.ndarray, name: str = "arrays") -> None:
         self._single = isinstance(arrays, np.ndarray)
-        if self._single:
-            arrays = {"": arrays}
-        if not isinstance(arrays, Mapping) or not arrays:
+        named: Mapping[str, np.ndarray] = {"": arrays} if isinstance(arrays, np.ndarray) else arrays
+        if not isinstance(named, Mapping) or not named:
             raise TypeError("ArraySource expects an array or a non-empty dict of name -> array")
-        self.arrays = {str(k): np.asarray(v) for k, v in arrays.items()}
-        lengths = {k: (v.shape[0] if v.ndim else None) for k, v in self.arrays.items()}
-        if None in lengths.values() or len(set(lengths.values())) != 1:
+        self.arrays = {str(k): np.asarray(v) for k, v in named.items()}
+        lengths = {k: (int(v.shape[0]) if v.ndim else None) for k, v in self.arrays.items()}
+        first = next(iter(lengths.values()))
+        if first is None or len(set(lengths.values())) != 1:
             raise ValueError(f"ArraySource: arrays must share their first dimension, got {lengths}")
-        self._len = next(iter(lengths.values()))
+        self._len: int = first
         self.name = name
 
     def __len__(self) -> int:
@@ -749,15 +754,7 @@ class ArraySource(Source):
         return {**super().identity(), "content": self._content}
 
     def _hash_content(self) -> str:
-        h = hashlib.blake2b(digest_size=16)
-        for k in sorted(self.arrays):
-            a = np.ascontiguousarray(self.arrays[k])
-            h.update(f"{k}:{a.dtype.str}:{a.shape}".encode())
-            if a.dtype.kind != "O":
-                h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
-            else:
-                h.update(repr(a.tolist()).encode())
-        return h.hexdigest()
+        return digest(self.arrays, f"ArraySource {self.name!r}")
 
 
 class SequenceSource(Source):

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from . import execute, shm
 from .errors import StepError
@@ -32,7 +32,7 @@ def main(fd: int) -> None:
     process (``os._exit``) when the parent closes the socket or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:  # whole lines as they come, so that what a transform prints is not lost when the worker is killed
-        sys.stdout.reconfigure(line_buffering=True)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     except Exception:
         pass
     os.set_inheritable(fd, False)  # a process a transform starts must not hold the parent's socket
@@ -118,7 +118,7 @@ def _from_main(qualname: str) -> Any:
     return functools.reduce(getattr, qualname.split("."), sys.modules["__main__"])
 
 
-def _pickle_for_parent(obj: Any, protocol: int = 5, buffer_callback=None) -> bytes:
+def _pickle_for_parent(obj: Any, protocol: int = 5, buffer_callback: Callable[[Any], Any] | None = None) -> bytes:
     out = io.BytesIO()
     _ParentPickler(out, protocol=protocol, buffer_callback=buffer_callback).dump(obj)
     return out.getvalue()

@@ -89,7 +89,7 @@ class _Copied(NamedTuple):
 class _StepFailed(NamedTuple):
     """A step that raised in worker ``index`` (process ``pid``)."""
 
-    index: int
+    worker_index: int
     pid: int
     report: ErrorReport
 
@@ -179,28 +179,28 @@ class WorkerPool:
     ``read_ahead`` of its steps and has at most ``prefetch`` tasks in flight, so
     shared memory holds at most ``num_workers * prefetch * read_ahead`` batches
     in flight (each worker's slots, reused) plus the batches the caller holds
-    (lent slots). ``copy=True`` copies each batch out of its slot instead (only
-    to measure what lending saves). ``read_ahead=None`` picks about
+    (lent slots). ``copy=True`` copies each batch out of its slot instead
+    (``pipe.iterator(copy_batches=True)``). ``read_ahead=None`` picks about
     :data:`TASK_RECORDS` records per task (at most :data:`MAX_TASK_STEPS` steps),
     lowered once the first batch's size is known so that the slots stay within
     :data:`SHARED_MEMORY_BUDGET`; until then tasks are one step.
     """
 
-    def __init__(self, pipe, num_workers: int, process_index: int, process_count: int,
-                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = False):
+    def __init__(self, pipe: execute.Definition, num_workers: int, process_index: int, process_count: int,
+                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = False) -> None:
         import cloudpickle  # not needed by a worker, which only unpickles
 
         self.pipe, self.end, self.copy = pipe, end, copy
         self.num_workers, self.prefetch = num_workers, prefetch
         self._auto = read_ahead is None
-        if self._auto:
-            lo, hi = host_rows(pipe.batch_size, process_index, process_count)
+        if read_ahead is None:
+            lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)
             read_ahead = execute.steps_per_read(hi - lo, TASK_RECORDS, MAX_TASK_STEPS)
         room = _descriptor_room(num_workers * (prefetch * read_ahead + 2))  # one per slot, plus spares
         if self._auto and room < num_workers * (prefetch * read_ahead + 2):
             read_ahead = max(1, (room // num_workers - 2) // prefetch)
-        self.max_read_ahead = read_ahead
-        self.read_ahead = 1 if self._auto else read_ahead  # until the size of a batch is known
+        self.max_read_ahead: int = read_ahead
+        self.read_ahead: int = 1 if self._auto else read_ahead  # until the size of a batch is known
         self.process_index, self.process_count = process_index, process_count
         try:
             data, buffers = shm.dumps(pipe, cloudpickle.dumps, _ARRAY_INLINE_BYTES)
@@ -211,7 +211,7 @@ class WorkerPool:
             ) from e
         buffers.insert(0, pickle.PickleBuffer(data))
         spans, size = shm.layout(buffers)
-        self._definition = shm.Buffer.create(size)  # shared by all workers, read-only there
+        self._definition: shm.Buffer | None = shm.Buffer.create(size)  # shared by all workers, read-only there
         shm.write(self._definition, buffers, spans)
         self._init = Init(spans, size, process_index, process_count)
         self._selector = selectors.DefaultSelector()
@@ -237,6 +237,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ processes
 
     def _start(self, w: int) -> None:
+        assert self._definition is not None and self._definition.fd is not None, "the pool is closed"
         worker = _Worker(w, self._init, [self._definition.fd])
         self.workers[w] = worker
         self._selector.register(worker.sock, selectors.EVENT_READ, worker)
@@ -446,7 +447,7 @@ class WorkerPool:
         result = self._results.pop(step)
         if isinstance(result, _StepFailed):
             report = result.report
-            error = StepError(f"{report.text}\n\nworker {result.index} (pid {result.pid}) traceback:\n"
+            error = StepError(f"{report.text}\n\nworker {result.worker_index} (pid {result.pid}) traceback:\n"
                               f"{report.traceback}")
             if report.cause is not None:
                 try:

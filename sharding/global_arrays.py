@@ -30,7 +30,7 @@ def host_slice() -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
-def _batch_sharding(mesh, partition_spec):
+def _batch_sharding(mesh: Any, partition_spec: Any) -> Any:
     from jax.sharding import NamedSharding, PartitionSpec
 
     if partition_spec is None:  # the batch axis over every mesh axis
@@ -38,11 +38,11 @@ def _batch_sharding(mesh, partition_spec):
     return NamedSharding(mesh, partition_spec)
 
 
-def process_rows(sharding, global_batch_size: int) -> tuple[int, int]:
+def process_rows(sharding: Any, global_batch_size: int) -> tuple[int, int]:
     """Rows ``[lo, hi)`` of a global batch that this process's devices hold under
     ``sharding`` (a contiguous range, or a ``ValueError``)."""
     shape = (global_batch_size,)
-    rows = set()
+    rows: set[int] = set()
     for index in sharding.addressable_devices_indices_map(shape).values():
         sl = index[0] if index else slice(None)
         lo, hi, _ = sl.indices(global_batch_size)
@@ -60,10 +60,12 @@ class GlobalIterator:
     """Iterator of global batches; see :func:`global_iterator`. ``.step`` is the next
     step to be yielded; ``.state()`` and ``.close()`` as for ``pipe.iterator()``."""
 
-    def __init__(self, pipe, mesh, start_step: int, partition_spec, num_workers: int, device_prefetch: int):
+    def __init__(self, pipe: Any, mesh: Any, start_step: int, partition_spec: Any, num_workers: int,
+                 device_prefetch: int) -> None:
         import jax
 
-        pipe._need_batch("global_iterator")
+        if pipe.batch_size is None:
+            raise ValueError("global_iterator() needs batch() first: a step is a batch")
         if not pipe.drop_remainder and pipe.num_steps is not None and len(pipe.source) * pipe.num_epochs % pipe.batch_size:
             raise ValueError(
                 "global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)"
@@ -88,7 +90,7 @@ class GlobalIterator:
     def _to_global(self, batch: Any) -> Any:
         rows = self.global_batch_size // self.process_count
 
-        def one(x):
+        def one(x: Any) -> Any:
             x = np.asarray(x)
             if x.ndim == 0 or x.shape[0] != rows or x.dtype.kind not in "biufc":
                 raise ValueError(
@@ -130,12 +132,12 @@ class GlobalIterator:
     def __enter__(self) -> "GlobalIterator":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def global_iterator(pipe, mesh, *, start_step: int = 0, partition_spec=None, num_workers: int = 0,
-                    device_prefetch: int = 2) -> GlobalIterator:
+def global_iterator(pipe: Any, mesh: Any, *, start_step: int = 0, partition_spec: Any = None,
+                    num_workers: int = 0, device_prefetch: int = 2) -> GlobalIterator:
     """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
 
     ``partition_spec`` (default: the batch axis over all mesh axes) is a one-entry

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class pad:
     def __call__(self, record: Any) -> dict:
         return self.map_many([record])[0]
 
-    def map_many(self, records: list) -> list:
+    def map_many(self, records: Sequence[Any]) -> Sequence[Any]:
         if not len(records):
             return []
         arrays = [r[self.key] for r in records] if self.key is not None else list(records)
@@ -93,7 +93,7 @@ class pad:
         return CollatedRows(batch, len(records))
 
 
-def _collate_other_fields(records: list, key: str | None) -> dict | None:
+def _collate_other_fields(records: Sequence[Any], key: str | None) -> dict | None:
     """The records' fields other than ``key``, collated; ``None`` if they cannot be."""
     first = records[0]
     if not all(isinstance(r, dict) for r in records):
