@@ -188,6 +188,8 @@ def test_state_is_json_and_resume_is_exact():
         state = json.loads(json.dumps(it.state()))
         expected = [next(it) for _ in range(3)]
     assert state["step"] == 7
+    for k, want in enumerate(expected):
+        _equal(want, pipe.batch_at(7 + k))
     with pipe.resume(state) as it2:
         for want in expected:
             _equal(next(it2), want)
@@ -214,13 +216,21 @@ def test_batches_at_equals_batch_at_step_by_step():
         pipe.batches_at(3, 3)
 
 
+def _prefetch_threads():
+    return {t for t in threading.enumerate() if t.name.startswith("quern-prefetch")}
+
+
 def test_iterator_stops_at_the_end_and_closes_its_threads():
     pipe = quern.Pipeline.from_source(_arrays(100), num_epochs=2).shuffle().batch(30)
+    before = _prefetch_threads()
     with pipe.iterator(num_threads=2) as it:
-        got = [b["id"] for b in it]
+        got = [next(it)["id"]]
+        ours = _prefetch_threads() - before
+        assert ours  # the iterator's own threads, which closing must stop
+        got += [b["id"] for b in it]
     assert len(got) == 6 and it.step == 6
     assert sorted(np.concatenate(got)[:100].tolist()) == list(range(100))
-    assert not [t for t in threading.enumerate() if t.name.startswith("quern-prefetch")]
+    assert not [t for t in ours if t.is_alive()]
     it2 = pipe.iterator(start_step=6)
     with pytest.raises(StopIteration):
         next(it2)
@@ -232,13 +242,16 @@ def test_iterator_stops_at_the_end_and_closes_its_threads():
 def test_garbage_collected_iterator_stops_its_threads():
     import gc
 
+    before = _prefetch_threads()
     it = _pipe().iterator(num_threads=2)
     next(it)
+    ours = _prefetch_threads() - before
+    assert ours  # the threads that collecting the iterator must stop
     del it
     gc.collect()
-    for t in [t for t in threading.enumerate() if t.name.startswith("quern-prefetch")]:
+    for t in ours:
         t.join(timeout=10)
-    assert not [t for t in threading.enumerate() if t.name.startswith("quern-prefetch")]
+    assert not [t for t in ours if t.is_alive()]
 
 
 def _fail_on_13(rec):
@@ -272,14 +285,22 @@ def test_pipeline_is_immutable():
     base = quern.Pipeline.from_source(_arrays(10))
     shuffled = base.shuffle()
     assert base.shuffle_mode is None and shuffled.shuffle_mode == "global"
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError, match="seed"):  # dataclasses.FrozenInstanceError is one
         base.seed = 3
+    assert base.seed == 0
+    mapped = shuffled.map(add_one)  # a new pipeline; shuffled still has no map
+    plain, plus_one = shuffled.batch(10).batch_at(0), mapped.batch(10).batch_at(0)
+    np.testing.assert_array_equal(plain["x"][:, 0], plain["id"])
+    np.testing.assert_array_equal(plus_one["x"][:, 0], plus_one["id"] + 1)
 
 
 def test_block_shuffle_pipeline_covers_every_record():
     pipe = quern.Pipeline.from_source(_arrays(1000), seed=2, num_epochs=1).shuffle("block", block=50, window=3)
     ids = np.concatenate([pipe.batch(100).batch_at(s)["id"] for s in range(10)])
     assert np.array_equal(np.sort(ids), np.arange(1000))
+    assert not np.array_equal(ids, np.arange(1000))  # shuffled...
+    for g in range(1000 // 150):  # ...but each window of 3 * 50 positions reads exactly 3 blocks of 50 records
+        assert len(np.unique(ids[g * 150 : (g + 1) * 150] // 50)) == 3
 
 
 @pytest.mark.parametrize(
@@ -313,12 +334,20 @@ def test_dataset_smaller_than_a_batch():
     assert np.array_equal(np.bincount(batch[:200], minlength=100), np.full(100, 2))
     with pytest.raises(ValueError, match="empty"):
         quern.Pipeline.from_source({"a": np.zeros((0, 3))})
-    with pytest.raises((TypeError, ValueError), match="seed"):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got -5"):
         quern.Pipeline.from_source(_arrays(10), seed=-5)
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        quern.Pipeline.from_source(_arrays(10), seed=1.5)
 
 
-def test_map_after_batch_applies_to_batches():
-    pipe = quern.Pipeline.from_source(_arrays(20)).batch(5).map(lambda b: {"n": b["id"].sum()})
+def test_map_after_batch_is_refused_with_a_pointer_to_map_batch():
+    batched = quern.Pipeline.from_source(_arrays(20)).batch(5)
+    with pytest.raises(ValueError, match=r"\bmap_batch"):  # map_batch itself, not only random_map_batch
+        batched.map(lambda b: {"n": b["id"].sum()})
+    with pytest.raises(ValueError, match="random_map_batch"):
+        batched.random_map(noisy)
+    # what the message points to does the job: a batch-level transform
+    pipe = batched.map_batch(lambda b: {"n": b["id"].sum()})
     assert int(pipe.batch_at(1)["n"]) == 5 + 6 + 7 + 8 + 9
 
 
@@ -342,12 +371,14 @@ def test_grain_style_source_with_getitems():
     assert [r[0][1] for r in pipe.explain(2)] == calls[0]
 
 
-def test_module_hash_matches_index_module():
-    # the pipeline's record ids are exactly the index module's function of positions
+def test_batch_records_are_the_index_modules_function_of_positions():
+    # the records of a batch are exactly the index module's function of the step's positions
     pipe = _pipe()
     pos = pipe.positions(7)
     assert pos.tolist() == list(range(7 * 64, 8 * 64))
-    np.testing.assert_array_equal(pipe.record_ids(pos), index.epoch_record_ids(pos, 1000, 0, "global"))
+    want = index.epoch_record_ids(pos, 1000, 0, "global")
+    np.testing.assert_array_equal(pipe.record_ids(pos), want)
+    np.testing.assert_array_equal(pipe.batch_at(7)["id"], want)
 
 
 def _fail_at_position_50(rec):

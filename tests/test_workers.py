@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 from array_record.python import array_record_module
 
 import quern
-from quern.pipeline.workers import WorkerError
+from quern import WorkerError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,14 +71,16 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def _memfd_maps(pid: int) -> list[tuple[int, int]]:
-    """(start, end) of the ``memfd:quern`` mappings of process ``pid``."""
+def _memfd_maps(pid: int, inodes: bool = False) -> list[tuple[int, ...]]:
+    """(start, end) of the ``memfd:quern`` mappings of process ``pid`` (and the
+    inode of the memory file, which is the same in every process that maps it)."""
     out = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             if "memfd:quern" in line:
-                lo, hi = line.split()[0].split("-")
-                out.append((int(lo, 16), int(hi, 16)))
+                fields = line.split()
+                lo, hi = fields[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)) + ((int(fields[4]),) if inodes else ()))
     return out
 
 
@@ -193,16 +196,38 @@ def test_other_sources_through_workers(kind, tmp_path):
         assert it.stats()["computed_in_parent"] == 0
 
 
-def test_batches_before_the_workers_are_up_are_identical_too(shards):
-    pipe = _token_pipe(shards, seed=2)
+class GatedIdentity:
+    """A batch transform that does nothing, but whose unpickling in a worker process
+    waits until the file ``gate`` exists: no worker can finish starting (it loads the
+    pipeline first) before the test opens the gate, however fast workers start."""
+
+    def __init__(self, gate):
+        self.gate, self.parent = str(gate), os.getpid()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        deadline = time.monotonic() + 60  # never a worker stuck for good
+        while os.getpid() != self.parent and not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_batches_before_the_workers_are_up_are_identical_too(shards, tmp_path):
+    gate = tmp_path / "gate"
+    pipe = _token_pipe(shards, seed=2).map_batch(GatedIdentity(gate))
     with pipe.iterator(num_workers=2) as it:
-        got = [next(it)]
-        assert it.stats()["computed_in_parent"] == 1  # at once: a worker needs ~0.15 s to start
-        got += [next(it) for _ in range(199)]
+        got = [next(it) for _ in range(10)]  # the workers are held at start-up: all computed here
+        assert it.stats()["computed_in_parent"] == 10 and it.stats()["delivered_by_worker"] == [0, 0]
+        gate.touch()
+        _started(it)
+        got += [next(it) for _ in range(30)]  # from now on, all computed by the workers
         stats = it.stats()
     for s, g in enumerate(got):
         _equal(g, pipe.batch_at(s), f"step {s}")
-    assert stats["computed_in_parent"] + sum(stats["delivered_by_worker"]) >= 200
+    assert stats["computed_in_parent"] == 10
+    assert all(n >= 15 for n in stats["delivered_by_worker"]), stats  # steps 10..39: 15 per worker
 
 
 def test_host_slices_and_a_partial_last_batch(shards):
@@ -225,6 +250,7 @@ def test_held_batches_are_never_overwritten(shards):
         held = [next(it) for _ in range(60)]
         os.kill(it.worker_pids[0], signal.SIGKILL)  # its slots stay valid for the batches held
         held += [next(it) for _ in range(20)]
+        assert it.stats()["worker_restarts"] == 1  # the kill did happen while batches were held
     for s, g in enumerate(held):  # also after close()
         _equal(g, pipe.batch_at(s), f"step {s}")
     del g, held
@@ -259,8 +285,11 @@ def test_source_arrays_reach_workers_through_one_shared_copy():
         _started(it)
         for s in range(10):
             _equal(next(it), pipe.batch_at(s))
-        for pid in it.worker_pids:  # each worker maps the one shared copy of the array
-            assert any(hi - lo >= n * 8 for lo, hi in _memfd_maps(pid)), pid
+        # each worker maps the one shared copy of the array: the same memory file as the
+        # parent's (same inode), big enough to hold it
+        big = [{ino for lo, hi, ino in _memfd_maps(pid, inodes=True) if hi - lo >= n * 8}
+               for pid in [os.getpid(), *it.worker_pids]]
+        assert len(big) == 3 and set.intersection(*big), big
 
 
 def test_shared_memory_is_bounded_by_workers_times_slots(shards):
@@ -284,19 +313,21 @@ def widen(batch):
     return {"big": np.repeat(batch["x"][:, :1], 32768, axis=1)}
 
 
-def test_default_task_size_keeps_slots_within_the_budget():
-    from quern.pipeline import workers
+BUDGET = 256 << 20  # the iterator's documented bound on the slots of the default task size
 
+
+def test_default_task_size_keeps_slots_within_the_budget():
     pipe = quern.Pipeline.from_source(_arrays(), seed=0).batch(64).map_batch(widen)
+    batch_bytes = 64 * 32768 * 4
+    # the premise: tasks of the largest default size (2 workers * prefetch 2 * 64 steps of 8 MiB
+    # = 2 GiB) would take several times the budget, so the default must be lowered to fit
     with pipe.iterator(num_workers=2) as it:
         _started(it)
-        for s in range(120):
+        for _ in range(120):
             next(it)
         mapped = sum(hi - lo for lo, hi in _memfd_maps(os.getpid()))
         _equal(next(it), pipe.batch_at(120))
-    batch_bytes = 64 * 32768 * 4
-    assert batch_bytes * 2 * 2 * workers.MAX_TASK_STEPS > 3 * workers.SHARED_MEMORY_BUDGET  # would not fit
-    assert mapped <= workers.SHARED_MEMORY_BUDGET + 2 * batch_bytes + (1 << 20)  # + one held batch per worker
+    assert mapped <= BUDGET + 2 * batch_bytes + (1 << 20)  # + one held batch per worker
 
 
 def test_workers_open_files_lazily(shards):
@@ -347,10 +378,11 @@ def test_memory_of_batches_held_then_dropped_is_given_back(shards):
 
 
 _SCRIPT_STDOUT = """
+import os
 import numpy as np, quern
 
 def shout(batch):
-    print("computed", int(batch["id"][0]))
+    print("computed", int(batch["id"][0]), "in", os.getpid())
     return batch
 
 if __name__ == "__main__":
@@ -359,6 +391,7 @@ if __name__ == "__main__":
         it.wait_for_workers(60)
         for _ in range(20):
             next(it)
+    print("parent", os.getpid(), flush=True)
 """
 
 _SCRIPT_MAIN_CLASSES = """
@@ -390,7 +423,9 @@ if __name__ == "__main__":
         try:
             next(it)
         except quern.StepError as e:
-            print("cause is Oops:", type(e.__cause__) is Oops, "stats:", it.stats()["computed_in_parent"])
+            cause = e.__cause__
+            print(f"step {it.step}: cause {cause!r}, the script's own class: {type(cause) is Oops}, "
+                  f"computed in the parent: {it.stats()['computed_in_parent']}")
 """
 
 _SCRIPT_FD_LIMIT = """
@@ -412,19 +447,28 @@ print("ok", it.stats()["computed_in_parent"])
 def _run_script(tmp_path, text, env=None):
     script = tmp_path / "script.py"
     script.write_text(text)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
 
 def test_what_workers_print_reaches_the_parents_stdout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout is a pipe: block-buffered
-    lines = _run_script(tmp_path, _SCRIPT_STDOUT, env).splitlines()
-    assert {f"computed {10 * s}" for s in range(20)} <= set(lines)
+    out = _run_script(tmp_path, _SCRIPT_STDOUT, env)
+    parent = int(re.search(r"^parent (\d+)$", out, re.MULTILINE).group(1))
+    printers = {}  # first id of a batch -> the processes that printed it
+    for first, pid in re.findall(r"^computed (\d+) in (\d+)$", out, re.MULTILINE):
+        printers.setdefault(int(first), set()).add(int(pid))
+    assert set(range(0, 200, 10)) <= set(printers), out
+    pids = set().union(*printers.values())
+    assert parent not in pids and len(pids) == 2, (parent, printers)  # the workers' output, both of them
 
 
 def test_classes_of_the_main_script_in_batches_and_errors(tmp_path):
-    assert _run_script(tmp_path, _SCRIPT_MAIN_CLASSES).strip() == "cause is Oops: True stats: 0"
+    out = _run_script(tmp_path, _SCRIPT_MAIN_CLASSES).strip()
+    assert out == "step 5: cause Oops('five hundred'), the script's own class: True, computed in the parent: 0"
 
 
 def test_a_low_limit_of_open_files_is_respected(tmp_path, shards):
@@ -471,7 +515,7 @@ def test_raising_transform_names_step_host_records_and_stage(stage):
         else:
             assert "records arrays [925, 926" in msg and isinstance(info.value.__cause__, KeyError)
         assert it.step == bad_step  # asking again retries the same step
-        with pytest.raises(quern.StepError):
+        with pytest.raises(quern.StepError, match=f"step {bad_step} "):
             next(it)
         assert it.stats()["computed_in_parent"] == 0
 
@@ -514,13 +558,26 @@ def test_worker_that_keeps_dying_is_an_error_not_a_hang(monkeypatch):
     assert _memfd_maps(os.getpid()) == []
 
 
-def test_unpicklable_pipeline_fails_at_once():
-    import threading
+class HoldsALock:
+    """A transform quern can fingerprint (it says what it does) but not pickle (a lock)."""
 
-    lock = threading.Lock()
-    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(lambda r: (lock, r)[1]).batch(10)
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+
+    def fingerprint(self):
+        return "identity, guarded by a lock"
+
+    def __call__(self, rec):
+        return rec
+
+
+def test_unpicklable_pipeline_fails_at_once():
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(HoldsALock()).batch(10)
+    _equal(pipe.batch_at(3), quern.Pipeline.from_source(_arrays(), seed=0).batch(10).batch_at(3))  # fine here
     before = _children()
-    with pytest.raises(TypeError, match="cannot be sent to worker processes.*num_workers=0"):
+    with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*lock.*num_workers=0"):
         pipe.iterator(num_workers=2)
     assert _children() == before
 
@@ -611,7 +668,7 @@ def test_keyboard_interrupt_in_the_loop(shards):
     it = pipe.iterator(num_workers=2)
     pids = it.worker_pids
     try:
-        for batch in it:
+        for _batch in it:  # the last batch stays held, as in a real loop
             if it.step == 30:
                 raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -619,7 +676,7 @@ def test_keyboard_interrupt_in_the_loop(shards):
     # the iterator is still usable after the interrupt...
     _equal(next(it), pipe.batch_at(30))
     # ...and dropping it (as unwinding a program does) cleans up
-    del it, batch
+    del it, _batch
     gc.collect()
     _assert_clean(children, shm, pids)
 

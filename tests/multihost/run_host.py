@@ -21,7 +21,6 @@ import numpy as np  # noqa: E402
 
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=pid, initialization_timeout=60)
 
-import quern  # noqa: E402
 from quern.sharding import global_iterator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -53,7 +53,7 @@ def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0,
         for p in procs:
             p.kill()
             p.wait()
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return json.loads(outs[0][0].strip().splitlines()[-1])
 
@@ -71,6 +71,7 @@ def test_global_batch_equals_batch_at():
 
 def test_stop_on_two_hosts_resume_on_one_or_four():
     whole = _run(processes=2, devices=2, start=0, steps=8)["batches"]
+    assert whole == _expected(0, 8)  # the uninterrupted run is right, so the resumed ones are compared to truth
     stopped = _run(processes=2, devices=2, start=0, steps=3)
     k = stopped["state"]["step"]
     assert k == 3 and stopped["batches"] == whole[:3]
