@@ -1,22 +1,45 @@
 """The ``quern`` command: run, explain, inspect and bench a pipeline config.
 
-    quern run CONFIG [--steps N] [--start-step S] [--workers W] [--state FILE]
+    quern run CONFIG [--steps N] [--start-step S] [--workers W] [--state FILE [--force]] [--save-state FILE]
     quern explain CONFIG --step S [--process-index H --process-count N] [--json]
     quern inspect CONFIG --step S [--process-index H --process-count N]
     quern bench CONFIG [--steps N] [--start-step S]
+    quern --version
 
-A config that does not validate prints its message and exits with status 2.
+``python -m quern ...`` is the same command. Every command takes ``--traceback``
+(after the command's name, e.g. ``quern run CONFIG --traceback``).
+
+Errors are one message on stderr, ``quern: ...``, never a traceback (unless
+``--traceback``), and the exit status says whose they are:
+
+- 0: done.
+- 1: the data failed while batches were being made: a transform raised, a
+  record could not be read or collated (:class:`~quern.StepError`, which names
+  the step, host slice, stage and records, and the original error), a source
+  failed (:class:`~quern.SourceError`), worker processes could not start or
+  kept dying (:class:`~quern.WorkerError`); also any unexpected error.
+- 2: the command could not start from what it was given: bad arguments, a
+  config that does not load (:class:`~quern.ConfigError`, which covers data
+  files that cannot be found or opened), a step outside the stream, a state
+  file that is unreadable or saved from another pipeline.
+- 130: interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+import traceback
 from typing import Any
 
 import numpy as np
+
+from .. import __version__
+from .dataset import Pipeline
+from .errors import CollateError, ConfigError, SourceError, StepError, WorkerError
 
 __all__ = ["main"]
 
@@ -35,25 +58,37 @@ def _positive(text: str) -> int:
     return value
 
 
-def _load(args) -> Any:
-    from .config import ConfigError, load_config
+EXIT_DATA = 1
+"""Exit status when the data fails while batches are made (see the module docstring)."""
+EXIT_USAGE = 2
+"""Exit status when the arguments, the config or the state file are bad."""
+EXIT_INTERRUPTED = 130
 
-    try:
-        return load_config(args.config, process_count=getattr(args, "process_count", 1))
-    except ConfigError as e:
-        print(f"quern: {args.config}: {e}", file=sys.stderr)
-        raise SystemExit(2)
+_DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError)
+_USAGE_ERRORS = (ValueError, IndexError, OSError)  # ConfigError is a ValueError
+_OWN_ERRORS = (*_DATA_ERRORS, ConfigError)  # their messages say what failed without the class name
+
+
+def _load(args: argparse.Namespace) -> Pipeline:
+    """The pipeline of ``args.config``; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
+    from .config import load_config
+
+    return load_config(args.config, process_count=getattr(args, "process_count", 1))
 
 
 def _progress(done: int, total: int, records: int, seconds: float) -> None:
     width = 30
     filled = int(width * done / max(total, 1))
     rate = records / seconds if seconds > 0 else 0.0
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps, {rate:,.0f} records/s",
-          end="", file=sys.stderr, flush=True)
+    print(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps, {rate:,.0f} records/s",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     pipe = _load(args)
     start = args.start_step
     if args.state:
@@ -62,33 +97,38 @@ def cmd_run(args) -> int:
                 state = json.load(f)
         except (OSError, ValueError) as e:
             print(f"quern: cannot read the state file {args.state}: {e}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         try:
             start = pipe.check_state(state, force=args.force)
         except ValueError as e:
-            print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}",
-                  file=sys.stderr)
-            return 2
+            print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}", file=sys.stderr)
+            return EXIT_USAGE
     steps = args.steps
     if pipe.num_steps is not None:
         if start > pipe.num_steps:
             print(f"quern: start step {start} is past the end of the stream ({pipe.num_steps} steps)", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         if pipe.num_steps - start < steps:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
-    t0, records = time.perf_counter(), 0
-    with pipe.iterator(start_step=start, num_workers=args.workers) as it:
-        for i in range(steps):
-            batch = next(it)
-            records += len(next(iter(_leaves(batch))))
-            if i % 10 == 0 or i == steps - 1:
-                _progress(i + 1, steps, records, time.perf_counter() - t0)
-        state = it.state()
+    t0, records, shown = time.perf_counter(), 0, False
+    try:
+        with pipe.iterator(start_step=start, num_workers=args.workers) as it:
+            for i in range(steps):
+                batch = next(it)
+                records += len(next(iter(_leaves(batch))))
+                if i % 10 == 0 or i == steps - 1:
+                    _progress(i + 1, steps, records, time.perf_counter() - t0)
+                    shown = True
+            state = it.state()
+    finally:
+        if shown:  # end the progress line, also before an error message
+            print(file=sys.stderr)
     seconds = time.perf_counter() - t0
-    print(file=sys.stderr)
-    print(f"{steps} steps, {records:,} records in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} records/s, "
-          f"{steps / max(seconds, 1e-9):,.1f} steps/s; next step {state['step']}")
+    print(
+        f"{steps} steps, {records:,} records in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} records/s, "
+        f"{steps / max(seconds, 1e-9):,.1f} steps/s; next step {state['step']}"
+    )
     if args.save_state:
         with open(args.save_state, "w") as f:
             json.dump(state, f)
@@ -103,15 +143,24 @@ def _leaves(tree: Any) -> list[np.ndarray]:
     return [np.asarray(tree)]
 
 
-def cmd_explain(args) -> int:
+def cmd_explain(args: argparse.Namespace) -> int:
     pipe = _load(args)
-    rows = pipe.explain(args.step, args.process_index, args.process_count)  # errors: main() exits 2
+    rows = pipe.explain(args.step, args.process_index, args.process_count)  # bad arguments: main() exits 2
     first = pipe.positions(args.step, args.process_index, args.process_count)
     if args.json:
-        print(json.dumps({"step": args.step, "process_index": args.process_index,
-                          "process_count": args.process_count,
-                          "rows": [{"row": i, "position": int(p), "records": [[n, r] for n, r in recs]}
-                                   for i, (p, recs) in enumerate(zip(first.tolist(), rows))]}))
+        print(
+            json.dumps(
+                {
+                    "step": args.step,
+                    "process_index": args.process_index,
+                    "process_count": args.process_count,
+                    "rows": [
+                        {"row": i, "position": int(p), "records": [[n, r] for n, r in recs]}
+                        for i, (p, recs) in enumerate(zip(first.tolist(), rows))
+                    ],
+                }
+            )
+        )
     else:
         print(f"step {args.step}, host {args.process_index} of {args.process_count}: {len(rows)} rows")
         for i, (p, recs) in enumerate(zip(first.tolist(), rows)):
@@ -135,9 +184,9 @@ def _summaries(tree: Any, path: str = "batch") -> list[str]:
     return [line]
 
 
-def cmd_inspect(args) -> int:
+def cmd_inspect(args: argparse.Namespace) -> int:
     pipe = _load(args)
-    batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 2
+    batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 1 or 2
     print(f"step {args.step}, host {args.process_index} of {args.process_count}")
     for line in _summaries(batch):
         print("  " + line)
@@ -149,11 +198,10 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .collate import collate
+    from . import execute
 
     pipe = _load(args)
-    times = {"read": 0.0, "record transforms": 0.0, "collate": 0.0, "batch transforms": 0.0}
-    records, end = 0, args.start_step + args.steps
+    end = args.start_step + args.steps
     if pipe.num_steps is not None:
         if args.start_step >= pipe.num_steps:
             print(f"quern: start step {args.start_step} is past the end of the stream ({pipe.num_steps} steps)",
@@ -161,38 +209,48 @@ def cmd_bench(args) -> int:
             return 2
         end = min(end, pipe.num_steps)
     args.steps = end - args.start_step
-    for s in range(args.start_step, end):
-        pos = pipe.positions(s)
-        ids = pipe.record_ids(pos)
-        t = time.perf_counter()
-        recs = pipe.source.read_many(ids)
-        t1 = time.perf_counter()
-        for k, op in enumerate(pipe.record_ops):
-            recs = pipe._apply_record_op(k, op, recs, pos, ids, f"step {s}")
-        t2 = time.perf_counter()
-        batch = collate(recs)
-        t3 = time.perf_counter()
-        pipe._batch_ops(batch, pos, ids, f"step {s}")
-        t4 = time.perf_counter()
-        for name, dt in zip(times, (t1 - t, t2 - t1, t3 - t2, t4 - t3)):
-            times[name] += dt
-        records += len(ids)
+    stages = ([execute.READ] + [op.label(k) for k, op in enumerate(pipe.record_ops)] + [execute.COLLATE]
+              + [op.label(k) for k, op in enumerate(pipe.batch_ops)])
+    times = dict.fromkeys(stages, 0.0)
+    records = 0
+    for s in range(args.start_step, end):  # one read per step, in this process
+        for result in execute.step_results(pipe, [s], timings=times):
+            if result.error is not None:
+                raise result.error
+        records += len(pipe.positions(s))
     total = sum(times.values())
     print(f"{args.steps} steps, {records:,} records, one read per step, one process: "
           f"{records / max(total, 1e-9):,.0f} records/s")
+    width = max(18, *map(len, stages))
     for name, dt in times.items():
-        print(f"  {name:18s} {1e3 * dt / args.steps:9.3f} ms/step  {dt / max(total, 1e-9):6.1%}")
-    slowest = max(times, key=times.get)
-    print(f"bound by: {slowest}")
+        print(f"  {name:{width}s} {1e3 * dt / args.steps:9.3f} ms/step  {dt / max(total, 1e-9):6.1%}")
+    print(f"bound by: {max(times, key=lambda k: times[k])}")
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="quern", description="Run, explain, inspect and bench quern pipeline configs.")
+    ap = argparse.ArgumentParser(
+        prog="quern",
+        description="Run, explain, inspect and bench quern pipeline configs.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"quern {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--traceback", action="store_true", help="on an error, print the full Python traceback instead of one message"
+    )
 
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("config", help="pipeline config: a YAML or JSON file")
         return p
 
@@ -227,16 +285,41 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+_EPILOG = """\
+errors: one message on stderr, or the full traceback with --traceback (after the command's name).
+exit status: 0 done; 1 the data failed while making batches (a transform raised, a record could not be
+read or collated, workers could not start or kept dying); 2 bad arguments, config or state file (the
+command could not start); 130 interrupted."""
+
+
+def _message(error: BaseException) -> str:
+    """``error`` as one message: quern's own errors as they are, others with their class
+    name; without the worker traceback a worker's error carries (``--traceback`` shows it)."""
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    text = re.split(r"\n\n(?=[^\n]*traceback:\n)", text, maxsplit=1)[0]
+    return text if isinstance(error, _OWN_ERRORS) else f"{type(error).__name__}: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``); the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
     except BrokenPipeError:  # `quern explain ... | head`
         sys.stderr.close()
         return 0
-    except (ValueError, IndexError, OSError) as e:  # a bad argument or file: a message, not a traceback
-        print(f"quern: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("quern: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # the command's one place that turns errors into messages
+        # a CollateError is a ValueError, but the data's: data errors take precedence
+        expected = isinstance(e, _DATA_ERRORS + _USAGE_ERRORS)
+        if args.traceback:
+            traceback.print_exc()
+        else:
+            hint = "" if expected else " (an unexpected error: --traceback shows where)"
+            print(f"quern: {_message(e)}{hint}", file=sys.stderr)
+        return EXIT_USAGE if expected and not isinstance(e, _DATA_ERRORS) else EXIT_DATA
 
 
 if __name__ == "__main__":

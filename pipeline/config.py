@@ -17,29 +17,37 @@ batch transforms::
 
 ``name`` is a registered transform (:data:`REGISTRY`, extend it with
 :func:`register`); ``fn`` is user code as ``"package.module:function"``, called
-with ``kwargs`` through ``functools.partial``. Relative paths are relative to
-the config file. Validation (pydantic) reports every problem with its key path,
-the bad value and what was expected, and suggests the nearest key for an
-unknown one; it raises :class:`ConfigError`.
+with ``kwargs`` through ``functools.partial``, imported from the usual
+``sys.path`` or, without ``PYTHONPATH``, from the config file's folder and the
+current directory (:func:`_import_object`, the one place a config imports code).
+Relative paths are relative to the config file (the current directory for a
+dict). Validation (pydantic) reports every problem with its key path, the bad
+value and what was expected, and suggests the nearest key for an unknown one; it
+raises :class:`ConfigError`, whose message starts with the file's path when the
+config is a file, and says each prefix (file, key path, source) once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import importlib
 import json
 import os
-from typing import Annotated, Any, Callable, Literal, Union
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal
 
+import cloudpickle
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from . import sources
+from .dataset import Pipeline
 from .dump import to_config
-from .errors import ConfigError
+from .errors import ConfigError, SourceError
 from .registry import REGISTRY, register
 
-__all__ = ["load_config", "to_config", "register", "REGISTRY", "ConfigError"]
+__all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]
 
 
 # --------------------------------------------------------------------------- schema
@@ -51,14 +59,14 @@ class _Model(BaseModel):
 
 class ArrayRecordConfig(_Model):
     type: Literal["array_record"]
-    paths: Union[str, list[str]]
+    paths: str | list[str]
     name: str | None = None
     max_open_files: StrictInt = Field(256, ge=1)
 
 
 class ParquetConfig(_Model):
     type: Literal["parquet"]
-    paths: Union[str, list[str]]
+    paths: str | list[str]
     columns: list[str] | None = None
     name: str | None = None
     cache_bytes: StrictInt = Field(1 << 30, ge=1)
@@ -67,11 +75,11 @@ class ParquetConfig(_Model):
 
 class TensorStoreConfig(_Model):
     type: Literal["tensorstore"]
-    spec: Union[str, dict[str, Any]]
+    spec: str | dict[str, Any]
     name: str | None = None
 
 
-SourceConfig = Annotated[Union[ArrayRecordConfig, ParquetConfig, TensorStoreConfig], Field(discriminator="type")]
+SourceConfig = Annotated[ArrayRecordConfig | ParquetConfig | TensorStoreConfig, Field(discriminator="type")]
 
 
 class ShuffleConfig(_Model):
@@ -87,7 +95,7 @@ class TransformConfig(_Model):
     kwargs: dict[str, Any] = {}
 
     @model_validator(mode="after")
-    def _one_of(self) -> "TransformConfig":
+    def _one_of(self) -> TransformConfig:
         if (self.name is None) == (self.fn is None):
             raise ValueError("give exactly one of 'name' (a registered transform) or 'fn' ('package.module:function')")
         if self.fn is not None and not all(self.fn.partition(":")[::2]):
@@ -104,22 +112,23 @@ class PipelineConfig(_Model):
     source: SourceConfig
     seed: StrictInt = Field(0, ge=0, lt=2**64)
     num_epochs: StrictInt | None = Field(None, ge=1)
-    shuffle: Union[Literal["global", "block"], ShuffleConfig, None] = None
+    shuffle: Literal["global", "block"] | ShuffleConfig | None = None
     transforms: list[TransformConfig] = []
-    batch: Union[Annotated[StrictInt, Field(ge=1)], BatchConfig]
+    batch: Annotated[StrictInt, Field(ge=1)] | BatchConfig
     batch_transforms: list[TransformConfig] = []
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def _read(config: Any) -> tuple[dict, str]:
-    """The config as a dict, and the folder relative paths are resolved against."""
+def _read(config: Any) -> tuple[dict, str, str | None]:
+    """The config as a dict, the folder relative paths and modules are resolved
+    against, and the file's path (``None`` for a dict). Messages name the file."""
     if isinstance(config, dict):
-        return config, os.getcwd()
+        return config, os.getcwd(), None
     path = os.fspath(config)
     if not os.path.exists(path):
-        raise ConfigError(f"config file not found: {path!r}")
+        raise ConfigError(f"{path}: config file not found")
     try:
         with open(path) as f:
             text = f.read()
@@ -135,13 +144,18 @@ def _read(config: Any) -> tuple[dict, str]:
     except Exception as e:
         raise ConfigError(f"{path}: cannot parse: {e}") from e
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys (source, batch, ...), got {type(data).__name__}")
-    return data, os.path.dirname(os.path.abspath(path))
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys (source, batch, ...), got {type(data).__name__}"
+        )
+    return data, os.path.dirname(os.path.abspath(path)), path
 
 
 _SECTIONS = {
-    "": PipelineConfig, "shuffle": ShuffleConfig, "batch": BatchConfig,
-    "transforms": TransformConfig, "batch_transforms": TransformConfig,
+    "": PipelineConfig,
+    "shuffle": ShuffleConfig,
+    "batch": BatchConfig,
+    "transforms": TransformConfig,
+    "batch_transforms": TransformConfig,
     "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig),
 }
 _TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig"}
@@ -167,17 +181,73 @@ def _explain(err: ValidationError) -> str:
             section = str(path[0]) if len(path) > 1 else ""
             near = [k for k in difflib.get_close_matches(key, _keys_of(section), n=2) if k != key]
             elsewhere = [s or "the top level" for s in _SECTIONS if s != section and key in _keys_of(s)]
-            hint = f"; did you mean {near[0]!r}?" if near else (f"; it belongs under {elsewhere[0]}" if elsewhere else "")
+            hint = (
+                f"; did you mean {near[0]!r}?" if near else (f"; it belongs under {elsewhere[0]}" if elsewhere else "")
+            )
             lines.append(f"{loc}: unknown key {key!r}{hint}")
             continue
         if any(len(p) > len(path) and p[: len(path)] == path for p, _ in errors):
             continue  # a union branch that failed on type: the deeper error says what is wrong
-        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
-        lines.append(f"{loc or '(top level)'}: {e['msg']}{got}")
+        if e["type"] == "value_error":  # our own validators: the message names the value already
+            msg, got = e["msg"].removeprefix("Value error, "), ""
+        else:
+            msg, got = e["msg"], "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+        lines.append(f"{loc or '(top level)'}: {msg}{got}")
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(lines))
 
 
-def _resolve(cfg: TransformConfig, where: str) -> Callable:
+def _prefixed(key: str, error: BaseException) -> str:
+    """``"key: message"`` of ``error``, with ``key`` said once: not added when the
+    message already starts with it (``source 'x' is empty``); a ``KeyError``'s
+    message without the quotes its ``str`` adds."""
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    return text if text.startswith((f"{key}:", f"{key} ")) else f"{key}: {text}"
+
+
+def _on_sys_path(folder: str) -> bool:
+    """Whether the absolute path ``folder`` is on ``sys.path`` (``""`` counting as the current directory)."""
+    return any(os.path.abspath(p or os.curdir) == folder for p in sys.path)
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether the file ``path`` lies under the absolute path ``folder``."""
+    return os.path.abspath(path).startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _import_object(spec: str, folders: Sequence[str]) -> Any:
+    """The object a config's ``fn`` names, ``"package.module:qualname"``: the one
+    place a config imports code (a policy of what a config may import belongs here).
+
+    The module is imported as usual, except that ``folders`` (the config file's
+    folder, then the current directory) are searched first: those not already on
+    ``sys.path`` are put at its front while the import runs and taken off again,
+    so the process's ``sys.path`` is left as it was. Modules that the import
+    loaded from such a folder are registered with
+    ``cloudpickle.register_pickle_by_value``: worker processes, which start with
+    the parent's ``sys.path`` and could not import them, receive their code with
+    the pipeline. A module that is already imported is used as it is (module
+    names are global to a process: two configs cannot use two different
+    ``mytransforms.py``). Not thread-safe against imports running concurrently."""
+    module_name, _, qualname = spec.partition(":")
+    added = [f for f in dict.fromkeys(os.path.abspath(f) for f in folders) if not _on_sys_path(f)]
+    before = set(sys.modules)
+    sys.path[:0] = added
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        for folder in added:
+            sys.path.remove(folder)
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None)
+        if file and any(_inside(file, f) for f in added):
+            cloudpickle.register_pickle_by_value(sys.modules[name])
+    return functools.reduce(getattr, qualname.split("."), module)
+
+
+def _resolve(cfg: TransformConfig, where: str, folders: Sequence[str]) -> Callable:
+    """The callable of one transform entry: a registered factory called with
+    ``kwargs``, or the imported ``fn`` (see :func:`_import_object`) with ``kwargs``
+    bound by ``functools.partial``."""
     if cfg.name is not None:
         registry = REGISTRY
         if cfg.name not in registry:
@@ -188,10 +258,10 @@ def _resolve(cfg: TransformConfig, where: str) -> Callable:
             return registry[cfg.name](**cfg.kwargs)
         except Exception as e:
             raise ConfigError(f"{where}.kwargs: {cfg.name}({cfg.kwargs}) failed: {type(e).__name__}: {e}") from e
-    module, _, qualname = cfg.fn.partition(":")
+    assert cfg.fn is not None  # the schema asks for exactly one of name and fn
     try:
-        fn = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
-    except (ImportError, AttributeError, ValueError) as e:
+        fn = _import_object(cfg.fn, folders)
+    except Exception as e:  # whatever importing user code raises (a SyntaxError too) is a config error
         raise ConfigError(f"{where}.fn: cannot import {cfg.fn!r}: {type(e).__name__}: {e}") from e
     if not callable(fn):
         raise ConfigError(f"{where}.fn: {cfg.fn!r} is a {type(fn).__name__}, not a function")
@@ -203,31 +273,47 @@ def _path(p: str, base: str) -> str:
     return p if os.path.isabs(p) or "://" in p else os.path.join(base, p)
 
 
-def _source(cfg, base: str):
-    from . import sources
-
+def _source(cfg: ArrayRecordConfig | ParquetConfig | TensorStoreConfig, base: str) -> sources.Source:
+    """The source a ``source`` section describes, its relative paths against ``base``."""
     try:
-        if cfg.type == "array_record":
+        if isinstance(cfg, ArrayRecordConfig):
             paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
             return sources.ArrayRecordSource(paths, name=cfg.name, max_open_files=cfg.max_open_files)
-        if cfg.type == "parquet":
+        if isinstance(cfg, ParquetConfig):
             paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
-            return sources.ParquetSource(paths, columns=cfg.columns, name=cfg.name, cache_bytes=cfg.cache_bytes,
-                                         cache_row_groups=cfg.cache_row_groups)
+            return sources.ParquetSource(
+                paths,
+                columns=cfg.columns,
+                name=cfg.name,
+                cache_bytes=cfg.cache_bytes,
+                cache_row_groups=cfg.cache_row_groups,
+            )
         spec = _path(cfg.spec, base) if isinstance(cfg.spec, str) else cfg.spec
         return sources.TensorStoreSource(spec, name=cfg.name)
-    except (FileNotFoundError, KeyError, ValueError, sources.SourceError) as e:
-        raise ConfigError(f"source: {e}") from e
+    except (OSError, KeyError, ValueError, SourceError) as e:
+        raise ConfigError(_prefixed("source", e)) from e
 
 
-def load_config(config: Any, process_count: int = 1):
+def load_config(config: Any, process_count: int = 1) -> Pipeline:
     """A :class:`Pipeline` from a config (a YAML or JSON file path, or a dict).
 
     ``process_count``: the number of hosts the pipeline will run on, checked to
-    divide the batch size. Raises :class:`ConfigError` naming every problem."""
-    from .dataset import Pipeline
+    divide the batch size. Raises :class:`ConfigError` naming every problem, and
+    the file first when ``config`` is one (each prefix said once). Relative data
+    paths, and the modules of ``fn`` entries, are found from the config file's
+    folder (the current directory for a dict); modules also from the current
+    directory (see :func:`_import_object`)."""
+    data, base, path = _read(config)
+    try:
+        return _build(data, base, process_count)
+    except ConfigError as e:
+        if path is None:
+            raise
+        raise ConfigError(f"{path}: {e}").with_traceback(e.__traceback__) from e.__cause__
 
-    data, base = _read(config)
+
+def _build(data: dict, base: str, process_count: int) -> Pipeline:
+    """The pipeline of a config read by :func:`_read` (messages without the file)."""
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
@@ -237,27 +323,38 @@ def load_config(config: Any, process_count: int = 1):
         raise ConfigError(f"the host count must be a positive integer, got {process_count!r}")
     if size % process_count:
         raise ConfigError(f"batch: the batch size {size} is not divisible by the host count {process_count}")
+    source = _source(cfg.source, base)
     try:
-        pipe = Pipeline.from_source(_source(cfg.source, base), seed=cfg.seed, num_epochs=cfg.num_epochs)
+        pipe = Pipeline.from_source(source, seed=cfg.seed, num_epochs=cfg.num_epochs)
     except ValueError as e:
-        raise ConfigError(f"source: {e}") from e
+        raise ConfigError(_prefixed("source", e)) from e
     if cfg.shuffle is not None:
-        sh = ShuffleConfig(mode=cfg.shuffle) if isinstance(cfg.shuffle, str) else cfg.shuffle
+        sh = ShuffleConfig.model_validate({"mode": cfg.shuffle}) if isinstance(cfg.shuffle, str) else cfg.shuffle
         pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
-    pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms")
+    folders = [base, os.getcwd()]
+    pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", folders)
     try:
         pipe = pipe.batch(size, drop_remainder=drop)
     except ValueError as e:
-        raise ConfigError(f"batch: {e}") from e
-    return _add_stages(pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms")
+        raise ConfigError(_prefixed("batch", e)) from e
+    return _add_stages(
+        pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms", folders
+    )
 
 
-def _add_stages(pipe, stages: list[TransformConfig], section: str, kinds: tuple[str, str], other: str):
+def _add_stages(
+    pipe: Pipeline,
+    stages: list[TransformConfig],
+    section: str,
+    kinds: tuple[str, str],
+    other: str,
+    folders: Sequence[str],
+) -> Pipeline:
     """``pipe`` with the stages of one config section; ``kinds``: its (plain, random) kinds."""
     for i, t in enumerate(stages):
         kind = t.kind or kinds[0]
         if kind not in kinds:
             raise ConfigError(f"{section}.{i}.kind: {kind!r} does not belong here; put it under {other}")
-        fn = _resolve(t, f"{section}.{i}")
+        fn = _resolve(t, f"{section}.{i}", folders)
         pipe = getattr(pipe, kind)(fn)
     return pipe

@@ -4,24 +4,43 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 from array_record.python import array_record_module
+from test_config import (
+    BAD,
+    DOUBLE,
+    PREFIX_ONCE,
+    _good,
+    _set,
+    _transforms_module,
+    doubled_prefixes,
+    write_parquets,
+    write_shards,
+)
 
 import quern
-from test_config import BAD, _good, _set, write_shards
 
 pytestmark = pytest.mark.timeout(300)
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "quern")  # the installed console script
 
-def quern_cmd(*args, check=True) -> subprocess.CompletedProcess:
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-m", "quern.pipeline.cli", *map(str, args)],
-                         capture_output=True, text=True, timeout=120, env=env)
+
+def quern_cmd(*args, check=True, script=False, cwd=None, pythonpath=TESTS) -> subprocess.CompletedProcess:
+    """``python -m quern ARGS`` (or the ``quern`` script) with ``tests/`` on ``PYTHONPATH`` (for ``test_config:shift``)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    command = [SCRIPT] if script else [sys.executable, "-m", "quern"]
+    out = subprocess.run(
+        [*command, *map(str, args)], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
     if check:
         assert out.returncode == 0, out.stdout + out.stderr
     return out
@@ -54,7 +73,8 @@ def test_run_refuses_to_resume_against_changed_data(config, tmp_path):
     w.close()
     refused = quern_cmd("run", config, "--steps", 5, "--state", tmp_path / "state.json", check=False)
     assert refused.returncode == 2
-    assert "does not match this pipeline's" in refused.stderr and "--force" not in refused.stdout
+    assert "does not match this pipeline's" in refused.stderr
+    assert "--force" in refused.stderr and "force=True" not in refused.stderr  # says the flag, not the argument
     forced = quern_cmd("run", config, "--steps", 5, "--state", tmp_path / "state.json", "--force")
     assert "next step 10" in forced.stdout
 
@@ -81,9 +101,11 @@ def test_inspect_summarises_a_batch(config):
 
 def test_bench_times_each_stage(config):
     out = quern_cmd("bench", config, "--steps", 5).stdout
-    for stage in ["read", "record transforms", "collate", "batch transforms"]:
-        assert f"  {stage} " in out
-    assert "bound by: " in out.splitlines()[-1]
+    lines = out.splitlines()
+    assert lines[0].startswith("5 steps, 40 records")
+    for stage in ["read", "map[0] decode", "map[1] pad", "collate", "map_batch[0]"]:  # one line per stage
+        assert any(line.startswith(f"  {stage}") and "ms/step" in line for line in lines), (stage, out)
+    assert lines[-1].startswith("bound by: ")
 
 
 @pytest.mark.parametrize("command", ["run", "explain", "inspect", "bench"])
@@ -107,9 +129,24 @@ def test_batch_size_and_host_count(config):
 
 
 def test_console_script_is_installed():
-    script = os.path.join(os.path.dirname(sys.executable), "quern")
-    out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "run" in out.stdout and "explain" in out.stdout
+    out = quern_cmd("--help", script=True)
+    assert out.stdout.startswith("usage: quern ") and "run" in out.stdout and "explain" in out.stdout
+    assert "exit status" in out.stdout and "--traceback" in out.stdout  # the epilog
+
+
+@pytest.mark.parametrize("script", [True, False], ids=["quern", "python -m quern"])
+def test_version(script):
+    out = quern_cmd("--version", script=script)
+    assert out.stdout.strip() == f"quern {quern.__version__}" and not out.stderr
+
+
+def test_python_m_quern_is_the_quern_command(config):
+    script, module = (quern_cmd("explain", config, "--step", 7, "--json", script=s) for s in (True, False))
+    assert script.stdout == module.stdout and json.loads(module.stdout)["step"] == 7
+    missing = [
+        quern_cmd("inspect", config.parent / "missing.yaml", "--step", 0, check=False, script=s) for s in (True, False)
+    ]
+    assert [m.returncode for m in missing] == [2, 2] and missing[0].stderr == missing[1].stderr
 
 
 def test_bad_arguments_and_short_streams_exit_2_or_are_capped(config, tmp_path):
@@ -117,15 +154,182 @@ def test_bad_arguments_and_short_streams_exit_2_or_are_capped(config, tmp_path):
     cfg["num_epochs"] = 1  # 600 records, batch 8: 75 steps
     finite = tmp_path / "finite.yaml"
     finite.write_text(yaml.safe_dump(cfg))
-    for args in [("explain", config, "--step", 0, "--process-count", 0),
-                 ("inspect", config, "--step", -1),
-                 ("inspect", config, "--step", 0, "--process-index", 5),
-                 ("run", config, "--workers", -1),
-                 ("run", finite, "--start-step", 80),
-                 ("run", config, "--state", tmp_path / "missing.json"),
-                 ("bench", finite, "--start-step", 75)]:
+    for args in [
+        ("explain", config, "--step", 0, "--process-count", 0),
+        ("inspect", config, "--step", -1),
+        ("inspect", config, "--step", 0, "--process-index", 5),
+        ("run", config, "--workers", -1),
+        ("run", finite, "--start-step", 80),
+        ("run", config, "--state", tmp_path / "missing.json"),
+        ("bench", finite, "--start-step", 75),
+    ]:
         out = quern_cmd(*args, check=False)
         assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr)
+        one_message = out.stderr.startswith("quern: ") and out.stderr.count("\n") == 1
+        assert one_message or out.stderr.startswith("usage: quern "), (args, out.stderr)  # or argparse's
     run = quern_cmd("run", finite, "--start-step", 70, "--steps", 20)
     assert "running 5 steps" in run.stderr and "next step 75" in run.stdout
     assert "5 steps" in quern_cmd("bench", finite, "--start-step", 70).stdout
+
+
+# --------------------------------------------------------------------------- errors are messages
+
+_FAILS = """import os
+
+PARENT = os.getpid()
+
+
+def boom(record):
+    raise ValueError(f"kaboom: a record of {len(record)} tokens")
+
+
+def boom_in_workers(record):  # computed in the parent while the worker starts: fine there
+    if os.getpid() != PARENT:
+        raise ValueError(f"kaboom: a record of {len(record)} tokens")
+    return record
+"""
+
+_STEP_ERROR = re.compile(r"step (\d+) \(host 0 of 1\), stage map\[2\] (\w+), row (\d+) = record (\d+) of source 'toks'")
+
+
+@pytest.fixture
+def failing(tmp_path, config):
+    """A config whose third record transform raises, from a module beside it: ``(path, fn)``."""
+    module = _transforms_module(tmp_path, _FAILS)
+
+    def make(fn: str):
+        cfg = yaml.safe_load(config.read_text())
+        cfg["transforms"].append({"fn": f"{module}:{fn}"})
+        path = tmp_path / f"{fn}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    return make
+
+
+# run-in-worker: a step fails in a worker process, whose traceback the message leaves out
+@pytest.mark.parametrize(
+    "fn,args",
+    [
+        ("boom", ["run", "--steps", 5]),
+        ("boom", ["run", "--steps", 5, "--workers", 2]),
+        ("boom_in_workers", ["run", "--steps", 100_000, "--workers", 1]),
+        ("boom", ["inspect", "--step", 3]),
+        ("boom", ["bench", "--start-step", 2]),
+    ],
+    ids=["run", "run-workers", "run-in-worker", "inspect", "bench"],
+)
+def test_a_failing_step_is_one_message_and_exit_1(config, failing, tmp_path, fn, args):
+    path = failing(fn)
+    command, *options = args
+    out = quern_cmd(command, path, *options, check=False, cwd=tmp_path.parent)
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr and "traceback" not in out.stderr, out.stderr
+    # `run` may show a progress bar first (its carriage returns read as newlines here), ended before the message
+    lines = [line for line in out.stderr.splitlines() if line and not line.startswith("[")]
+    message = lines[-1]
+    assert message.startswith("quern: step ") and len(lines) == 1, out.stderr
+    step, stage, row, record = _STEP_ERROR.search(message).groups()
+    assert stage == fn and "ValueError: kaboom: a record of" in message
+    if command == "inspect":
+        assert step == "3"
+    elif command == "bench":
+        assert step == "2"
+    assert int(record) == quern.load_config(config).explain(int(step))[int(row)][0][1]  # the right record
+    full = quern_cmd(command, path, *options, "--traceback", check=False, cwd=tmp_path.parent)
+    assert full.returncode == 1 and "Traceback (most recent call last)" in full.stderr
+    assert "StepError: step " in full.stderr and "ValueError: kaboom" in full.stderr
+
+
+def test_unreadable_records_and_collate_failures_are_messages(config, tmp_path):
+    rng = np.random.default_rng(0)
+    (tmp_path / "big").mkdir()
+    w = array_record_module.ArrayRecordWriter(str(tmp_path / "big" / "big-0.array_record"), "group_size:1,uncompressed")
+    for _ in range(200):
+        w.write(rng.integers(0, 255, 1000, dtype=np.uint8).tobytes())
+    w.close()
+    data = bytearray((tmp_path / "big" / "big-0.array_record").read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 500] = bytes(500)  # a chunk in the middle: opens, fails to read
+    (tmp_path / "big" / "big-0.array_record").write_bytes(bytes(data))
+    corrupt = tmp_path / "corrupt.yaml"
+    corrupt.write_text(yaml.safe_dump({"source": {"type": "array_record", "paths": "big/*.array_record"}, "batch": 10}))
+    for command in [
+        ("run", corrupt, "--steps", 30),
+        ("run", corrupt, "--steps", 30, "--workers", 2),
+        ("bench", corrupt, "--steps", 30),
+    ]:
+        out = quern_cmd(*command, check=False)
+        message = out.stderr.splitlines()[-1]
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (command, out.stderr)
+        assert re.match(
+            r"quern: step 1[0-9] \(host 0 of 1\), stage 'read' of source 'big' \(records big \[1[0-9]{2}, ", message
+        ), message
+        assert "big-0.array_record" in message and "Corrupted" in message
+    cfg = yaml.safe_load(config.read_text())
+    del cfg["transforms"][1]  # no pad: rows of different lengths
+    unpadded = tmp_path / "unpadded.yaml"
+    unpadded.write_text(yaml.safe_dump(cfg))
+    out = quern_cmd("inspect", unpadded, "--step", 0, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert re.fullmatch(
+        r"quern: step 0 \(host 0 of 1\), stage 'collate' row \d+ = record \d+ of source 'toks': .*"
+        r"arrays of different shapes cannot be stacked.*\n",
+        out.stderr,
+    ), out.stderr
+
+
+def test_worker_tracebacks_are_left_out_of_the_message():
+    from quern.pipeline.cli import _message
+
+    error = quern.WorkerError(
+        "worker 0 (pid 7) could not start: ImportError: no module x\n\n"
+        "worker traceback:\nTraceback (most recent call last):\n  ...\nImportError: no module x\n"
+    )
+    assert _message(error) == "worker 0 (pid 7) could not start: ImportError: no module x"
+    assert _message(KeyError("k")) == "KeyError: k"
+
+
+# --------------------------------------------------------------------------- fn modules beside the config
+
+
+def test_fn_modules_beside_the_config_or_in_the_current_directory(config, tmp_path):
+    cfg = yaml.safe_load(config.read_text())
+    (tmp_path / "elsewhere").mkdir()
+    for folder in [tmp_path, tmp_path / "elsewhere"]:  # beside the config; the current directory
+        module = _transforms_module(folder, DOUBLE)
+        cfg["batch_transforms"] = [{"fn": f"{module}:double"}]
+        (tmp_path / "double.yaml").write_text(yaml.safe_dump(cfg))
+        for workers in [0, 1]:  # the console script: neither folder is on sys.path, nor PYTHONPATH set
+            out = quern_cmd(
+                "run",
+                tmp_path / "double.yaml",
+                "--steps",
+                300,
+                "--workers",
+                workers,
+                script=True,
+                cwd=tmp_path / "elsewhere",
+                pythonpath=None,
+            )
+            assert "300 steps, 2,400 records" in out.stdout, (folder, workers, out.stderr)
+
+
+# --------------------------------------------------------------------------- each prefix once
+
+
+@pytest.mark.parametrize("change,fragment", [c[1:] for c in PREFIX_ONCE], ids=[c[0] for c in PREFIX_ONCE])
+def test_config_messages_say_each_prefix_once(config, tmp_path, change, fragment):
+    write_parquets(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(change(yaml.safe_load(config.read_text()), tmp_path)))
+    out = quern_cmd("inspect", bad, "--step", 0, check=False)
+    assert out.returncode == 2 and out.stderr.startswith(f"quern: {bad}: "), out.stderr
+    assert out.stderr.count(str(bad)) == 1 and fragment in out.stderr and not doubled_prefixes(out.stderr), out.stderr
+
+
+def test_unparsable_and_missing_configs_name_the_file_once(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    for path, what in [(tmp_path / "bad.json", "cannot parse"), (tmp_path / "missing.yaml", "config file not found")]:
+        out = quern_cmd("run", path, check=False)
+        assert out.returncode == 2 and out.stderr.startswith(f"quern: {path}: {what}"), out.stderr
+        assert out.stderr.count(path.name) == 1 and "Traceback" not in out.stderr

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import sys
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -29,12 +33,21 @@ def write_shards(d, seed: int = 0) -> None:
         w.close()
 
 
+def write_parquets(d) -> None:
+    """``part.parquet`` (200 rows: a list column ``v`` and ``i``) and ``empty.parquet`` (no rows)."""
+    pq.write_table(
+        pa.table({"v": [[float(i)] * (i % 4) for i in range(200)], "i": np.arange(200)}),
+        d / "part.parquet",
+        row_group_size=50,
+    )
+    pq.write_table(pa.table({"v": np.arange(0)}), d / "empty.parquet")
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("cfg")
     write_shards(d)
-    pq.write_table(pa.table({"v": [[float(i)] * (i % 4) for i in range(200)], "i": np.arange(200)}),
-                   d / "part.parquet", row_group_size=50)
+    write_parquets(d)
     return d
 
 
@@ -70,16 +83,24 @@ def test_code_built_pipeline_round_trips(files):
     src = quern.sources.ArrayRecordSource(str(files / "toks-*.array_record"))
     import functools
 
-    pipe = (quern.Pipeline.from_source(src, seed=9, num_epochs=3).shuffle("block", block=20, window=4)
-            .map(quern.transforms.decode(np.uint8)).map(quern.transforms.pad(12, mask_key="mask"))
-            .batch(6, drop_remainder=False).map_batch(functools.partial(shift, by=3)))
+    pipe = (
+        quern.Pipeline.from_source(src, seed=9, num_epochs=3)
+        .shuffle("block", block=20, window=4)
+        .map(quern.transforms.decode(np.uint8))
+        .map(quern.transforms.pad(12, mask_key="mask"))
+        .batch(6, drop_remainder=False)
+        .map_batch(functools.partial(shift, by=3))
+    )
     _same(pipe, quern.load_config(pipe.to_config()))
     _same(pipe, quern.load_config(json.loads(json.dumps(pipe.to_config()))))  # JSON-able
 
 
 def test_parquet_config_round_trips(files):
-    cfg = {"source": {"type": "parquet", "paths": str(files / "part.parquet"), "columns": ["v"]},
-           "transforms": [{"name": "pad", "kwargs": {"length": 3, "key": "v"}}], "batch": 10}
+    cfg = {
+        "source": {"type": "parquet", "paths": str(files / "part.parquet"), "columns": ["v"]},
+        "transforms": [{"name": "pad", "kwargs": {"length": 3, "key": "v"}}],
+        "batch": 10,
+    }
     pipe = quern.load_config(cfg)
     _same(pipe, quern.load_config(pipe.to_config()))
 
@@ -137,17 +158,17 @@ BAD = [
     ("batch.sise", 3, "unknown key 'sise'; did you mean 'size'?"),
     ("source", _DELETE, "source: Field required"),
     ("source.type", "hdf5", "source: Input tag 'hdf5' found using 'type' does not match"),
-    ("source.paths", "nowhere/*.array_record", "no file matches"),
+    ("source.paths", "nowhere/*.array_record", "source: ArrayRecordSource: no file matches"),
     ("seed", -1, "seed: Input should be greater than or equal to 0 (got -1)"),
     ("seed", 2**64, "seed: Input should be less than 18446744073709551616"),
     ("seed", "abc", "seed: Input should be a valid integer"),
     ("num_epochs", 0, "num_epochs: Input should be greater than or equal to 1 (got 0)"),
-    ("shuffle", "random", "shuffle"),
+    ("shuffle", "random", "shuffle: Input should be 'global' or 'block' (got 'random')"),
     ("batch.size", 0, "batch.size: Input should be greater than or equal to 1 (got 0)"),
     ("transforms.0.name", "decoder", "no registered transform 'decoder'"),
     ("transforms.1.kwargs", {"length": 16, "colour": "red"}, "transforms.1.kwargs: pad("),
     ("batch_transforms.0.fn", "test_config:nope", "batch_transforms.0.fn: cannot import 'test_config:nope'"),
-    ("batch_transforms.0.fn", "no_colon_here", "fn must look like 'package.module:function'"),
+    ("batch_transforms.0.fn", "no_colon_here", "batch_transforms.0: fn must look like 'package.module:function'"),
     ("transforms.0.kind", "map_batch", "transforms.0.kind: 'map_batch' does not belong here; put it under batch_"),
     ("batch", True, "batch: Input should be a valid integer (got True)"),
     ("block", 4, "unknown key 'block'; it belongs under shuffle"),
@@ -178,15 +199,148 @@ def test_unreadable_config_files(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(quern.ConfigError, match="cannot parse"):
         quern.load_config(tmp_path / "bad.json")
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(tmp_path / "list.yaml")
+    assert str(info.value).startswith(f"{tmp_path / 'list.yaml'}: ") and str(info.value).count("list.yaml") == 1
 
 
-def test_example_configs_are_the_example_pipelines(tmp_path):
-    import os
+def doubled_prefixes(message: str) -> list[tuple[str, str]]:
+    """Consecutive ``a: b`` parts of ``message`` where ``b`` repeats ``a`` (``source: source: ...``,
+    ``source: source 'x' is empty``)."""
+    parts = [p.strip() for line in message.splitlines() for p in line.split(": ")]
+    return [(a, b) for a, b in itertools.pairwise(parts) if a and (b == a or b.startswith(a + " "))]
+
+
+def test_doubled_prefixes_are_found():
+    assert doubled_prefixes("source: source: ArrayRecordSource: no file matches 'x'") == [("source", "source")]
+    assert doubled_prefixes("cfg.yaml: cfg.yaml: cannot parse")
+    assert doubled_prefixes("source: source 'toks' is empty")
+    assert not doubled_prefixes("source: ArrayRecordSource: no file matches 'x'")
+
+
+# (id, change to the good config given the data folder, what the message says: each prefix once)
+PREFIX_ONCE = [
+    (
+        "missing glob",
+        lambda c, d: _set(c, "source.paths", "nowhere/*.array_record"),
+        "source: ArrayRecordSource: no file matches",
+    ),
+    (
+        "missing file",
+        lambda c, d: _set(c, "source.paths", str(d / "nowhere.array_record")),
+        "source: ArrayRecordSource: file not found",
+    ),
+    ("no paths", lambda c, d: _set(c, "source.paths", []), "source: ArrayRecordSource: no files given"),
+    (
+        "not array_record",
+        lambda c, d: _set(c, "source.paths", str(d / "part.parquet")),
+        "source: ArrayRecordSource: cannot open",
+    ),
+    (
+        "bad columns",
+        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "part.parquet"), "columns": ["zz"]}),
+        "source: ParquetSource: columns ['zz'] not in",
+    ),
+    (
+        "not parquet",
+        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "toks-0.array_record")}),
+        "source: ParquetSource: cannot open",
+    ),
+    (
+        "empty source",
+        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "empty.parquet")}),
+        "source 'empty' is empty",
+    ),
+    (
+        "tensorstore",
+        lambda c, d: _set(c, "source", {"type": "tensorstore", "spec": str(d / "nope.zarr")}),
+        "source: TensorStoreSource: ",
+    ),
+    (
+        "fn format",
+        lambda c, d: _set(c, "batch_transforms.0.fn", "no_colon_here"),
+        "batch_transforms.0: fn must look like 'package.module:function', got 'no_colon_here'",
+    ),
+    (
+        "short stream",
+        lambda c, d: _set(_set(c, "num_epochs", 1), "batch.size", 1000),
+        "batch: source 'toks' has 600 records x 1 epoch(s), fewer than one batch of 1000",
+    ),
+]
+
+
+@pytest.mark.parametrize("change,fragment", [c[1:] for c in PREFIX_ONCE], ids=[c[0] for c in PREFIX_ONCE])
+def test_each_prefix_is_said_once(files, tmp_path, change, fragment):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(change(_good(files), files)))
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and message.count(str(path)) == 1, message
+    assert fragment in message and not doubled_prefixes(message), message
+    assert "Value error" not in message, message
+    with pytest.raises(quern.ConfigError) as info:  # a dict: no file to name
+        quern.load_config(change(_good(files), files))
+    assert fragment in str(info.value) and not doubled_prefixes(str(info.value)), str(info.value)
+
+
+def _transforms_module(folder, body: str) -> str:
+    """A module of transforms, with a name no other test uses, written in ``folder``; its name."""
+    name = f"quern_test_tx_{uuid.uuid4().hex[:10]}"
+    (folder / f"{name}.py").write_text(body)
+    return name
+
+
+DOUBLE = "import numpy as np\n\ndef double(batch):\n    return {**batch, 'tokens': batch['tokens'] * np.uint8(2)}\n"
+
+
+def test_fn_modules_are_found_in_the_config_folder(files, tmp_path, monkeypatch):
+    (tmp_path / "cfg").mkdir()
+    module = _transforms_module(tmp_path / "cfg", DOUBLE)
+    cfg = _set(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
+    (tmp_path / "cfg" / "pipe.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    path_before = list(sys.path)
+    pipe = quern.load_config(tmp_path / "cfg" / "pipe.yaml")
+    assert sys.path == path_before  # the folder was searched while importing, and taken off again
+    plain = quern.load_config(_set(_good(files), "batch_transforms", []))
+    assert np.array_equal(pipe.batch_at(3)["tokens"], plain.batch_at(3)["tokens"] * 2)
+    # worker processes start with the parent's sys.path, without the config folder: they get the module by value
+    with pipe.iterator(num_workers=1, read_ahead=1) as it:
+        assert it.wait_for_workers(timeout=120)  # a worker that cannot unpickle the pipeline fails here
+        batches = [next(it) for _ in range(12)]
+        stats = it.stats()
+    assert stats["delivered_by_worker"][0] > 0, stats
+    for s, batch in enumerate(batches):
+        assert np.array_equal(batch["tokens"], pipe.batch_at(s)["tokens"])
+
+
+def test_fn_modules_are_found_in_the_current_directory(files, tmp_path, monkeypatch):
+    module = _transforms_module(tmp_path, DOUBLE)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != os.getcwd()])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfgs").mkdir()
+    as_dict = _set(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
+    in_another_folder = tmp_path / "cfgs" / "pipe.yaml"
+    in_another_folder.write_text(yaml.safe_dump(as_dict))
+    for config in [as_dict, in_another_folder]:
+        path_before = list(sys.path)
+        assert quern.load_config(config).batch_at(0)["tokens"].max() % 2 == 0
+        assert sys.path == path_before
+
+
+def test_a_missing_fn_module_says_where_it_was_looked_for(files, tmp_path):
+    cfg = _set(_good(files), "batch_transforms", [{"fn": "quern_test_no_such_module:f"}])
+    with pytest.raises(quern.ConfigError, match="batch_transforms.0.fn: cannot import 'quern_test_no_such_module:f'"):
+        quern.load_config(cfg)
+
+
+def test_example_configs_are_the_example_pipelines(tmp_path, monkeypatch):
     import shutil
-    import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "examples"))
+    monkeypatch.syspath_prepend(os.path.join(root, "examples"))
     import quickstart
 
     ar_paths, _ = quickstart.build_dataset(str(tmp_path / "data"))
