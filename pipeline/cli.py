@@ -38,8 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from . import execute
+from .config import load_config
 from .dataset import Pipeline
 from .errors import CollateError, ConfigError, SourceError, StepError, WorkerError
+from .tree import leaves
 
 __all__ = ["main"]
 
@@ -71,8 +74,6 @@ _OWN_ERRORS = (*_DATA_ERRORS, ConfigError)  # their messages say what failed wit
 
 def _load(args: argparse.Namespace) -> Pipeline:
     """The pipeline of ``args.config``; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
-    from .config import load_config
-
     return load_config(args.config, process_count=getattr(args, "process_count", 1))
 
 
@@ -104,10 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}", file=sys.stderr)
             return EXIT_USAGE
     steps = args.steps
+    start = pipe.check_step(start, "start step", end_ok=True)  # past the end: main() exits 2
     if pipe.num_steps is not None:
-        if start > pipe.num_steps:
-            print(f"quern: start step {start} is past the end of the stream ({pipe.num_steps} steps)", file=sys.stderr)
-            return EXIT_USAGE
         if pipe.num_steps - start < steps:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
@@ -116,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with pipe.iterator(start_step=start, num_workers=args.workers) as it:
             for i in range(steps):
                 batch = next(it)
-                records += len(next(iter(_leaves(batch))))
+                records += len(leaves(batch)[0][1])
                 if i % 10 == 0 or i == steps - 1:
                     _progress(i + 1, steps, records, time.perf_counter() - t0)
                     shown = True
@@ -133,14 +132,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         with open(args.save_state, "w") as f:
             json.dump(state, f)
     return 0
-
-
-def _leaves(tree: Any) -> list[np.ndarray]:
-    if isinstance(tree, dict):
-        return [x for v in tree.values() for x in _leaves(v)]
-    if isinstance(tree, (tuple, list)):
-        return [x for v in tree for x in _leaves(v)]
-    return [np.asarray(tree)]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -168,12 +159,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summaries(tree: Any, path: str = "batch") -> list[str]:
-    if isinstance(tree, dict):
-        return [s for k, v in tree.items() for s in _summaries(v, f"{path}[{k!r}]")]
-    if isinstance(tree, (tuple, list)):
-        return [s for i, v in enumerate(tree) for s in _summaries(v, f"{path}[{i}]")]
-    x = np.asarray(tree)
+def _summary(path: str, leaf: Any) -> str:
+    """One line about one array of a batch: dtype, shape, and min/max/mean (and zeros) of numbers."""
+    x = np.asarray(leaf)
     line = f"{path}: {x.dtype} {x.shape}"
     if x.dtype.kind in "biuf" and x.size:
         line += f"  min {x.min()}  max {x.max()}  mean {x.astype(np.float64).mean():.4g}"
@@ -181,15 +169,15 @@ def _summaries(tree: Any, path: str = "batch") -> list[str]:
             line += f"  zeros {np.mean(x == 0):.1%}"
     elif x.dtype == object and x.size:
         line += f"  e.g. {x.flat[0]!r}"[:120]
-    return [line]
+    return line
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     pipe = _load(args)
     batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 1 or 2
     print(f"step {args.step}, host {args.process_index} of {args.process_count}")
-    for line in _summaries(batch):
-        print("  " + line)
+    for path, leaf in leaves(batch):
+        print("  " + _summary(path, leaf))
     if isinstance(batch, dict) and "length" in batch and "tokens" in batch:
         tokens, lengths = np.asarray(batch["tokens"]), np.asarray(batch["length"])
         pad = 1 - lengths.sum() / max(tokens.shape[0] * tokens.shape[1], 1)
@@ -197,16 +185,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from . import execute
-
+def cmd_bench(args: argparse.Namespace) -> int:
     pipe = _load(args)
-    end = args.start_step + args.steps
+    end = pipe.check_step(args.start_step, "start step") + args.steps  # past the end: main() exits 2
     if pipe.num_steps is not None:
-        if args.start_step >= pipe.num_steps:
-            print(f"quern: start step {args.start_step} is past the end of the stream ({pipe.num_steps} steps)",
-                  file=sys.stderr)
-            return 2
         end = min(end, pipe.num_steps)
     args.steps = end - args.start_step
     stages = ([execute.READ] + [op.label(k) for k, op in enumerate(pipe.record_ops)] + [execute.COLLATE]
