@@ -31,6 +31,7 @@ def __getattr__(name: str) -> object:
         return getattr(config, name)
     raise AttributeError(f"module 'quern' has no attribute {name!r}")
 
+
 __all__ = [
     "Pipeline",
     "PipelineIterator",

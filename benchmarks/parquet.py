@@ -102,8 +102,10 @@ def main() -> None:
             results.append((label, *rate(it.__next__)))
     limit = results[0][1]
     for label, med, runs in results:
-        print(f"  {label:<55s} {med:>10,.0f} rec/s  {med / limit:5.2f}x raw   runs: "
-              + ", ".join(f"{r:,.0f}" for r in runs))
+        print(
+            f"  {label:<55s} {med:>10,.0f} rec/s  {med / limit:5.2f}x raw   runs: "
+            + ", ".join(f"{r:,.0f}" for r in runs)
+        )
 
 
 if __name__ == "__main__":

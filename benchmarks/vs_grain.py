@@ -126,7 +126,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import numpy as np
@@ -172,8 +173,16 @@ def make_data(num_records: int) -> list[str]:
 
     paths = [os.path.join(DATA_DIR, f"tokens-{i:05d}-of-{NUM_SHARDS:05d}.array_record") for i in range(NUM_SHARDS)]
     meta_path = os.path.join(DATA_DIR, "meta.json")
-    meta = {"records": num_records, "shards": NUM_SHARDS, "seed": DATA_SEED, "lengths": [MIN_LEN, MAX_LEN],
-            "vocab": VOCAB, "dtype": "int32", "writer_options": "group_size:1", "format": 1}
+    meta = {
+        "records": num_records,
+        "shards": NUM_SHARDS,
+        "seed": DATA_SEED,
+        "lengths": [MIN_LEN, MAX_LEN],
+        "vocab": VOCAB,
+        "dtype": "int32",
+        "writer_options": "group_size:1",
+        "format": 1,
+    }
     try:
         with open(meta_path) as f:
             if json.load(f) == meta and all(os.path.exists(p) for p in paths):
@@ -330,8 +339,15 @@ def grain_map_dataset(paths: list[str], batched: bool = True, repeat: bool = Fal
     return ds.batch(BATCH, drop_remainder=True) if batched else ds
 
 
-def grain_iter(paths: list[str], read_options=None, batched: bool = True, workers: int | None = None,
-               worker_buffer: int = 1, repeat: bool = False, heavy_work: bool = False) -> Iterator:
+def grain_iter(
+    paths: list[str],
+    read_options=None,
+    batched: bool = True,
+    workers: int | None = None,
+    worker_buffer: int = 1,
+    repeat: bool = False,
+    heavy_work: bool = False,
+) -> Iterator:
     """``iter()`` of the MapDataset through ``to_iter_dataset(read_options)`` (batched
     before or after it), with ``mp_prefetch`` when ``workers`` is given; it has ``close()``."""
     ds = grain_map_dataset(paths, batched=batched, repeat=repeat, heavy_work=heavy_work)
@@ -344,18 +360,30 @@ def grain_iter(paths: list[str], read_options=None, batched: bool = True, worker
     return iter(it_ds)
 
 
-def grain_loader(paths: list[str], workers: int, read_options=None, worker_buffer: int = 1, repeat: bool = False,
-                 heavy_work: bool = False) -> tuple[Iterator, Any]:
+def grain_loader(
+    paths: list[str],
+    workers: int,
+    read_options=None,
+    worker_buffer: int = 1,
+    repeat: bool = False,
+    heavy_work: bool = False,
+) -> tuple[Iterator, Any]:
     """``iter(grain.DataLoader(...))`` and the DatasetIterator underneath it (which has ``close()``)."""
     source = grain.sources.ArrayRecordDataSource(paths)
     loader = grain.DataLoader(
         data_source=source,
         sampler=grain.samplers.IndexSampler(
-            num_records=len(source), shard_options=grain.sharding.NoSharding(), shuffle=True, seed=0,
+            num_records=len(source),
+            shard_options=grain.sharding.NoSharding(),
+            shuffle=True,
+            seed=0,
             num_epochs=None if repeat else 1,
         ),
-        operations=[DecodePad(), *([Heavy()] if heavy_work else []),
-                    grain.transforms.Batch(BATCH, drop_remainder=True)],
+        operations=[
+            DecodePad(),
+            *([Heavy()] if heavy_work else []),
+            grain.transforms.Batch(BATCH, drop_remainder=True),
+        ],
         worker_count=workers,
         worker_buffer_size=worker_buffer,
         read_options=read_options,
@@ -371,7 +399,11 @@ def quern_iterator(paths: list[str], heavy_work: bool = False, copy: bool = Fals
     (copy each batch out instead of lending its slot) that exists only to measure
     what the lease saves."""
     pipe = quern_pipeline(paths, heavy_work)
-    it = quern.PipelineIterator(pipe, num_workers=2, copy_batches=True) if copy else pipe.iterator(start_step=0, **kwargs)
+    it = (
+        quern.PipelineIterator(pipe, num_workers=2, copy_batches=True)
+        if copy
+        else pipe.iterator(start_step=0, **kwargs)
+    )
     if not it.wait_for_workers(WORKER_START_TIMEOUT):
         it.close()
         raise RuntimeError(f"quern workers did not start within {WORKER_START_TIMEOUT:g}s")
@@ -432,7 +464,7 @@ class PeakRSS:
         while not self._stop.wait(RSS_INTERVAL):
             self.peak = max(self.peak, self.sample())
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.start = self.peak = self.sample()
         self._thread.start()
         return self
@@ -516,8 +548,9 @@ def configs(paths: list[str], raw_ids: np.ndarray, args) -> list[tuple[str, str,
         def make():
             reader = RawReader(paths)
             pending: list = []
+            state = {"step": 0}
 
-            def next_batch(state={"step": 0}):
+            def next_batch():
                 if not pending:
                     s = state["step"] % (len(raw_ids) // BATCH // k) * k
                     pending.extend(reader.batches(raw_ids[s * BATCH : (s + k) * BATCH]))
@@ -627,7 +660,10 @@ def check_correctness(paths: list[str], raw_ids: np.ndarray) -> None:
     q2 = pipe.batch_at(0)
     raw = RawReader(paths).batch(raw_ids[:BATCH])
     assert set(q) == {"tokens", "length"}, sorted(q)
-    assert q["tokens"].shape == (BATCH, SEQ_LEN) and q["tokens"].dtype == np.int32, (q["tokens"].shape, q["tokens"].dtype)
+    assert q["tokens"].shape == (BATCH, SEQ_LEN) and q["tokens"].dtype == np.int32, (
+        q["tokens"].shape,
+        q["tokens"].dtype,
+    )
     assert q["length"].shape == (BATCH,), q["length"].shape
     assert sorted(q["length"].tolist()) == exp_len, "quern lengths differ from the records explain(0) names"
     assert sorted(raw["length"].tolist()) == exp_len, "raw lengths differ from the records explain(0) names"
@@ -656,9 +692,11 @@ def check_correctness(paths: list[str], raw_ids: np.ndarray) -> None:
     assert np.array_equal(h["tokens"], q["tokens"]) and np.array_equal(h["length"], q["length"])
     check_heavy(h, "quern")
     check_heavy(grain_map_dataset(paths, heavy_work=True)[0], "grain")
-    print(f"correctness: ok (step 0: shape {q['tokens'].shape}, lengths {min(exp_len)}..{max(exp_len)}, "
-          f"mean {np.mean(exp_len):.0f}; quern == raw == records named by explain(0); "
-          "num_workers=2 == batch_at; heavy scores in quern and grain)")
+    print(
+        f"correctness: ok (step 0: shape {q['tokens'].shape}, lengths {min(exp_len)}..{max(exp_len)}, "
+        f"mean {np.mean(exp_len):.0f}; quern == raw == records named by explain(0); "
+        "num_workers=2 == batch_at; heavy scores in quern and grain)"
+    )
 
 
 def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -> list[tuple[str, str, float]]:
@@ -700,18 +738,38 @@ def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -
     resume = f"{RESUME_STEP:.0e}"
     cases = [
         ("q0", "quern: source+pipeline+iterator -> batch at step 0", quern_iter(0), 0, reps),
-        ("q0-resume", f"quern: source+pipeline+iterator(start_step={resume}) -> batch", quern_iter(0), RESUME_STEP,
-         reps),
+        (
+            "q0-resume",
+            f"quern: source+pipeline+iterator(start_step={resume}) -> batch",
+            quern_iter(0),
+            RESUME_STEP,
+            reps,
+        ),
         ("q2", "quern: source+pipeline+iterator(num_workers=2) -> batch at step 0", quern_iter(2), 0, reps),
-        ("q2-resume", f"quern: source+pipeline+iterator(num_workers=2, start_step={resume}) -> batch",
-         quern_iter(2), RESUME_STEP, reps),
+        (
+            "q2-resume",
+            f"quern: source+pipeline+iterator(num_workers=2, start_step={resume}) -> batch",
+            quern_iter(2),
+            RESUME_STEP,
+            reps,
+        ),
         ("q-batch_at", "quern: source+pipeline -> batch_at(0) (no threads)", quern_batch_at, 0, reps),
-        ("q-batch_at-resume", f"quern: source+pipeline -> batch_at({resume}) (no threads)", quern_batch_at,
-         RESUME_STEP, reps),
+        (
+            "q-batch_at-resume",
+            f"quern: source+pipeline -> batch_at({resume}) (no threads)",
+            quern_batch_at,
+            RESUME_STEP,
+            reps,
+        ),
         ("g-index", "grain: source+MapDataset -> ds[0]", grain_index, 0, reps),
         ("g-index-resume", f"grain: source+MapDataset -> ds[{resume} % len(ds)]", grain_index, RESUME_STEP, reps),
-        ("g-mp", "grain: source+MapDataset+iterator, mp_prefetch(2 workers, 0 thr, buf 4) -> batch", grain_mp, 0,
-         worker_reps),
+        (
+            "g-mp",
+            "grain: source+MapDataset+iterator, mp_prefetch(2 workers, 0 thr, buf 4) -> batch",
+            grain_mp,
+            0,
+            worker_reps,
+        ),
         ("g-loader", "grain: DataLoader(worker_count=2, 0 read threads, buf 4) -> batch", grain_dl, 0, worker_reps),
     ]
     out = []
@@ -759,12 +817,16 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
                 continue
             ref_r = _ratio(r.rate, ref_raw[1] if ref_raw else None)
             ref_g = _ratio(r.rate, ref_grain[1] if ref_grain else None)
-            print(f"{r.name:<{w}s} {r.rate:>11,.0f} {r.rate / BATCH:>10.1f} {ref_r:>8s} {ref_g:>13s}  "
-                  f"{r.rss_peak:>6,.0f} (+{r.rss_peak - r.rss_start:,.0f})")
+            print(
+                f"{r.name:<{w}s} {r.rate:>11,.0f} {r.rate / BATCH:>10.1f} {ref_r:>8s} {ref_g:>13s}  "
+                f"{r.rss_peak:>6,.0f} (+{r.rss_peak - r.rss_start:,.0f})"
+            )
     if results:
         print("-" * len(head))
-        print("peak RSS: this process + all its children, summed, sampled every "
-              f"{RSS_INTERVAL * 1e3:.0f} ms while the config ran (+: rise over its start)")
+        print(
+            "peak RSS: this process + all its children, summed, sampled every "
+            f"{RSS_INTERVAL * 1e3:.0f} ms while the config ran (+: rise over its start)"
+        )
     for label, b in (("raw (limit)", raw_b), ("grain-best", grain_b), ("quern", quern_b)):
         if b:
             print(f"{label:<12s} {b[1]:>11,.0f} rec/s   [{b[0]}]")
@@ -781,12 +843,20 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
 
     mp_b = best("grain", "mp_prefetch")
     print("\n(a) plain pipeline, records/s")
-    line("quern num_workers=2 / grain mp_prefetch(2) best", rate.get(Q_W2), mp_b and mp_b[1],
-         f"  target >= 8x; grain: {mp_b[0]}" if mp_b else "  target >= 8x")
+    line(
+        "quern num_workers=2 / grain mp_prefetch(2) best",
+        rate.get(Q_W2),
+        mp_b and mp_b[1],
+        f"  target >= 8x; grain: {mp_b[0]}" if mp_b else "  target >= 8x",
+    )
     line("quern num_workers=1 / quern num_workers=0", rate.get(Q_W1), rate.get(Q_W0))
     line("quern num_workers=2 / quern num_workers=0", rate.get(Q_W2), rate.get(Q_W0))
-    line("quern num_workers=2: lease (default) / copy out once", rate.get(Q_W2), rate.get(Q_COPY),
-         "  (what lending the slot saves over copying each batch out)")
+    line(
+        "quern num_workers=2: lease (default) / copy out once",
+        rate.get(Q_W2),
+        rate.get(Q_COPY),
+        "  (what lending the slot saves over copying each batch out)",
+    )
     print("(b) CPU-heavy variant, records/s")
     line("quern num_workers=2 / quern num_workers=0", rate.get(HQ_W2), rate.get(HQ_W0), "  target >= 1.6x")
     line("quern num_workers=1 / quern num_workers=0", rate.get(HQ_W1), rate.get(HQ_W0))
@@ -797,8 +867,12 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
     line("quern num_workers=2 / grain mp_prefetch(2)", secs.get("q2"), secs.get("g-mp"), "  target <= 1x", ms=True)
     line("quern num_workers=2 / grain DataLoader(2)", secs.get("q2"), secs.get("g-loader"), ms=True)
     line("quern num_workers=2 / grain MapDataset ds[0]", secs.get("q2"), secs.get("g-index"), ms=True)
-    line("quern num_workers=2, resumed / grain ds[i], i large", secs.get("q2-resume"), secs.get("g-index-resume"),
-         ms=True)
+    line(
+        "quern num_workers=2, resumed / grain ds[i], i large",
+        secs.get("q2-resume"),
+        secs.get("g-index-resume"),
+        ms=True,
+    )
     for r in results:
         if r.rate is None:
             print(f"failed: {r.name}: {r.error}")
@@ -818,11 +892,17 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=None, help="timed batches per run (default 100; --quick: 40)")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per config (default 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed batches before timing (default 2)")
-    ap.add_argument("--min-seconds", type=float, default=None, help="minimum seconds per timed run (default 5; --quick: 0.5)")
+    ap.add_argument(
+        "--min-seconds", type=float, default=None, help="minimum seconds per timed run (default 5; --quick: 0.5)"
+    )
     ap.add_argument("--quick", action="store_true", help="fewer batches per run (40), 3 runs")
     ap.add_argument("--only", default=None, help="only configs whose name contains this text (e.g. quern, heavy)")
-    ap.add_argument("--heavy", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run the CPU-heavy variant (default: yes)")
+    ap.add_argument(
+        "--heavy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the CPU-heavy variant (default: yes)",
+    )
     args = ap.parse_args()
     args.batches = args.batches or (40 if args.quick else 100)
     args.runs = args.runs or 3
@@ -833,17 +913,23 @@ def main() -> None:
 
     t_start = time.perf_counter()
     print("command:", shlex.join([sys.executable] + sys.argv))
-    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, grain {grain.__version__}, "
-          f"quern {quern.__version__}, cpus {os.cpu_count()}")
+    print(
+        f"python {sys.version.split()[0]}, numpy {np.__version__}, grain {grain.__version__}, "
+        f"quern {quern.__version__}, cpus {os.cpu_count()}"
+    )
     paths = make_data(args.records)
     nbytes = warm_page_cache(paths)
     print(f"data: {args.records:,} records, {NUM_SHARDS} shards, {nbytes / 2**20:.0f} MiB on disk (page cache warmed)")
-    print(f"each config: {args.warmup} warm-up batches, then {args.runs} runs of at least {args.batches} batches "
-          f"x {BATCH} records and {args.min_seconds:g} s; median records/s")
+    print(
+        f"each config: {args.warmup} warm-up batches, then {args.runs} runs of at least {args.batches} batches "
+        f"x {BATCH} records and {args.min_seconds:g} s; median records/s"
+    )
     if args.heavy:
         cost = heavy_cost_us(paths)
-        print(f"heavy(): {HEAVY_ROUNDS} rounds, {cost:.1f} us per record measured here "
-              f"(x {BATCH} = {cost * BATCH / 1e3:.1f} ms of transform per batch, on one core)")
+        print(
+            f"heavy(): {HEAVY_ROUNDS} rounds, {cost:.1f} us per record measured here "
+            f"(x {BATCH} = {cost * BATCH / 1e3:.1f} ms of transform per batch, on one core)"
+        )
 
     # Record ids for the raw reader: quern's shuffled order, computed outside the timed region.
     raw_ids = quern_pipeline(paths).record_ids(np.arange(3 * args.records // (16 * BATCH) * 16 * BATCH))
@@ -860,9 +946,12 @@ def main() -> None:
             with rss:
                 med, rates = measure(make, args)
             results.append(Result(group, name, med, rates, rss.start, rss.peak))
-            print(f"  {name:<{w}s} {med:>10,.0f} rec/s   runs: {', '.join(f'{r:,.0f}' for r in rates)}"
-                  f"   peak RSS {rss.peak:,.0f} MiB (+{rss.peak - rss.start:,.0f})"
-                  f"   ({time.perf_counter() - t0:.1f}s)", flush=True)
+            print(
+                f"  {name:<{w}s} {med:>10,.0f} rec/s   runs: {', '.join(f'{r:,.0f}' for r in rates)}"
+                f"   peak RSS {rss.peak:,.0f} MiB (+{rss.peak - rss.start:,.0f})"
+                f"   ({time.perf_counter() - t0:.1f}s)",
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001 - one broken config must not stop the benchmark
             msg = f"{type(e).__name__}: {e}".splitlines()[0][:200]
             results.append(Result(group, name, None, [], rss.start, rss.peak, msg))
@@ -872,8 +961,10 @@ def main() -> None:
         if left := leftover_children(wait=5.0):
             print(f"  WARNING: {len(left)} child process(es) still alive after closing this config: {'; '.join(left)}")
 
-    print("\ntime to first batch (fresh source and pipeline, median of 5, grain with workers: of 3; "
-          "in this already-warm process):")
+    print(
+        "\ntime to first batch (fresh source and pipeline, median of 5, grain with workers: of 3; "
+        "in this already-warm process):"
+    )
     ttfb = time_to_first_batch(paths)
     w = max([len(name) for _, name, _ in ttfb] + [20])
     for _, name, secs in ttfb:
@@ -885,8 +976,11 @@ def main() -> None:
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"whole run, peak RSS of this process alone (ru_maxrss): {self_rss:,.0f} MiB")
     left = leftover_children(wait=5.0)
-    print(f"WARNING: {len(left)} child process(es) still alive: {'; '.join(left)}" if left
-          else "child processes: none left")
+    print(
+        f"WARNING: {len(left)} child process(es) still alive: {'; '.join(left)}"
+        if left
+        else "child processes: none left"
+    )
     print(f"total time {time.perf_counter() - t_start:.0f}s")
     print("command:", shlex.join([sys.executable] + sys.argv))
 

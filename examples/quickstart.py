@@ -77,10 +77,12 @@ def build_dataset(out: str, shards: int = 4, max_bytes: int = 12 << 20) -> tuple
         for _, chunk in part:
             writer.write(chunk)
         writer.close()
-        table = pa.table({
-            "tokens": pa.array([np.frombuffer(c, np.uint8) for _, c in part], type=pa.list_(pa.uint8())),
-            "file": [name for name, _ in part],
-        })
+        table = pa.table(
+            {
+                "tokens": pa.array([np.frombuffer(c, np.uint8) for _, c in part], type=pa.list_(pa.uint8())),
+                "file": [name for name, _ in part],
+            }
+        )
         pq.write_table(table, pq_path + ".tmp", row_group_size=1024, compression="snappy")
         os.replace(ar_path + ".tmp", ar_path)
         os.replace(pq_path + ".tmp", pq_path)
@@ -126,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
                 reference.append(batch)
             if step < 3:
                 first_row = bytes(batch["tokens"][0, : batch["length"][0]]).decode("utf-8", "replace")
-                (name, rid), = pipe.explain(step)[0]
-                print(f"step {step}: tokens {batch['tokens'].shape} {batch['tokens'].dtype}, "
-                      f"lengths {batch['length'][:6].tolist()}..., row 0 = record {rid} of {name!r}:")
+                ((name, rid),) = pipe.explain(step)[0]
+                print(
+                    f"step {step}: tokens {batch['tokens'].shape} {batch['tokens'].dtype}, "
+                    f"lengths {batch['length'][:6].tolist()}..., row 0 = record {rid} of {name!r}:"
+                )
                 print("    " + repr(first_row[:70]))
     elapsed = time.perf_counter() - t0
-    print(f"throughput: {args.steps * args.batch / elapsed:,.0f} records/s "
-          f"({args.steps} steps of {args.batch} in {elapsed:.2f} s, one process)")
+    print(
+        f"throughput: {args.steps * args.batch / elapsed:,.0f} records/s "
+        f"({args.steps} steps of {args.batch} in {elapsed:.2f} s, one process)"
+    )
 
     # -- stop at a step, save the state, restart from scratch and resume
     with pipe.iterator() as it:
@@ -151,11 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     with restarted.resume(state, num_workers=2) as it:  # now with 2 worker processes: same batches
         resumed = [next(it) for _ in range(5)]
     if args.save:
-        np.savez(args.save, steps=np.arange(state["step"], state["step"] + len(resumed)),
-                 **{f"batch.{k}": np.stack([b[k] for b in resumed]) for k in resumed[0]})
+        np.savez(
+            args.save,
+            steps=np.arange(state["step"], state["step"] + len(resumed)),
+            **{f"batch.{k}": np.stack([b[k] for b in resumed]) for k in resumed[0]},
+        )
     ok = all(same(a, b) for a, b in zip(resumed, reference[args.stop_at : args.stop_at + 5]))
-    print(f"resumed at step {state['step']} with 2 worker processes: "
-          f"next 5 batches identical to the uninterrupted run: {ok}")
+    print(
+        f"resumed at step {state['step']} with 2 worker processes: "
+        f"next 5 batches identical to the uninterrupted run: {ok}"
+    )
 
     # -- the Parquet copy holds the same records in the same order (file i of each
     #    format was written from the same list), so record ids are row ids there too

@@ -36,7 +36,7 @@ CONTEXT = 128  # tokens per training row (the first CONTEXT + 1 bytes of each re
 
 def init_params(key: jax.Array, width: int = 128) -> dict:
     k = jax.random.split(key, 6)
-    scale = width ** -0.5
+    scale = width**-0.5
     return {
         "embed": jax.random.normal(k[0], (256, width)) * 0.02,
         "pos": jax.random.normal(k[1], (CONTEXT, width)) * 0.02,
@@ -97,15 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # batch axis over every device
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     params = jax.device_put(init_params(jax.random.key(0)), replicated)
-    opt = jax.device_put({"m": jax.tree_util.tree_map(jnp.zeros_like, params),
-                          "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)},
-                         replicated)
+    opt = jax.device_put(
+        {
+            "m": jax.tree_util.tree_map(jnp.zeros_like, params),
+            "v": jax.tree_util.tree_map(jnp.zeros_like, params),
+            "t": jnp.zeros((), jnp.int32),
+        },
+        replicated,
+    )
 
     mngr = ocp.CheckpointManager(os.path.abspath(args.ckpt_dir))
     start = 0
     if mngr.latest_step() is not None:
-        restored = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(
-            model=ocp.args.StandardRestore({"params": params, "opt": opt}), data=QuernRestore(pipe)))
+        restored = mngr.restore(
+            mngr.latest_step(),
+            args=ocp.args.Composite(
+                model=ocp.args.StandardRestore({"params": params, "opt": opt}), data=QuernRestore(pipe)
+            ),
+        )
         params, opt = restored.model["params"], restored.model["opt"]
         start = restored.data["step"]
         print(f"resumed from checkpoint at step {start}", flush=True)
@@ -124,18 +133,27 @@ def main(argv: list[str] | None = None) -> int:
             waits.append(t1 - t0)
             steps.append(t2 - t_prev)
             t_prev = t2
-            print(f"step {step} loss {loss!r} step_ms {1e3 * (t2 - t0):.1f} data_wait_ms {1e3 * (t1 - t0):.2f}",
-                  flush=True)
+            print(
+                f"step {step} loss {loss!r} step_ms {1e3 * (t2 - t0):.1f} data_wait_ms {1e3 * (t1 - t0):.2f}",
+                flush=True,
+            )
             if it.step % args.ckpt_every == 0:
-                mngr.save(it.step, args=ocp.args.Composite(
-                    model=ocp.args.StandardSave({"params": params, "opt": opt}), data=QuernSave(it)))
+                mngr.save(
+                    it.step,
+                    args=ocp.args.Composite(
+                        model=ocp.args.StandardSave({"params": params, "opt": opt}), data=QuernSave(it)
+                    ),
+                )
                 mngr.wait_until_finished()
                 print(f"checkpoint saved at step {it.step}", flush=True)
     mngr.close()
     if len(steps) > 2:  # the first steps include compilation
         wait, total = sum(waits[2:]), sum(steps[2:])
-        print(f"data wait: {1e3 * wait / len(steps[2:]):.2f} ms per step = {100 * wait / total:.1f}% of step time "
-              f"({1e3 * total / len(steps[2:]):.1f} ms per step, steps {start + 2}..{it.step - 1})", flush=True)
+        print(
+            f"data wait: {1e3 * wait / len(steps[2:]):.2f} ms per step = {100 * wait / total:.1f}% of step time "
+            f"({1e3 * total / len(steps[2:]):.1f} ms per step, steps {start + 2}..{it.step - 1})",
+            flush=True,
+        )
     return 0
 
 

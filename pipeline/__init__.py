@@ -7,6 +7,18 @@ from .errors import CollateError, ConfigError, FingerprintError, SourceError, St
 from .loader import PipelineIterator
 
 __all__ = [
-    "index", "sources", "execute", "collate", "Op", "OpKind", "Pipeline", "PipelineIterator",
-    "StepError", "SourceError", "WorkerError", "CollateError", "ConfigError", "FingerprintError",
+    "index",
+    "sources",
+    "execute",
+    "collate",
+    "Op",
+    "OpKind",
+    "Pipeline",
+    "PipelineIterator",
+    "StepError",
+    "SourceError",
+    "WorkerError",
+    "CollateError",
+    "ConfigError",
+    "FingerprintError",
 ]

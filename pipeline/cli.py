@@ -191,8 +191,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if pipe.num_steps is not None:
         end = min(end, pipe.num_steps)
     args.steps = end - args.start_step
-    stages = ([execute.READ] + [op.label(k) for k, op in enumerate(pipe.record_ops)] + [execute.COLLATE]
-              + [op.label(k) for k, op in enumerate(pipe.batch_ops)])
+    stages = (
+        [execute.READ]
+        + [op.label(k) for k, op in enumerate(pipe.record_ops)]
+        + [execute.COLLATE]
+        + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
+    )
     times = dict.fromkeys(stages, 0.0)
     records = 0
     for s in range(args.start_step, end):  # one read per step, in this process
@@ -201,8 +205,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 raise result.error
         records += len(pipe.positions(s))
     total = sum(times.values())
-    print(f"{args.steps} steps, {records:,} records, one read per step, one process: "
-          f"{records / max(total, 1e-9):,.0f} records/s")
+    print(
+        f"{args.steps} steps, {records:,} records, one read per step, one process: "
+        f"{records / max(total, 1e-9):,.0f} records/s"
+    )
     width = max(18, *map(len, stages))
     for name, dt in times.items():
         print(f"  {name:{width}s} {1e3 * dt / args.steps:9.3f} ms/step  {dt / max(total, 1e-9):6.1%}")

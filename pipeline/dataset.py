@@ -13,7 +13,8 @@ pure function of (the definition, step, host slice).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class Pipeline:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_source(cls, source: Any, seed: int = 0, num_epochs: int | None = None) -> "Pipeline":
+    def from_source(cls, source: Any, seed: int = 0, num_epochs: int | None = None) -> Pipeline:
         """Start a pipeline over ``source`` (a quern source, a dict of arrays, or any
         object with ``__len__``/``__getitem__``). ``seed`` is a 64-bit integer;
         ``num_epochs=None`` makes the stream endless."""
@@ -71,10 +72,10 @@ class Pipeline:
             num_epochs = _check_int(num_epochs, "num_epochs", 1)
         return cls(source=src, seed=seed, num_epochs=num_epochs)
 
-    def _replace(self, **kw: Any) -> "Pipeline":
+    def _replace(self, **kw: Any) -> Pipeline:
         return dataclasses.replace(self, **kw)
 
-    def shuffle(self, mode: str = "global", block: int | None = None, window: int = 8) -> "Pipeline":
+    def shuffle(self, mode: str = "global", block: int | None = None, window: int = 8) -> Pipeline:
         """Shuffle records with a new permutation each epoch.
 
         ``mode="global"``: a keyed bijection over all records. ``mode="block"``:
@@ -91,7 +92,7 @@ class Pipeline:
         block = self.source.block_size() if block is None else _check_int(block, "block", 1)
         return self._replace(shuffle_mode="block", block=max(1, block), window=_check_int(window, "window", 1))
 
-    def map(self, fn: Callable[[Any], Any]) -> "Pipeline":
+    def map(self, fn: Callable[[Any], Any]) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record.
 
         If ``fn`` has a ``map_many(records) -> records`` method it is called once
@@ -102,7 +103,7 @@ class Pipeline:
         self._need_no_batch("map", "map_batch(fn)")
         return self._replace(record_ops=self.record_ops + (Op(OpKind.MAP, fn),))
 
-    def random_map(self, fn: Callable[[Any, np.random.Generator], Any]) -> "Pipeline":
+    def random_map(self, fn: Callable[[Any, np.random.Generator], Any]) -> Pipeline:
         """Apply ``fn(record, rng) -> record``; ``rng`` is a ``numpy.random.Generator``
         (Philox) keyed by (seed, stream position, stage) only, so the same record at
         the same position always draws the same numbers. ``rng`` is valid only
@@ -112,7 +113,7 @@ class Pipeline:
         self._need_no_batch("random_map", "random_map_batch(fn)")
         return self._replace(record_ops=self.record_ops + (Op(OpKind.RANDOM_MAP, fn),))
 
-    def balance_hosts(self, lengths: Any) -> "Pipeline":
+    def balance_hosts(self, lengths: Any) -> Pipeline:
         """Token-balanced host slices: ``lengths[i]`` is the length (token count) of
         record ``i``, a length index computed once. Each host still gets ``B / H``
         rows of every full global batch, but which rows is chosen so that the hosts'
@@ -136,7 +137,7 @@ class Pipeline:
         lengths.setflags(write=False)
         return self._replace(host_lengths=lengths, host_lengths_digest=digest(lengths))
 
-    def batch(self, global_batch_size: int, drop_remainder: bool = True) -> "Pipeline":
+    def batch(self, global_batch_size: int, drop_remainder: bool = True) -> Pipeline:
         """Group ``global_batch_size`` consecutive stream positions into a step.
 
         Batches cross epoch boundaries. With a finite ``num_epochs`` the last
@@ -152,14 +153,14 @@ class Pipeline:
             )
         return p
 
-    def map_batch(self, fn: Callable[[Any], Any]) -> "Pipeline":
+    def map_batch(self, fn: Callable[[Any], Any]) -> Pipeline:
         """Apply ``fn(batch) -> batch`` to each host's collated batch (vectorised)."""
         if not callable(fn):
             raise TypeError(f"map_batch() needs a callable, got {fn!r}")
         self._need_batch("map_batch")
         return self._replace(batch_ops=self.batch_ops + (Op(OpKind.MAP_BATCH, fn),))
 
-    def random_map_batch(self, fn: Callable[[Any, np.ndarray], Any]) -> "Pipeline":
+    def random_map_batch(self, fn: Callable[[Any, np.ndarray], Any]) -> Pipeline:
         """Apply ``fn(batch, keys) -> batch`` where ``keys`` is a ``uint64`` array, one
         key per row, derived from (seed, stream position of the row, stage) only.
         Use :mod:`quern.transforms.random` to turn keys into uniforms, integers or
@@ -177,8 +178,10 @@ class Pipeline:
 
     def _need_no_batch(self, what: str, instead: str) -> None:
         if self.batch_size is not None:
-            raise ValueError(f"{what}() after batch(): {what}() is a record-level stage; use {instead} "
-                             "for a batch-level transform, or move it before batch()")
+            raise ValueError(
+                f"{what}() after batch(): {what}() is a record-level stage; use {instead} "
+                "for a batch-level transform, or move it before batch()"
+            )
 
     # ------------------------------------------------------------------ addressing
 
@@ -282,11 +285,13 @@ class Pipeline:
             "seed": self.seed,
             "num_epochs": self.num_epochs,
             "shuffle": [self.shuffle_mode, self.block, self.window],
-            "record_ops": [[op.kind.value, describe_callable(op.fn, op.label(k))]
-                           for k, op in enumerate(self.record_ops)],
+            "record_ops": [
+                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
+            ],
             "batch": [self.batch_size, self.drop_remainder],
-            "batch_ops": [[op.kind.value, describe_callable(op.fn, op.label(k))]
-                          for k, op in enumerate(self.batch_ops)],
+            "batch_ops": [
+                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.batch_ops)
+            ],
             "balance_hosts": self.host_lengths_digest,
         }
 

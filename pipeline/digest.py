@@ -91,8 +91,9 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
     elif callable(getattr(value, "fingerprint", None)) and not isinstance(value, type):
         fp = value.fingerprint()
         if not isinstance(fp, str):
-            raise FingerprintError(f"{where}: {type(value).__qualname__}.fingerprint() returned {type(fp).__name__}, "
-                                   "not a string")
+            raise FingerprintError(
+                f"{where}: {type(value).__qualname__}.fingerprint() returned {type(fp).__name__}, not a string"
+            )
         _tag(h, b"F", f"{type(value).__module__}.{type(value).__qualname__}:{fp}".encode())
     else:
         raise FingerprintError(

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import sources
 from .registry import REGISTRY
 from .tree import to_plain
 
 __all__ = ["to_config"]
-
 
 
 def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
@@ -49,8 +49,14 @@ def to_config(pipe: Any) -> dict[str, Any]:
     if isinstance(src, sources.ArrayRecordSource):
         source = {"type": "array_record", "paths": list(src.paths), "name": src.name}
     elif isinstance(src, sources.ParquetSource):
-        source = {"type": "parquet", "paths": list(src.paths), "columns": src.columns, "name": src.name,
-                  "cache_bytes": src.cache_bytes, "cache_row_groups": src.cache_row_groups}
+        source = {
+            "type": "parquet",
+            "paths": list(src.paths),
+            "columns": src.columns,
+            "name": src.name,
+            "cache_bytes": src.cache_bytes,
+            "cache_row_groups": src.cache_row_groups,
+        }
     elif isinstance(src, sources.TensorStoreSource) and src._single:
         source = {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
     else:
@@ -67,6 +73,7 @@ def to_config(pipe: Any) -> dict[str, Any]:
         "shuffle": shuffle,
         "transforms": [_transform_config(op.fn, op.kind, f"transforms.{i}") for i, op in enumerate(pipe.record_ops)],
         "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
-        "batch_transforms": [_transform_config(op.fn, op.kind, f"batch_transforms.{i}")
-                             for i, op in enumerate(pipe.batch_ops)],
+        "batch_transforms": [
+            _transform_config(op.fn, op.kind, f"batch_transforms.{i}") for i, op in enumerate(pipe.batch_ops)
+        ],
     }

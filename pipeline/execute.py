@@ -21,7 +21,8 @@ thread runs it, or on what ran before.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -140,8 +141,9 @@ def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
         ) from e
 
 
-def apply_record_op(pipe: Definition, k: int, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray,
-                    where: object) -> Sequence[Any]:
+def apply_record_op(
+    pipe: Definition, k: int, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray, where: object
+) -> Sequence[Any]:
     """Record stage ``k`` on one step's records: ``fn.map_many(records)`` when a
     ``map`` transform has it, else ``fn(record)`` (``fn(record, rng)`` for
     ``random_map``, the Generator keyed by :func:`record_keys`) per record."""
@@ -190,13 +192,13 @@ def collate_rows(pipe: Definition, records: Sequence[Any], ids: np.ndarray, wher
         row = e.row if isinstance(e, CollateError) else None
         blame = (
             f" row {row} = record {int(ids[row])} of source {pipe.source.name!r}"
-            if row is not None and row < len(ids) else f" (records {_ids_text(pipe.source, ids)})"
+            if row is not None and row < len(ids)
+            else f" (records {_ids_text(pipe.source, ids)})"
         )
         raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
 
-def apply_batch_op(pipe: Definition, k: int, batch: Any, positions: np.ndarray, ids: np.ndarray,
-                   where: object) -> Any:
+def apply_batch_op(pipe: Definition, k: int, batch: Any, positions: np.ndarray, ids: np.ndarray, where: object) -> Any:
     """Batch stage ``k``: ``fn(batch)``, or ``fn(batch, keys)`` for
     ``random_map_batch`` with one key per row from :func:`batch_keys`."""
     op = pipe.batch_ops[k]
@@ -224,8 +226,14 @@ class _Clock:
             self.t = now
 
 
-def record_stages(pipe: Definition, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray, where: object,
-                  timings: dict[str, float] | None = None) -> Any:
+def record_stages(
+    pipe: Definition,
+    records: Sequence[Any],
+    positions: np.ndarray,
+    ids: np.ndarray,
+    where: object,
+    timings: dict[str, float] | None = None,
+) -> Any:
     """The record transforms and ``collate`` of one step's records: its batch before the batch transforms."""
     clock = _Clock(timings)
     for k, op in enumerate(pipe.record_ops):
@@ -236,8 +244,14 @@ def record_stages(pipe: Definition, records: Sequence[Any], positions: np.ndarra
     return batch
 
 
-def batch_stages(pipe: Definition, batch: Any, positions: np.ndarray, ids: np.ndarray, where: object,
-                 timings: dict[str, float] | None = None) -> Any:
+def batch_stages(
+    pipe: Definition,
+    batch: Any,
+    positions: np.ndarray,
+    ids: np.ndarray,
+    where: object,
+    timings: dict[str, float] | None = None,
+) -> Any:
     """The batch transforms of one step, in order."""
     clock = _Clock(timings)
     for k, op in enumerate(pipe.batch_ops):
@@ -246,8 +260,13 @@ def batch_stages(pipe: Definition, batch: Any, positions: np.ndarray, ids: np.nd
     return batch
 
 
-def step_results(pipe: Definition, steps: Iterable[int], process_index: int = 0, process_count: int = 1,
-                 timings: dict[str, float] | None = None) -> Iterator[StepResult]:
+def step_results(
+    pipe: Definition,
+    steps: Iterable[int],
+    process_index: int = 0,
+    process_count: int = 1,
+    timings: dict[str, float] | None = None,
+) -> Iterator[StepResult]:
     """Yield a :class:`StepResult` for each of ``steps`` in order (any steps, not
     necessarily consecutive): its batch, bit-identical to ``pipe.batch_at(step)``,
     or the error that stopped it.

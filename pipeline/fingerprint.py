@@ -86,8 +86,10 @@ class _Describer:
             return self.callable(value, depth + 1)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)) or type(value).__name__ == "ufunc":
             if getattr(value, "__self__", None) is not None and not inspect.ismodule(value.__self__):
-                return {"builtin": getattr(value, "__qualname__", value.__name__),
-                        "self": self.value(value.__self__, f"{where}.__self__", depth + 1)}
+                return {
+                    "builtin": getattr(value, "__qualname__", value.__name__),
+                    "self": self.value(value.__self__, f"{where}.__self__", depth + 1),
+                }
             return f"builtin {getattr(value, '__module__', None) or ''}.{value.__name__}"
         try:
             return digest(value, where)
@@ -106,13 +108,15 @@ class _Describer:
         if callable(fp) and not isinstance(fn, type):
             return {"fingerprint": digest(fn, self.where)}
         if isinstance(fn, functools.partial):
-            return {"partial": self.callable(fn.func, depth + 1),
-                    "args": [self.value(a, f"{self.where} argument {i}", depth + 1) for i, a in enumerate(fn.args)],
-                    "kwargs": {k: self.value(v, f"{self.where} argument {k!r}", depth + 1)
-                               for k, v in sorted(fn.keywords.items())}}
+            return {
+                "partial": self.callable(fn.func, depth + 1),
+                "args": [self.value(a, f"{self.where} argument {i}", depth + 1) for i, a in enumerate(fn.args)],
+                "kwargs": {
+                    k: self.value(v, f"{self.where} argument {k!r}", depth + 1) for k, v in sorted(fn.keywords.items())
+                },
+            }
         if isinstance(fn, types.MethodType):
-            return {"method": self.callable(fn.__func__, depth + 1),
-                    "self": self.state(fn.__self__, depth + 1)}
+            return {"method": self.callable(fn.__func__, depth + 1), "self": self.state(fn.__self__, depth + 1)}
         if isinstance(fn, types.FunctionType):
             return self.function(fn, depth)
         if isinstance(fn, type):
@@ -148,7 +152,9 @@ class _Describer:
                 continue
             closure.append([name, self.value(contents, f"closure variable {name!r}", depth + 1)])
         defaults = [self.value(d, f"default {i}", depth + 1) for i, d in enumerate(fn.__defaults__ or ())]
-        kwdefaults = {k: self.value(v, f"default {k!r}", depth + 1) for k, v in sorted((fn.__kwdefaults__ or {}).items())}
+        kwdefaults = {
+            k: self.value(v, f"default {k!r}", depth + 1) for k, v in sorted((fn.__kwdefaults__ or {}).items())
+        }
         return {"code": code, "globals": used, "closure": closure, "defaults": defaults, "kwdefaults": kwdefaults}
 
     def cls(self, cls: type, depth: int) -> Any:
@@ -201,10 +207,27 @@ def _state_names(obj: Any) -> set[str]:
     return names
 
 
-_LIBRARY_ROOTS = frozenset({
-    "numpy", "jax", "jaxlib", "pyarrow", "tensorstore", "array_record", "grain", "pydantic", "yaml",
-    "cloudpickle", "orbax", "typing", "collections", "abc", "enum", "dataclasses", "functools",
-})
+_LIBRARY_ROOTS = frozenset(
+    {
+        "numpy",
+        "jax",
+        "jaxlib",
+        "pyarrow",
+        "tensorstore",
+        "array_record",
+        "grain",
+        "pydantic",
+        "yaml",
+        "cloudpickle",
+        "orbax",
+        "typing",
+        "collections",
+        "abc",
+        "enum",
+        "dataclasses",
+        "functools",
+    }
+)
 
 
 def _is_user_module(module: str) -> bool:
@@ -223,8 +246,9 @@ def _hash_code(code: types.CodeType, h: Any) -> set[str]:
     return the global names it and its nested code use. Names and line numbers of the
     function itself are not included."""
     h.update(code.co_code)
-    h.update(json.dumps([code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount,
-                         code.co_flags]).encode())
+    h.update(
+        json.dumps([code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, code.co_flags]).encode()
+    )
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):

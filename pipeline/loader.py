@@ -100,14 +100,22 @@ class PipelineIterator:
         self._last_stats: dict[str, Any] = {"workers": 0}
         if self.num_workers:
             self._last_stats = {
-                "workers": self.num_workers, "delivered_by_worker": [0] * self.num_workers,
-                "computed_in_parent": 0, "worker_restarts": 0,
+                "workers": self.num_workers,
+                "delivered_by_worker": [0] * self.num_workers,
+                "computed_in_parent": 0,
+                "worker_restarts": 0,
             }
         self._pool: cf.ThreadPoolExecutor | None = None
         if self.num_workers and (self._end is None or self.step < self._end):
             self._workers = WorkerPool(
-                pipe, self.num_workers, self.process_index, self.process_count,
-                self.prefetch, self.read_ahead, self._end, copy=bool(copy_batches),
+                pipe,
+                self.num_workers,
+                self.process_index,
+                self.process_count,
+                self.prefetch,
+                self.read_ahead,
+                self._end,
+                copy=bool(copy_batches),
             )
         elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
@@ -116,7 +124,7 @@ class PipelineIterator:
 
     # ------------------------------------------------------------------ protocol
 
-    def __iter__(self) -> "PipelineIterator":
+    def __iter__(self) -> PipelineIterator:
         return self
 
     def __next__(self) -> Any:
@@ -215,7 +223,7 @@ class PipelineIterator:
             workers, self._workers = self._workers, None
             workers.close()
 
-    def __enter__(self) -> "PipelineIterator":
+    def __enter__(self) -> PipelineIterator:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -231,7 +239,7 @@ class PipelineIterator:
         return f"PipelineIterator(step={self.step}, host={self.process_index}/{self.process_count})"
 
 
-_LIVE: "weakref.WeakSet[PipelineIterator]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
 
 @atexit.register

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS"]
 

@@ -8,7 +8,8 @@ a function it is allowed to import (see :mod:`quern.pipeline.config`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = ["REGISTRY", "register"]
 

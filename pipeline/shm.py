@@ -21,7 +21,8 @@ import pickle
 import socket
 import struct
 import tempfile
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Buffer:
         self.array: np.ndarray | None = np.frombuffer(self.mm, np.uint8, size)
 
     @classmethod
-    def create(cls, size: int) -> "Buffer":
+    def create(cls, size: int) -> Buffer:
         size = -(-max(size, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         return cls(_anonymous_fd(size), size, keep_fd=True)
 

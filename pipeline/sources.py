@@ -687,10 +687,12 @@ class TensorStoreSource(Source):
         row_bytes = st.dtype.numpy_dtype.itemsize * int(np.prod(st.shape[1:], dtype=np.int64))
         if rows_per_chunk * row_bytes > self.SAMPLE_BAND_BYTES:
             rows_per_chunk, origin0 = 1, 0
-        bands = sorted({
-            (max(0, lo), min(n, lo + rows_per_chunk))
-            for lo in (i - (i - origin0) % rows_per_chunk for i in _sample_ids(n))
-        })
+        bands = sorted(
+            {
+                (max(0, lo), min(n, lo + rows_per_chunk))
+                for lo in (i - (i - origin0) % rows_per_chunk for i in _sample_ids(n))
+            }
+        )
         try:
             reads = [st[lo:hi].read() for lo, hi in bands]
             rows = [r.result() for r in reads]
@@ -781,7 +783,9 @@ class SequenceSource(Source):
         if getitems is not None:
             records = list(getitems(ids.tolist()))
             if len(records) != len(ids):
-                raise SourceError(f"source {self.name!r}: __getitems__ returned {len(records)} records for {len(ids)} ids")
+                raise SourceError(
+                    f"source {self.name!r}: __getitems__ returned {len(records)} records for {len(ids)} ids"
+                )
             return records
         return [self.obj[i] for i in ids.tolist()]
 

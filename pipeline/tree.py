@@ -7,7 +7,8 @@ their key paths; :func:`to_plain` makes plain JSON-able data of a value.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -18,7 +18,8 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import execute, shm
 from .errors import StepError

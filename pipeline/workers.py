@@ -53,9 +53,7 @@ import subprocess
 import sys
 import time
 import weakref
-from typing import Any
-
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import execute, shm
 from .errors import StepError, WorkerError
@@ -74,7 +72,7 @@ SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots
 class _Delivered(NamedTuple):
     """A step's batch waiting in ``worker``'s slot ``slot``."""
 
-    worker: "_Worker"
+    worker: _Worker
     slot: int
     data: bytes
     spans: list[Span]
@@ -186,8 +184,17 @@ class WorkerPool:
     :data:`SHARED_MEMORY_BUDGET`; until then tasks are one step.
     """
 
-    def __init__(self, pipe: execute.Definition, num_workers: int, process_index: int, process_count: int,
-                 prefetch: int, read_ahead: int | None, end: int | None, copy: bool = False) -> None:
+    def __init__(
+        self,
+        pipe: execute.Definition,
+        num_workers: int,
+        process_index: int,
+        process_count: int,
+        prefetch: int,
+        read_ahead: int | None,
+        end: int | None,
+        copy: bool = False,
+    ) -> None:
         import cloudpickle  # not needed by a worker, which only unpickles
 
         self.pipe, self.end, self.copy = pipe, end, copy
@@ -447,8 +454,9 @@ class WorkerPool:
         result = self._results.pop(step)
         if isinstance(result, _StepFailed):
             report = result.report
-            error = StepError(f"{report.text}\n\nworker {result.worker_index} (pid {result.pid}) traceback:\n"
-                              f"{report.traceback}")
+            error = StepError(
+                f"{report.text}\n\nworker {result.worker_index} (pid {result.pid}) traceback:\n{report.traceback}"
+            )
             if report.cause is not None:
                 try:
                     error.__cause__ = pickle.loads(report.cause)

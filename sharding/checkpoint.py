@@ -33,12 +33,12 @@ class QuernCheckpointHandler(ocp.JsonCheckpointHandler):
     def __init__(self, filename: str | None = None, **kwargs: Any) -> None:
         super().__init__(filename or "quern_iterator.json", **kwargs)
 
-    async def async_save(self, directory: Any, item: Any = None, args: "QuernSave | None" = None) -> Any:
+    async def async_save(self, directory: Any, item: Any = None, args: QuernSave | None = None) -> Any:
         source = args.iterator if args is not None else item
         state = source.state() if hasattr(source, "state") else dict(source)
         return await super().async_save(directory, args=ocp.args.JsonSave(state))
 
-    def restore(self, directory: Any, item: Any = None, args: "QuernRestore | None" = None) -> dict:
+    def restore(self, directory: Any, item: Any = None, args: QuernRestore | None = None) -> dict:
         state = dict(super().restore(directory))
         if args is not None and args.pipeline is not None:
             state["step"] = args.pipeline.check_state(state, force=args.force)

@@ -60,16 +60,19 @@ class GlobalIterator:
     """Iterator of global batches; see :func:`global_iterator`. ``.step`` is the next
     step to be yielded; ``.state()`` and ``.close()`` as for ``pipe.iterator()``."""
 
-    def __init__(self, pipe: Any, mesh: Any, start_step: int, partition_spec: Any, num_workers: int,
-                 device_prefetch: int) -> None:
+    def __init__(
+        self, pipe: Any, mesh: Any, start_step: int, partition_spec: Any, num_workers: int, device_prefetch: int
+    ) -> None:
         import jax
 
         if pipe.batch_size is None:
             raise ValueError("global_iterator() needs batch() first: a step is a batch")
-        if not pipe.drop_remainder and pipe.num_steps is not None and len(pipe.source) * pipe.num_epochs % pipe.batch_size:
-            raise ValueError(
-                "global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)"
-            )
+        if (
+            not pipe.drop_remainder
+            and pipe.num_steps is not None
+            and len(pipe.source) * pipe.num_epochs % pipe.batch_size
+        ):
+            raise ValueError("global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)")
         self.sharding = _batch_sharding(mesh, partition_spec)
         B = pipe.batch_size
         lo, hi = process_rows(self.sharding, B)
@@ -81,8 +84,9 @@ class GlobalIterator:
         self.process_index, self.process_count = index, count
         self.global_batch_size = B
         self.device_prefetch = max(0, int(device_prefetch))
-        self._host = pipe.iterator(start_step=start_step, process_index=index, process_count=count,
-                                   num_workers=num_workers)
+        self._host = pipe.iterator(
+            start_step=start_step, process_index=index, process_count=count, num_workers=num_workers
+        )
         self.step = self._host.step
         self._ready: collections.deque = collections.deque()
         self._jax = jax
@@ -103,7 +107,7 @@ class GlobalIterator:
 
         return self._jax.tree_util.tree_map(one, batch)
 
-    def __iter__(self) -> "GlobalIterator":
+    def __iter__(self) -> GlobalIterator:
         return self
 
     def __next__(self) -> Any:
@@ -129,15 +133,22 @@ class GlobalIterator:
         self._ready.clear()
         self._host.close()
 
-    def __enter__(self) -> "GlobalIterator":
+    def __enter__(self) -> GlobalIterator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def global_iterator(pipe: Any, mesh: Any, *, start_step: int = 0, partition_spec: Any = None,
-                    num_workers: int = 0, device_prefetch: int = 2) -> GlobalIterator:
+def global_iterator(
+    pipe: Any,
+    mesh: Any,
+    *,
+    start_step: int = 0,
+    partition_spec: Any = None,
+    num_workers: int = 0,
+    device_prefetch: int = 2,
+) -> GlobalIterator:
     """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
 
     ``partition_spec`` (default: the batch axis over all mesh axes) is a one-entry

@@ -28,9 +28,22 @@ def _read_array_records(paths):
 def test_quickstart_runs_and_resumes_exactly(tmp_path):
     data, saved = tmp_path / "data", tmp_path / "resumed.npz"
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "quickstart.py"), "--out", str(data), "--steps", "60",
-         "--stop-at", "20", "--save", str(saved)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "quickstart.py"),
+            "--out",
+            str(data),
+            "--steps",
+            "60",
+            "--stop-at",
+            "20",
+            "--save",
+            str(saved),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     ar_paths, pq_paths = sorted(data.glob("*.array_record")), sorted(data.glob("*.parquet"))
@@ -52,7 +65,9 @@ def test_quickstart_runs_and_resumes_exactly(tmp_path):
         steps, tokens, lengths = z["steps"].tolist(), z["batch.tokens"], z["batch.length"]
     assert steps == [20, 21, 22, 23, 24] and tokens.shape == (5, 64, 512) and tokens.dtype == np.uint8
     records = _read_array_records(ar_paths)
-    parquet = [np.asarray(t, np.uint8) for p in pq_paths for t in pq.read_table(p, columns=["tokens"])["tokens"].to_pylist()]
+    parquet = [
+        np.asarray(t, np.uint8) for p in pq_paths for t in pq.read_table(p, columns=["tokens"])["tokens"].to_pylist()
+    ]
     assert len(records) == len(parquet) == len(pipe.source)
     for k, step in enumerate(steps):
         want = pipe.batch_at(step)  # the resumed run (2 worker processes) gave exactly these batches

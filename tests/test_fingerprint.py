@@ -28,7 +28,7 @@ def _pipe(fn, kind="map"):
 
 # ----------------------------------------------------------------------------- __main__ vs imported
 
-TRAIN = '''
+TRAIN = """
 import sys
 import numpy as np
 import quern
@@ -53,27 +53,36 @@ def pipe():
 
 if __name__ == "__main__":
     print(pipe().fingerprint())
-'''
+"""
 
 
 def test_script_run_as_main_and_imported_give_one_fingerprint(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
-    as_main = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True,
-                             text=True, timeout=120, check=True).stdout.strip()
-    imported = subprocess.run([sys.executable, "-c", "import train; print(train.pipe().fingerprint())"],
-                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120,
-                              check=True).stdout.strip()
+    as_main = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
+    imported = subprocess.run(
+        [sys.executable, "-c", "import train; print(train.pipe().fingerprint())"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
     assert len(as_main) == 32 and as_main == imported
     # and the state a script saved resumes from a launcher that imports it
     state = {"step": 3, "fingerprint": as_main}
     code = f"import train; it = train.pipe().resume({state!r}); print(it.step); it.close()"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                         timeout=120, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
     assert out == "3"
     # a change to the code the script runs is a different fingerprint
     (tmp_path / "train.py").write_text(TRAIN.replace("* 2 +", "* 3 +"))
-    changed = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True,
-                             text=True, timeout=120, check=True).stdout.strip()
+    changed = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
     assert changed != as_main
 
 
@@ -86,12 +95,15 @@ def _reads_table(rec):
     return {"x": rec["x"] * TABLE["scale"][0]}
 
 
-@pytest.mark.parametrize("change", [
-    lambda t: t["scale"].append(4),
-    lambda t: t["nested"][0]["k"].__setitem__(2, 99),
-    lambda t: t["nested"][1].add(7),
-    lambda t: t.__setitem__("name", "b"),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t["scale"].append(4),
+        lambda t: t["nested"][0]["k"].__setitem__(2, 99),
+        lambda t: t["nested"][1].add(7),
+        lambda t: t.__setitem__("name", "b"),
+    ],
+)
 def test_module_level_values_are_hashed_by_content(change, monkeypatch):
     before = _pipe(_reads_table).fingerprint()
     table = {"scale": [1, 2, 3], "nested": ({"k": np.arange(4)}, {5, 6}), "name": "a"}
@@ -115,7 +127,9 @@ def _reads_opaque(rec):
 
 
 def test_a_value_it_cannot_describe_is_an_error_naming_it():
-    with pytest.raises(FingerprintError, match=r"map\[0\] _reads_opaque reads global 'OPAQUE'.*Opaque.*fingerprint\(\)"):
+    with pytest.raises(
+        FingerprintError, match=r"map\[0\] _reads_opaque reads global 'OPAQUE'.*Opaque.*fingerprint\(\)"
+    ):
         _pipe(_reads_opaque).fingerprint()
 
 
@@ -236,13 +250,24 @@ def test_quern_run_refuses_a_state_without_fingerprint(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"x": np.arange(40)}), tmp_path / "d.parquet")
-    (tmp_path / "c.yaml").write_text(textwrap.dedent("""
+    (tmp_path / "c.yaml").write_text(
+        textwrap.dedent("""
         source: {type: parquet, paths: d.parquet}
         batch: 4
-    """))
+    """)
+    )
     (tmp_path / "s.json").write_text(json.dumps({"step": 2}))
-    quern_cmd = [sys.executable, "-m", "quern.pipeline.cli", "run", str(tmp_path / "c.yaml"), "--steps", "1",
-                 "--state", str(tmp_path / "s.json")]
+    quern_cmd = [
+        sys.executable,
+        "-m",
+        "quern.pipeline.cli",
+        "run",
+        str(tmp_path / "c.yaml"),
+        "--steps",
+        "1",
+        "--state",
+        str(tmp_path / "s.json"),
+    ]
     refused = subprocess.run(quern_cmd, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no fingerprint" in refused.stderr and "--force" in refused.stderr
     forced = subprocess.run(quern_cmd + ["--force"], capture_output=True, text=True, timeout=120)

@@ -46,7 +46,8 @@ def test_an_error_surfaces_at_its_own_step_after_the_good_ones(prefetch):
 
 def test_leaves_that_are_not_row_arrays_get_a_clear_error():
     pipe = _pipe().map_batch(lambda b: {**b, "name": np.array(["a"] * 10)})
-    with quern.sharding.global_iterator(pipe, _mesh()) as it, pytest.raises(
-        ValueError, match="every leaf of a batch must be a numeric array"
+    with (
+        quern.sharding.global_iterator(pipe, _mesh()) as it,
+        pytest.raises(ValueError, match="every leaf of a batch must be a numeric array"),
     ):
         next(it)

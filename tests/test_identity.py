@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import quern
 import tensorstore as ts
 from array_record.python import array_record_module
+
+import quern
 from quern import sources as S
 from quern.pipeline.errors import FingerprintError
 
@@ -67,8 +68,9 @@ def _parquet_case(tmp_path: Path, n: int):
 
     def write(vals: list[bytes]) -> None:
         table = pa.table({"x": pa.array(np.frombuffer(b"".join(vals), dtype=np.int64))})
-        pq.write_table(table, path, row_group_size=50_000, compression="none", use_dictionary=False,
-                       write_statistics=False)
+        pq.write_table(
+            table, path, row_group_size=50_000, compression="none", use_dictionary=False, write_statistics=False
+        )
 
     write(values)
     return path, values, write
@@ -110,8 +112,9 @@ def _changed(item: bytes) -> bytes:
     return bytes(b ^ 0x5A for b in item)  # same length, every byte different
 
 
-@pytest.mark.parametrize("kind,big", [("array_record", False), ("array_record", True),
-                                      ("parquet", False), ("parquet", True)])
+@pytest.mark.parametrize(
+    "kind,big", [("array_record", False), ("array_record", True), ("parquet", False), ("parquet", True)]
+)
 def test_same_size_rewrite_in_the_middle_changes_file_identity(tmp_path, kind, big):
     """One record in the middle rewritten at the same size: noticed in a whole-hashed file of at
     most 1 MiB, and in a bigger file when the record overlaps a sampled block (here the block
@@ -137,7 +140,8 @@ def test_same_size_rewrite_in_the_middle_changes_file_identity(tmp_path, kind, b
     after = _identity(kind, path)
     assert after != before
     assert {key: v for key, v in after["files"][0].items() if key != "sample"} == {
-        key: v for key, v in before["files"][0].items() if key != "sample"}
+        key: v for key, v in before["files"][0].items() if key != "sample"
+    }
 
     write(items)  # the original content again: the original identity
     assert _identity(kind, path) == before
@@ -185,8 +189,14 @@ def test_big_file_change_outside_sampled_ranges_is_not_seen(tmp_path):
 
 def _write_zarr(path: Path, driver: str, array: np.ndarray, chunk0: int = 7) -> dict:
     spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
-    st = ts.open(spec, create=True, delete_existing=True, dtype=ts.dtype(array.dtype.name), shape=array.shape,
-                 chunk_layout=ts.ChunkLayout(chunk_shape=[chunk0, *array.shape[1:]])).result()
+    st = ts.open(
+        spec,
+        create=True,
+        delete_existing=True,
+        dtype=ts.dtype(array.dtype.name),
+        shape=array.shape,
+        chunk_layout=ts.ChunkLayout(chunk_shape=[chunk0, *array.shape[1:]]),
+    ).result()
     st.write(array).result()
     return spec
 
@@ -212,7 +222,8 @@ def test_tensorstore_identity_follows_content(tmp_path, driver):
     changed = S.TensorStoreSource(spec).identity()
     assert changed != before
     assert {k: v for k, v in changed["arrays"][""].items() if k != "sample"} == {
-        k: v for k, v in arr.items() if k != "sample"}
+        k: v for k, v in arr.items() if k != "sample"
+    }
 
     for i in (0, 59):  # one value changed in the first or the last row
         b = a.copy()

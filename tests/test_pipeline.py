@@ -171,10 +171,16 @@ def test_fingerprint_is_stable_across_interpreters_and_sensitive_to_the_definiti
     here = base.map(quern.transforms.pad(8, key="a")).batch(10)
     assert out.stdout.strip() == here.fingerprint()
     variants = [
-        quern.Pipeline.from_source({"a": np.arange(50)}, seed=8).shuffle().map(quern.transforms.pad(8, key="a")).batch(10),
+        quern.Pipeline.from_source({"a": np.arange(50)}, seed=8)
+        .shuffle()
+        .map(quern.transforms.pad(8, key="a"))
+        .batch(10),
         base.map(quern.transforms.pad(9, key="a")).batch(10),
         base.map(quern.transforms.pad(8, key="a")).batch(5),
-        quern.Pipeline.from_source({"a": np.arange(1, 51)}, seed=7).shuffle().map(quern.transforms.pad(8, key="a")).batch(10),
+        quern.Pipeline.from_source({"a": np.arange(1, 51)}, seed=7)
+        .shuffle()
+        .map(quern.transforms.pad(8, key="a"))
+        .batch(10),
         quern.Pipeline.from_source({"a": np.arange(50)}, seed=7).map(quern.transforms.pad(8, key="a")).batch(10),
     ]
     assert len({v.fingerprint() for v in variants} | {here.fingerprint()}) == len(variants) + 1
@@ -262,7 +268,9 @@ def _fail_on_13(rec):
 
 def test_a_failing_transform_names_step_stage_and_record():
     pipe = quern.Pipeline.from_source(_arrays(100)).map(_fail_on_13).batch(10)
-    with pytest.raises(quern.StepError, match=r"step 1 .*map\[0\] _fail_on_13.*record 13 of source 'arrays'.*bad record"):
+    with pytest.raises(
+        quern.StepError, match=r"step 1 .*map\[0\] _fail_on_13.*record 13 of source 'arrays'.*bad record"
+    ):
         pipe.batch_at(1)
     it = pipe.iterator()
     next(it)
@@ -487,7 +495,9 @@ def test_balanced_host_slices_even_out_tokens(hosts):
         contiguous = [int(plain.batch_at(step, h, hosts)["length"].sum()) for h in range(hosts)]
         assert max(contiguous) - min(contiguous) > lengths.max()  # the problem it solves
         # the same on every call, and what the iterator (with workers) yields
-        assert [r["id"].tolist() for r in rows] == [balanced.batch_at(step, h, hosts)["id"].tolist() for h in range(hosts)]
+        assert [r["id"].tolist() for r in rows] == [
+            balanced.batch_at(step, h, hosts)["id"].tolist() for h in range(hosts)
+        ]
     with balanced.iterator(start_step=3, process_index=1, process_count=hosts, num_workers=1) as it:
         np.testing.assert_array_equal(next(it)["id"], balanced.batch_at(3, 1, hosts)["id"])
 

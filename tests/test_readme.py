@@ -22,8 +22,12 @@ def test_the_complete_orbax_example_saves_then_restores_and_resumes(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(_block("# save, stop, restart: a complete orbax example"))
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    runs = [subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], env=env, capture_output=True,
-                           text=True, timeout=300) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "ckpt")], env=env, capture_output=True, text=True, timeout=300
+        )
+        for _ in range(2)
+    ]
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
     saved = re.search(r"saved at step (\d+) (\S+)", runs[0].stdout)

@@ -24,9 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import quern
 import tensorstore as ts
 from array_record.python import array_record_module
+
+import quern
 from quern import sources as S
 
 pytestmark = pytest.mark.timeout(120)
@@ -307,6 +308,7 @@ def test_array_record_one_read_call_per_file(ar_shards, monkeypatch):
     src = S.ArrayRecordSource([str(p) for p in paths])
     calls: list = []
     real_reader = src._reader
+
     def borrow(f):  # readers go back to a shared pool after each call: unwrap a proxy that comes back
         r = real_reader(f)
         return _CountingReader(getattr(r, "_inner", r), f, calls)
@@ -426,7 +428,7 @@ def test_parquet_lru_cache_is_bounded(pq_files, decode_counter, cache):
 
     # Walk the row groups one read at a time.
     decode_counter.clear()
-    for g, (start, n) in enumerate(layout):
+    for start, n in layout:
         _assert_records_equal(src.read_many([start, start + n - 1]), [rows[start], rows[start + n - 1]])
         assert len(src._cache) <= cache
     assert len(decode_counter) == n_groups
@@ -493,30 +495,47 @@ def _typed_columns() -> tuple[pa.Table, dict]:
         return pa.array([None if i in null else make(i) for i in rows], type=type_)
 
     t0 = datetime.datetime(2024, 1, 1, 12, 0, 0)
-    table = pa.table({
-        "i64": col(lambda i: 2**60 + i, pa.int64()),
-        "i32": col(lambda i: -i, pa.int32()),
-        "u8": col(lambda i: i, pa.uint8()),
-        "f64": col(lambda i: i / 3, pa.float64()),
-        "f32": col(lambda i: i / 4, pa.float32()),
-        "b": col(lambda i: i % 2 == 0, pa.bool_()),
-        "ts": col(lambda i: t0 + datetime.timedelta(seconds=i), pa.timestamp("us")),
-        "ts_utc": col(lambda i: t0 + datetime.timedelta(milliseconds=i), pa.timestamp("ms", tz="UTC")),
-        "date": col(lambda i: datetime.date(2024, 1, 1 + i), pa.date32()),
-        "s": col(lambda i: f"row{i}", pa.string()),
-        "bin": col(lambda i: bytes([i, 0, i]), pa.binary()),
-        "l_i32": pa.array([None if i in null else ([i, None, i] if i == 6 else [i] * (i % 3)) for i in rows],
-                          type=pa.list_(pa.int32())),
-        "l_f64": col(lambda i: [i / 2, i / 5], pa.list_(pa.float64())),
-        "l_large": col(lambda i: list(range(i)), pa.large_list(pa.int64())),
-        "fixed": pa.array([None if i in null else ([None, i] if i == 6 else [i, -i]) for i in rows],
-                          type=pa.list_(pa.int16(), 2)),
-        "l_s": col(lambda i: [f"a{i}", f"b{i}"], pa.list_(pa.string())),
-    })
+    table = pa.table(
+        {
+            "i64": col(lambda i: 2**60 + i, pa.int64()),
+            "i32": col(lambda i: -i, pa.int32()),
+            "u8": col(lambda i: i, pa.uint8()),
+            "f64": col(lambda i: i / 3, pa.float64()),
+            "f32": col(lambda i: i / 4, pa.float32()),
+            "b": col(lambda i: i % 2 == 0, pa.bool_()),
+            "ts": col(lambda i: t0 + datetime.timedelta(seconds=i), pa.timestamp("us")),
+            "ts_utc": col(lambda i: t0 + datetime.timedelta(milliseconds=i), pa.timestamp("ms", tz="UTC")),
+            "date": col(lambda i: datetime.date(2024, 1, 1 + i), pa.date32()),
+            "s": col(lambda i: f"row{i}", pa.string()),
+            "bin": col(lambda i: bytes([i, 0, i]), pa.binary()),
+            "l_i32": pa.array(
+                [None if i in null else ([i, None, i] if i == 6 else [i] * (i % 3)) for i in rows],
+                type=pa.list_(pa.int32()),
+            ),
+            "l_f64": col(lambda i: [i / 2, i / 5], pa.list_(pa.float64())),
+            "l_large": col(lambda i: list(range(i)), pa.large_list(pa.int64())),
+            "fixed": pa.array(
+                [None if i in null else ([None, i] if i == 6 else [i, -i]) for i in rows], type=pa.list_(pa.int16(), 2)
+            ),
+            "l_s": col(lambda i: [f"a{i}", f"b{i}"], pa.list_(pa.string())),
+        }
+    )
     want = {
-        "i64": np.int64, "i32": np.int32, "u8": np.uint8, "f64": np.float64, "f32": np.float32, "b": np.bool_,
-        "ts": np.dtype("datetime64[us]"), "ts_utc": np.dtype("datetime64[ms]"), "date": np.dtype("datetime64[D]"),
-        "s": str, "bin": bytes, "l_i32": np.int32, "l_f64": np.float64, "l_large": np.int64, "fixed": np.int16,
+        "i64": np.int64,
+        "i32": np.int32,
+        "u8": np.uint8,
+        "f64": np.float64,
+        "f32": np.float32,
+        "b": np.bool_,
+        "ts": np.dtype("datetime64[us]"),
+        "ts_utc": np.dtype("datetime64[ms]"),
+        "date": np.dtype("datetime64[D]"),
+        "s": str,
+        "bin": bytes,
+        "l_i32": np.int32,
+        "l_f64": np.float64,
+        "l_large": np.int64,
+        "fixed": np.int16,
         "l_s": object,
     }
     return table, want
@@ -801,7 +820,10 @@ def test_array_record_identity(ar_shards):
     ident2 = S.ArrayRecordSource([str(p) for p in paths]).identity()
     assert ident2 != ident
     assert {k: v for k, v in ident2["files"][1].items() if k != "sample"} == {
-        "file": paths[1].name, "size": os.path.getsize(paths[1]), "records": len(bigger)}
+        "file": paths[1].name,
+        "size": os.path.getsize(paths[1]),
+        "records": len(bigger),
+    }
     assert ident2["files"][1]["sample"] != ident["files"][1]["sample"]
     assert ident2["files"][0] == ident["files"][0]
     assert ident2["len"] == ident["len"] + 40
@@ -826,7 +848,10 @@ def test_parquet_identity(pq_files):
     ident2 = S.ParquetSource([str(p) for p in paths], columns=["id"]).identity()
     assert ident2 != ident
     assert {k: v for k, v in ident2["files"][0].items() if k != "sample"} == {
-        "file": paths[0].name, "size": os.path.getsize(paths[0]), "records": 250}
+        "file": paths[0].name,
+        "size": os.path.getsize(paths[0]),
+        "records": 250,
+    }
 
 
 def test_array_source_identity_tracks_content():
@@ -868,7 +893,9 @@ def test_tensorstore_missing_or_not_zarr(tmp_path):
     with pytest.raises(quern.SourceError, match="missing_zarr"):
         S.TensorStoreSource(spec)
     with pytest.raises(quern.SourceError, match="missing_zarr3"):
-        S.TensorStoreSource({"x": {**spec, "driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "missing_zarr3")}}})
+        S.TensorStoreSource(
+            {"x": {**spec, "driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "missing_zarr3")}}}
+        )
 
 
 @pytest.fixture
@@ -924,7 +951,9 @@ def test_corrupted_array_record_fails_at_read_naming_file(tmp_path, one_ar_file)
     _assert_error_names_file(all2["error"], bad)
 
 
-@pytest.mark.parametrize("damage", ["truncated_half", "empty", "random", "magic_and_garbage_footer", "array_record_file"])
+@pytest.mark.parametrize(
+    "damage", ["truncated_half", "empty", "random", "magic_and_garbage_footer", "array_record_file"]
+)
 def test_damaged_parquet_file_raises_naming_file(tmp_path, pq_files, one_ar_file, damage):
     data = pq_files[0][0].read_bytes()
     bad = tmp_path / f"bad_{damage}.parquet"
@@ -1013,13 +1042,15 @@ def _plain(v):
 
 
 def test_parquet_nulls_are_none_in_every_column_type(tmp_path):
-    table = pa.table({
-        "l": pa.array([[1, 2], None, [3, None], [4]], type=pa.list_(pa.int64())),
-        "f": pa.array([1.5, None, 2.5, 3.0]),
-        "i": pa.array([1, 2, None, 2**60 + 1]),
-        "fs": pa.array([[1, 2], [3, 4], None, [5, 6]], type=pa.list_(pa.int32(), 2)),
-        "s": pa.array(["a", None, "c", "d"]),
-    })
+    table = pa.table(
+        {
+            "l": pa.array([[1, 2], None, [3, None], [4]], type=pa.list_(pa.int64())),
+            "f": pa.array([1.5, None, 2.5, 3.0]),
+            "i": pa.array([1, 2, None, 2**60 + 1]),
+            "fs": pa.array([[1, 2], [3, 4], None, [5, 6]], type=pa.list_(pa.int32(), 2)),
+            "s": pa.array(["a", None, "c", "d"]),
+        }
+    )
     path = tmp_path / "nulls.parquet"
     pq.write_table(table, path, row_group_size=2)
     got = S.ParquetSource(path).read_many(np.arange(4))
@@ -1028,7 +1059,9 @@ def test_parquet_nulls_are_none_in_every_column_type(tmp_path):
 
 def test_parquet_cached_arrays_are_read_only(tmp_path):
     path = tmp_path / "flags.parquet"
-    pq.write_table(pa.table({"flags": pa.array([[True, False]] * 8, type=pa.list_(pa.bool_()))}), path, row_group_size=4)
+    pq.write_table(
+        pa.table({"flags": pa.array([[True, False]] * 8, type=pa.list_(pa.bool_()))}), path, row_group_size=4
+    )
     src = S.ParquetSource(path)
 
     def flip(rec):
@@ -1067,8 +1100,12 @@ def test_array_record_keeps_at_most_max_open_files_readers(tmp_path):
 
 def test_tensorstore_domain_with_nonzero_origin(tmp_path):
     arr = np.arange(40 * 2, dtype=np.int32).reshape(40, 2)
-    st = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}},
-                 create=True, dtype=ts.int32, shape=arr.shape).result()
+    st = ts.open(
+        {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}},
+        create=True,
+        dtype=ts.int32,
+        shape=arr.shape,
+    ).result()
     st.write(arr).result()
     src = S.TensorStoreSource(st[20:30].spec())
     assert len(src) == 10

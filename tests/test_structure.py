@@ -55,7 +55,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -88,8 +88,13 @@ def test_the_bottom_modules_import_no_other_quern_module_above_them():
     modules = _modules()
     assert _imports("quern.pipeline.errors", modules["quern.pipeline.errors"], modules) == set()
     assert _imports("quern.pipeline.index", modules["quern.pipeline.index"], modules) == set()
-    for name in ("quern.pipeline.loader", "quern.pipeline.workers", "quern.pipeline.worker_main",
-                 "quern.pipeline.execute", "quern.pipeline.fingerprint"):
+    for name in (
+        "quern.pipeline.loader",
+        "quern.pipeline.workers",
+        "quern.pipeline.worker_main",
+        "quern.pipeline.execute",
+        "quern.pipeline.fingerprint",
+    ):
         assert "quern.pipeline.dataset" not in _imports(name, modules[name], modules), name
 
 

@@ -17,8 +17,20 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _cmd(tmp_path, ckpt: str, steps: int) -> list[str]:
-    return [sys.executable, SCRIPT, "--data", str(tmp_path / "data"), "--ckpt-dir", str(tmp_path / ckpt),
-            "--steps", str(steps), "--ckpt-every", "4", "--batch", "16"]
+    return [
+        sys.executable,
+        SCRIPT,
+        "--data",
+        str(tmp_path / "data"),
+        "--ckpt-dir",
+        str(tmp_path / ckpt),
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        "4",
+        "--batch",
+        "16",
+    ]
 
 
 def _losses(text: str) -> dict[int, str]:

@@ -183,7 +183,9 @@ def test_other_sources_through_workers(kind, tmp_path):
         import tensorstore as ts
 
         spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}}
-        arr = ts.open(spec, create=True, dtype=ts.int32, shape=[700, 3], chunk_layout=ts.ChunkLayout(chunk_shape=[50, 3])).result()
+        arr = ts.open(
+            spec, create=True, dtype=ts.int32, shape=[700, 3], chunk_layout=ts.ChunkLayout(chunk_shape=[50, 3])
+        ).result()
         arr.write(np.arange(2100, dtype=np.int32).reshape(700, 3)).result()
         pipe = quern.Pipeline.from_source(quern.sources.TensorStoreSource(spec), seed=5).shuffle()
     else:
@@ -287,8 +289,10 @@ def test_source_arrays_reach_workers_through_one_shared_copy():
             _equal(next(it), pipe.batch_at(s))
         # each worker maps the one shared copy of the array: the same memory file as the
         # parent's (same inode), big enough to hold it
-        big = [{ino for lo, hi, ino in _memfd_maps(pid, inodes=True) if hi - lo >= n * 8}
-               for pid in [os.getpid(), *it.worker_pids]]
+        big = [
+            {ino for lo, hi, ino in _memfd_maps(pid, inodes=True) if hi - lo >= n * 8}
+            for pid in [os.getpid(), *it.worker_pids]
+        ]
         assert len(big) == 3 and set.intersection(*big), big
 
 
@@ -552,7 +556,9 @@ def test_worker_that_keeps_dying_is_an_error_not_a_hang(monkeypatch):
     pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(die_on_record).batch(50)
     with pipe.iterator(num_workers=2, start_step=1) as it:  # record 77 is in step 1, worker 1's
         _started(it)
-        with pytest.raises(WorkerError, match=r"worker 1 .*killed by SIGKILL.*3 times in a row.*steps in progress: \[1,"):
+        with pytest.raises(
+            WorkerError, match=r"worker 1 .*killed by SIGKILL.*3 times in a row.*steps in progress: \[1,"
+        ):
             next(it)
     assert _children() == children  # closed cleanly after the error
     assert _memfd_maps(os.getpid()) == []
@@ -764,7 +770,10 @@ def test_a_process_that_iterates_leaves_nothing_when_it_ends(shards, mode):
     shm = _shm()
     code = _CHILD.format(tests=str(REPO / "tests"), shards=shards, mode=mode)
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
     try:

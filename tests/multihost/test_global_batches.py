@@ -39,9 +39,21 @@ def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0,
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "run_host.py"), str(i), str(processes), str(port), str(devices),
-             str(start), str(steps), str(workers)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                os.path.join(HERE, "run_host.py"),
+                str(i),
+                str(processes),
+                str(port),
+                str(devices),
+                str(start),
+                str(steps),
+                str(workers),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for i in range(processes)
     ]
