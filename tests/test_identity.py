@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import tensorstore as ts
 from array_record.python import array_record_module
+from test_sources import _write_zarr
 
 import quern
 from quern import sources as S
@@ -185,20 +185,6 @@ def test_big_file_change_outside_sampled_ranges_is_not_seen(tmp_path):
 
 
 # --------------------------------------------------------------------------- TensorStore
-
-
-def _write_zarr(path: Path, driver: str, array: np.ndarray, chunk0: int = 7) -> dict:
-    spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
-    st = ts.open(
-        spec,
-        create=True,
-        delete_existing=True,
-        dtype=ts.dtype(array.dtype.name),
-        shape=array.shape,
-        chunk_layout=ts.ChunkLayout(chunk_shape=[chunk0, *array.shape[1:]]),
-    ).result()
-    st.write(array).result()
-    return spec
 
 
 @pytest.mark.parametrize("driver", ["zarr", "zarr3"])

@@ -73,6 +73,7 @@ def _write_zarr(path: Path, driver: str, array: np.ndarray, chunk0: int = 7) -> 
     st = ts.open(
         spec,
         create=True,
+        delete_existing=True,
         dtype=ts.dtype(array.dtype.name),
         shape=array.shape,
         chunk_layout=ts.ChunkLayout(chunk_shape=[chunk0, *array.shape[1:]]),
