@@ -45,6 +45,7 @@ from . import sources
 from .dataset import Pipeline
 from .dump import to_config
 from .errors import ConfigError, SourceError
+from .index import host_rows
 from .registry import REGISTRY, register
 
 __all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]
@@ -319,10 +320,10 @@ def _build(data: dict, base: str, process_count: int) -> Pipeline:
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
     size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
-    if isinstance(process_count, bool) or not isinstance(process_count, int) or process_count < 1:
-        raise ConfigError(f"the host count must be a positive integer, got {process_count!r}")
-    if size % process_count:
-        raise ConfigError(f"batch: the batch size {size} is not divisible by the host count {process_count}")
+    try:  # the one host-slice check
+        host_rows(size, 0, process_count)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"batch: {e}") from None
     source = _source(cfg.source, base)
     try:
         pipe = Pipeline.from_source(source, seed=cfg.seed, num_epochs=cfg.num_epochs)

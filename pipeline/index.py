@@ -235,7 +235,7 @@ def host_rows(global_batch_size: int, process_index: int, process_count: int) ->
         raise ValueError(f"process_index must be in [0, {n_hosts}), got {h}")
     if b % n_hosts:
         raise ValueError(
-            f"global batch size {b} is not divisible by process_count {n_hosts}; "
+            f"the global batch size {b} is not divisible by the host count (process_count) {n_hosts}; "
             f"choose a batch size that is a multiple of the host count"
         )
     per = b // n_hosts

@@ -125,7 +125,7 @@ def test_bad_config_exits_2_with_the_message(tmp_path, config, path, value, frag
 
 def test_batch_size_and_host_count(config):
     out = quern_cmd("explain", config, "--step", 0, "--process-count", 3, check=False)
-    assert out.returncode == 2 and "batch size 8 is not divisible by the host count 3" in out.stderr
+    assert out.returncode == 2 and "batch size 8 is not divisible by the host count (process_count) 3" in out.stderr
 
 
 def test_console_script_is_installed():

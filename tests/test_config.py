@@ -186,7 +186,9 @@ def test_bad_configs_name_the_key_the_value_and_the_expectation(files, path, val
 
 
 def test_batch_size_the_host_count_does_not_divide(files):
-    with pytest.raises(quern.ConfigError, match="batch size 8 is not divisible by the host count 3"):
+    with pytest.raises(
+        quern.ConfigError, match="batch size 8 is not divisible by the host count \\(process_count\\) 3"
+    ):
         quern.load_config(_good(files), process_count=3)
 
 

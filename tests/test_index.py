@@ -126,7 +126,7 @@ def test_huge_domain_needs_no_memory_of_its_size():
 def test_host_rows():
     assert index.host_rows(256, 0, 1) == (0, 256)
     assert [index.host_rows(12, h, 4) for h in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
-    with pytest.raises(ValueError, match="not divisible by process_count 3"):
+    with pytest.raises(ValueError, match="not divisible by the host count \\(process_count\\) 3"):
         index.host_rows(256, 0, 3)
     with pytest.raises(ValueError, match="process_index"):
         index.host_rows(256, 2, 2)

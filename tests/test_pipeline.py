@@ -323,7 +323,7 @@ def test_block_shuffle_pipeline_covers_every_record():
         (lambda p: p.shuffle("rows"), ValueError, "'global' or 'block'"),
         (lambda p: p.map(3), TypeError, "callable"),
         (lambda p: p.batch(64).batch_at(-1), ValueError, "step must be >= 0"),
-        (lambda p: p.batch(64).batch_at(0, 0, 3), ValueError, "not divisible by process_count 3"),
+        (lambda p: p.batch(64).batch_at(0, 0, 3), ValueError, "not divisible by the host count \\(process_count\\) 3"),
         (lambda p: p.batch(64).iterator(num_workers=-1), ValueError, "num_workers must be >= 0"),
         (lambda p: p.batch(64).iterator(num_workers=2, num_threads=2), ValueError, "num_threads=2 applies"),
         (lambda p: p.batch(64).iterator(process_count=3), ValueError, "not divisible"),
