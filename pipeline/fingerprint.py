@@ -11,6 +11,8 @@ depends only on what it computes:
   (``__main__``) and imported as ``train`` gives the same description;
 * ``functools.partial``: its function, arguments and keyword arguments;
 * a bound method: its function and the state of the object it is bound to;
+* a library wrapper with ``__wrapped__`` (``jax.jit``, ``functools.lru_cache``):
+  the wrapper's type and the wrapped function;
 * a callable instance (a class with ``__call__``, a dataclass transform): its
   class (the code of its methods) and its state (``vars()``, slots);
 * an object with a ``fingerprint()`` method: what that returns.
@@ -119,6 +121,13 @@ class _Describer:
             return {"method": self.callable(fn.__func__, depth + 1), "self": self.state(fn.__self__, depth + 1)}
         if isinstance(fn, types.FunctionType):
             return self.function(fn, depth)
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None and callable(wrapped) and not isinstance(fn, type):
+            # jax.jit, functools.lru_cache, ...: a library wrapper computes what the function does
+            return {
+                "wrapper": f"{type(fn).__module__}.{type(fn).__qualname__}",
+                "wrapped": self.callable(wrapped, depth + 1),
+            }
         if isinstance(fn, type):
             return self.cls(fn, depth)
         if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)) or type(fn).__name__ == "ufunc":

@@ -283,3 +283,28 @@ def test_the_fingerprint_does_not_depend_on_names_that_change_no_byte():
         return {"x": rec["x"] + 1}
 
     assert _pipe(first).fingerprint() == _pipe(second).fingerprint()
+
+
+@functools.cache
+def _cached_double(x):
+    return 2 * x
+
+
+@functools.cache
+def _cached_triple(x):
+    return 3 * x
+
+
+def _uses_cached(rec):
+    return {"x": rec["x"] + _cached_double(1)}
+
+
+def test_library_wrappers_are_described_by_the_function_they_wrap(monkeypatch):
+    import jax
+
+    before = _pipe(_uses_cached).fingerprint()
+    monkeypatch.setitem(globals(), "_cached_double", _cached_triple)
+    assert _pipe(_uses_cached).fingerprint() != before
+    jitted = [jax.jit(lambda x: x * 2), jax.jit(lambda x: x * 2), jax.jit(lambda x: x * 3)]
+    fps = [_pipe(lambda rec, f=f: {"x": rec["x"] + int(f(1))}).fingerprint() for f in jitted]
+    assert fps[0] == fps[1] != fps[2]
