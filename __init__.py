@@ -16,7 +16,14 @@ from quern import sharding, transforms
 from quern.pipeline import index, sources
 from quern.pipeline.collate import collate
 from quern.pipeline.dataset import Pipeline
-from quern.pipeline.errors import ConfigError, SourceError, StepError, WorkerError
+from quern.pipeline.errors import (
+    CollateError,
+    ConfigError,
+    FingerprintError,
+    SourceError,
+    StepError,
+    WorkerError,
+)
 from quern.pipeline.loader import PipelineIterator
 
 __version__ = "0.1.0"
@@ -38,6 +45,8 @@ __all__ = [
     "StepError",
     "SourceError",
     "WorkerError",
+    "CollateError",
+    "FingerprintError",
     "collate",
     "ConfigError",
     "load_config",

@@ -6,8 +6,8 @@
     quern bench CONFIG [--steps N] [--start-step S]
     quern --version
 
-``python -m quern ...`` is the same command. Every command takes ``--traceback``
-(after the command's name, e.g. ``quern run CONFIG --traceback``).
+``python -m quern ...`` is the same command. ``--traceback`` (before or after
+the command's name) prints the full traceback of an error.
 
 Errors are one message on stderr, ``quern: ...``, never a traceback (unless
 ``--traceback``), and the exit status says whose they are:
@@ -41,7 +41,7 @@ from .. import __version__
 from . import execute
 from .config import load_config
 from .dataset import Pipeline
-from .errors import CollateError, ConfigError, SourceError, StepError, WorkerError
+from .errors import CollateError, ConfigError, FingerprintError, SourceError, StepError, WorkerError
 from .tree import leaves
 
 __all__ = ["main"]
@@ -68,8 +68,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 _DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError)
-_USAGE_ERRORS = (ValueError, IndexError, OSError)  # ConfigError is a ValueError
-_OWN_ERRORS = (*_DATA_ERRORS, ConfigError)  # their messages say what failed without the class name
+_USAGE_ERRORS = (ValueError, IndexError, OSError, FingerprintError)  # ConfigError is a ValueError
+_OWN_ERRORS = (*_DATA_ERRORS, ConfigError, FingerprintError)  # their messages say what failed without the class name
 
 
 def _load(args: argparse.Namespace) -> Pipeline:
@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         try:
             start = pipe.check_state(state, force=args.force)
-        except ValueError as e:
+        except (ValueError, TypeError, IndexError) as e:  # another pipeline's state, or a bad step in it
             print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}", file=sys.stderr)
             return EXIT_USAGE
     steps = args.steps
@@ -224,11 +224,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--version", action="version", version=f"quern {__version__}")
+    traceback_help = "on an error, print the full Python traceback instead of one message"
+    ap.add_argument("--traceback", action="store_true", help=traceback_help)
     sub = ap.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--traceback", action="store_true", help="on an error, print the full Python traceback instead of one message"
-    )
+    common = argparse.ArgumentParser(add_help=False)  # SUPPRESS: given before the command, it is kept
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=traceback_help)
 
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(
@@ -274,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _EPILOG = """\
-errors: one message on stderr, or the full traceback with --traceback (after the command's name).
+errors: one message on stderr, or the full traceback with --traceback.
 exit status: 0 done; 1 the data failed while making batches (a transform raised, a record could not be
 read or collated, workers could not start or kept dying); 2 bad arguments, config or state file (the
 command could not start); 130 interrupted."""

@@ -2,7 +2,8 @@
 
 :func:`digest` hashes a value by its content and type, never by its ``repr``
 or its address: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
-``bytes``, numpy arrays and scalars (dtype, shape and bytes), numpy dtypes,
+``bytes``, ``...``, slices, numpy arrays and scalars (dtype with its fields,
+shape and bytes), numpy dtypes,
 enum members, compiled regular expressions, and any nesting
 of ``dict``, ``list``, ``tuple``, ``set``, ``frozenset`` and ``range`` of them.
 An object with a ``fingerprint()`` method is described by what it returns.
@@ -37,9 +38,18 @@ HOW_TO_DECLARE = (
 
 def digest(value: Any, where: str = "value") -> str:
     """Hex digest (32 characters) of ``value``'s content; ``where`` names it in errors."""
+    return _digest(value, where, 0)
+
+
+def _digest(value: Any, where: str, depth: int) -> str:
     h = hashlib.blake2b(digest_size=16)
-    update(h, value, where)
+    update(h, value, where, depth)
     return h.hexdigest()
+
+
+def _dtype_text(dtype: np.dtype) -> str:
+    """The dtype with its fields' names and types (``dtype.str`` alone is ``|V8`` for any record)."""
+    return str(dtype.descr) if dtype.fields is not None else dtype.str
 
 
 def _tag(h: Any, tag: bytes, payload: bytes = b"") -> None:
@@ -50,7 +60,7 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
     """Feed ``value``'s content into the hash object ``h`` (see :func:`digest`)."""
     if _depth > 64:
         raise FingerprintError(f"{where}: nested more than 64 levels deep (a self-referencing value?)")
-    if value is None or isinstance(value, bool):
+    if value is None or value is Ellipsis or isinstance(value, bool):
         _tag(h, b"c", repr(value).encode())
     elif isinstance(value, int):
         _tag(h, b"i", str(value).encode())
@@ -64,7 +74,7 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
         _tag(h, b"b", bytes(value))
     elif isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)
-        _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{arr.dtype.str}{arr.shape}".encode())
+        _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{_dtype_text(arr.dtype)}{arr.shape}".encode())
         if arr.dtype.kind == "O":
             for i, item in enumerate(arr.reshape(-1).tolist()):
                 update(h, item, f"{where}[{i}]", _depth + 1)
@@ -75,15 +85,20 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
         for i, item in enumerate(value):
             update(h, item, f"{where}[{i}]", _depth + 1)
     elif isinstance(value, dict):
-        items = sorted((digest(k, f"{where} key"), digest(v, f"{where}[{k!r}]")) for k, v in value.items())
+        d = _depth + 1
+        items = sorted((_digest(k, f"{where} key", d), _digest(v, f"{where}[{k!r}]", d)) for k, v in value.items())
         _tag(h, b"d", "".join(k + v for k, v in items).encode())
     elif isinstance(value, (set, frozenset)):
-        _tag(h, b"S", "".join(sorted(digest(v, f"{where} item") for v in value)).encode())
-    elif isinstance(value, enum.Enum):
-        _tag(h, b"e", f"{type(value).__module__}.{type(value).__qualname__}.{value.name}".encode())
+        _tag(h, b"S", "".join(sorted(_digest(v, f"{where} item", _depth + 1) for v in value)).encode())
+    elif isinstance(value, slice):
+        _tag(h, b"L")
+        for part in (value.start, value.stop, value.step):
+            update(h, part, f"{where} slice", _depth + 1)
+    elif isinstance(value, enum.Enum):  # by class name, not module: the same as __main__ and imported
+        _tag(h, b"e", f"{type(value).__qualname__}.{value.name}".encode())
         update(h, value.value, f"{where}.value", _depth + 1)
     elif isinstance(value, np.dtype):
-        _tag(h, b"D", str(value.descr if value.fields is not None else value.str).encode())
+        _tag(h, b"D", _dtype_text(value).encode())
     elif isinstance(value, re.Pattern):
         _tag(h, b"R", repr((value.pattern, value.flags)).encode())
     elif isinstance(value, range):
@@ -94,7 +109,7 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
             raise FingerprintError(
                 f"{where}: {type(value).__qualname__}.fingerprint() returned {type(fp).__name__}, not a string"
             )
-        _tag(h, b"F", f"{type(value).__module__}.{type(value).__qualname__}:{fp}".encode())
+        _tag(h, b"F", f"{type(value).__qualname__}:{fp}".encode())
     else:
         raise FingerprintError(
             f"{where}: cannot describe a {type(value).__module__}.{type(value).__qualname__} by its content; "

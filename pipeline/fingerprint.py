@@ -32,6 +32,7 @@ transform calls does not change the fingerprint.
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import inspect
@@ -45,7 +46,7 @@ from .errors import FingerprintError
 
 __all__ = ["describe_callable", "describe_value", "fingerprint_of"]
 
-_MAX_DEPTH = 16
+_MAX_DEPTH = 200
 
 
 def fingerprint_of(description: dict[str, Any]) -> str:
@@ -73,35 +74,56 @@ def describe_value(value: Any, where: str = "value") -> Any:
 
 
 class _Describer:
-    """Describes a callable and what it reads; ``seen`` breaks cycles (recursive functions)."""
+    """Describes a callable and what it reads; ``seen`` breaks cycles (recursive functions,
+    self-referencing containers). ``depth`` counts nesting, bounded by :data:`_MAX_DEPTH`."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self.seen: dict[int, str] = {}
+        self.active: set[int] = set()  # containers being described (a cycle is an error)
+
+    def cannot(self, value: Any, where: str) -> FingerprintError:
+        return FingerprintError(
+            f"{self.where} reads {where}, a {type(value).__module__}.{type(value).__qualname__}, which quern "
+            f"cannot describe by its content; {HOW_TO_DECLARE}"
+        )
 
     def value(self, value: Any, where: str, depth: int) -> Any:
+        """A value a transform reads: containers element by element (so functions and
+        classes inside them are described too), callables by code, the rest by content."""
+        if depth > _MAX_DEPTH:
+            raise FingerprintError(f"{self.where}: {where} is nested more than {_MAX_DEPTH} levels deep")
         if inspect.ismodule(value):
             return f"module {value.__name__}"
         if isinstance(value, type):
-            return self.cls(value, depth)
-        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-            return self.callable(value, depth + 1)
-        if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)) or type(value).__name__ == "ufunc":
-            if getattr(value, "__self__", None) is not None and not inspect.ismodule(value.__self__):
-                return {
-                    "builtin": getattr(value, "__qualname__", value.__name__),
-                    "self": self.value(value.__self__, f"{where}.__self__", depth + 1),
-                }
-            return f"builtin {getattr(value, '__module__', None) or ''}.{value.__name__}"
+            return self.cls(value, depth + 1)
+        if isinstance(value, (list, tuple, dict, set, frozenset)):
+            if id(value) in self.active:
+                raise FingerprintError(f"{self.where} reads {where}, which contains itself")
+            self.active.add(id(value))
+            try:
+                return self.container(value, where, depth)
+            finally:
+                self.active.discard(id(value))
         try:
             return digest(value, where)
         except FingerprintError:
-            if callable(value) and depth < _MAX_DEPTH:
+            if callable(value):
                 return self.callable(value, depth + 1)
-            raise FingerprintError(
-                f"{self.where} reads {where}, a {type(value).__module__}.{type(value).__qualname__}, which quern "
-                f"cannot describe by its content; {HOW_TO_DECLARE}"
-            ) from None
+            raise self.cannot(value, where) from None
+
+    def container(self, value: Any, where: str, depth: int) -> Any:
+        if isinstance(value, (list, tuple)):
+            kind = "list" if isinstance(value, list) else "tuple"
+            return {kind: [self.value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]}
+        if isinstance(value, dict):
+            items = [
+                [self.value(k, f"{where} key {k!r}", depth + 1), self.value(v, f"{where}[{k!r}]", depth + 1)]
+                for k, v in value.items()
+            ]
+            return {"dict": sorted(items, key=lambda kv: json.dumps(kv, sort_keys=True))}
+        described = [self.value(v, f"{where} item", depth + 1) for v in value]
+        return {"set": sorted(described, key=lambda d: json.dumps(d, sort_keys=True))}
 
     def callable(self, fn: Any, depth: int) -> Any:
         if depth > _MAX_DEPTH:
@@ -112,46 +134,44 @@ class _Describer:
         if isinstance(fn, functools.partial):
             return {
                 "partial": self.callable(fn.func, depth + 1),
-                "args": [self.value(a, f"{self.where} argument {i}", depth + 1) for i, a in enumerate(fn.args)],
-                "kwargs": {
-                    k: self.value(v, f"{self.where} argument {k!r}", depth + 1) for k, v in sorted(fn.keywords.items())
-                },
+                "args": [self.value(a, f"argument {i}", depth + 1) for i, a in enumerate(fn.args)],
+                "kwargs": {k: self.value(v, f"argument {k!r}", depth + 1) for k, v in sorted(fn.keywords.items())},
             }
         if isinstance(fn, types.MethodType):
-            return {"method": self.callable(fn.__func__, depth + 1), "self": self.state(fn.__self__, depth + 1)}
+            return {
+                "method": self.callable(fn.__func__, depth + 1),
+                "class": self.cls(type(fn.__self__), depth + 1),
+                "self": self.state(fn.__self__, depth + 1),
+            }
         if isinstance(fn, types.FunctionType):
             return self.function(fn, depth)
         wrapped = getattr(fn, "__wrapped__", None)
         if wrapped is not None and callable(wrapped) and not isinstance(fn, type):
             # jax.jit, functools.lru_cache, ...: a library wrapper computes what the function does
-            return {
-                "wrapper": f"{type(fn).__module__}.{type(fn).__qualname__}",
-                "wrapped": self.callable(wrapped, depth + 1),
-            }
+            return {"wrapper": _qualified(type(fn)), "wrapped": self.callable(wrapped, depth + 1)}
         if isinstance(fn, type):
             return self.cls(fn, depth)
         if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)) or type(fn).__name__ == "ufunc":
-            return self.value(fn, self.where, depth)
+            owner = getattr(fn, "__self__", None)
+            if owner is not None and not inspect.ismodule(owner):  # a method of an object: its state matters
+                return {"builtin": fn.__qualname__, "self": self.value(owner, f"{fn.__qualname__}.__self__", depth + 1)}
+            return f"builtin {getattr(fn, '__module__', None) or ''}.{fn.__name__}"
         if callable(fn):  # an instance of a class with __call__
             return {"class": self.cls(type(fn), depth + 1), "state": self.state(fn, depth + 1)}
         raise FingerprintError(f"{self.where}: {fn!r} is not callable")
 
     def function(self, fn: types.FunctionType, depth: int) -> Any:
+        if not _is_user_module(getattr(fn, "__module__", None) or ""):
+            return f"function {fn.__module__}.{fn.__qualname__}"  # the standard library's, numpy's...: by name
         key = id(fn)
         if key in self.seen:  # recursion: the description is being built further up
             return {"recursive": self.seen[key]}
         h = hashlib.blake2b(digest_size=16)
-        names = _hash_code(fn.__code__, h)
+        names = _hash_code(fn.__code__, h, self.where)
         code = h.hexdigest()
         self.seen[key] = code
         glb = fn.__globals__
-        builtins = glb.get("__builtins__")
-        used = {}
-        for n in sorted(names):
-            if n in glb:
-                used[n] = self.value(glb[n], f"global {n!r}", depth + 1)
-            elif n in _builtin_names(builtins):
-                continue  # a builtin: part of the language
+        used = {n: self.value(glb[n], f"global {n!r}", depth + 1) for n in sorted(names) if n in glb}
         closure = []
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
@@ -168,9 +188,8 @@ class _Describer:
 
     def cls(self, cls: type, depth: int) -> Any:
         """A class by its methods' code and plain class attributes; library classes by name."""
-        module = getattr(cls, "__module__", "") or ""
-        if module == "builtins" or not _is_user_module(module):
-            return f"class {module}.{cls.__qualname__}"
+        if not _is_user_module(getattr(cls, "__module__", "") or ""):
+            return f"class {_qualified(cls)}"
         key = id(cls)
         if key in self.seen:
             return {"recursive": self.seen[key]}
@@ -193,17 +212,33 @@ class _Describer:
         return {"class": cls.__qualname__, "bases": bases, "attrs": attrs}
 
     def state(self, obj: Any, depth: int) -> Any:
-        """An object's state: ``vars()`` and slots, each value described by content."""
+        """An object's state: ``vars()`` and slots, each value described by content; for an
+        object with neither (``operator.itemgetter('x')``, say), what it pickles to."""
         if isinstance(obj, type) or inspect.ismodule(obj):
-            return self.value(obj, f"{self.where} self", depth)
+            return self.value(obj, "self", depth)
+        names = _state_names(obj)
+        if not names:
+            try:
+                reduced = obj.__reduce_ex__(4)
+            except Exception:
+                raise self.cannot(obj, "an object") from None
+            if isinstance(reduced, tuple) and len(reduced) >= 2:
+                return {
+                    "reduce": [self.value(part, f"{type(obj).__qualname__} state", depth + 1) for part in reduced[1:3]]
+                }
+            raise self.cannot(obj, "an object")
         fields: dict[str, Any] = {}
-        for name in sorted(_state_names(obj)):
+        for name in sorted(names):
             try:
                 v = getattr(obj, name)
             except AttributeError:
                 continue
             fields[name] = self.value(v, f"{type(obj).__qualname__}.{name}", depth + 1)
         return fields
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _state_names(obj: Any) -> set[str]:
@@ -218,50 +253,35 @@ def _state_names(obj: Any) -> set[str]:
 
 _LIBRARY_ROOTS = frozenset(
     {
-        "numpy",
-        "jax",
-        "jaxlib",
-        "pyarrow",
-        "tensorstore",
-        "array_record",
-        "grain",
-        "pydantic",
-        "yaml",
-        "cloudpickle",
-        "orbax",
-        "typing",
-        "collections",
-        "abc",
-        "enum",
-        "dataclasses",
-        "functools",
+        "numpy", "jax", "jaxlib", "pyarrow", "tensorstore", "array_record", "grain", "pydantic", "yaml",
+        "cloudpickle", "orbax", "scipy", "pandas", "ml_dtypes", "optax", "flax", "torch", "tensorflow",
     }
-)
+)  # fmt: skip
 
 
 def _is_user_module(module: str) -> bool:
-    """Whether classes of ``module`` are described by their code (user code, quern's own
-    transforms) rather than by name (the standard library and the big libraries)."""
+    """Whether functions and classes of ``module`` are described by their code (user code,
+    quern's own transforms) rather than by name (the standard library and the libraries
+    above: their code is theirs, and upgrading them is not a change of definition)."""
     top = module.split(".")[0]
     return top not in sys.stdlib_module_names and top not in _LIBRARY_ROOTS
 
 
-def _builtin_names(builtins: Any) -> Any:
-    return builtins if isinstance(builtins, dict) else vars(builtins) if builtins is not None else {}
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
 
 
-def _hash_code(code: types.CodeType, h: Any) -> set[str]:
+def _hash_code(code: types.CodeType, h: Any, where: str) -> set[str]:
     """Feed a code object (bytecode, constants by content, names, nested code) into ``h``;
-    return the global names it and its nested code use. Names and line numbers of the
-    function itself are not included."""
+    return the global names it and its nested code read (not attribute names). Names
+    and line numbers of the function itself are not included."""
     h.update(code.co_code)
     h.update(
         json.dumps([code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, code.co_flags]).encode()
     )
-    names = set(code.co_names)
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names |= _hash_code(c, h)
+            names |= _hash_code(c, h, where)
         else:
-            h.update(digest(c, "a constant").encode())
+            h.update(digest(c, f"{where}: a constant of its code").encode())
     return names

@@ -91,7 +91,6 @@ class PipelineIterator:
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self._end = pipe.num_steps
-        self._fingerprint = pipe.fingerprint()
         self._pending: collections.deque[tuple[int, int, cf.Future[list[Any]]]] = collections.deque()
         self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
@@ -176,8 +175,11 @@ class PipelineIterator:
         self._chunk = 1
 
     def state(self) -> dict:
-        """``{"step": next step, "fingerprint": pipeline fingerprint}``; JSON-serialisable."""
-        return {"step": self.step, "fingerprint": self._fingerprint}
+        """``{"step": next step, "fingerprint": pipeline fingerprint}``; JSON-serialisable.
+
+        The fingerprint is computed on the first call (once per pipeline object): a
+        transform or source it cannot describe stops checkpointing, not iteration."""
+        return {"step": self.step, "fingerprint": self.pipe.fingerprint()}
 
     def wait_for_workers(self, timeout: float | None = None) -> bool:
         """Block until every worker process has started and loaded the pipeline; True

@@ -660,12 +660,13 @@ class TensorStoreSource(Source):
     SAMPLE_BAND_BYTES = 8 << 20
 
     def identity(self) -> dict:
-        """Type, name, length, the specs and, per array (``arrays[key]``, key ``""`` for a
-        single array), its shape, dtype, chunk layout and a content sample (see
-        :meth:`_array_identity`)."""
+        """Type, name, length, the specs (with each ``path`` cut to its last component,
+        so that an array copied to another folder keeps its identity) and, per array
+        (``arrays[key]``, key ``""`` for a single array), its shape, dtype, chunk
+        layout and a content sample (see :meth:`_array_identity`)."""
         return {
             **super().identity(),
-            "specs": {k: _json_safe(v) for k, v in self.specs.items()},
+            "specs": {k: _json_safe(_relocatable(v)) for k, v in self.specs.items()},
             "arrays": {k: self._array_identity(k) for k in self.specs},
         }
 
@@ -704,6 +705,18 @@ class TensorStoreSource(Source):
             "chunk_layout": _json_safe(layout.to_json()),
             "sample": digest(list(zip(bands, rows)), f"TensorStoreSource {self.name!r} sample"),
         }
+
+
+def _relocatable(spec: Any) -> Any:
+    """``spec`` with every ``"path"`` string cut to its last component (folders dropped)."""
+    if isinstance(spec, Mapping):
+        return {
+            k: os.path.basename(v.rstrip("/")) if k == "path" and isinstance(v, str) else _relocatable(v)
+            for k, v in spec.items()
+        }
+    if isinstance(spec, (list, tuple)):
+        return [_relocatable(v) for v in spec]
+    return spec
 
 
 def _json_safe(obj: Any) -> Any:
@@ -804,7 +817,7 @@ class SequenceSource(Source):
         Raises :class:`FingerprintError` naming the source and the record when a
         sampled record cannot be described by its content."""
         obj = self.obj
-        out = {**super().identity(), "object": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+        out = {**super().identity(), "object": type(obj).__qualname__}  # not its module: __main__ or imported
         if callable(getattr(obj, "identity", None)):
             return {**out, "identity": digest(obj.identity(), f"source {self.name!r}: identity()")}
         if callable(getattr(obj, "fingerprint", None)):

@@ -16,8 +16,8 @@ __all__ = ["map_leaves", "leaves", "to_plain"]
 
 
 def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """``tree`` with every leaf ``x`` replaced by ``fn(x)``; dicts, lists, tuples and
-    namedtuples keep their type and order."""
+    """``tree`` with every leaf ``x`` replaced by ``fn(x)``; lists, tuples and namedtuples
+    keep their type, any mapping becomes a ``dict``; order is kept."""
     if isinstance(tree, Mapping):
         return {k: map_leaves(fn, v) for k, v in tree.items()}
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):

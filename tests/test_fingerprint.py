@@ -29,7 +29,7 @@ def _pipe(fn, kind="map"):
 # ----------------------------------------------------------------------------- __main__ vs imported
 
 TRAIN = """
-import sys
+import enum
 import numpy as np
 import quern
 
@@ -47,43 +47,80 @@ class Shift:
     def __call__(self, rec):
         return {"x": rec["x"] + self.k}
 
+class Mode(enum.Enum):
+    FAST = 1
+
+class Declared:
+    def fingerprint(self):
+        return "v1"
+
+DECLARED = Declared()
+KIND = Mode.FAST
+
+def by_mode(rec):
+    return {"x": rec["x"] + (KIND.value if DECLARED else 0)}
+
+class Rows:
+    def __len__(self):
+        return 30
+    def __getitem__(self, i):
+        return {"x": np.int64(i)}
+
 def pipe():
     return (quern.Pipeline.from_source({"x": np.arange(30)}, seed=5).shuffle()
-            .map(double).map(Shift(4)).batch(6))
+            .map(double).map(Shift(4)).map(by_mode).batch(6))
+
+def report():
+    generic = quern.Pipeline.from_source(Rows(), seed=5).map(double).batch(6)
+    return pipe().fingerprint() + " " + generic.fingerprint()
 
 if __name__ == "__main__":
-    print(pipe().fingerprint())
+    print(report())
 """
 
 
+def _run(args, cwd, **env):
+    return subprocess.run(
+        args, cwd=cwd, env={**ENV, **env}, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
+
+
 def test_script_run_as_main_and_imported_give_one_fingerprint(tmp_path):
+    """Functions, callable objects, enum members, declared values and a source class of the
+    script: the same whether the script is __main__ or an imported module."""
     (tmp_path / "train.py").write_text(TRAIN)
-    as_main = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
-    ).stdout.strip()
-    imported = subprocess.run(
-        [sys.executable, "-c", "import train; print(train.pipe().fingerprint())"],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout.strip()
-    assert len(as_main) == 32 and as_main == imported
+    as_main = _run([sys.executable, "train.py"], tmp_path)
+    imported = _run([sys.executable, "-c", "import train; print(train.report())"], tmp_path)
+    assert len(as_main) == 65 and as_main == imported
     # and the state a script saved resumes from a launcher that imports it
-    state = {"step": 3, "fingerprint": as_main}
+    state = {"step": 3, "fingerprint": as_main.split()[0]}
     code = f"import train; it = train.pipe().resume({state!r}); print(it.step); it.close()"
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
-    ).stdout.strip()
-    assert out == "3"
+    assert _run([sys.executable, "-c", code], tmp_path) == "3"
     # a change to the code the script runs is a different fingerprint
     (tmp_path / "train.py").write_text(TRAIN.replace("* 2 +", "* 3 +"))
-    changed = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, check=True
-    ).stdout.strip()
-    assert changed != as_main
+    changed = _run([sys.executable, "train.py"], tmp_path)
+    assert changed.split()[0] != as_main.split()[0]
+
+
+HASHSEED = """
+import numpy as np
+import quern
+
+TABLE = {"b": {1, 2, 3}, "a": frozenset({"x", "y", "z"}), "c": ["p", "q"]}
+
+def keep(rec):
+    if rec["x"] in {4, 5, 6} or "x" in TABLE["a"] or "w" in {"u", "v", "w"}:
+        return {"x": rec["x"] + len(TABLE["b"])}
+    return rec
+
+print(quern.Pipeline.from_source({"x": np.arange(30)}, seed=5).map(keep).batch(6).fingerprint())
+"""
+
+
+def test_the_fingerprint_does_not_depend_on_the_string_hash_seed(tmp_path):
+    (tmp_path / "s.py").write_text(HASHSEED)
+    runs = {_run([sys.executable, "s.py"], tmp_path, PYTHONHASHSEED=str(seed)) for seed in (1, 2, 3)}
+    assert len(runs) == 1 and len(runs.pop()) == 32
 
 
 # ----------------------------------------------------------------------------- module-level values
@@ -308,3 +345,186 @@ def test_library_wrappers_are_described_by_the_function_they_wrap(monkeypatch):
     jitted = [jax.jit(lambda x: x * 2), jax.jit(lambda x: x * 2), jax.jit(lambda x: x * 3)]
     fps = [_pipe(lambda rec, f=f: {"x": rec["x"] + int(f(1))}).fingerprint() for f in jitted]
     assert fps[0] == fps[1] != fps[2]
+
+
+# ----------------------------------------------------------------------------- review findings, pinned
+
+
+def _take_first(rec):
+    return {"x": rec["x"][..., 0]}
+
+
+def test_code_constants_such_as_ellipsis_are_described_and_iteration_works():
+    pipe = quern.Pipeline.from_source({"x": np.arange(30).reshape(10, 3)}, seed=0).map(_take_first).batch(2)
+    assert len(pipe.fingerprint()) == 32
+    with pipe.iterator() as it:
+        np.testing.assert_array_equal(next(it)["x"], [0, 3])
+
+
+def test_c_callables_are_described_by_what_they_pickle_to():
+    import operator
+
+    src = {"x": np.arange(8), "y": np.arange(8) * 10}
+    fps = [
+        quern.Pipeline.from_source(src).map(f).batch(2).fingerprint()
+        for f in (operator.itemgetter("x"), operator.itemgetter("y"), operator.itemgetter("x"))
+    ]
+    assert fps[0] == fps[2] != fps[1]
+
+
+def _add(a, b):
+    return a + b
+
+
+def _mul(a, b):
+    return a * b
+
+
+OPS = {"combine": _add}
+DTYPES = {"out": np.int32}
+
+
+def _dispatch(rec):
+    return {"x": OPS["combine"](rec["x"], 2).astype(DTYPES["out"])}
+
+
+def test_containers_of_functions_and_classes_are_described_element_by_element(monkeypatch):
+    before = _pipe(_dispatch).fingerprint()
+    monkeypatch.setitem(OPS, "combine", _mul)
+    assert _pipe(_dispatch).fingerprint() != before
+    monkeypatch.setitem(OPS, "combine", _add)
+    monkeypatch.setitem(DTYPES, "out", np.int64)
+    assert _pipe(_dispatch).fingerprint() != before
+    monkeypatch.setitem(DTYPES, "out", np.int32)
+    assert _pipe(_dispatch).fingerprint() == before
+    monkeypatch.setitem(OPS, "lock", OPAQUE)  # the element is named, not just the container
+    with pytest.raises(FingerprintError, match=r"global 'OPS'\['lock'\], a .*Opaque"):
+        _pipe(_dispatch).fingerprint()
+
+
+SELF_REF: dict = {}
+SELF_REF["me"] = SELF_REF
+
+
+def _reads_self_ref(rec):
+    return {"x": rec["x"] + len(SELF_REF)}
+
+
+def test_a_value_that_contains_itself_is_a_fingerprint_error():
+    with pytest.raises(FingerprintError, match="contains itself"):
+        _pipe(_reads_self_ref).fingerprint()
+
+
+class Helped:
+    FACTOR = 2
+
+    def helper(self, x):
+        return x * self.FACTOR
+
+    def apply(self, rec):
+        return {"x": self.helper(rec["x"])}
+
+
+def test_a_bound_method_is_described_with_its_class(monkeypatch):
+    before = _pipe(Helped().apply).fingerprint()
+    monkeypatch.setattr(Helped, "FACTOR", 3)
+    assert _pipe(Helped().apply).fingerprint() != before
+    monkeypatch.setattr(Helped, "FACTOR", 2)
+    monkeypatch.setattr(Helped, "helper", lambda self, x: x + self.FACTOR)
+    assert _pipe(Helped().apply).fingerprint() != before
+
+
+def _uses_library_functions(rec):
+    from json import loads
+    from re import sub
+
+    return {"x": np.clip(rec["x"], 0, len(sub("a", "", loads('"abc"'))))}
+
+
+def test_library_functions_are_described_by_name():
+    pipe = _pipe(functools.partial(np.clip, a_min=0, a_max=5), kind="map_batch")
+    assert len(pipe.fingerprint()) == 32
+    assert len(_pipe(_uses_library_functions).fingerprint()) == 32
+
+
+def _chain(depth):
+    def make(next_fn):
+        return lambda x: next_fn(x) + 1
+
+    fn = lambda x: x  # noqa: E731
+    for _ in range(depth):
+        fn = make(fn)
+    return fn
+
+
+def test_long_chains_of_helpers_are_described():
+    deep = _chain(40)
+    pipe = _pipe(lambda rec: {"x": deep(rec["x"])})
+    assert len(pipe.fingerprint()) == 32
+    np.testing.assert_array_equal(
+        pipe.batch_at(0)["x"],
+        quern.Pipeline.from_source({"x": np.arange(40)}, seed=3).shuffle().batch(4).batch_at(0)["x"] + 40,
+    )
+
+
+lock = OPAQUE  # a global whose name is also an attribute name read below
+
+
+def test_attribute_names_are_not_taken_for_globals():
+    class Rec(dict):
+        lock = None
+
+    assert len(_pipe(lambda rec: {"x": Rec(rec).lock or rec["x"]}).fingerprint()) == 32
+
+
+def test_a_transform_it_cannot_describe_stops_checkpointing_not_iteration():
+    pipe = _pipe(_reads_opaque)
+    with pipe.iterator() as it:
+        assert next(it)["x"].shape == (4,)
+        with pytest.raises(FingerprintError, match="OPAQUE"):
+            it.state()
+
+
+def test_structured_arrays_with_the_same_bytes_and_other_fields_differ():
+    from quern.pipeline.digest import digest
+
+    a = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f4")])
+    b = np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")])
+    assert digest(a) != digest(b)
+
+
+def test_the_cli_says_a_definition_it_cannot_fingerprint_and_bad_state_steps_are_usage_errors(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": np.arange(40)}), tmp_path / "d.parquet")
+    (tmp_path / "opaque_transforms.py").write_text(
+        "import threading\nLOCK = threading.Lock()\n\ndef f(rec):\n    return rec if LOCK else rec\n"
+    )
+    (tmp_path / "c.yaml").write_text(
+        "source: {type: parquet, paths: d.parquet}\ntransforms: [{fn: 'opaque_transforms:f'}]\nbatch: 4\n"
+    )
+    (tmp_path / "s.json").write_text(json.dumps({"step": "3", "fingerprint": "x"}))
+    cmd = [sys.executable, "-m", "quern"]
+    saved = subprocess.run(
+        cmd + ["run", str(tmp_path / "c.yaml"), "--steps", "2", "--save-state", str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert saved.returncode == 2 and "global 'LOCK'" in saved.stderr and "Traceback" not in saved.stderr
+    bad_step = subprocess.run(
+        cmd + ["run", str(tmp_path / "c.yaml"), "--state", str(tmp_path / "s.json"), "--force"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad_step.returncode == 2 and "state['step']" in bad_step.stderr
+    before = subprocess.run(
+        cmd
+        + ["--traceback", "run", str(tmp_path / "c.yaml"), "--steps", "2", "--save-state", str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert before.returncode == 2 and "Traceback" in before.stderr

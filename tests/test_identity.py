@@ -202,6 +202,9 @@ def test_tensorstore_identity_follows_content(tmp_path, driver):
 
     _write_zarr(path, driver, a.copy())  # the same values rewritten
     assert S.TensorStoreSource(spec).identity() == before
+    moved = tmp_path / "elsewhere" / "z"  # the same array copied to another folder
+    shutil.copytree(path, moved)
+    assert S.TensorStoreSource(str(moved)).identity() == S.TensorStoreSource(str(path)).identity()
 
     other = rng.integers(0, 1000, a.shape).astype(np.int32)  # other values, same shape and dtype
     _write_zarr(path, driver, other)
