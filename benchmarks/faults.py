@@ -401,11 +401,10 @@ def _mutations(rng: random.Random, data_glob: str) -> dict | str:
         cfg["source"][rng.choice(["type", "paths", "name", "bogus"])] = rng.choice(junk)
     elif choice == 4:
         cfg["transforms"][0][rng.choice(["name", "fn", "kwargs", "kind"])] = rng.choice(junk)
-    elif choice == 5:
-        nested: object = 1
-        for _ in range(rng.randint(10, 5000)):
-            nested = [nested]
-        cfg["seed"] = nested
+    elif choice == 5:  # deep nesting, as text (json.dumps itself would hit the recursion limit)
+        depth = rng.randint(10, 100_000)
+        cfg["seed"] = "@@"
+        return json.dumps(cfg).replace('"@@"', "[" * depth + "1" + "]" * depth)
     elif choice == 6:
         return "".join(rng.choice("{}[]:,- \n\"'&*!abc") for _ in range(rng.randint(1, 400)))
     elif choice == 7:  # an alias bomb

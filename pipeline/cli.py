@@ -7,7 +7,13 @@
     quern --version
 
 ``python -m quern ...`` is the same command. ``--traceback`` (before or after
-the command's name) prints the full traceback of an error.
+the command's name) prints the full traceback of an error. ``--allow PREFIX``
+(repeatable, before or after the command's name) lets the config name
+functions of modules under ``PREFIX`` (``mypkg`` allows ``mypkg`` and
+``mypkg.sub``), as ``QUERN_ALLOW=PREFIX,...`` does; otherwise a config names
+only registered transforms and modules in its own folder (see "What a config
+may run" in :mod:`quern.pipeline.config`), and anything else is refused before
+it is imported, with exit status 2.
 
 Errors are one message on stderr, ``quern: ...``, never a traceback (unless
 ``--traceback``), and the exit status says whose they are:
@@ -20,9 +26,14 @@ Errors are one message on stderr, ``quern: ...``, never a traceback (unless
   kept dying (:class:`~quern.WorkerError`); also any unexpected error.
 - 2: the command could not start from what it was given: bad arguments, a
   config that does not load (:class:`~quern.ConfigError`, which covers data
-  files that cannot be found or opened), a step outside the stream, a state
-  file that is unreadable or saved from another pipeline.
+  files that cannot be found or opened, and functions the config may not
+  import), a step outside the stream, a state file that is unreadable, too
+  large, not a state (a step that is not an integer: ``"3"``, ``3.0``,
+  ``true``) or saved from another pipeline.
 - 130: interrupted (Ctrl-C).
+
+A message is bounded: at most :data:`MAX_MESSAGE` characters (``--traceback``
+shows all of it).
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from . import execute
 from .config import load_config
 from .dataset import Pipeline
 from .errors import CollateError, ConfigError, FingerprintError, SourceError, StepError, WorkerError
+from .limits import MAX_BYTES
 from .tree import leaves
 
 __all__ = ["main"]
@@ -66,6 +78,8 @@ EXIT_DATA = 1
 EXIT_USAGE = 2
 """Exit status when the arguments, the config or the state file are bad."""
 EXIT_INTERRUPTED = 130
+MAX_MESSAGE = 4000
+"""The most characters of one error message (the rest is left out; ``--traceback`` shows it)."""
 
 _DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError)
 _USAGE_ERRORS = (ValueError, IndexError, OSError, FingerprintError)  # ConfigError is a ValueError
@@ -73,8 +87,26 @@ _OWN_ERRORS = (*_DATA_ERRORS, ConfigError, FingerprintError)  # their messages s
 
 
 def _load(args: argparse.Namespace) -> Pipeline:
-    """The pipeline of ``args.config``; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
-    return load_config(args.config, process_count=getattr(args, "process_count", 1))
+    """The pipeline of ``args.config``, with the ``--allow`` prefixes given before and after
+    the command's name; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
+    allow = [*(getattr(args, "allow_before", None) or ()), *(getattr(args, "allow", None) or ())]
+    return load_config(args.config, process_count=getattr(args, "process_count", 1), allow=allow)
+
+
+def _read_state(path: str) -> Any:
+    """The JSON of a state file, read at most :data:`~quern.pipeline.limits.MAX_BYTES`;
+    a ``ValueError`` saying why not (exit 2)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise ValueError(str(e)) from e
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES:,} bytes: not a state saved by quern")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
+        raise ValueError(f"not JSON: {e}") from e
 
 
 def _progress(done: int, total: int, records: int, seconds: float) -> None:
@@ -94,15 +126,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = args.start_step
     if args.state:
         try:
-            with open(args.state) as f:
-                state = json.load(f)
-        except (OSError, ValueError) as e:
-            print(f"quern: cannot read the state file {args.state}: {e}", file=sys.stderr)
+            state = _read_state(args.state)
+        except ValueError as e:
+            print(_clip(f"quern: cannot read the state file {args.state}: {e}"), file=sys.stderr)
             return EXIT_USAGE
         try:
             start = pipe.check_state(state, force=args.force)
         except (ValueError, TypeError, IndexError) as e:  # another pipeline's state, or a bad step in it
-            print(f"quern: cannot resume from {args.state}: {str(e).replace('force=True', '--force')}", file=sys.stderr)
+            message = str(e).replace("force=True", "--force")
+            print(_clip(f"quern: cannot resume from {args.state}: {message}"), file=sys.stderr)
             return EXIT_USAGE
     steps = args.steps
     start = pipe.check_step(start, "start step", end_ok=True)  # past the end: main() exits 2
@@ -225,10 +257,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"quern {__version__}")
     traceback_help = "on an error, print the full Python traceback instead of one message"
+    allow_help = (
+        "let the config name functions of modules under PREFIX, a dotted module name: 'mypkg' allows "
+        "mypkg and mypkg.sub, not mypkgevil (repeatable; also QUERN_ALLOW=PREFIX,PREFIX). Without it a config "
+        "names only registered transforms and modules in its own folder"
+    )
     ap.add_argument("--traceback", action="store_true", help=traceback_help)
+    ap.add_argument("--allow", action="append", dest="allow_before", metavar="PREFIX", help=allow_help)
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)  # SUPPRESS: given before the command, it is kept
     common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=traceback_help)
+    common.add_argument("--allow", action="append", metavar="PREFIX", help=allow_help)  # its own dest: both kept
 
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(
@@ -274,18 +313,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _EPILOG = """\
+code: a config's fn entries may name registered transforms, modules in the config's own folder, and modules
+under prefixes given with --allow PREFIX or QUERN_ALLOW=PREFIX,PREFIX; anything else is refused (exit 2).
 errors: one message on stderr, or the full traceback with --traceback.
 exit status: 0 done; 1 the data failed while making batches (a transform raised, a record could not be
 read or collated, workers could not start or kept dying); 2 bad arguments, config or state file (the
 command could not start); 130 interrupted."""
 
 
+def _clip(text: str) -> str:
+    """``text`` in at most :data:`MAX_MESSAGE` characters, saying how many were left out."""
+    if len(text) <= MAX_MESSAGE:
+        return text
+    return f"{text[:MAX_MESSAGE]}... ({len(text) - MAX_MESSAGE:,} more characters left out)"
+
+
 def _message(error: BaseException) -> str:
     """``error`` as one message: quern's own errors as they are, others with their class
-    name; without the worker traceback a worker's error carries (``--traceback`` shows it)."""
+    name; without the worker traceback a worker's error carries (``--traceback`` shows it);
+    at most :data:`MAX_MESSAGE` characters."""
     text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
     text = re.split(r"\n\n(?=[^\n]*traceback:\n)", text, maxsplit=1)[0]
-    return text if isinstance(error, _OWN_ERRORS) else f"{type(error).__name__}: {text}"
+    return _clip(text if isinstance(error, _OWN_ERRORS) else f"{type(error).__name__}: {text}")
 
 
 def main(argv: list[str] | None = None) -> int:

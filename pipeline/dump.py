@@ -56,6 +56,7 @@ def to_config(pipe: Any) -> dict[str, Any]:
             "name": src.name,
             "cache_bytes": src.cache_bytes,
             "cache_row_groups": src.cache_row_groups,
+            "unify_schemas": src.unify_schemas,
         }
     elif isinstance(src, sources.TensorStoreSource) and src._single:
         source = {"type": "tensorstore", "spec": src.specs[""], "name": src.name}

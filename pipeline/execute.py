@@ -21,13 +21,13 @@ thread runs it, or on what ran before.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from . import index as _index
-from .collate import collate, take
+from .collate import collate, describe, take
 from .errors import CollateError, StepError
 from .ops import Op, OpKind
 from .sources import Source
@@ -154,11 +154,27 @@ def apply_record_op(
         try:
             outs: Sequence[Any] = many(records)
         except Exception as e:
+            row = e.row if isinstance(e, CollateError) else None
+            blame = (
+                f", row {row} = record {int(ids[row])} of source {pipe.source.name!r} (position {int(positions[row])})"
+                if row is not None and 0 <= row < len(ids)
+                else f" (records {_ids_text(pipe.source, ids)})"
+            )
+            raise StepError(f"{where}, stage {stage}{blame}: {type(e).__name__}: {e}") from e
+        if (
+            not isinstance(outs, (Sequence, np.ndarray))
+            or isinstance(outs, (str, bytes))
+            or (isinstance(outs, np.ndarray) and not outs.ndim)
+        ):
             raise StepError(
-                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
-            ) from e
+                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): map_many returned "
+                f"{describe(outs)}, not a sequence of {len(records)} records"
+            )
         if len(outs) != len(records):
-            raise StepError(f"{where}, stage {stage}: map_many returned {len(outs)} records for {len(records)}")
+            raise StepError(
+                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): map_many returned "
+                f"{len(outs)} records for {len(records)}"
+            )
         return outs
     out: list[Any] = [None] * len(records)
     fn = op.fn
@@ -204,12 +220,32 @@ def apply_batch_op(pipe: Definition, k: int, batch: Any, positions: np.ndarray, 
     op = pipe.batch_ops[k]
     try:
         if op.kind is OpKind.RANDOM_MAP_BATCH:
-            return op.fn(batch, batch_keys(pipe.seed, positions, k))
-        return op.fn(batch)
+            out = op.fn(batch, batch_keys(pipe.seed, positions, k))
+        else:
+            out = op.fn(batch)
     except Exception as e:
         raise StepError(
             f"{where}, stage {op.label(k)} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
         ) from e
+    kind = _batch_kind(batch)
+    if kind is not None and not isinstance(out, kind) and not (kind is np.ndarray and hasattr(type(out), "__array__")):
+        raise StepError(
+            f"{where}, stage {op.label(k)} (records {_ids_text(pipe.source, ids)}): returned {describe(out)}; "
+            f"a batch transform must return a batch of the kind it was given ({describe(batch)})"
+        )
+    return out
+
+
+def _batch_kind(batch: Any) -> type | None:
+    """What a batch transform given ``batch`` must return: a dict for a dict (any
+    mapping), a tuple for a tuple (a namedtuple too), a list for a list, an array
+    for an array (or an object with ``__array__``, such as a ``jax.Array``);
+    ``None`` (anything) for other batches. Only the top level is checked: the
+    leaves of a dict or tuple are the transform's business."""
+    for kind in (Mapping, tuple, list, np.ndarray):
+        if isinstance(batch, kind):
+            return kind
+    return None
 
 
 class _Clock:

@@ -17,7 +17,8 @@ addresses), so a dataset copied to another host keeps its identity:
   in bigger files any change touching a sampled range, changes the identity. A
   same-size change confined to the unsampled bytes of a file over 1 MiB does
   not. Data with a manifest of checksums (written by a later ``quern prepare``)
-  will be checked exactly.
+  will be checked exactly. A ParquetSource read with ``unify_schemas=True``
+  adds ``"unify_schemas": True``.
 - TensorStore arrays: the spec, shape, dtype and chunk layout of each array,
   and a digest of the chunks (along the record axis) holding the first, the
   last and a few keyed rows.
@@ -32,6 +33,13 @@ Keyed rows and records are chosen from the record count alone (see
 Sources are picklable: open file handles belong to one process (per thread, or
 lent to one thread at a time from a pool), are never pickled, and are reopened
 lazily where the source is used.
+
+Files must not change under a source (an open reader of a truncated or
+rewritten file returns empty or wrong records without an error): ArrayRecord
+and Parquet sources take each file's size, modification time, inode and device
+when they open, compare them after every read from the file (one ``stat``),
+and raise :class:`SourceError` naming the file when they differ. Parquet files
+must agree on their schema (see :class:`ParquetSource`).
 """
 
 from __future__ import annotations
@@ -273,6 +281,63 @@ class _HandlePool:
 # --------------------------------------------------------------------------- ArrayRecord
 
 
+def _host() -> str:
+    """This machine's name: file stats (inodes, times) are compared only on the machine that took them."""
+    return os.uname().nodename
+
+
+_Stat = tuple[int, int | None, int | None, int | None]  # size, mtime_ns, inode, device
+
+
+class _FileStats:
+    """What a source's files were when it opened them, to refuse reading them once changed.
+
+    Holds each file's ``(size, mtime_ns, inode, device)``, taken before the source
+    reads it. :meth:`check` stats the file again (one ``os.stat``) and raises
+    :class:`SourceError` naming it if anything differs: a reader of a file
+    truncated, rewritten or replaced under it returns empty, stale or other
+    records without an error. Pickled to another machine (where inodes and times
+    differ), the size is kept and the rest is taken at the first check there. Not
+    seen: a same-size rewrite that keeps the inode within one tick of the file
+    system's clock."""
+
+    def __init__(self, what: str, paths: Sequence[str]) -> None:
+        self.what, self.paths, self.host = what, list(paths), _host()
+        self.stats: list[_Stat] = [self._stat(i) for i in range(len(self.paths))]
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        if self.host != _host():  # another machine: other inodes and times; the size stays
+            self.stats = [(size, None, None, None) for size, *_ in self.stats]
+            self.host = _host()
+
+    def _stat(self, i: int, gone: str = "cannot stat it") -> _Stat:
+        try:
+            st = os.stat(self.paths[i])
+        except OSError as e:
+            raise SourceError(f"{self.what}: {self.paths[i]!r}: {gone}: {e}") from e
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+    def check(self, i: int) -> None:
+        """Raise :class:`SourceError` naming file ``i`` if it is not the file the source opened."""
+        want = self.stats[i]
+        now = self._stat(i, "it was removed since the source opened it")
+        if want[1] is None and now[0] == want[0]:  # first check on this machine: its own times and inode
+            self.stats[i] = now
+            return
+        if now != want:
+            what = (
+                f"its size went from {want[0]} to {now[0]} bytes"
+                if now[0] != want[0]
+                else ("it was replaced by another file" if now[2:] != want[2:] else "it was modified")
+            )
+            raise SourceError(
+                f"{self.what}: {self.paths[i]!r} changed since the source opened it ({what}): reads of a file "
+                "truncated or rewritten under an open reader return empty or wrong records; open a new source "
+                "to read it"
+            )
+
+
 class ArrayRecordSource(Source):
     """ArrayRecord files (a glob, a path or a list); records are the raw ``bytes``.
 
@@ -282,6 +347,14 @@ class ArrayRecordSource(Source):
     (``readahead_buffer_size:0``) and shared by threads through a pool (a reader
     is never used by two threads at once) that keeps at most ``max_open_files``
     idle readers open.
+
+    The files must not change while the source is in use: an open reader of a
+    file truncated or rewritten under it returns empty or stale records without
+    an error. So each file's size, modification time (ns), inode and device are
+    taken when the source opens, and after every read of a file (one ``stat``
+    per file per ``read_many``, a few microseconds) compared with them: any
+    difference raises :class:`SourceError` naming the file, and the reader is
+    closed (see :class:`_FileStats`).
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
@@ -295,6 +368,7 @@ class ArrayRecordSource(Source):
         self.paths = _expand_paths(paths, "ArrayRecordSource")
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
         self._pool = _HandlePool(max_open_files)
+        self._files = _FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
         counts = []
         for i in range(len(self.paths)):
             reader = self._reader(i)
@@ -310,13 +384,22 @@ class ArrayRecordSource(Source):
             from array_record.python import array_record_module
 
             path = self.paths[file_index]
-            r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
-            if not r.ok():
-                try:
+            counts = getattr(self, "counts", None)  # None while __init__ counts the records
+            try:
+                r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
+                if not r.ok():
                     r.read([0])  # the reader keeps the failure status: reading raises it
-                except Exception as e:
-                    raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {e}") from e
-                raise SourceError(f"ArrayRecordSource: cannot open {path!r}: reader is not ok")
+                    raise SourceError("reader is not ok")
+            except Exception as e:
+                if counts is not None:  # opened before: a change is the cause to report
+                    self._files.check(file_index)
+                raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {e}") from e
+            if counts is not None and r.num_records() != counts[file_index]:
+                self._files.check(file_index)
+                raise SourceError(
+                    f"ArrayRecordSource: {path!r} now holds {r.num_records()} records, not the "
+                    f"{int(counts[file_index])} it held when the source opened it; open a new source to read it"
+                )
         return r
 
     def __len__(self) -> int:
@@ -332,12 +415,14 @@ class ArrayRecordSource(Source):
             try:
                 records = reader.read(local)
             except Exception as e:
+                self._files.check(f)  # a change is the cause to report (the reader is dropped)
+                self._pool.give(f, reader)
                 raise SourceError(
                     f"ArrayRecordSource: reading records {local[:8]}{'...' if len(local) > 8 else ''} "
                     f"of {self.paths[f]!r} failed: {e}"
                 ) from e
-            finally:
-                self._pool.give(f, reader)
+            self._files.check(f)  # after the read: what it returned came from the file the source opened
+            self._pool.give(f, reader)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
         return out
@@ -424,6 +509,96 @@ def _decoded_nbytes(decoded: dict) -> int:
     return total
 
 
+def _widen(a: Any, b: Any) -> Any:
+    """The Arrow type that holds every value of types ``a`` and ``b`` exactly, or ``None``.
+
+    Only lossless widenings: a type with itself; ``null`` with any type; integers
+    of one signedness to the wider; an unsigned integer into a wider signed one;
+    floats to the wider; ``string``/``large_string`` and ``binary``/``large_binary``
+    to the large one; lists (variable-size, large or of one fixed size) of
+    widenable elements. Never integer with float (``int64`` values would be
+    rounded), number with string, or timestamps of other units or zones."""
+    import pyarrow as pa
+
+    t = pa.types
+    if a == b:
+        return a
+    if t.is_null(a) or t.is_null(b):
+        return b if t.is_null(a) else a
+    if t.is_integer(a) and t.is_integer(b):
+        if t.is_signed_integer(a) == t.is_signed_integer(b):
+            return a if a.bit_width >= b.bit_width else b
+        signed, unsigned = (a, b) if t.is_signed_integer(a) else (b, a)
+        return signed if signed.bit_width > unsigned.bit_width else None
+    if t.is_floating(a) and t.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    for small, large in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
+        if {a, b} == {small, large}:
+            return large
+    if t.is_fixed_size_list(a) and t.is_fixed_size_list(b):
+        value = _widen(a.value_type, b.value_type) if a.list_size == b.list_size else None
+        return None if value is None else pa.list_(value, a.list_size)
+    lists = (t.is_list, t.is_large_list)
+    if any(f(a) for f in lists) and any(f(b) for f in lists):
+        value = _widen(a.value_type, b.value_type)
+        if value is None:
+            return None
+        return pa.large_list(value) if t.is_large_list(a) or t.is_large_list(b) else pa.list_(value)
+    return None
+
+
+def _check_schemas(
+    paths: list[str], schemas: list[Any], columns: list[str] | None, unify: bool
+) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
+    """Check that Parquet files agree on the ``columns`` they are read for (all of
+    the first file's when ``None``); return the column names (the first file's
+    order), the type each column is read as, and per file the columns to cast.
+
+    Every file must have every column (and, with ``columns=None``, no other), of
+    the first file's type; with ``unify``, of a type :func:`_widen` unifies with
+    the others, read as the unified type. Raises :class:`SourceError` naming the
+    two files and the column that disagree. Nullability and metadata are not
+    compared."""
+    first = schemas[0]
+    names = list(columns) if columns is not None else list(first.names)
+    types = {c: first.field(c).type for c in names}
+    origin = dict.fromkeys(names, 0)  # the file each column's current type comes from
+    hint = (
+        "cannot be unified (unify_schemas=True widens integers, floats, string and binary types, lists of those, "
+        "and null columns; never int with float or number with string)"
+        if unify
+        else "pass unify_schemas=True to read compatible types as one (int32 and int64 as int64, float32 and "
+        "float64 as float64)"
+    )
+    for fi in range(1, len(paths)):
+        schema = schemas[fi]
+        have = set(schema.names)
+        missing = [c for c in names if c not in have]
+        extra = [c for c in schema.names if c not in types] if columns is None else []
+        if missing or extra:
+            c = (missing or extra)[0]
+            has, lacks = (paths[0], paths[fi]) if missing else (paths[fi], paths[0])
+            raise SourceError(
+                f"ParquetSource: files disagree on their columns: column {c!r} is in {has!r} but not in {lacks!r}"
+                f" (missing in {paths[fi]!r}: {missing}, only in it: {extra}); "
+                "select the common columns with columns=[...]"
+            )
+        for c in names:
+            got = schema.field(c).type
+            if got == types[c]:
+                continue
+            wide = _widen(types[c], got) if unify else None
+            if wide is None:
+                raise SourceError(
+                    f"ParquetSource: files disagree on the type of column {c!r}: {paths[origin[c]]!r} has "
+                    f"{types[c]}, {paths[fi]!r} has {got}; {hint}"
+                )
+            if wide != types[c]:
+                types[c], origin[c] = wide, fi
+    casts = [{c: types[c] for c in names if schema.field(c).type != types[c]} for schema in schemas]
+    return names, types, casts
+
+
 class ParquetSource(Source):
     """Parquet files (a glob, a path or a list); records are ``{column: value}`` dicts.
 
@@ -441,6 +616,20 @@ class ParquetSource(Source):
     group: copy before changing them in place). A null is ``None`` in every
     column type; a list holding a null element is a read-only object array of
     NumPy scalars of the element dtype and ``None``.
+
+    All files must have one schema over the columns read (``columns``, or all
+    the first file's columns; the order may differ, records follow the first
+    file's): a missing or extra column or a column of another type raises
+    :class:`SourceError` when the source opens, naming both files and the
+    column. With ``unify_schemas=True``, columns of compatible types are read
+    as their common type (int32 and int64 as int64, float32 and float64 as
+    float64, string as large_string, a null column as the other files' type; see
+    :func:`_widen`), cast on read; other differences are still refused.
+
+    Page checksums are verified when the file has them (written with
+    ``pq.write_table(..., write_page_checksum=True)``): a damaged page is then a
+    :class:`SourceError`; without them, Parquet cannot tell a changed byte inside
+    a page from data (``benchmarks/faults.py`` shows how often that happens).
     """
 
     def __init__(
@@ -450,24 +639,28 @@ class ParquetSource(Source):
         name: str | None = None,
         cache_row_groups: int | None = None,
         cache_bytes: int = 1 << 30,
+        unify_schemas: bool = False,
     ):
         import pyarrow.parquet as pq
 
+        if not isinstance(unify_schemas, bool):
+            raise TypeError(f"ParquetSource: unify_schemas must be True or False, got {unify_schemas!r}")
+        self.unify_schemas = unify_schemas
         self.paths = _expand_paths(paths, "ParquetSource")
+        self._files = _FileStats("ParquetSource", self.paths)  # before reading them
         self.columns = [columns] if isinstance(columns, str) else (list(columns) if columns is not None else None)
         self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "parquet"
         self.cache_row_groups = None if cache_row_groups is None else int(cache_row_groups)
         self.cache_bytes = int(cache_bytes)
-        rg_rows, rg_file, rg_index, file_rows = [], [], [], []
-        schema = None
+        rg_rows, rg_file, rg_index, file_rows, schemas = [], [], [], [], []
         for fi, path in enumerate(self.paths):
             try:
-                meta = pq.ParquetFile(path).metadata
+                meta = pq.ParquetFile(path, page_checksum_verification=True).metadata
+                schemas.append(meta.schema.to_arrow_schema())
             except Exception as e:
                 raise SourceError(f"ParquetSource: cannot open {path!r}: {e}") from e
-            if schema is None:
-                schema = meta.schema.to_arrow_schema()
-                names = set(schema.names)
+            if fi == 0:
+                names = set(schemas[0].names)
                 missing = [c for c in (self.columns or []) if c not in names]
                 if missing:
                     raise KeyError(f"ParquetSource: columns {missing} not in {path!r}; it has {sorted(names)}")
@@ -476,6 +669,7 @@ class ParquetSource(Source):
                 rg_file.append(fi)
                 rg_index.append(g)
             file_rows.append(meta.num_rows)
+        self._names, _, self._casts = _check_schemas(self.paths, schemas, self.columns, unify_schemas)
         self.file_rows = np.asarray(file_rows, dtype=np.int64)
         self.rg_file = np.asarray(rg_file, dtype=np.int64)
         self.rg_index = np.asarray(rg_index, dtype=np.int64)
@@ -520,11 +714,20 @@ class ParquetSource(Source):
         try:
             pf = handles.get(f)
             if pf is None:
-                pf = handles[f] = pq.ParquetFile(path)
+                pf = handles[f] = pq.ParquetFile(path, page_checksum_verification=True)
             table = pf.read_row_group(local, columns=self.columns)
+        except Exception as e:
+            self._files.check(f)  # a change is the cause to report
+            raise SourceError(f"ParquetSource: reading row group {local} of {path!r} failed: {e}") from e
+        self._files.check(f)  # what was read came from the file the source opened
+        try:
             if table.num_rows != self.rg_starts[g + 1] - self.rg_starts[g]:
                 raise SourceError(f"row group {local} has {table.num_rows} rows, metadata said otherwise")
-            decoded = {name: _column_to_numpy(table.column(name)) for name in table.column_names}
+            casts = self._casts[f]
+            decoded = {
+                name: _column_to_numpy(table.column(name).cast(casts[name]) if name in casts else table.column(name))
+                for name in self._names
+            }
         except Exception as e:
             raise SourceError(f"ParquetSource: reading row group {local} of {path!r} failed: {e}") from e
         with self._lock:
@@ -570,11 +773,14 @@ class ParquetSource(Source):
         return out
 
     def identity(self) -> dict:
-        return {
+        out = {
             **super().identity(),
             "columns": self.columns,
             "files": _file_identity(self.paths, self.file_rows),
         }
+        if self.unify_schemas:  # only when set: the identity of existing pipelines stays as it was
+            out["unify_schemas"] = True
+        return out
 
 
 # --------------------------------------------------------------------------- TensorStore

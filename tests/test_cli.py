@@ -28,6 +28,14 @@ import quern
 
 pytestmark = pytest.mark.timeout(300)
 
+
+@pytest.fixture(autouse=True)
+def allow_test_config(monkeypatch):
+    """The configs here name ``test_config:shift``, a module outside their folder: allowed through
+    ``QUERN_ALLOW``, here and in the commands run (tests of the trust model: test_config_security.py)."""
+    monkeypatch.setenv("QUERN_ALLOW", "test_config")
+
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "quern")  # the installed console script
 
@@ -292,13 +300,15 @@ def test_worker_tracebacks_are_left_out_of_the_message():
 # --------------------------------------------------------------------------- fn modules beside the config
 
 
-def test_fn_modules_beside_the_config_or_in_the_current_directory(config, tmp_path):
+def test_fn_modules_beside_the_config_or_allowed_in_the_current_directory(config, tmp_path, monkeypatch):
+    monkeypatch.delenv("QUERN_ALLOW")
     cfg = yaml.safe_load(config.read_text())
     (tmp_path / "elsewhere").mkdir()
     for folder in [tmp_path, tmp_path / "elsewhere"]:  # beside the config; the current directory
         module = _transforms_module(folder, DOUBLE)
         cfg["batch_transforms"] = [{"fn": f"{module}:double"}]
         (tmp_path / "double.yaml").write_text(yaml.safe_dump(cfg))
+        allow = [] if folder == tmp_path else ["--allow", module]  # the current directory is not trusted
         for workers in [0, 1]:  # the console script: neither folder is on sys.path, nor PYTHONPATH set
             out = quern_cmd(
                 "run",
@@ -307,11 +317,16 @@ def test_fn_modules_beside_the_config_or_in_the_current_directory(config, tmp_pa
                 300,
                 "--workers",
                 workers,
+                *allow,
                 script=True,
                 cwd=tmp_path / "elsewhere",
                 pythonpath=None,
             )
             assert "300 steps, 2,400 records" in out.stdout, (folder, workers, out.stderr)
+        if allow:
+            args = ("run", tmp_path / "double.yaml", "--steps", 3)
+            refused = quern_cmd(*args, check=False, script=True, cwd=tmp_path / "elsewhere", pythonpath=None)
+            assert refused.returncode == 2 and f"--allow {module}" in refused.stderr, refused.stderr
 
 
 # --------------------------------------------------------------------------- each prefix once

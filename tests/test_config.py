@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import uuid
+from uuid import uuid4  # noqa: F401 (re-exported from here: a config may not name it as test_config:uuid4)
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,13 @@ import yaml
 from array_record.python import array_record_module
 
 import quern
+
+
+@pytest.fixture(autouse=True)
+def allow_test_config(monkeypatch):
+    """The configs here name ``test_config:shift``, a module outside their folder: allowed
+    through ``QUERN_ALLOW`` (tests of the trust model itself are in test_config_security.py)."""
+    monkeypatch.setenv("QUERN_ALLOW", "test_config")
 
 
 def shift(batch, by=1):
@@ -173,7 +181,12 @@ BAD = [
     ("batch", True, "batch: Input should be a valid integer (got True)"),
     ("block", 4, "unknown key 'block'; it belongs under shuffle"),
     ("batch_transforms.0.fn", ":shift", "fn must look like 'package.module:function'"),
-    ("batch_transforms.0.fn", "os:sep", "batch_transforms.0.fn: 'os:sep' is a str, not a function"),
+    ("batch_transforms.0.fn", "test_config:DOUBLE", "batch_transforms.0.fn: 'test_config:DOUBLE' is a str, not a"),
+    ("batch_transforms.0.fn", ".test_config:shift", "fn must look like 'package.module:function'"),
+    ("batch_transforms.0.fn", "test_config:_set", "a name after ':' starting with '_' (a private or special"),
+    ("batch_transforms.0.fn", "os:system", "batch_transforms.0.fn: module 'os' is not allowed: "),
+    ("batch_transforms.0.fn", "test_config:os.system", "reaches the module 'os' through 'test_config'"),
+    ("batch_transforms.0.fn", "test_config:uuid4", "'test_config:uuid4' is defined in uuid, which is not allowed"),
 ]
 
 
@@ -318,7 +331,7 @@ def test_fn_modules_are_found_in_the_config_folder(files, tmp_path, monkeypatch)
         assert np.array_equal(batch["tokens"], pipe.batch_at(s)["tokens"])
 
 
-def test_fn_modules_are_found_in_the_current_directory(files, tmp_path, monkeypatch):
+def test_allowed_fn_modules_are_found_in_the_current_directory(files, tmp_path, monkeypatch):
     module = _transforms_module(tmp_path, DOUBLE)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != os.getcwd()])
     monkeypatch.chdir(tmp_path)
@@ -327,15 +340,19 @@ def test_fn_modules_are_found_in_the_current_directory(files, tmp_path, monkeypa
     in_another_folder = tmp_path / "cfgs" / "pipe.yaml"
     in_another_folder.write_text(yaml.safe_dump(as_dict))
     for config in [as_dict, in_another_folder]:
+        with pytest.raises(quern.ConfigError, match=f"module '{module}' is not allowed: .* --allow {module}"):
+            quern.load_config(config)  # the current directory is not the config's folder: not trusted
+    assert module not in sys.modules  # refused before the import
+    for config in [as_dict, in_another_folder]:
         path_before = list(sys.path)
-        assert quern.load_config(config).batch_at(0)["tokens"].max() % 2 == 0
+        assert quern.load_config(config, allow=[module]).batch_at(0)["tokens"].max() % 2 == 0
         assert sys.path == path_before
 
 
 def test_a_missing_fn_module_says_where_it_was_looked_for(files, tmp_path):
     cfg = _set(_good(files), "batch_transforms", [{"fn": "quern_test_no_such_module:f"}])
     with pytest.raises(quern.ConfigError, match="batch_transforms.0.fn: cannot import 'quern_test_no_such_module:f'"):
-        quern.load_config(cfg)
+        quern.load_config(cfg, allow=["quern_test_no_such_module"])
 
 
 def test_example_configs_are_the_example_pipelines(tmp_path, monkeypatch):

@@ -63,7 +63,7 @@ def test_pad_multidimensional_rows_and_bad_length():
     assert out["tokens"].shape == (3, 4) and out["tokens"][2].sum() == 0
     with pytest.raises(ValueError, match="positive integer"):
         pad(0)
-    with pytest.raises(ValueError, match=r"record 1 has shape \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"row 1 has shape \(2, 5\)"):
         pad(3).map_many([np.ones((2, 4)), np.ones((2, 5))])
 
 

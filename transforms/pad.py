@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.collate import CollatedRows, collate
+from ..pipeline.errors import CollateError
 from ..pipeline.registry import register
 
 __all__ = ["pad"]
@@ -24,7 +25,10 @@ class pad:
     (``int32`` count of real items kept, default ``"length"``) and, if
     ``mask_key`` is set, a boolean mask of real items. Other dict fields pass
     through. The output depends only on the input array and these settings.
-    ``map_many`` handles a list of records with one preallocated block.
+    ``map_many`` handles a list of records with one preallocated block; its
+    records must agree in dtype and trailing shape, as collation requires
+    (dtypes are never promoted), else :class:`~quern.CollateError` names the
+    first that differs (its ``row``, the index in ``records``).
     """
 
     length: int
@@ -62,12 +66,17 @@ class pad:
         first = arrays[0]
         if first.ndim < 1:
             raise ValueError(f"pad expects an array with at least one axis, got shape {first.shape}")
-        tail = first.shape[1:]
+        tail, dtype = first.shape[1:], first.dtype
         if not all(a.ndim == first.ndim for a in arrays) or (tail and not all(a.shape[1:] == tail for a in arrays)):
             i = next(i for i, a in enumerate(arrays) if a.ndim != first.ndim or a.shape[1:] != tail)
-            raise ValueError(f"pad: record {i} has shape {arrays[i].shape}, record 0 has {first.shape}")
-        dtypes = {a.dtype for a in arrays}
-        dtype = first.dtype if len(dtypes) == 1 else np.result_type(*dtypes)
+            raise CollateError(f"pad: row {i} has shape {arrays[i].shape}, row 0 has {first.shape}", i)
+        if not all(a.dtype is dtype or a.dtype == dtype for a in arrays):  # like collate: never promoted
+            i = next(i for i, a in enumerate(arrays) if a.dtype != dtype)
+            raise CollateError(
+                f"pad: row {i} has dtype {arrays[i].dtype}, row 0 has {dtype}: rows of different dtypes are not "
+                f"promoted; convert them to one dtype first (e.g. decode(np.{dtype.name}))",
+                i,
+            )
         L = self.length
         shape = (len(arrays), L) + tail
         block = np.zeros(shape, dtype) if self.pad_value == 0 else np.full(shape, self.pad_value, dtype)
