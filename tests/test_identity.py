@@ -23,6 +23,7 @@ from test_sources import _write_zarr
 import quern
 from quern import sources as S
 from quern.pipeline.errors import FingerprintError
+from quern.pipeline.sources.base import sample_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -308,13 +309,13 @@ def test_sequence_source_identity_samples_first_and_last_record(which):
 
 def test_sample_ids_first_last_and_one_per_stratum():
     for n in (1, 2, 3, 7, 10, 1000, 2**40 + 3):
-        ids = S._sample_ids(n)
+        ids = sample_ids(n)
         assert ids == sorted(set(ids)) and ids[0] == 0 and ids[-1] == n - 1
         assert all(0 <= i < n for i in ids)
         if n >= 1000:
             assert len(ids) == 7 and all(any(j * n // 5 <= i < (j + 1) * n // 5 for i in ids[1:-1]) for j in range(5))
-        assert S._sample_ids(n) == ids  # from n alone
-    assert S._sample_ids(0) == []
+        assert sample_ids(n) == ids  # from n alone
+    assert sample_ids(0) == []
 
 
 class _Opaque:
@@ -330,7 +331,7 @@ def test_sequence_source_identity_refuses_undescribable_records():
     assert "identity()" in msg and "fingerprint()" in msg
     # a record in the middle that cannot be described is named too
     recs: list = [np.int64(i) for i in range(10)]
-    k = S._sample_ids(10)[1]
+    k = sample_ids(10)[1]
     recs[k] = _Opaque()
     with pytest.raises(FingerprintError, match=rf"source 'mixed' .*record {k}\b"):
         S.SequenceSource(_Records(recs), name="mixed").identity()

@@ -18,9 +18,9 @@ def _modules() -> dict[str, pathlib.Path]:
     if (ROOT / "__main__.py").exists():
         out["quern.__main__"] = ROOT / "__main__.py"
     for d in PACKAGE_DIRS:
-        for path in sorted((ROOT / d).glob("*.py")):
-            name = f"quern.{d}" if path.stem == "__init__" else f"quern.{d}.{path.stem}"
-            out[name] = path
+        for path in sorted((ROOT / d).rglob("*.py")):
+            parts = ["quern", *path.relative_to(ROOT).with_suffix("").parts]
+            out[".".join(parts[:-1] if path.stem == "__init__" else parts)] = path
     return out
 
 

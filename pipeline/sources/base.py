@@ -1,0 +1,282 @@
+"""The source protocol and what every source shares: paths, ids, handles, file identity and file stats.
+
+See the package docstring for what identities cover."""
+
+from __future__ import annotations
+
+import collections
+import glob as _glob
+import hashlib
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceError
+
+
+def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:
+    """Expand a glob, a path or a list of paths/globs into a sorted-per-pattern list of files."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[str] = []
+    for p in paths:
+        p = os.fspath(p)
+        if any(c in p for c in "*?["):
+            matches = sorted(_glob.glob(p))
+            if not matches:
+                raise FileNotFoundError(f"{what}: no file matches {p!r}")
+            out.extend(matches)
+        else:
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"{what}: file not found: {p!r}")
+            out.append(p)
+    if not out:
+        raise ValueError(f"{what}: no files given")
+    return out
+
+
+def group_by(keys: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
+    """Yield ``(key, positions)`` for each distinct key, positions in ascending order."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
+    for chunk in np.split(order, bounds):
+        if chunk.size:
+            yield int(keys[chunk[0]]), chunk
+
+
+def check_ids(ids: np.ndarray | Sequence[int], n: int, name: str) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        bad = ids[(ids < 0) | (ids >= n)][0]
+        raise IndexError(f"{name}: record {int(bad)} out of range [0, {n})")
+    return ids
+
+
+class Source:
+    """Base class: subclasses set ``name`` and implement ``__len__`` and ``read_many``."""
+
+    name: str = "source"
+
+    def __len__(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def read_many(self, ids: np.ndarray) -> Sequence[Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> Any:
+        return self.read_many(np.asarray([i], dtype=np.int64))[0]
+
+    def __getitems__(self, ids: Sequence[int]) -> Sequence[Any]:
+        return self.read_many(np.asarray(ids, dtype=np.int64))
+
+    def identity(self) -> dict:
+        """Type, name and length; subclasses add what describes their data (see the module docstring)."""
+        return {"type": type(self).__name__, "name": self.name, "len": len(self)}
+
+    def block_size(self) -> int:
+        """Natural read granularity in records (row-group size); 1 for pure random access."""
+        return 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, len={len(self)})"
+
+
+_WHOLE_FILE_MAX = 1 << 20  # files up to this size are hashed whole
+_HEAD = 64 << 10  # bigger files: their first _HEAD bytes,
+_TAIL = 128 << 10  # their last _TAIL bytes (ArrayRecord's zero padding is under 64 KiB),
+_BLOCKS, _BLOCK = 16, 4 << 10  # and _BLOCKS blocks of _BLOCK bytes, one centred in each 1/_BLOCKS of the file
+
+
+def sample_ranges(size: int) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, stop)`` of a file of ``size`` bytes that :func:`sample_hash` reads."""
+    if size <= _WHOLE_FILE_MAX:
+        return [(0, size)]
+    centres = [(2 * j + 1) * size // (2 * _BLOCKS) for j in range(_BLOCKS)]
+    return [(0, _HEAD), *((c - _BLOCK // 2, c + _BLOCK // 2) for c in centres), (size - _TAIL, size)]
+
+
+def sample_hash(path: str, size: int) -> str:
+    """Hex digest (32 characters) of the bytes of ``path`` in :func:`sample_ranges` of ``size``.
+
+    A file of at most 1 MiB is hashed whole, so any byte changed in it changes
+    the hash. A bigger file is hashed over its first 64 KiB, its last 128 KiB
+    (ArrayRecord pads files with under 64 KiB of zeros, so this holds at least
+    its last 64 KiB of data: the footer index of record offsets and the last
+    records; Parquet's footer is at the end) and 16 blocks of 4 KiB, one
+    centred in each sixteenth of the file: 256 KiB read, at most 1 MiB for any
+    file. A change touching any of these ranges changes the hash; a change
+    confined to the other bytes of a file over 1 MiB does not. Depends only on
+    the bytes (not on the path's directory or the modification time)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for start, stop in sample_ranges(size):
+            f.seek(start)
+            h.update(f.read(stop - start))
+    return h.hexdigest()
+
+
+def file_identity(paths: list[str], counts: Sequence[int] | np.ndarray) -> list[dict]:
+    """``{"file", "size", "records", "sample"}`` per file: its base name, size in bytes,
+    record count and :func:`sample_hash`.
+
+    Any change of a file's name, size or record count changes it, as does any
+    byte changed in a file of at most 1 MiB and, in a bigger file, any change
+    touching a sampled range (see :func:`sample_hash`); a same-size change
+    confined to the unsampled bytes of a file over 1 MiB is not seen. Exact
+    checks need a manifest of checksums (a later ``quern prepare``). The
+    directory and the modification time are not part of it: a copy of the
+    files elsewhere keeps the identity."""
+    out = []
+    for p, c in zip(paths, counts):
+        size = os.path.getsize(p)
+        out.append({"file": os.path.basename(p), "size": size, "records": int(c), "sample": sample_hash(p, size)})
+    return out
+
+
+def sample_ids(n: int, k: int = 5) -> list[int]:
+    """Sorted distinct record ids sampled for an identity: ``0``, ``n - 1`` and one id
+    in each of ``k`` equal strata of ``[0, n)``, placed by a hash of ``n``.
+
+    Depends only on ``n`` (the same in every process and session)."""
+    if n <= 0:
+        return []
+    key = hashlib.blake2b(f"quern.sample_ids:{n}".encode(), digest_size=8 * k).digest()
+    ids = {0, n - 1}
+    for j in range(k):
+        lo, hi = j * n // k, (j + 1) * n // k
+        if hi > lo:
+            ids.add(lo + int.from_bytes(key[8 * j : 8 * j + 8], "little") % (hi - lo))
+    return sorted(ids)
+
+
+class ThreadLocalHandles:
+    """Per-process, per-thread cache of open handles, dropped on pickling."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+    def get(self) -> dict:
+        if self._pid != os.getpid():  # forked: never share handles with the parent
+            self._local = threading.local()
+            self._pid = os.getpid()
+        d = getattr(self._local, "handles", None)
+        if d is None:
+            d = self._local.handles = {}
+        return d
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+
+class HandlePool:
+    """Idle open handles per key, shared by the threads of one process: a thread
+    borrows a handle for one call (``take``) and gives it back (``give``), so no
+    handle is used by two threads at once and handles opened once are reused by
+    every thread. At most ``limit`` idle handles are kept (the least recently
+    given back are dropped, which closes them). Dropped on pickling and after a
+    fork."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._idle: collections.OrderedDict = collections.OrderedDict()  # key -> [handles], least recent first
+        self._count = 0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def take(self, key: Any) -> Any:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle.clear()
+                self._count, self._pid = 0, os.getpid()
+            handles = self._idle.get(key)
+            if not handles:
+                return None
+            self._count -= 1
+            return handles.pop()
+
+    def give(self, key: Any, handle: Any) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            self._idle.setdefault(key, []).append(handle)
+            self._idle.move_to_end(key)
+            self._count += 1
+            while self._count > self.limit:
+                oldest, handles = next(iter(self._idle.items()))
+                if handles:
+                    handles.pop(0)
+                    self._count -= 1
+                if not handles:
+                    del self._idle[oldest]
+
+    def __getstate__(self) -> dict:
+        return {"limit": self.limit}
+
+    def __setstate__(self, state: dict) -> None:
+        HandlePool.__init__(self, state["limit"])
+
+
+def host_name() -> str:
+    """This machine's name: file stats (inodes, times) are compared only on the machine that took them."""
+    return os.uname().nodename
+
+
+Stat = tuple[int, int | None, int | None, int | None]  # size, mtime_ns, inode, device
+
+
+class FileStats:
+    """What a source's files were when it opened them, to refuse reading them once changed.
+
+    Holds each file's ``(size, mtime_ns, inode, device)``, taken before the source
+    reads it. :meth:`check` stats the file again (one ``os.stat``) and raises
+    :class:`SourceError` naming it if anything differs: a reader of a file
+    truncated, rewritten or replaced under it returns empty, stale or other
+    records without an error. Pickled to another machine (where inodes and times
+    differ), the size is kept and the rest is taken at the first check there. Not
+    seen: a same-size rewrite that keeps the inode within one tick of the file
+    system's clock."""
+
+    def __init__(self, what: str, paths: Sequence[str]) -> None:
+        self.what, self.paths, self.host = what, list(paths), host_name()
+        self.stats: list[Stat] = [self._stat(i) for i in range(len(self.paths))]
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        if self.host != host_name():  # another machine: other inodes and times; the size stays
+            self.stats = [(size, None, None, None) for size, *_ in self.stats]
+            self.host = host_name()
+
+    def _stat(self, i: int, gone: str = "cannot stat it") -> Stat:
+        try:
+            st = os.stat(self.paths[i])
+        except OSError as e:
+            raise SourceError(f"{self.what}: {self.paths[i]!r}: {gone}: {e}") from e
+        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+    def check(self, i: int) -> None:
+        """Raise :class:`SourceError` naming file ``i`` if it is not the file the source opened."""
+        want = self.stats[i]
+        now = self._stat(i, "it was removed since the source opened it")
+        if want[1] is None and now[0] == want[0]:  # first check on this machine: its own times and inode
+            self.stats[i] = now
+            return
+        if now != want:
+            what = (
+                f"its size went from {want[0]} to {now[0]} bytes"
+                if now[0] != want[0]
+                else ("it was replaced by another file" if now[2:] != want[2:] else "it was modified")
+            )
+            raise SourceError(
+                f"{self.what}: {self.paths[i]!r} changed since the source opened it ({what}): reads of a file "
+                "truncated or rewritten under an open reader return empty or wrong records; open a new source "
+                "to read it"
+            )
