@@ -11,12 +11,15 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures as cf
+import os
+import threading
+import time
 import weakref
 from typing import Any
 
 from . import execute
 from .index import check_int, host_rows
-from .workers import WorkerPool
+from .workers import WorkerPool, sigint_deferred
 
 __all__ = ["PipelineIterator", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
 
@@ -57,6 +60,22 @@ class PipelineIterator:
     ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
     state["step"])`` resumes exactly. Use as a context manager or call
     ``close()``; garbage collection also closes it.
+
+    Processes and threads: an iterator belongs to the process that made it. In a
+    process forked from that one, ``next()`` and ``wait_for_workers()`` raise
+    ``RuntimeError`` (make a new iterator there, e.g. ``pipe.iterator(start_step=
+    it.step)``); ``close()`` (and garbage collection, and exit) there only drops
+    the copy, never touching the threads or worker processes, which stay the
+    maker's (whose iterator stays usable). One thread at a time may use an
+    iterator: ``next()`` while another thread is inside ``next()`` or ``close()``
+    raises ``RuntimeError`` at once. ``close()`` may be called from any thread at
+    any time: a ``next()`` that is waiting for a batch in another thread stops
+    waiting and raises ``RuntimeError``, and ``close()`` returns once that
+    ``next()`` has returned (a ``next()`` with the threads, or one computing a
+    failed chunk's steps, finishes the step it is computing first). Called from a
+    signal handler while ``next()`` runs in the same thread, ``close()`` takes
+    effect when that ``next()`` returns. A Ctrl-C cannot stop ``close()`` half-way:
+    it is held back until every worker process has ended, then raised.
     """
 
     def __init__(
@@ -72,6 +91,11 @@ class PipelineIterator:
         copy_batches: bool = False,
     ) -> None:
         self._closed = True
+        self._pid = os.getpid()  # the process it belongs to
+        self._owner: dict[str, int] = {}  # "thread": the ident of the thread that has the iterator
+        self._inside = False  # that thread is inside next() or close()
+        self._stop_waiting = False  # close() was called: a waiting next() gives up
+        self._close_after = False  # close() was called from inside next() (a signal handler): close on return
         self.pipe = pipe
         self.step = pipe.check_step(start_step, "start_step", end_ok=True)
         self.num_workers = check_int(num_workers, "num_workers", 0)
@@ -127,13 +151,76 @@ class PipelineIterator:
         return self
 
     def __next__(self) -> Any:
+        return self._holding("next()", self._next)
+
+    def _holding(self, what: str, fn: Any, wait: bool = False) -> Any:
+        """``fn()`` with the iterator taken by this thread: a ``RuntimeError`` saying why
+        when it belongs to another process, or (unless ``wait``) another thread has it.
+
+        Taking it is one atomic step (``dict.setdefault``), so that a Ctrl-C can never
+        leave it taken by nobody: at worst, one landing right after it leaves it taken
+        by this thread but not inside, which this thread's next call takes over."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"PipelineIterator.{what}: this iterator belongs to process {self._pid}, which made it; this is "
+                f"process {os.getpid()}, a fork of it, where its worker processes and threads are not yours to "
+                "use. Make a new iterator in this process (pipe.iterator(start_step=it.step, ...))"
+            )
+        me = threading.get_ident()
+        mine = False
+        try:
+            owner = self._owner.setdefault("thread", me)
+            if owner != me:
+                if not wait:
+                    raise RuntimeError(
+                        f"PipelineIterator.{what} called while another thread is using this iterator (inside "
+                        "next() or close()): an iterator serves one thread at a time; give each thread its own "
+                        "iterator, or hand the batches over through a queue"
+                    )
+                self._wait_for_owner(me)
+            elif self._inside:
+                raise RuntimeError(
+                    f"PipelineIterator.{what} called while this thread is inside next() or close() of the same "
+                    "iterator (from a signal handler or a transform?)"
+                )
+            mine = True
+            self._inside = True
+            return fn()
+        finally:
+            if mine:
+                self._inside = False
+                self._owner.pop("thread", None)
+                if self._close_after:  # close() was called by a signal handler while this thread was inside
+                    self._close_after = False
+                    self.close()
+
+    def _wait_for_owner(self, me: int) -> None:
+        """Wait until the thread that has the iterator gives it back, and take it; one
+        that has it but is not inside (left so by a Ctrl-C) loses it after 0.1 s."""
+        idle_since, delay = None, 0.0005
+        while self._owner.setdefault("thread", me) != me:
+            if self._inside:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > 0.1:
+                self._owner["thread"] = me
+                return
+            time.sleep(delay)
+            delay = min(2 * delay, 0.01)
+
+    def _inside_here(self) -> bool:
+        """Whether this thread is inside ``next()`` or ``close()`` (this call comes from a signal handler)."""
+        return self._inside and self._owner.get("thread") == threading.get_ident()
+
+    def _next(self) -> Any:
         if self._closed:
             raise RuntimeError("iterator is closed")
         if self._end is not None and self.step >= self._end:
             self._stop_workers()  # the stream is over: free the processes now
             raise StopIteration
         if self._workers is not None:
-            batch = self._workers.get(self.step)
+            batch = self._workers.get(self.step, stop=self._stopping)
             self.step += 1
             return batch
         if not self._ready:
@@ -141,10 +228,18 @@ class PipelineIterator:
             first, count, fut = self._pending.popleft()
             assert first == self.step
             try:
-                batches = fut.result()
+                while True:  # wait, but give up if the iterator is closed (by another thread) meanwhile
+                    try:
+                        batches = fut.result(timeout=0.1)
+                        break
+                    except TimeoutError:
+                        if fut.done():
+                            raise
+                        if self._stop_waiting:
+                            raise RuntimeError("iterator closed while next() was waiting for its batch") from None
             except BaseException as e:
                 self._drop_pending()  # failed steps are recomputed if next() is called again
-                if count == 1 or not isinstance(e, Exception):
+                if count == 1 or not isinstance(e, Exception) or self._stop_waiting:
                     raise
                 # the chunk failed at one of its steps: redo them one at a time so that an
                 # error surfaces at exactly its own step and the good steps before it are yielded
@@ -181,19 +276,27 @@ class PipelineIterator:
         transform or source it cannot describe stops checkpointing, not iteration."""
         return {"step": self.step, "fingerprint": self.pipe.fingerprint()}
 
+    def _stopping(self) -> bool:
+        return self._stop_waiting
+
     def wait_for_workers(self, timeout: float | None = None) -> bool:
-        """Block until every worker process has started and loaded the pipeline; True
-        when they have, False if ``timeout`` seconds passed first. Until then the
-        iterator computes a starting worker's steps in this process, so waiting is
-        never needed for correctness; it is useful before timing, say."""
+        """Block until every worker process has started (True), or ``timeout`` seconds
+        pass first (False). Never needed for correctness: ``next()`` waits for the
+        batch it needs (no step is ever computed in this process); useful before
+        timing, say, or to see start-up errors early."""
+        return bool(self._holding("wait_for_workers()", lambda: self._wait_for_workers(timeout)))
+
+    def _wait_for_workers(self, timeout: float | None) -> bool:
         if self._closed:
             raise RuntimeError("iterator is closed")
         return True if self._workers is None else self._workers.wait_ready(timeout)
 
     def stats(self) -> dict:
         """Where the steps came from: ``{"workers": W, "delivered_by_worker": [...],
-        "computed_in_parent": n, "worker_restarts": k}`` (with workers; counts since the
-        iterator started; kept after the workers stop), or ``{"workers": 0}``."""
+        "computed_in_parent": 0, "worker_restarts": k}`` (with workers; counts since the
+        iterator started; kept after the workers stop), or ``{"workers": 0}``.
+        ``computed_in_parent`` is always 0 (no step is ever computed in this process
+        when there are workers); the key is kept for compatibility."""
         if self._workers is None:
             return dict(self._last_stats)
         return {
@@ -210,20 +313,52 @@ class PipelineIterator:
 
     def close(self) -> None:
         """Stop the prefetch threads or worker processes and drop computed-ahead
-        batches; with workers, no process and no shared memory is left. Idempotent."""
-        if self._closed:
+        batches; with workers, when it returns no worker process and no shared memory
+        is left. Idempotent; a Ctrl-C is held back until the workers have ended; a
+        ``next()`` waiting in another thread gives up (see the class docstring); in a
+        process forked from the iterator's own, it only drops this copy."""
+        if os.getpid() != self._pid:
+            self._forget()
             return
+        if self._inside_here():  # a signal handler, while this thread is inside next() (or close())
+            self._stop_waiting = self._close_after = True
+            if self._workers is not None:
+                self._workers.wake()
+            return
+        if self._closed and self._workers is None and self._pool is None:
+            return
+        self._stop_waiting = True  # a next() waiting in another thread gives up...
+        if self._workers is not None:
+            self._workers.wake()
+        self._holding("close()", self._close, wait=True)  # ...and returns
+
+    def _close(self) -> None:
         self._closed = True
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         self._stop_workers()
 
     def _stop_workers(self) -> None:
+        """Stop the worker processes (a Ctrl-C waits until they are gone)."""
+        with sigint_deferred():
+            if self._workers is not None:
+                self._last_stats = self.stats()
+                self._workers.close()  # resumable: if this is interrupted, the next close() finishes it
+                self._workers = None
+
+    def _forget(self) -> None:
+        """In a process forked from the iterator's own: drop this copy without touching
+        the threads and worker processes, which belong to the other process."""
+        self._closed = True
+        self._pending.clear()
+        self._ready.clear()
+        self._pool = None  # its threads do not exist in this process
         if self._workers is not None:
             self._last_stats = self.stats()
             workers, self._workers = self._workers, None
-            workers.close()
+            workers.forget()
 
     def __enter__(self) -> PipelineIterator:
         return self
@@ -246,9 +381,10 @@ _LIVE: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
-    """At interpreter exit, close the iterators still open (their workers with them)."""
+    """At interpreter exit, close the iterators still open (their workers with them),
+    every one of them even if a Ctrl-C comes meanwhile."""
     for it in list(_LIVE):
         try:
             it.close()
-        except Exception:
+        except BaseException:
             pass

@@ -1,17 +1,37 @@
-"""The messages between the parent's worker pool and a worker process.
+"""The messages between the parent's worker pool, its fork server and the workers.
 
-Each is a NamedTuple sent pickled over the worker's Unix socket
-(:func:`quern.pipeline.shm.send`), with file descriptors of shared memory
-alongside where noted. Parent -> worker: :class:`Init`, :class:`Task`,
-:class:`Drop`. Worker -> parent: :class:`Ready`, :class:`Fatal`, :class:`Done`,
-:class:`Failed`.
+Each is a NamedTuple sent pickled over a Unix socket
+(:func:`quern.pipeline.shm.send`), with file descriptors alongside where noted.
+
+- Parent -> fork server: :class:`Init` (the pipeline), :class:`Fork` (start a
+  worker on the socket that travels with it), :class:`Kill`. Fork server ->
+  parent: :class:`Ready` (the pipeline is loaded) or :class:`Fatal`,
+  :class:`Forked`, :class:`Exited`.
+- Parent -> worker: :class:`Task`, :class:`Drop`. Worker -> parent:
+  :class:`Ready`, :class:`Done`, :class:`Failed` (and :class:`Fatal` from a
+  worker started as a fresh interpreter, which is first sent :class:`Init` by
+  the fork server).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Span", "Init", "Task", "Drop", "Ready", "Fatal", "Done", "ErrorReport", "Failed"]
+__all__ = [
+    "Span",
+    "Init",
+    "Fork",
+    "Forked",
+    "Kill",
+    "Exited",
+    "Task",
+    "Drop",
+    "Ready",
+    "Fatal",
+    "Done",
+    "ErrorReport",
+    "Failed",
+]
 
 Span = tuple[int, int]  # (offset, length) of one out-of-band buffer inside a shared buffer
 
@@ -25,6 +45,36 @@ class Init(NamedTuple):
     size: int
     process_index: int
     process_count: int
+    preload: tuple[str, ...] = ()  # modules the fork server imports before loading the pipeline
+
+
+class Fork(NamedTuple):
+    """Start worker number ``worker`` (the ``serial``-th worker asked of this fork server)
+    on the socket whose descriptor travels with the message."""
+
+    worker: int
+    serial: int
+
+
+class Forked(NamedTuple):
+    """The ``serial``-th worker runs as process ``pid``."""
+
+    serial: int
+    pid: int
+
+
+class Kill(NamedTuple):
+    """SIGKILL worker process ``pid`` (if it is still running)."""
+
+    pid: int
+
+
+class Exited(NamedTuple):
+    """Worker process ``pid`` ended: ``code`` as ``Popen.returncode`` gives it
+    (the exit status, or minus the number of the signal that killed it)."""
+
+    pid: int
+    code: int
 
 
 class Task(NamedTuple):
@@ -41,13 +91,14 @@ class Drop(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """The worker has loaded the pipeline."""
+    """The fork server (or a worker) has loaded the pipeline."""
 
     pid: int
 
 
 class Fatal(NamedTuple):
-    """The worker could not load the pipeline (nor could any other): the iterator fails for good."""
+    """The fork server (or a worker) could not load the pipeline, nor could any other
+    process: the iterator fails for good."""
 
     text: str
     traceback: str

@@ -1,73 +1,131 @@
-"""The program of a worker process (see :mod:`quern.pipeline.workers` for the parent's side).
+"""The programs of the fork server and of a worker process (see
+:mod:`quern.pipeline.workers` for the parent's side).
 
-A worker receives the pipeline through shared memory, then computes the tasks
-the parent sends over its socket: for each step of a task (records read in one
-bulk call for the whole task), the batch is pickled with its arrays out of band,
-the arrays are copied into the shared-memory slot the parent chose, and the
-parent is told. A step that fails is reported with its traceback; the worker
-goes on with the next one.
+The **fork server** (:func:`serve`) is a fresh interpreter that the parent
+starts once per iterator. It imports what the workers need (numpy and quern,
+then the reader modules of the pipeline's sources: pyarrow.parquet, ...), loads
+the pipeline from shared memory, says so, and then forks a worker whenever the
+parent asks (at start-up, and to replace one that died), reaps them and
+reports how each one ended. It computes nothing itself. It forks only while it
+has no thread besides those of the modules it imported before loading the
+pipeline (numpy's BLAS threads, pyarrow's allocator thread, which handle
+``fork``); if loading the pipeline started a thread (a transform's module, say),
+each worker is started as a fresh interpreter instead (:func:`main`), which is
+slower but never forks a multi-threaded process. When the parent closes its
+socket (or dies), the server kills and reaps every worker, then exits; a
+forked worker also dies with the server (``PR_SET_PDEATHSIG``).
+
+A **worker** computes the tasks the parent sends over its own socket: for each
+step of a task (records read in one bulk call for the whole task), the batch is
+pickled with its arrays out of band, the arrays are copied into the
+shared-memory slot the parent chose, and the parent is told. A step that fails
+is reported with its traceback; the worker goes on with the next one. A worker
+ends (``os._exit``) when the parent closes its socket or goes away.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
+import importlib
 import io
 import os
 import pickle
+import selectors
 import signal
 import socket
 import sys
+import threading
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from . import execute, shm
 from .errors import StepError
-from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
+from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Task
 
-__all__ = ["main"]
+__all__ = ["main", "serve"]
+
+_PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
 
 
-def main(fd: int) -> None:
-    """Entry point of a worker process; ``fd`` is its socket to the parent. Ends the
-    process (``os._exit``) when the parent closes the socket or goes away."""
+def _setup_process() -> None:
+    """What every process of a worker pool starts with: Ctrl-C ignored (the parent
+    handles it and stops the pool), and whole lines written as they come, so that
+    what a transform prints is not lost when a worker is killed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:  # whole lines as they come, so that what a transform prints is not lost when the worker is killed
+    try:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     except Exception:
         pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _load(init: Init, fds: list[int]) -> tuple[shm.Buffer, Any]:
+    """The shared buffer of the pipeline (mapped copy-on-write: its arrays are
+    writable here, and nobody else sees the writes) and the pipeline loaded from it:
+    its pickle is the buffer's first span, its large arrays the others."""
+    definition = shm.Buffer(fds[0], init.size, private=True, keep_fd=True)
+    (start, n), spans = init.spans[0], init.spans[1:]
+    return definition, shm.loads(definition.view(start, n), definition, spans, copy=False)
+
+
+# --------------------------------------------------------------------------- a worker started as a fresh interpreter
+
+
+def main(fd: int, init_fd: int) -> None:
+    """Entry point of a worker started as a fresh interpreter; ``fd`` is its socket to
+    the parent, ``init_fd`` a socket on which the fork server has sent it the
+    :class:`Init` message. Ends the process (``os._exit``) when the parent closes
+    the socket or goes away."""
+    _setup_process()
     os.set_inheritable(fd, False)  # a process a transform starts must not hold the parent's socket
     sock = socket.socket(fileno=fd)
     status = 0
     try:
-        _serve(sock)
+        with socket.socket(fileno=init_fd) as from_server:
+            init, fds = shm.recv(from_server)
+        if not isinstance(init, Init):
+            raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
+        try:
+            definition, pipe = _load(init, fds)
+            definition.drop_fd()
+        except BaseException as e:
+            shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
+            return
+        _serve_tasks(sock, pipe, init.process_index, init.process_count)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed the iterator or exited
+    except SystemExit as e:  # a transform called sys.exit: the worker ends as it asked
+        status = _exit_status(e)
     except BaseException:
         traceback.print_exc()
         status = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _flush()
         os._exit(status)  # not even a non-daemon thread a transform started keeps a worker alive
 
 
-def _serve(sock: socket.socket) -> None:
-    """Load the pipeline, then compute the tasks the parent sends, until end of file."""
-    init, fds = shm.recv(sock)
-    if not isinstance(init, Init):
-        raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
-    spans, size, index, count = init.spans, init.size, init.process_index, init.process_count
-    try:  # the pickled pipeline is the first span of the shared buffer, its large arrays the others
-        definition = shm.Buffer(fds[0], size, private=True)  # copy-on-write: arrays are writable here
-        (start, n), spans = spans[0], spans[1:]
-        pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
-    except BaseException as e:
-        shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
-        return
+def _exit_status(e: SystemExit) -> int:
+    """The exit status ``sys.exit(code)`` asks for (a message is printed, status 1)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
+    """Say the worker is ready, then compute the tasks the parent sends, until end of file."""
     shm.send(sock, Ready(os.getpid()))
     slots: dict[int, shm.Buffer] = {}
     while True:
@@ -102,6 +160,214 @@ def _serve(sock: socket.socket) -> None:
             shm.write(slots[slot], buffers, spans)
             shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
+
+
+# --------------------------------------------------------------------------- the fork server
+
+
+def serve(fd: int) -> None:
+    """Entry point of the fork server; ``fd`` is its socket to the parent. Ends the
+    process, after killing and reaping every worker it started, when the parent
+    closes the socket or goes away."""
+    _setup_process()
+    os.set_inheritable(fd, False)
+    server = _ForkServer(socket.socket(fileno=fd))
+    status = 0
+    try:
+        server.run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent closed the iterator or exited
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    finally:
+        try:
+            server.end_children()
+        finally:
+            _flush()
+            os._exit(status)
+
+
+def _thread_count() -> int:
+    """Threads of this process, native ones included."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - no /proc: Python's threads only
+        return threading.active_count()
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """SIGCHLD handler: nothing to do; the signal wakes the server through its wake-up descriptor."""
+
+
+class _ForkServer:
+    """The fork server's state: its socket to the parent, the loaded pipeline, its children."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.children: dict[int, int] = {}  # pid -> serial, of the workers not yet reaped
+        self.definition: shm.Buffer | None = None
+        self.pipe: Any = None
+        self.init: Init | None = None
+        self.threads = 1  # threads before the pipeline was loaded: forking is safe with these
+        self.selector: selectors.BaseSelector | None = None
+        self.wake: tuple[int, int] | None = None
+        self.prctl: Callable[..., int] | None = None
+
+    def run(self) -> None:
+        init, fds = shm.recv(self.sock)
+        if not isinstance(init, Init):
+            raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
+        self.init = init
+        try:
+            for name in init.preload:  # the readers the sources import when they first read
+                try:
+                    importlib.import_module(name)
+                except Exception:
+                    pass  # a source that needs it imports it, and fails, by itself
+            try:
+                import ctypes
+
+                self.prctl = ctypes.CDLL(None, use_errno=True).prctl
+            except Exception:  # pragma: no cover - no libc prctl: workers still end with their socket
+                self.prctl = None
+            self.threads = _thread_count()
+            self.definition, self.pipe = _load(init, fds)
+        except BaseException as e:
+            shm.send(self.sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
+            return
+        gc.freeze()  # what is loaded now is never collected: fewer pages copied into the forked workers
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self.wake = (r, w)
+        signal.set_wakeup_fd(w)
+        signal.signal(signal.SIGCHLD, _ignore)  # a Python handler, so that SIGCHLD wakes the selector
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.sock, selectors.EVENT_READ)
+        self.selector.register(r, selectors.EVENT_READ)
+        shm.send(self.sock, Ready(os.getpid()))
+        while True:
+            self.reap()
+            for key, _ in self.selector.select():
+                if key.fileobj == r:
+                    try:
+                        while os.read(r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    continue
+                msg, fds = shm.recv(self.sock)
+                if isinstance(msg, Fork):
+                    self.start(msg, fds)
+                elif isinstance(msg, Kill):
+                    for fd in fds:
+                        os.close(fd)
+                    if msg.pid in self.children:  # not reaped yet, so the pid is still this child's
+                        os.kill(msg.pid, signal.SIGKILL)
+                else:
+                    raise RuntimeError(f"unexpected message {type(msg).__name__} from the parent")
+
+    def reap(self) -> None:
+        """Tell the parent how each worker that ended did."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.children.pop(pid, None) is not None:
+                shm.send(self.sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+
+    def start(self, msg: Fork, fds: list[int]) -> None:
+        """Start worker ``msg.worker`` on the socket ``fds[0]``: forked from this process,
+        or, if it has more threads than before it loaded the pipeline (or any Python
+        thread besides the main one), as a fresh interpreter."""
+        fd, rest = fds[0], fds[1:]
+        for extra in rest:
+            os.close(extra)
+        try:
+            if _thread_count() > self.threads or threading.active_count() > 1:
+                pid = self.spawn(fd)
+            else:
+                pid = self.fork(fd)
+        finally:
+            os.close(fd)  # the worker has its own; a copy here would hide the parent's end of file from it
+        self.children[pid] = msg.serial
+        shm.send(self.sock, Forked(msg.serial, pid))
+
+    def fork(self, fd: int) -> int:
+        assert self.init is not None and self.wake is not None and self.selector is not None
+        server = os.getpid()
+        _flush()  # nothing buffered here is written twice
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns when a process with threads forks; this one's are the BLAS and
+            # allocator threads of numpy and pyarrow (checked above), which prepare for fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            return pid
+        status = 0  # the worker, from here on: it never returns into the server's code
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self.selector.close()
+            for w in self.wake:
+                os.close(w)
+            self.sock.close()
+            if self.definition is not None:
+                self.definition.drop_fd()
+            if self.prctl is not None:
+                self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the fork server
+            if os.getppid() != server:  # it died before that: so do we
+                os._exit(0)
+            self.children.clear()
+            _serve_tasks(socket.socket(fileno=fd), self.pipe, self.init.process_index, self.init.process_count)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            pass  # the parent closed the iterator or exited
+        except SystemExit as e:  # a transform called sys.exit: the worker ends as it asked
+            status = _exit_status(e)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        finally:
+            _flush()
+            os._exit(status)  # not even a non-daemon thread a transform started keeps a worker alive
+
+    def spawn(self, fd: int) -> int:
+        """A worker as a fresh interpreter, which gets the pipeline on a socket of its own."""
+        assert self.init is not None and self.definition is not None
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            shm.send(mine, self.init, [self.definition.fd])  # small: it waits in the socket
+            code = (
+                f"import sys; sys.path[:] = {sys.path!r}; "
+                f"from quern.pipeline.worker_main import main; main({fd}, {theirs.fileno()})"
+            )
+            os.set_inheritable(fd, True)
+            os.set_inheritable(theirs.fileno(), True)
+            return os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ)
+        finally:
+            mine.close()
+            theirs.close()
+
+    def end_children(self) -> None:
+        """Kill every worker and wait until each is gone."""
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            del self.children[pid]
+
+
+# --------------------------------------------------------------------------- batches and errors for the parent
 
 
 class _ParentPickler(pickle.Pickler):

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -199,9 +200,9 @@ def test_other_sources_through_workers(kind, tmp_path):
 
 
 class GatedIdentity:
-    """A batch transform that does nothing, but whose unpickling in a worker process
-    waits until the file ``gate`` exists: no worker can finish starting (it loads the
-    pipeline first) before the test opens the gate, however fast workers start."""
+    """A batch transform that does nothing, but whose unpickling in another process
+    waits until the file ``gate`` exists: no worker can start (the fork server loads
+    the pipeline first) before the test opens the gate, however fast workers start."""
 
     def __init__(self, gate):
         self.gate, self.parent = str(gate), os.getpid()
@@ -216,20 +217,74 @@ class GatedIdentity:
         return batch
 
 
-def test_batches_before_the_workers_are_up_are_identical_too(shards, tmp_path):
+def with_pid(batch):
+    """Adds the id of the process that computed the batch, one per row."""
+    return {**batch, "pid": np.full(len(batch["tokens"]), os.getpid(), np.int64)}
+
+
+def test_no_step_runs_in_the_parent(shards, tmp_path):
+    """Not even while the workers start: the first batches wait for them (here held
+    at start-up by a gate that opens only after next() has been called)."""
     gate = tmp_path / "gate"
-    pipe = _token_pipe(shards, seed=2).map_batch(GatedIdentity(gate))
+    pipe = _token_pipe(shards, seed=2).map_batch(GatedIdentity(gate)).map_batch(with_pid)
+    opener = threading.Timer(0.3, gate.touch)
     with pipe.iterator(num_workers=2) as it:
-        got = [next(it) for _ in range(10)]  # the workers are held at start-up: all computed here
-        assert it.stats()["computed_in_parent"] == 10 and it.stats()["delivered_by_worker"] == [0, 0]
-        gate.touch()
+        opener.start()
+        try:
+            got = [next(it) for _ in range(40)]  # the first one waits for the gate
+        finally:
+            opener.cancel()
+        stats, workers = it.stats(), set(it.worker_pids)
+    assert gate.exists()
+    pids = {int(p) for g in got for p in g["pid"]}
+    assert os.getpid() not in pids and pids <= workers and len(pids) == 2, (pids, workers)
+    for s, g in enumerate(got):
+        want = pipe.batch_at(s)
+        _equal({k: v for k, v in g.items() if k != "pid"}, {k: v for k, v in want.items() if k != "pid"}, f"step {s}")
+    assert stats["computed_in_parent"] == 0
+    assert sum(stats["delivered_by_worker"]) >= 40 and all(n >= 20 for n in stats["delivered_by_worker"]), stats
+
+
+class StartsAThread:
+    """A record transform whose unpickling starts a thread (as importing some modules
+    does): the fork server, which loads the pipeline, then has a thread it did not
+    start itself, and must not fork."""
+
+    def __init__(self):
+        self.name = "starts a thread"  # a state, so that unpickling calls __setstate__
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+    def __call__(self, rec):
+        return rec
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_workers_are_forked_by_a_fork_server_unless_it_has_threads(threads):
+    """Workers are forked from one fresh interpreter (the fork server, a child of this
+    process), never from this process; if loading the pipeline started a thread
+    there, each worker is a fresh interpreter instead. Either way a killed worker is
+    replaced and the batches are the same."""
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0)
+    pipe = (pipe.map(StartsAThread()) if threads else pipe).batch(10)
+    children = _children()
+    with pipe.iterator(num_workers=2, read_ahead=2) as it:
         _started(it)
-        got += [next(it) for _ in range(30)]  # from now on, all computed by the workers
-        stats = it.stats()
+        got = [next(it) for _ in range(10)]
+        servers = {psutil.Process(p).ppid() for p in it.worker_pids}
+        assert len(servers) == 1 and servers <= _children() - children and os.getpid() not in servers
+        entry = "worker_main import main" if threads else "worker_main import serve"
+        assert all(entry in " ".join(psutil.Process(p).cmdline()) for p in it.worker_pids)
+        victim = psutil.Process(it.worker_pids[0])
+        victim.kill()
+        victim.wait(30)  # gone (reaped by the fork server), so the pool must see it
+        got += [next(it) for _ in range(30)]
+        assert it.stats()["worker_restarts"] == 1 and victim.pid not in it.worker_pids
     for s, g in enumerate(got):
         _equal(g, pipe.batch_at(s), f"step {s}")
-    assert stats["computed_in_parent"] == 10
-    assert all(n >= 15 for n in stats["delivered_by_worker"]), stats  # steps 10..39: 15 per worker
+    assert _children() == children
 
 
 def test_host_slices_and_a_partial_last_batch(shards):
@@ -549,6 +604,59 @@ def test_read_error_in_a_worker_names_step_and_file(shards, tmp_path):
     assert "step 8 (host 0 of 1), stage 'read'" in msg and "damaged.array_record" in msg
 
 
+_SCRIPT_EXITS = """
+import ctypes, os, sys
+import numpy as np, quern
+
+def leave(rec):
+    if int(rec["id"]) == 160:  # step 3 (batches of 50): worker 1's with 2 workers
+        how = os.environ["HOW"]
+        if how == "os._exit":
+            os._exit(3)
+        if how == "sys.exit":
+            sys.exit(3)
+        ctypes.string_at(0)  # segfault
+    return rec
+
+if __name__ == "__main__":
+    parent = os.getpid()
+    pipe = quern.Pipeline.from_source({"id": np.arange(1000)}, seed=0).map(leave).batch(50)
+    with pipe.iterator(num_workers=2) as it:
+        for s in range(3):
+            assert np.array_equal(next(it)["id"], np.arange(50 * s, 50 * s + 50)), s
+        try:
+            next(it)
+        except quern.WorkerError as e:
+            print(f"step {it.step}: WorkerError: {e}")
+        print("restarts", it.stats()["worker_restarts"], "in parent", it.stats()["computed_in_parent"])
+        for _ in range(2):  # asking again tries again, and fails the same way
+            try:
+                next(it)
+            except quern.WorkerError as e:
+                print(f"again at step {it.step}: {str(e).split(';')[0]}")
+    print("alive", os.getpid() == parent)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["os._exit", "sys.exit", "segfault"])
+def test_a_transform_that_ends_its_process_never_ends_the_parent(tmp_path, how):
+    """A step whose transform calls os._exit or sys.exit, or crashes, takes down the
+    worker that computes it (3 times), never the training process: a WorkerError at
+    exactly that step, and the same when asked again."""
+    out = _run_script(tmp_path, _SCRIPT_EXITS, env=dict(os.environ, HOW=how))
+    end = "exited with status 3" if how != "segfault" else "was killed by SIGSEGV"
+    lines = out.strip().splitlines()
+    assert re.fullmatch(
+        rf"step 3: WorkerError: worker 1 \(pid \d+\) {end}; it died 3 times in a row without delivering a step "
+        r"\(host 0 of 1, steps in progress: \[3(, \d+)*\]\); see its output above",
+        lines[0],
+    ), out
+    assert lines[1] == "restarts 2 in parent 0", out
+    assert len(lines) == 5 and all(re.fullmatch(rf"again at step 3: worker 1 \(pid \d+\) {end}", x) for x in lines[2:4])
+    assert lines[4] == "alive True", out
+
+
 @pytest.mark.timeout(90)
 def test_worker_that_keeps_dying_is_an_error_not_a_hang(monkeypatch):
     monkeypatch.setenv("QUERN_TEST_PARENT", str(os.getpid()))
@@ -562,6 +670,56 @@ def test_worker_that_keeps_dying_is_an_error_not_a_hang(monkeypatch):
             next(it)
     assert _children() == children  # closed cleanly after the error
     assert _memfd_maps(os.getpid()) == []
+
+
+def test_a_killed_fork_server_is_replaced_with_its_workers(shards):
+    """The fork server dies (the OOM killer, say): its workers die with it; a new
+    server and new workers take over, and the batches are the same."""
+    children, shm = _children(), _shm()
+    pipe = _token_pipe(shards, seed=12)
+    with pipe.iterator(num_workers=2, read_ahead=2) as it:
+        _started(it)
+        got = [next(it) for _ in range(10)]
+        old = it.worker_pids
+        server = psutil.Process(psutil.Process(old[0]).ppid())
+        assert server.pid in _children() - children
+        server.kill()
+        server.wait(30)
+        got += [next(it) for _ in range(40)]
+        assert it.stats()["worker_restarts"] >= 2 and not set(old) & set(it.worker_pids)
+        assert all(p not in old for p in it.worker_pids) and len(it.worker_pids) == 2
+    for s, g in enumerate(got):
+        _equal(g, pipe.batch_at(s), f"step {s}")
+    del g, got  # the batches held their slots
+    _assert_clean(children, shm, old)
+
+
+class ExitsWhenLoaded:
+    """A transform whose unpickling ends the process (in any process but the test's)."""
+
+    def __init__(self):
+        self.parent = os.getpid()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if os.getpid() != self.parent:
+            os._exit(7)
+
+    def __call__(self, rec):
+        return rec
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_dies_loading_the_pipeline_is_an_error():
+    children = _children()
+    pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(ExitsWhenLoaded()).batch(10)
+    with pipe.iterator(num_workers=2) as it:
+        for _ in range(2):  # for good: no endless restarts
+            with pytest.raises(
+                WorkerError, match=r"could not start: their fork server \(pid \d+\) exited with status 7"
+            ):
+                next(it)
+    assert _children() == children
 
 
 class HoldsALock:
@@ -623,7 +781,7 @@ def _assert_clean(before_children, before_shm, pids):
 def test_the_end_of_the_stream_leaves_nothing(shards):
     children, shm = _children(), _shm()
     pipe = _token_pipe(shards, num_epochs=1, batch=100)
-    it = pipe.iterator(num_workers=2)
+    it = _started(pipe.iterator(num_workers=2))
     pids = it.worker_pids
     assert len(pids) == 2 and set(pids) <= _children()
     assert len(list(it)) == 10
@@ -671,7 +829,7 @@ def test_a_forked_child_closing_its_copy_leaves_the_workers_alone(shards):
 def test_keyboard_interrupt_in_the_loop(shards):
     children, shm = _children(), _shm()
     pipe = _token_pipe(shards, seed=3)
-    it = pipe.iterator(num_workers=2)
+    it = _started(pipe.iterator(num_workers=2))
     pids = it.worker_pids
     try:
         for _batch in it:  # the last batch stays held, as in a real loop
