@@ -27,6 +27,7 @@ Scenarios (each trial is independent; seeds make a run repeatable):
   message under 20 KB, in under 10 s.
 
 Run:  .venv/bin/python benchmarks/faults.py [--trials N] [--seed S] [--only NAME,...]
+Exit status 1 when a scenario outside KNOWN_LIMITS did not hold in every trial.
 """
 
 from __future__ import annotations
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(f"{args.seed}:{name}")
             t0 = time.monotonic()
             tried, held, notes = SCENARIOS[name](args.trials, rng, tmp)
-            failed += tried - held
+            failed += 0 if name in KNOWN_LIMITS else tried - held
             print(f"{name:22s} {tried:6d} {held:6d}  {notes} ({time.monotonic() - t0:.0f} s)", flush=True)
     return 0 if failed == 0 else 1
 

@@ -75,8 +75,8 @@ timed; median of 5 rounds, of 3 for grain with workers): quern ``iterator()``
 with 0 and 2 workers from step 0 and after resuming at step 10**7, quern
 ``batch_at``, grain's MapDataset by index, grain ``mp_prefetch(2 workers)``
 and ``grain.DataLoader(worker_count=2)`` (both in their tuned forms). With
-workers, quern computes the first steps in this process while the workers
-start; grain waits for its workers.
+workers, quern's first batch waits for a worker (forked by its fork server),
+as grain's waits for its workers.
 
 The summary prints the tables (plain, heavy), then ratios: plain quern 2
 workers vs grain ``mp_prefetch(2)`` (best of its forms), quern 1 and 2 workers

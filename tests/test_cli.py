@@ -191,7 +191,7 @@ def boom(record):
     raise ValueError(f"kaboom: a record of {len(record)} tokens")
 
 
-def boom_in_workers(record):  # computed in the parent while the worker starts: fine there
+def boom_in_workers(record):  # fails only in a worker process (no step is computed in the parent)
     if os.getpid() != PARENT:
         raise ValueError(f"kaboom: a record of {len(record)} tokens")
     return record
