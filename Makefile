@@ -13,7 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# An editable install writes no bytecode, and with PYTHONDONTWRITEBYTECODE set nothing ever
+# does: every process (each fork server included) would compile quern again. Compile it here.
 install: $(VENV)/.installed
+	$(PY) -m compileall -q __init__.py pipeline sharding transforms
 
 quickstart: install
 	$(PY) examples/quickstart.py

@@ -31,7 +31,7 @@ worker, not through the pipe), and sources open their files lazily in the
 worker. The parent starts the server before it pickles the pipeline, and sends
 a worker its tasks as soon as ``next()`` asks, even before the worker exists
 (they wait in its socket), so that the first batch comes as soon as a worker can
-compute it. Task sizes ramp up (1, 1, 2, 2, 4, 4, ... steps, up to
+compute it. Task sizes ramp up (1, 2, 4, 8, ... steps, up to
 ``read_ahead``), so that the first batches come one by one and the bulk reads
 follow. Transforms must not depend on process-global
 settings that a fresh interpreter does not share (a jax config flag set by the
@@ -290,7 +290,7 @@ class _Worker:
         self.free: list[int] = []  # slot ids not in use
         self.next_slot = 0  # slot ids ever made
         self.pending: list[int] = []  # steps sent and not yet delivered, in order
-        self.tasks = 0  # tasks sent to it: its next task has 1, 1, 2, 2, 4, 4, ... steps, up to read_ahead
+        self.tasks = 0  # tasks sent to it: its next task has 1, 2, 4, 8, ... steps, up to read_ahead
 
     @property
     def pid(self) -> int | None:
@@ -337,7 +337,7 @@ class WorkerPool:
 
     :meth:`get` returns the batch of a step; the caller asks for consecutive steps
     (asking again for a step that raised retries it). Each worker gets tasks of
-    its steps, growing from 1 step to ``read_ahead`` (1, 1, 2, 2, 4, 4, ...), with at most
+    its steps, growing from 1 step to ``read_ahead`` (1, 2, 4, 8, ...), with at most
     ``prefetch * read_ahead`` steps in flight, so shared memory holds at most
     ``num_workers * prefetch * read_ahead`` batches in flight (each worker's
     slots, reused) plus the batches the caller holds (lent slots). ``copy=True``
@@ -658,7 +658,7 @@ class WorkerPool:
     def _dispatch(self, step: int) -> None:
         """Send every worker its next steps (from ``step`` on, not yet sent) while it
         has fewer than ``prefetch * read_ahead`` steps in flight (sent or delivered,
-        and not yet taken), in tasks of 1, 1, 2, 2, 4, 4, ... steps up to ``read_ahead`` (a
+        and not yet taken), in tasks of 1, 2, 4, 8, ... steps up to ``read_ahead`` (a
         worker's first tasks are small, so its first batches come soon). A task
         shorter than that goes only at the end of the stream or when it holds
         ``step`` itself. A worker that is still starting gets its tasks too: they
@@ -680,7 +680,7 @@ class WorkerPool:
             todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results][:room]
             i = 0
             while i < len(todo):
-                size = min(ra, 1 << min(worker.tasks // 2, 30))
+                size = min(ra, 1 << min(worker.tasks, 30))
                 task = todo[i : i + size]
                 if len(task) < size and step not in task and (self.end is None or task[-1] + W < self.end):
                     break  # wait until a whole task's worth of slots is free
