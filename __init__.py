@@ -20,11 +20,13 @@ from quern.pipeline.errors import (
     CollateError,
     ConfigError,
     FingerprintError,
+    ScanError,
     SourceError,
     StepError,
     WorkerError,
 )
 from quern.pipeline.loader import PipelineIterator
+from quern.pipeline.mix import mix
 
 __version__ = "0.1.0"
 
@@ -42,6 +44,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Pipeline",
     "PipelineIterator",
+    "mix",
+    "ScanError",
     "StepError",
     "SourceError",
     "WorkerError",

@@ -1,8 +1,9 @@
 """Pipeline: the immutable, picklable definition of how batches are made, and its fluent API.
 
 A :class:`Pipeline` says which records make each step (source, seed, epochs,
-shuffle, batch size, host slices: pure index arithmetic, see
-:mod:`quern.pipeline.index`) and which transforms run on them. Computing a step
+shuffle, the records a filter keeps, or a mixture of component pipelines;
+batch size, host slices: pure index arithmetic, see :mod:`quern.pipeline.index`
+and :mod:`quern.pipeline.plan`) and which transforms run on them. Computing a step
 is the step runner's job (:mod:`quern.pipeline.execute`), iterating the
 iterator's (:mod:`quern.pipeline.loader`), and hashing the definition the
 fingerprint's (:mod:`quern.pipeline.fingerprint`); the methods here are thin
@@ -12,24 +13,55 @@ pure function of (the definition, step, host slice).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import execute
+from . import execute, scan
 from . import index as _index
 from .digest import digest
 from .dump import to_config
 from .fingerprint import describe_callable, fingerprint_of
 from .loader import PipelineIterator
 from .ops import Op, OpKind
+from .plan import Segments
+from .plan import mixture as _mixture
 from .sources import Source, as_source
 
 __all__ = ["Pipeline", "Op", "OpKind"]
 
 _check_int = _index.check_int
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """A mixture's definition (see :func:`quern.mix`): named component pipelines
+    (without batch), the schedule of their weights, the seed of the assignment and
+    the block size (:mod:`quern.pipeline.plan.mixture`)."""
+
+    names: tuple[str, ...]
+    components: tuple[Pipeline, ...]
+    stages: tuple[_mixture.Stage, ...]
+    seed: int
+    block: int
+
+    def describe(self, until_step: int | None = None) -> dict[str, Any]:
+        """JSON-able; with ``until_step``, only the stages that start before it (at
+        least the first): what the steps before ``until_step`` depend on."""
+        stages = self.stages
+        if until_step is not None:
+            stages = tuple(st for st in stages if st.start_step < max(1, until_step))
+        return {
+            "names": list(self.names),
+            "components": [c.describe() for c in self.components],
+            "schedule": [[st.start_step, list(st.weights)] for st in stages],
+            "seed": self.seed,
+            "block": self.block,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +73,7 @@ class Pipeline:
     on worker count, thread timing or earlier calls.
     """
 
-    source: Source
+    source: Source | None  # None for a mixture (see ``mixture``)
     seed: int = 0
     num_epochs: int | None = None
     shuffle_mode: str | None = None
@@ -53,6 +85,8 @@ class Pipeline:
     batch_ops: tuple[Op, ...] = ()
     host_lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see balance_hosts
     host_lengths_digest: str | None = None  # the lengths' content: equality and fingerprint alike
+    survivors: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see filter
+    mixture: Mixture | None = None  # see quern.mix
 
     # ------------------------------------------------------------------ construction
 
@@ -83,12 +117,20 @@ class Pipeline:
         row-group size) and shuffle within windows of ``window`` blocks, so
         reads stay local to few row groups.
         """
+        if self.mixture is not None:
+            raise ValueError(
+                "shuffle() on a mixture: shuffle each component instead (each has its own order and epochs)"
+            )
         if self.batch_size is not None or self.record_ops:
-            raise ValueError("shuffle() must come before map() and batch(): it reorders records of the source")
+            raise ValueError(
+                "shuffle() must come before map(), filter() and batch(): it reorders records of the source "
+                "(after a filter, the records it keeps)"
+            )
         if mode not in ("global", "block"):
             raise ValueError(f"shuffle mode must be 'global' or 'block', got {mode!r}")
         if mode == "global":
             return self._replace(shuffle_mode="global", block=1, window=1)
+        assert self.source is not None
         block = self.source.block_size() if block is None else _check_int(block, "block", 1)
         return self._replace(shuffle_mode="block", block=max(1, block), window=_check_int(window, "window", 1))
 
@@ -113,6 +155,55 @@ class Pipeline:
         self._need_no_batch("random_map", "random_map_batch(fn)")
         return self._replace(record_ops=self.record_ops + (Op(OpKind.RANDOM_MAP, fn),))
 
+    def filter(
+        self,
+        pred: Callable[[Any], bool],
+        cache_dir: str | os.PathLike | None = None,
+        workers: int | None = None,
+    ) -> Pipeline:
+        """Keep only the records for which ``pred(record)`` is true; ``pred`` sees the
+        record after the record transforms before it and returns ``True``/``False``
+        (a ``keep_many(records) -> bool array`` method, if it has one, is called per
+        chunk instead).
+
+        The records kept (the *survivors*) are found once, by a scan over all the
+        records (the survivors of an earlier filter), in ``workers`` processes when
+        there are many (default: the CPU count; see :mod:`quern.pipeline.scan`),
+        and cached on disk under ``cache_dir`` (default ``$QUERN_CACHE_DIR`` or
+        ``~/.cache/quern``), keyed by the fingerprint of the pipeline up to and
+        including this filter; a damaged cache file is detected and rebuilt. The
+        stream then counts epochs and shuffles over the survivors: positions stay
+        O(1) to address, ``num_steps``, ``explain``, resume, workers and host
+        slices work as without a filter. The survivors cost 8 bytes each,
+        memory-mapped. A filter that keeps nothing is a ``ValueError``.
+
+        ``pred`` must not depend on the stream position, so a ``random_map`` before
+        it is refused; a filter on a mixture is refused too (filter its
+        components)."""
+        if not callable(pred):
+            raise TypeError(f"filter() needs a callable, got {pred!r}")
+        self._need_no_batch("filter", "map_batch(fn) to drop rows yourself")
+        if self.mixture is not None:
+            raise ValueError("filter() on a mixture: filter its components instead (each keeps its own survivors)")
+        if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
+            raise ValueError(
+                "filter() after random_map(): the records a filter keeps must not depend on the stream position; "
+                "put the filter before random_map()"
+            )
+        assert self.source is not None
+        prefix = self._replace(record_ops=self.record_ops + (Op(OpKind.FILTER, pred),))
+        key = fingerprint_of(
+            {
+                "index_format": _index.INDEX_FORMAT_VERSION,
+                "source": self.source.identity(),
+                "record_ops": [
+                    [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(prefix.record_ops)
+                ],
+            }
+        )
+        kept = scan.survivors(prefix, key, self.survivors, len(self.source), cache_dir, workers)
+        return prefix._replace(survivors=kept)
+
     def balance_hosts(self, lengths: Any) -> Pipeline:
         """Token-balanced host slices: ``lengths[i]`` is the length (token count) of
         record ``i``, a length index computed once. Each host still gets ``B / H``
@@ -123,6 +214,8 @@ class Pipeline:
         the set of rows of a global batch is unchanged, but their order in the
         assembled global batch then depends on the host count. A partial last
         batch is split into contiguous slices as usual."""
+        if self.source is None:
+            raise ValueError("balance_hosts() on a mixture is not supported: its rows come from several sources")
         lengths = np.asarray(lengths)
         if lengths.shape != (len(self.source),) or not np.issubdtype(lengths.dtype, np.integer):
             raise ValueError(
@@ -148,7 +241,7 @@ class Pipeline:
         p = self._replace(batch_size=b, drop_remainder=bool(drop_remainder))
         if p.num_steps == 0:
             raise ValueError(
-                f"source {self.source.name!r} has {len(self.source)} records x {self.num_epochs} epoch(s), "
+                f"{self._records_text()} x {self.num_epochs} epoch(s), "
                 f"fewer than one batch of {b}: no full batch; use drop_remainder=False, more epochs or a smaller batch"
             )
         return p
@@ -189,9 +282,10 @@ class Pipeline:
     def num_steps(self) -> int | None:
         """Number of steps in the stream, or ``None`` when it is endless."""
         b = self._need_batch("num_steps")
-        if self.num_epochs is None:
+        n = self.stream_len
+        if self.num_epochs is None or n is None:
             return None
-        total = len(self.source) * self.num_epochs
+        total = n * self.num_epochs
         return total // b if self.drop_remainder else -(-total // b)
 
     def check_step(self, step: object, name: str = "step", end_ok: bool = False) -> int:
@@ -205,7 +299,7 @@ class Pipeline:
         if n_steps is not None and (step > n_steps or (step == n_steps and not end_ok)):
             raise IndexError(
                 f"{name} {step} is past the end of the stream: {n_steps} steps "
-                f"({len(self.source)} records x {self.num_epochs} epochs, batch {self.batch_size})"
+                f"({self._records_text()} x {self.num_epochs} epochs, batch {self.batch_size})"
             )
         if (step + 1) * b > _index.MAX_RECORDS:
             raise IndexError(f"{name} {step} is beyond the addressable stream (positions must stay below 2**62)")
@@ -218,9 +312,10 @@ class Pipeline:
         lo, hi = _index.host_rows(b, process_index, process_count)
         start = step * b
         end = start + hi
-        if self.num_epochs is not None:
-            end = min(end, len(self.source) * self.num_epochs)
-        full = self.num_epochs is None or start + b <= len(self.source) * self.num_epochs
+        total = None if self.num_epochs is None or self.stream_len is None else self.stream_len * self.num_epochs
+        if total is not None:
+            end = min(end, total)
+        full = total is None or start + b <= total
         if self.host_lengths is not None and process_count > 1 and full:
             return self._balanced_positions(start, process_index, process_count)
         return np.arange(start + lo, max(start + lo, end), dtype=np.int64)
@@ -236,18 +331,65 @@ class Pipeline:
         host = np.where(rnd % 2 == 0, within, H - 1 - within)
         return np.sort(positions[order[host == process_index]])
 
+    @property
+    def stream_len(self) -> int | None:
+        """Records in one epoch of the stream: the filter's survivors, else the
+        source's records; ``None`` for a mixture (its components have their own epochs)."""
+        if self.source is None:
+            return None
+        return len(self.survivors) if self.survivors is not None else len(self.source)
+
+    def _records_text(self) -> str:
+        assert self.source is not None
+        kept = f" ({len(self.survivors)} kept by the filter)" if self.survivors is not None else ""
+        return f"source {self.source.name!r} has {len(self.source)} records{kept}"
+
+    @property
+    def leaves(self) -> tuple[Pipeline, ...]:
+        """The single-source pipelines rows come from: this one, or a mixture's components."""
+        return (self,) if self.mixture is None else self.mixture.components
+
+    @property
+    def leaf_names(self) -> tuple[str, ...]:
+        """Names of :attr:`leaves`: the source's name, or the mixture's component keys."""
+        if self.mixture is not None:
+            return self.mixture.names
+        assert self.source is not None
+        return (self.source.name,)
+
     def record_ids(self, positions: np.ndarray) -> np.ndarray:
-        """Record id at each stream position (pure index arithmetic)."""
-        return _index.epoch_record_ids(
-            positions, len(self.source), self.seed, self.shuffle_mode, self.block, self.window
-        )
+        """Record id at each stream position of a single-source pipeline (pure index
+        arithmetic; with a filter, ids of the survivors). A mixture has
+        :meth:`segments` instead."""
+        n = self.stream_len
+        if n is None:
+            raise TypeError("a mixture's rows come from several sources: use segments(positions)")
+        ids = _index.epoch_record_ids(positions, n, self.seed, self.shuffle_mode, self.block, self.window)
+        return ids if self.survivors is None else np.asarray(self.survivors[ids], dtype=np.int64)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """The plan of these stream positions: per row, the leaf it comes from (an
+        index into :attr:`leaves`), the record id in that leaf's source and the
+        position in that leaf's stream. Pure index arithmetic."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.mixture is None:
+            return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
+        m = self.mixture
+        comp, cpos = _mixture.assign(positions, m.stages, m.seed, self.batch_size or 1, m.block)
+        ids = np.empty(len(positions), dtype=np.int64)
+        for c in np.unique(comp).tolist():
+            sel = comp == c
+            ids[sel] = m.components[c].record_ids(cpos[sel])
+        return Segments(comp, ids, cpos)
 
     def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int]]]:
-        """For each row of this host's batch at ``step``: the ``(source_name, record_index)``
-        pairs it was made from. O(batch) time; reads nothing."""
-        ids = self.record_ids(self.positions(step, process_index, process_count))
-        name = self.source.name
-        return [[(name, i)] for i in ids.tolist()]
+        """For each row of this host's batch at ``step``: the ``(name, record_index)``
+        pairs it was made from, ``name`` being the source's name or, in a mixture,
+        the component's key (the record index is then in that component's source).
+        O(batch) time; reads nothing."""
+        seg = self.segments(self.positions(step, process_index, process_count))
+        names = self.leaf_names
+        return [[(names[c], i)] for c, i in zip(seg.component.tolist(), seg.ids.tolist())]
 
     # ------------------------------------------------------------------ computing
 
@@ -278,7 +420,30 @@ class Pipeline:
         arguments and the values it reads; see :mod:`quern.pipeline.fingerprint`)
         and the ``balance_hosts`` lengths. Raises
         :class:`~quern.pipeline.errors.FingerprintError` naming a value it cannot
-        describe."""
+        describe. A mixture is described by its components' descriptions, its
+        schedule, seed and block size. Computed once per pipeline object."""
+        d = self.__dict__.get("_description")
+        if d is None:
+            d = self.describe_until(None)
+            object.__setattr__(self, "_description", d)
+        return copy.deepcopy(d)
+
+    def describe_until(self, step: int | None) -> dict[str, Any]:
+        """:meth:`describe` as it applies to the steps before ``step`` (``None``: all):
+        for a mixture, only the schedule stages that start before ``step`` (at least
+        the first), which are all that those steps depend on."""
+        ops = {
+            "record_ops": [
+                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
+            ],
+            "batch": [self.batch_size, self.drop_remainder],
+            "batch_ops": [
+                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.batch_ops)
+            ],
+        }
+        if self.mixture is not None:
+            return {"index_format": _index.INDEX_FORMAT_VERSION, "mixture": self.mixture.describe(step), **ops}
+        assert self.source is not None
         return {
             "index_format": _index.INDEX_FORMAT_VERSION,
             "source": self.source.identity(),
@@ -308,6 +473,20 @@ class Pipeline:
             fp = fingerprint_of(self.describe())
             object.__setattr__(self, "_fingerprint", fp)
         return fp
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The checkpoint of an iterator whose next step is ``step``: ``{"step",
+        "fingerprint"}``, and for a mixture also ``"past"``, the fingerprint of the
+        definition as it applies to the steps before ``step``
+        (:meth:`describe_until`), and ``"parts"``, a digest of each part of it, so
+        that a resume can accept a schedule edited only after ``step`` and name
+        what changed otherwise. JSON-serialisable."""
+        state: dict[str, Any] = {"step": step, "fingerprint": self.fingerprint()}
+        if self.mixture is not None:
+            past = self.describe_until(step)
+            state["past"] = fingerprint_of(past)
+            state["parts"] = _parts(past)
+        return state
 
     def iterator(
         self,
@@ -358,9 +537,20 @@ class Pipeline:
                 )
             mine = self.fingerprint()
             if fp != mine:
+                step = self.check_step(state["step"], "state['step']", end_ok=True)
+                past = self.describe_until(step) if self.mixture is not None else None
+                if past is not None and state.get("past") == fingerprint_of(past):
+                    return step  # only the schedule from ``step`` on changed: the batches taken are the same
+                changed = ""
+                if past is not None and isinstance(state.get("parts"), dict):
+                    mine_parts, theirs = _parts(past), state["parts"]
+                    diff = sorted(k for k in set(mine_parts) | set(theirs) if mine_parts.get(k) != theirs.get(k))
+                    if diff:
+                        changed = f"; what changed for the steps before {step}: {', '.join(diff)}"
                 raise ValueError(
                     f"state fingerprint {fp} does not match this pipeline's {mine}: the definition, the data "
-                    "order version or the data changed since the state was saved; pass force=True to resume anyway"
+                    f"order version or the data changed since the state was saved{changed}; pass force=True "
+                    "to resume anyway"
                 )
         return self.check_step(state["step"], "state['step']", end_ok=True)
 
@@ -373,7 +563,11 @@ class Pipeline:
         return self.iterator()
 
     def __repr__(self) -> str:
-        parts = [f"Pipeline.from_source({self.source!r}, seed={self.seed}, num_epochs={self.num_epochs})"]
+        if self.mixture is not None:
+            m = self.mixture
+            parts = [f"quern.mix({dict(zip(m.names, m.components))!r}, schedule={[tuple(st) for st in m.stages]})"]
+        else:
+            parts = [f"Pipeline.from_source({self.source!r}, seed={self.seed}, num_epochs={self.num_epochs})"]
         if self.shuffle_mode == "global":
             parts.append(".shuffle()")
         elif self.shuffle_mode == "block":
@@ -385,3 +579,18 @@ class Pipeline:
         if self.host_lengths is not None:
             parts.append(".balance_hosts(...)")
         return "".join(parts)
+
+
+def _parts(description: dict[str, Any]) -> dict[str, str]:
+    """A digest of each part of a description (a mixture's components one by one), to
+    name what differs between two of them."""
+    out: dict[str, str] = {}
+    for key, value in description.items():
+        if key == "mixture":
+            for name, comp in zip(value["names"], value["components"]):
+                out[f"component {name!r}"] = fingerprint_of(comp)
+            for sub in ("names", "schedule", "seed", "block"):
+                out[f"mixture {sub}"] = fingerprint_of(value[sub])
+        else:
+            out[key] = fingerprint_of(value)
+    return out

@@ -6,7 +6,7 @@ record ids and source, the file, or the config key.
 
 from __future__ import annotations
 
-__all__ = ["StepError", "SourceError", "WorkerError", "CollateError", "ConfigError", "FingerprintError"]
+__all__ = ["StepError", "SourceError", "WorkerError", "CollateError", "ConfigError", "FingerprintError", "ScanError"]
 
 
 class StepError(RuntimeError):
@@ -37,3 +37,9 @@ class ConfigError(ValueError):
 class FingerprintError(TypeError):
     """A transform reads a value whose content the fingerprint cannot describe; the
     message names it and says how to declare it."""
+
+
+class ScanError(RuntimeError):
+    """A one-time scan over a source's records (a filter's predicate) failed; the
+    message names the stage, the record and the source, and ``__cause__`` is the
+    original exception."""

@@ -30,11 +30,13 @@ from . import index as _index
 from .collate import collate, describe, take
 from .errors import CollateError, StepError
 from .ops import Op, OpKind
+from .plan import Segments
 from .sources import Source
 
 __all__ = [
     "Definition",
     "Where",
+    "RowNames",
     "StepResult",
     "READ",
     "COLLATE",
@@ -44,6 +46,7 @@ __all__ = [
     "apply_batch_op",
     "record_keys",
     "batch_keys",
+    "read_segments",
     "record_stages",
     "batch_stages",
     "step_results",
@@ -61,7 +64,13 @@ class Definition(Protocol):
     definition: :class:`~quern.pipeline.dataset.Pipeline` is one."""
 
     @property
-    def source(self) -> Source: ...
+    def source(self) -> Source | None: ...
+
+    @property
+    def leaves(self) -> tuple[Any, ...]: ...
+
+    @property
+    def leaf_names(self) -> tuple[str, ...]: ...
 
     @property
     def seed(self) -> int: ...
@@ -82,9 +91,11 @@ class Definition(Protocol):
 
     def fingerprint(self) -> str: ...
 
+    def state_at(self, step: int) -> dict[str, Any]: ...
+
     def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray: ...
 
-    def record_ids(self, positions: np.ndarray) -> np.ndarray: ...
+    def segments(self, positions: np.ndarray) -> Segments: ...
 
 
 class Where(NamedTuple):
@@ -104,6 +115,35 @@ class StepResult(NamedTuple):
     step: int
     batch: Any
     error: BaseException | None
+
+
+class RowNames(NamedTuple):
+    """How messages name the rows of a step: ``row i = record <id> of <label of its component>``."""
+
+    labels: tuple[str, ...]  # per component: "source 'x'" or "component 'web' (source 'x')"
+    tags: tuple[str, ...]  # per component, for lists of ids: "x" or "web"
+    component: np.ndarray
+    ids: np.ndarray
+
+    @classmethod
+    def of(cls, pipe: Any, ids: np.ndarray, component: np.ndarray | None = None) -> RowNames:
+        """Names for rows ``ids`` of a single-source definition (``component=None``) or of the leaves of a mixture."""
+        if component is None or pipe.source is not None:
+            src = pipe.source if pipe.source is not None else pipe.leaves[0].source
+            return cls((f"source {src.name!r}",), (src.name,), np.zeros(len(ids), dtype=np.int64), ids)
+        names = pipe.leaf_names
+        labels = tuple(f"component {n!r} (source {leaf.source.name!r})" for n, leaf in zip(names, pipe.leaves))
+        return cls(labels, tuple(names), component, ids)
+
+    def row(self, i: int) -> str:
+        return f"record {int(self.ids[i])} of {self.labels[int(self.component[i])]}"
+
+    def summary(self) -> str:
+        if len(self.tags) == 1:
+            shown = self.ids[:8].tolist()
+            return f"{self.tags[0]} {shown}{'...' if len(self.ids) > 8 else ''}"
+        parts = [f"{self.tags[int(c)]} {int(i)}" for c, i in zip(self.component[:8], self.ids[:8])]
+        return ", ".join(parts) + ("..." if len(self.ids) > 8 else "")
 
 
 def steps_per_read(rows_per_step: int, target_records: int, max_steps: int) -> int:
@@ -132,22 +172,34 @@ def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
 
 def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
     """Stage ``read``: the records ``ids`` of the source, in one bulk call."""
+    src = pipe.source
+    assert src is not None, "read() takes a definition with a source (a leaf of a mixture)"
     try:
-        return pipe.source.read_many(ids)
+        return src.read_many(ids)
     except Exception as e:
         raise StepError(
-            f"{where}, stage 'read' of source {pipe.source.name!r} (records {_ids_text(pipe.source, ids)}): "
-            f"{type(e).__name__}: {e}"
+            f"{where}, stage 'read' of source {src.name!r} (records {_ids_text(src, ids)}): {type(e).__name__}: {e}"
         ) from e
 
 
 def apply_record_op(
-    pipe: Definition, k: int, records: Sequence[Any], positions: np.ndarray, ids: np.ndarray, where: object
+    pipe: Definition,
+    k: int,
+    records: Sequence[Any],
+    positions: np.ndarray,
+    ids: np.ndarray,
+    where: object,
+    names: RowNames | None = None,
 ) -> Sequence[Any]:
     """Record stage ``k`` on one step's records: ``fn.map_many(records)`` when a
     ``map`` transform has it, else ``fn(record)`` (``fn(record, rng)`` for
-    ``random_map``, the Generator keyed by :func:`record_keys`) per record."""
+    ``random_map``, the Generator keyed by :func:`record_keys`) per record. A
+    ``filter`` stage passes the records through: the plan holds only the records
+    it keeps."""
     op = pipe.record_ops[k]
+    if op.kind is OpKind.FILTER:
+        return records
+    names = names if names is not None else RowNames.of(pipe, ids)
     stage = op.label(k)
     many = getattr(op.fn, "map_many", None) if op.kind is OpKind.MAP else None
     if many is not None:
@@ -156,9 +208,9 @@ def apply_record_op(
         except Exception as e:
             row = e.row if isinstance(e, CollateError) else None
             blame = (
-                f", row {row} = record {int(ids[row])} of source {pipe.source.name!r} (position {int(positions[row])})"
+                f", row {row} = {names.row(row)} (position {int(positions[row])})"
                 if row is not None and 0 <= row < len(ids)
-                else f" (records {_ids_text(pipe.source, ids)})"
+                else f" (records {names.summary()})"
             )
             raise StepError(f"{where}, stage {stage}{blame}: {type(e).__name__}: {e}") from e
         if (
@@ -167,12 +219,12 @@ def apply_record_op(
             or (isinstance(outs, np.ndarray) and not outs.ndim)
         ):
             raise StepError(
-                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): map_many returned "
+                f"{where}, stage {stage} (records {names.summary()}): map_many returned "
                 f"{describe(outs)}, not a sequence of {len(records)} records"
             )
         if len(outs) != len(records):
             raise StepError(
-                f"{where}, stage {stage} (records {_ids_text(pipe.source, ids)}): map_many returned "
+                f"{where}, stage {stage} (records {names.summary()}): map_many returned "
                 f"{len(outs)} records for {len(records)}"
             )
         return outs
@@ -194,43 +246,51 @@ def apply_record_op(
                 out[i] = fn(rec)
         except Exception as e:
             raise StepError(
-                f"{where}, stage {stage}, row {i} = record {int(ids[i])} of source {pipe.source.name!r} "
+                f"{where}, stage {stage}, row {i} = {names.row(i)} "
                 f"(position {int(positions[i])}): {type(e).__name__}: {e}"
             ) from e
     return out
 
 
-def collate_rows(pipe: Definition, records: Sequence[Any], ids: np.ndarray, where: object) -> Any:
+def collate_rows(
+    pipe: Definition, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames | None = None
+) -> Any:
     """Stage ``collate``: one step's transformed records -> a batch."""
     try:
         return collate(records)
     except Exception as e:
+        names = names if names is not None else RowNames.of(pipe, ids)
         row = e.row if isinstance(e, CollateError) else None
         blame = (
-            f" row {row} = record {int(ids[row])} of source {pipe.source.name!r}"
-            if row is not None and row < len(ids)
-            else f" (records {_ids_text(pipe.source, ids)})"
+            f" row {row} = {names.row(row)}" if row is not None and row < len(ids) else f" (records {names.summary()})"
         )
         raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
 
-def apply_batch_op(pipe: Definition, k: int, batch: Any, positions: np.ndarray, ids: np.ndarray, where: object) -> Any:
+def apply_batch_op(
+    pipe: Definition,
+    k: int,
+    batch: Any,
+    positions: np.ndarray,
+    ids: np.ndarray,
+    where: object,
+    names: RowNames | None = None,
+) -> Any:
     """Batch stage ``k``: ``fn(batch)``, or ``fn(batch, keys)`` for
     ``random_map_batch`` with one key per row from :func:`batch_keys`."""
     op = pipe.batch_ops[k]
+    names = names if names is not None else RowNames.of(pipe, ids)
     try:
         if op.kind is OpKind.RANDOM_MAP_BATCH:
             out = op.fn(batch, batch_keys(pipe.seed, positions, k))
         else:
             out = op.fn(batch)
     except Exception as e:
-        raise StepError(
-            f"{where}, stage {op.label(k)} (records {_ids_text(pipe.source, ids)}): {type(e).__name__}: {e}"
-        ) from e
+        raise StepError(f"{where}, stage {op.label(k)} (records {names.summary()}): {type(e).__name__}: {e}") from e
     kind = _batch_kind(batch)
     if kind is not None and not isinstance(out, kind) and not (kind is np.ndarray and hasattr(type(out), "__array__")):
         raise StepError(
-            f"{where}, stage {op.label(k)} (records {_ids_text(pipe.source, ids)}): returned {describe(out)}; "
+            f"{where}, stage {op.label(k)} (records {names.summary()}): returned {describe(out)}; "
             f"a batch transform must return a batch of the kind it was given ({describe(batch)})"
         )
     return out
@@ -262,20 +322,90 @@ class _Clock:
             self.t = now
 
 
+def read_segments(pipe: Definition, seg: Segments, where: object) -> list[Any]:
+    """Stage ``read`` for rows from any leaves: one bulk call per leaf, rows in order."""
+    leaves = pipe.leaves
+    if len(leaves) == 1:
+        return list(read(leaves[0], seg.ids, where))
+    out: list[Any] = [None] * len(seg.ids)
+    for c in np.unique(seg.component).tolist():
+        rows = np.flatnonzero(seg.component == c)
+        got = read(leaves[c], seg.ids[rows], f"{where}, component {pipe.leaf_names[c]!r}")
+        for r, rec in zip(rows.tolist(), got):
+            out[r] = rec
+    return out
+
+
+def _structure(x: Any) -> Any:
+    """What must agree between the rows of two components: containers, keys, leaf types and dtypes."""
+    if isinstance(x, Mapping):
+        return ("dict", tuple((str(k), _structure(v)) for k, v in x.items()))
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(_structure(v) for v in x))
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.ndim)
+    if isinstance(x, np.generic):
+        return ("scalar", x.dtype.str)
+    return (type(x).__name__,)
+
+
+def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
+    """Rows of different components must have the same structure: else a ``StepError``
+    naming both components and one row of each (before any collate error)."""
+    first: dict[Any, int] = {}
+    for i, rec in enumerate(records):
+        first.setdefault(_structure(rec), i)
+    if len(first) < 2:
+        return
+    (sa, a), (sb, b) = list(first.items())[:2]
+    names = pipe.leaf_names
+    ca, cb = int(seg.component[a]), int(seg.component[b])
+    raise StepError(
+        f"{where}: components {names[ca]!r} and {names[cb]!r} give records of different structures, which "
+        f"cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ca]!r}) is {describe(records[a])}, "
+        f"row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is {describe(records[b])}; make the components' "
+        "transforms give the same keys, types and dtypes"
+    )
+
+
 def record_stages(
     pipe: Definition,
     records: Sequence[Any],
     positions: np.ndarray,
-    ids: np.ndarray,
+    seg: Segments,
     where: object,
     timings: dict[str, float] | None = None,
 ) -> Any:
-    """The record transforms and ``collate`` of one step's records: its batch before the batch transforms."""
+    """The record transforms and ``collate`` of one step's records: its batch before
+    the batch transforms. For a mixture: each component's own transforms on its
+    rows (at the rows' positions in the component's stream), the check that the
+    components agree, then the mixture's transforms (at the mixture's positions)."""
     clock = _Clock(timings)
+    leaves = pipe.leaves
+    if pipe.source is not None:  # a single source: its transforms are the definition's own
+        for k, op in enumerate(pipe.record_ops):
+            records = apply_record_op(pipe, k, records, positions, seg.ids, where)
+            clock.lap(op.label(k))
+        batch = collate_rows(pipe, records, seg.ids, where)
+        clock.lap(COLLATE)
+        return batch
+    out = list(records)
+    for c in np.unique(seg.component).tolist():
+        rows = np.flatnonzero(seg.component == c)
+        leaf = leaves[c]
+        sub: Sequence[Any] = [out[r] for r in rows.tolist()]
+        cwhere = f"{where}, component {pipe.leaf_names[c]!r}"
+        for k, op in enumerate(leaf.record_ops):
+            sub = apply_record_op(leaf, k, sub, seg.positions[rows], seg.ids[rows], cwhere)
+            clock.lap(f"{pipe.leaf_names[c]}: {op.label(k)}")
+        for r, rec in zip(rows.tolist(), sub):
+            out[r] = rec
+    _check_components_agree(pipe, out, seg, where)
+    names = RowNames.of(pipe, seg.ids, seg.component)
     for k, op in enumerate(pipe.record_ops):
-        records = apply_record_op(pipe, k, records, positions, ids, where)
+        out = list(apply_record_op(pipe, k, out, positions, seg.ids, where, names))
         clock.lap(op.label(k))
-    batch = collate_rows(pipe, records, ids, where)
+    batch = collate_rows(pipe, out, seg.ids, where, names)
     clock.lap(COLLATE)
     return batch
 
@@ -284,14 +414,15 @@ def batch_stages(
     pipe: Definition,
     batch: Any,
     positions: np.ndarray,
-    ids: np.ndarray,
+    seg: Segments,
     where: object,
     timings: dict[str, float] | None = None,
 ) -> Any:
     """The batch transforms of one step, in order."""
     clock = _Clock(timings)
+    names = RowNames.of(pipe, seg.ids, seg.component)
     for k, op in enumerate(pipe.batch_ops):
-        batch = apply_batch_op(pipe, k, batch, positions, ids, where)
+        batch = apply_batch_op(pipe, k, batch, positions, seg.ids, where, names)
         clock.lap(op.label(k))
     return batch
 
@@ -307,10 +438,11 @@ def step_results(
     necessarily consecutive): its batch, bit-identical to ``pipe.batch_at(step)``,
     or the error that stopped it.
 
-    The records of all the steps are read with one bulk ``read_many`` call; if that
-    read fails, each step is read on its own, so that a read error is reported at
-    its own step and the other steps still succeed. A failing step does not stop
-    the later ones. ``timings``: seconds per stage are added to it."""
+    The plan gives each row's segment (component, record id); the records of all
+    the steps are read with one bulk ``read_many`` call per leaf; if that read
+    fails, each step is read on its own, so that a read error is reported at its
+    own step and the other steps still succeed. A failing step does not stop the
+    later ones. ``timings``: seconds per stage are added to it."""
     steps = [_index.check_int(s, "step", 0) for s in steps]
     if not steps:
         return
@@ -320,10 +452,10 @@ def step_results(
     for i, s in enumerate(steps):  # a host with no rows in a partial last batch: probe row 0 for the structure
         if empty[i]:
             positions[i] = np.asarray([s * (pipe.batch_size or 0)], dtype=np.int64)
-    all_ids = pipe.record_ids(np.concatenate(positions))
+    seg = pipe.segments(np.concatenate(positions))
     clock = _Clock(timings)
     try:
-        all_records = read(pipe, all_ids, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
+        all_records = read_segments(pipe, seg, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
     except StepError as e:
         if len(steps) > 1:  # find the step(s) whose records fail, one read each
             for s in steps:
@@ -335,15 +467,15 @@ def step_results(
     lo = 0
     for s, pos, where, is_empty in zip(steps, positions, wheres, empty):
         hi = lo + len(pos)
-        ids, records = all_ids[lo:hi], all_records[lo:hi]
+        rows, records = seg.take(slice(lo, hi)), all_records[lo:hi]
         lo = hi
         try:
             if is_empty:  # the structure of the probed row, with no rows
-                batch = take(record_stages(pipe, records, pos, ids, f"step {s}", timings), slice(0, 0))
-                batch = batch_stages(pipe, batch, pos[:0], ids[:0], f"step {s}", timings)
+                batch = take(record_stages(pipe, records, pos, rows, f"step {s}", timings), slice(0, 0))
+                batch = batch_stages(pipe, batch, pos[:0], rows.take(slice(0, 0)), f"step {s}", timings)
             else:
-                batch = record_stages(pipe, records, pos, ids, where, timings)
-                batch = batch_stages(pipe, batch, pos, ids, where, timings)
+                batch = record_stages(pipe, records, pos, rows, where, timings)
+                batch = batch_stages(pipe, batch, pos, rows, where, timings)
         except Exception as e:
             yield StepResult(s, None, e)
             continue

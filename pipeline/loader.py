@@ -270,11 +270,13 @@ class PipelineIterator:
         self._chunk = 1
 
     def state(self) -> dict:
-        """``{"step": next step, "fingerprint": pipeline fingerprint}``; JSON-serialisable.
+        """``{"step": next step, "fingerprint": pipeline fingerprint}`` (a mixture adds
+        what lets a resume accept a schedule edited after that step: see
+        ``Pipeline.state_at``); JSON-serialisable.
 
         The fingerprint is computed on the first call (once per pipeline object): a
         transform or source it cannot describe stops checkpointing, not iteration."""
-        return {"step": self.step, "fingerprint": self.pipe.fingerprint()}
+        return self.pipe.state_at(self.step)
 
     def _stopping(self) -> bool:
         return self._stop_waiting

@@ -16,15 +16,18 @@ class OpKind(enum.StrEnum):
     ``MAP``: ``fn(record)``; ``RANDOM_MAP``: ``fn(record, rng)`` with a numpy
     Generator keyed by (seed, stream position, stage); ``MAP_BATCH``:
     ``fn(batch)``; ``RANDOM_MAP_BATCH``: ``fn(batch, keys)`` with one ``uint64``
-    key per row. The values are the names used in configs and messages."""
+    key per row; ``FILTER``: ``fn(record) -> bool``, evaluated once per record by a
+    scan (never while a step is computed: the plan holds only the records it
+    keeps). The values are the names used in configs and messages."""
 
     MAP = "map"
     RANDOM_MAP = "random_map"
     MAP_BATCH = "map_batch"
     RANDOM_MAP_BATCH = "random_map_batch"
+    FILTER = "filter"
 
 
-RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP)
+RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP, OpKind.FILTER)
 BATCH_KINDS = (OpKind.MAP_BATCH, OpKind.RANDOM_MAP_BATCH)
 
 

@@ -70,7 +70,7 @@ class GlobalIterator:
         if (
             not pipe.drop_remainder
             and pipe.num_steps is not None
-            and len(pipe.source) * pipe.num_epochs % pipe.batch_size
+            and (pipe.stream_len or 0) * pipe.num_epochs % pipe.batch_size
         ):
             raise ValueError("global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)")
         self.sharding = _batch_sharding(mesh, partition_spec)
@@ -127,7 +127,7 @@ class GlobalIterator:
 
     def state(self) -> dict:
         """``{"step": next step to be yielded, "fingerprint": ...}``: JSON-serialisable."""
-        return {**self._host.state(), "step": self.step}
+        return self._host.pipe.state_at(self.step)
 
     def close(self) -> None:
         self._ready.clear()

@@ -1,0 +1,32 @@
+"""The plan: from a step to its rows, and from each row to its segment ``(component, record id)``.
+
+Pure index arithmetic over the definition and precomputed metadata (a filter's
+survivors); everything downstream (read, transform, collate, host slice) only
+executes it. :mod:`.mixture` maps positions to components; :mod:`.survivors`
+keeps the records a filter keeps.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import mixture, survivors
+
+__all__ = ["Segments", "mixture", "survivors"]
+
+
+class Segments(NamedTuple):
+    """Where each row of a step comes from: ``component`` (an index into the
+    definition's leaves: 0 for a single source), the record id in that component's
+    source, and the row's position in that component's own stream (which keys its
+    random transforms)."""
+
+    component: np.ndarray  # int64
+    ids: np.ndarray  # int64
+    positions: np.ndarray  # int64
+
+    def take(self, sel: slice | np.ndarray) -> Segments:
+        """The rows ``sel`` (a slice, a mask or indices)."""
+        return Segments(self.component[sel], self.ids[sel], self.positions[sel])
