@@ -375,6 +375,8 @@ class Pipeline:
         if self.mixture is None:
             return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
         m = self.mixture
+        if self.batch_size is None and len(m.stages) > 1:
+            raise ValueError("a schedule's stages start at steps: call batch() before segments()")
         comp, cpos = _mixture.assign(positions, m.stages, m.seed, self.batch_size or 1, m.block)
         ids = np.empty(len(positions), dtype=np.int64)
         for c in np.unique(comp).tolist():

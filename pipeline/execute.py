@@ -351,13 +351,15 @@ def _structure(x: Any) -> Any:
 
 def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
     """Rows of different components must have the same structure: else a ``StepError``
-    naming both components and one row of each (before any collate error)."""
+    naming both components and one row of each (before any collate error). The
+    first row of each component stands for it (collate checks the rest)."""
     first: dict[Any, int] = {}
-    for i, rec in enumerate(records):
-        first.setdefault(_structure(rec), i)
+    for c in np.unique(seg.component).tolist():
+        i = int(np.argmax(seg.component == c))
+        first.setdefault(_structure(records[i]), i)
     if len(first) < 2:
         return
-    (sa, a), (sb, b) = list(first.items())[:2]
+    (_, a), (_, b) = sorted(first.items(), key=lambda kv: kv[1])[:2]
     names = pipe.leaf_names
     ca, cb = int(seg.component[a]), int(seg.component[b])
     raise StepError(

@@ -849,7 +849,8 @@ def _readers(pipe: execute.Definition) -> tuple[str, ...]:
     parts, for a source made of others), those this process has imported: the fork
     server imports them once, before it forks the workers."""
     found: set[str] = set()
-    todo, seen = [pipe.source], set()
+    todo: list = [leaf.source for leaf in pipe.leaves]
+    seen: set[int] = set()
     while todo:
         src = todo.pop()
         if id(src) in seen:

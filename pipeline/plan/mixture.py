@@ -40,6 +40,7 @@ O(K + C) per earlier stage, cached per (schedule, rows per step).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -180,6 +181,21 @@ def _block_components(counts: list[int], K: int, key: np.ndarray) -> tuple[np.nd
     return comp, rank
 
 
+@functools.lru_cache(maxsize=64)
+def _block_of_stage(
+    weights: tuple[int, ...], K: int, seed: int, stage_start: int, b: int
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Block ``b`` of the stage starting at position ``stage_start``: the component and
+    rank of each of its positions (read-only), and ``T_c(b)``. Cached: consecutive
+    steps share blocks."""
+    before = _cumulative(weights, K, b)
+    counts = [x - y for x, y in zip(_cumulative(weights, K, b + 1), before)]
+    comp, rank = _block_components(counts, K, _block_key(seed, stage_start, b))
+    comp.setflags(write=False)
+    rank.setflags(write=False)
+    return comp, rank, before
+
+
 def _block_key(seed: int, stage_start: int, b: int) -> np.ndarray:
     return _index.derive_key(seed, MIX_SALT, stage_start, b)
 
@@ -227,11 +243,8 @@ def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per
     within = (positions - starts[stage_of]) % K
     pairs = np.unique(np.stack([stage_of, block_of]), axis=1)
     for t, b in pairs.T.tolist():
-        stage = stages[t]
         sel = (stage_of == t) & (block_of == b)
-        before = _cumulative(stage.weights, K, b)
-        counts = [x - y for x, y in zip(_cumulative(stage.weights, K, b + 1), before)]
-        bcomp, brank = _block_components(counts, K, _block_key(seed, int(starts[t]), b))
+        bcomp, brank, before = _block_of_stage(stages[t].weights, K, seed, int(starts[t]), b)
         j = within[sel]
         c = bcomp[j]
         base = np.asarray(_draws_before(stages, K, seed, rows_per_step, t), dtype=np.int64) + np.asarray(

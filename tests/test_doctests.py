@@ -1,0 +1,13 @@
+"""The examples in docstrings run and give what they show."""
+
+import doctest
+
+import pytest
+
+import quern.pipeline.mix
+
+
+@pytest.mark.parametrize("module", [quern.pipeline.mix])
+def test_docstring_examples(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0, result
