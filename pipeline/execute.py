@@ -349,6 +349,25 @@ def _structure(x: Any) -> Any:
     return (type(x).__name__,)
 
 
+def _structure_text(x: Any, limit: int = 300) -> str:
+    """A record's structure for messages: ``{'x': int64 array (1-d), 'y': float}``, cut to ``limit`` characters."""
+
+    def text(v: Any) -> str:
+        if isinstance(v, Mapping):
+            return "{" + ", ".join(f"{k!r}: {text(w)}" for k, w in v.items()) + "}"
+        if isinstance(v, (tuple, list)):
+            inner = ", ".join(text(w) for w in v)
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        if isinstance(v, np.ndarray):
+            return f"{v.dtype} array ({v.ndim}-d)"
+        if isinstance(v, np.generic):
+            return f"{v.dtype} scalar"
+        return type(v).__name__
+
+    out = text(x)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
 def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
     """Rows of different components must have the same structure: else a ``StepError``
     naming both components and one row of each (before any collate error). The
@@ -364,9 +383,9 @@ def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segme
     ca, cb = int(seg.component[a]), int(seg.component[b])
     raise StepError(
         f"{where}: components {names[ca]!r} and {names[cb]!r} give records of different structures, which "
-        f"cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ca]!r}) is {describe(records[a])}, "
-        f"row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is {describe(records[b])}; make the components' "
-        "transforms give the same keys, types and dtypes"
+        f"cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ca]!r}) is "
+        f"{_structure_text(records[a])}, row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is "
+        f"{_structure_text(records[b])}; make the components' transforms give the same keys, types and dtypes"
     )
 
 

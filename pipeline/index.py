@@ -211,7 +211,7 @@ def epoch_record_ids(
     positions = np.asarray(positions, dtype=np.int64)
     epoch = positions // n
     j = positions % n
-    if shuffle is None:
+    if shuffle is None or not positions.size:
         return j
     if shuffle not in ("global", "block"):
         raise ValueError(f"unknown shuffle mode {shuffle!r}; expected None, 'global' or 'block'")

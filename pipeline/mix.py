@@ -77,7 +77,7 @@ def mix(
     positions (1024; at least the number of components squared) and a keyed
     permutation (``seed``) inside each block; over any window of whole blocks a
     component's count is within the number of components of ``weight x length``,
-    over any window within ``block / 2 + components + 1`` (see
+    over any window of one stage within ``block / 2 + 3 x components`` (see
     :mod:`quern.pipeline.plan.mixture`). The ``k``-th record drawn from a
     component is position ``k`` of that component's own stream, so each
     component has its own epochs. The batches before a stage's start are the same

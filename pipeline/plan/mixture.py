@@ -20,11 +20,15 @@ Inside block ``b`` the ``K`` slots (``n_0`` slots of component 0, then ``n_1`` o
 component 1, ...) are permuted by a keyed bijection (:func:`~quern.pipeline.index.permute`)
 with key ``derive_key(seed, MIX_SALT, P_t, b)``.
 
-**Deviation from the weights.** Over any window of whole blocks of one stage,
-``|count_c - w_c * length| < C`` (``< 1`` for all but the absorbing component);
-over any window of positions, ``|count_c - w_c * length| <= K / 2 + C + 1``
-(a partial block at either end can hold its share early or late, by at most
-``K * w_c * (1 - w_c) <= K / 4`` each).
+**Deviation from the weights** (``w_c = W_c / Q``, the quantized weight, within
+``2**-32`` of the one asked for). Over any window of whole blocks of one stage,
+``|count_c - w_c * length| < C - 1`` for the absorbing component and ``< 1``
+for the others; over any window of positions of one stage,
+``|count_c - w_c * length| < K / 2 + 3 * C`` (``< K / 2 + 3`` for all but the
+absorbing component): the whole blocks the window touches deviate as above,
+and the part of a block it leaves out at either end holds at most
+``K * w_c * (1 - w_c) + |n_c - w_c * K| <= K / 4 + C - 1`` draws more or fewer
+than its share.
 
 **Component positions.** The ``k``-th draw (in stream order) of component ``c``
 is position ``k`` of that component's own stream: a draw's component position is
@@ -237,7 +241,8 @@ def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per
     cpos = np.empty(positions.shape, dtype=np.int64)
     if not positions.size:
         return Assignment(comp, cpos)
-    starts = np.asarray([s.start_step * rows_per_step for s in stages], dtype=np.int64)
+    # a stage that starts beyond the addressable stream (positions stay below 2**62) is never reached
+    starts = np.asarray([min(s.start_step * rows_per_step, _index.MAX_RECORDS) for s in stages], dtype=np.int64)
     stage_of = np.searchsorted(starts, positions, side="right") - 1
     block_of = (positions - starts[stage_of]) // K
     within = (positions - starts[stage_of]) % K
