@@ -9,6 +9,7 @@ batch transforms::
     shuffle: global             # or {mode: block, block: 1024, window: 8}, or null
     transforms:                 # record level, in order
       - {name: decode, kwargs: {dtype: int32}}
+      - {fn: "mytransforms:long_enough", kind: filter, kwargs: {min_tokens: 16}}
       - {name: pad, kwargs: {length: 512}}
       - {fn: "mytransforms:mask_some", kind: random_map, kwargs: {rate: 0.1}}
     batch: {size: 256, drop_remainder: true}
@@ -17,15 +18,54 @@ batch transforms::
 
 ``name`` is a registered transform (:data:`REGISTRY`, extend it with
 :func:`register`); ``fn`` is user code as ``"package.module:function"``, called
-with ``kwargs`` through ``functools.partial``. Relative paths are relative to
+with ``kwargs`` through ``functools.partial``. ``kind`` is ``map`` (the default
+under ``transforms``), ``random_map`` or ``filter`` for a record transform,
+``map_batch`` (the default under ``batch_transforms``) or ``random_map_batch``
+for a batch transform. A ``filter`` keeps the records for which
+``fn(record, **kwargs)`` is true (:meth:`Pipeline.filter`): loading the config
+scans the records once, or finds the survivors in the cache
+(``$QUERN_CACHE_DIR``, else ``~/.cache/quern``); it comes before any
+``random_map``. Relative paths are relative to
 the config file (the current directory for a dict). Validation (pydantic)
 reports every problem with its key path, the bad value and what was expected,
 and suggests the nearest key for an unknown one; it raises :class:`ConfigError`,
 whose message starts with the file's path when the config is a file, and says
 each prefix (file, key path, source) once.
 
-What a config may import is :mod:`quern.pipeline.trust`'s rule; the limits on
-what a config file can make quern do are :mod:`quern.pipeline.limits`'.
+**Mixtures.** Instead of ``source:``, a ``mix:`` section makes the records come
+from named components in given proportions (:func:`quern.mix`)::
+
+    mix:
+      seed: 0                   # the assignment of positions to components
+      block: 1024               # positions per block (optional; see quern.pipeline.plan.mixture)
+      components:               # name: a config without batch, batch_transforms or mix
+        web:  {source: {type: array_record, paths: "web-*.array_record"}, seed: 1, shuffle: global,
+               transforms: [{fn: "mytransforms:english", kind: filter}]}
+        code: {source: {type: parquet, paths: "code/*.parquet"}, seed: 2}
+      weights: {web: 0.7, code: 0.3}          # relative; or, weights that change at steps:
+      # schedule: [{start_step: 0, weights: {web: 0.9, code: 0.1}},
+      #            {start_step: 2000, weights: {web: 0.5, code: 0.5}}]
+    transforms: [{name: decode, kwargs: {dtype: int32}}, {name: pad, kwargs: {length: 512}}]
+    batch: 64
+    batch_transforms: [{fn: "mypackage.lm:shift"}]
+
+Each component has the keys of a single-source config but ``batch``,
+``batch_transforms`` and ``num_epochs`` (null if given: a component is endless,
+with its own epochs); its ``transforms`` may filter. ``components`` may also be
+a list of components with a ``name`` each (the form :func:`to_config` writes):
+the components' order is part of the mixture, and a list keeps it whatever
+sorts a mapping's keys. Give exactly one of ``weights`` and ``schedule`` (its
+first stage at step 0, then increasing ``start_step``; each stage names every
+component). The top level of a mixture has no ``source``, ``seed`` (the
+mixture's is ``mix.seed``), ``shuffle`` or ``num_epochs``; its ``transforms``
+(``map``, ``random_map``) apply to the mixed records. Bad weights or stages are
+reported at their key path (``mix.schedule.1.weights: the weight of 'web' is
+-1.0; weights must be >= 0``). A mixture has at most :data:`MAX_COMPONENTS`
+components and :data:`MAX_SCHEDULE` stages.
+
+What a config may import is :mod:`quern.pipeline.trust`'s rule (for a filter's
+``fn`` as for any other); the limits on what a config file can make quern do are
+:mod:`quern.pipeline.limits`'.
 """
 
 from __future__ import annotations
@@ -53,13 +93,29 @@ from pydantic import (
 from . import sources
 from .dataset import Pipeline
 from .dump import to_config
-from .errors import ConfigError, SourceError
+from .errors import ConfigError, ScanError, SourceError
 from .index import host_rows
-from .limits import MAX_BYTES, MAX_KEYS, MAX_SHOWN, MAX_STAGES, Loader, bounded, clip, measure, object_children, show
+from .limits import (
+    MAX_BYTES,
+    MAX_COMPONENTS,
+    MAX_KEYS,
+    MAX_SCHEDULE,
+    MAX_SHOWN,
+    MAX_STAGES,
+    Loader,
+    bounded,
+    clip,
+    measure,
+    object_children,
+    show,
+)
+from .mix import mix
+from .plan import mixture as _mixture
 from .registry import REGISTRY, register
 from .trust import FN, FN_FORM, IDENT, MODULE, Policy, prefixes
 
 __all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]
+
 
 # --------------------------------------------------------------------------- schema
 
@@ -144,7 +200,7 @@ class ShuffleConfig(_Model):
 class TransformConfig(_Model):
     name: str | None = None
     fn: str | None = None
-    kind: Literal["map", "random_map", "map_batch", "random_map_batch"] | None = None
+    kind: Literal["map", "random_map", "filter", "map_batch", "random_map_batch"] | None = None
     kwargs: dict[str, Any] = {}
 
     _kwargs = field_validator("kwargs", mode="before")(_string_keys)
@@ -174,14 +230,128 @@ class BatchConfig(_Model):
     drop_remainder: bool = True
 
 
+Stages = Annotated[list[TransformConfig], Field(max_length=MAX_STAGES)]
+Shuffle = Literal["global", "block"] | ShuffleConfig | None
+Batch = Annotated[StrictInt, Field(ge=1)] | BatchConfig
+
+
 class PipelineConfig(_Model):
     source: SourceConfig
     seed: StrictInt = Field(0, ge=0, lt=2**64)
     num_epochs: StrictInt | None = Field(None, ge=1)
-    shuffle: Literal["global", "block"] | ShuffleConfig | None = None
-    transforms: Annotated[list[TransformConfig], Field(max_length=MAX_STAGES)] = []
-    batch: Annotated[StrictInt, Field(ge=1)] | BatchConfig
-    batch_transforms: Annotated[list[TransformConfig], Field(max_length=MAX_STAGES)] = []
+    shuffle: Shuffle = None
+    transforms: Stages = []
+    batch: Batch
+    batch_transforms: Stages = []
+
+
+def _bounded_mapping(value: Any) -> Any:
+    """A mapping with string keys and at most :data:`MAX_COMPONENTS` of them, as it is."""
+    value = _string_keys(value)
+    if isinstance(value, dict) and len(value) > MAX_COMPONENTS:
+        raise ValueError(f"{len(value):,} entries, more than {MAX_COMPONENTS} (the most components of a mixture)")
+    return value
+
+
+def _numbers(value: Any) -> Any:
+    """Weights by name as they are; otherwise an error naming the first weight that is not a number."""
+    value = _bounded_mapping(value)
+    if isinstance(value, dict):
+        bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int | float)]
+        if bad:
+            raise ValueError(
+                f"the weight of {show(bad[0])} must be a number, got {show(value[bad[0]])}"
+                + (f" ({len(bad):,} weights are not numbers)" if len(bad) > 1 else "")
+            )
+    return value
+
+
+class ComponentConfig(_Model):
+    """One component of a mixture: a pipeline without batch, endless."""
+
+    source: SourceConfig
+    seed: StrictInt = Field(0, ge=0, lt=2**64)
+    num_epochs: None = None
+    shuffle: Shuffle = None
+    transforms: Stages = []
+
+    @field_validator("num_epochs", mode="before")
+    @classmethod
+    def _endless(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                f"must be null, got {show(value)}: the components of a mixture are endless "
+                "(each repeats and reshuffles on its own epochs)"
+            )
+        return value
+
+
+class StageConfig(_Model):
+    """One stage of a schedule: from ``start_step`` on, these weights."""
+
+    start_step: StrictInt = Field(ge=0)
+    weights: dict[str, Any]
+
+    _weights = field_validator("weights", mode="before")(_numbers)
+
+
+class MixConfig(_Model):
+    seed: StrictInt = Field(0, ge=0, lt=2**64)
+    block: StrictInt = Field(_mixture.BLOCK, ge=1)
+    components: dict[str, ComponentConfig] = Field(min_length=1)
+    weights: dict[str, Any] | None = None
+    schedule: Annotated[list[StageConfig], Field(min_length=1, max_length=MAX_SCHEDULE)] | None = None
+
+    @field_validator("components", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        """The components by name, in order: a mapping as it is, a list of components
+        with a ``name`` each as the mapping of their names."""
+        if isinstance(value, list):
+            if len(value) > MAX_COMPONENTS:
+                raise ValueError(f"{len(value):,} components, more than {MAX_COMPONENTS} (the most of a mixture)")
+            by_name: dict[Any, Any] = {}
+            for i, item in enumerate(value):
+                if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                    got = show(item.get("name")) if isinstance(item, dict) else show(item)
+                    raise ValueError(f"item {i}: a component of the list form needs a name (a string), got {got}")
+                if item["name"] in by_name:
+                    raise ValueError(f"item {i}: component {show(item['name'])} is named twice")
+                by_name[item["name"]] = {k: v for k, v in item.items() if k != "name"}
+            value = by_name
+        value = _bounded_mapping(value)
+        if isinstance(value, dict) and "" in value:
+            raise ValueError("a component's name must not be empty")
+        return value
+
+    _weights = field_validator("weights", mode="before")(_numbers)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> MixConfig:
+        if (self.weights is None) == (self.schedule is None):
+            raise ValueError(
+                "give exactly one of 'weights' ({component: weight, ...}) or "
+                "'schedule' ([{start_step: 0, weights: {...}}, {start_step: S, weights: {...}}, ...])"
+            )
+        return self
+
+
+class MixPipelineConfig(_Model):
+    """A config whose records come from a mixture (``mix:``) instead of one ``source:``."""
+
+    mix: MixConfig
+    transforms: Stages = []
+    batch: Batch
+    batch_transforms: Stages = []
+
+
+_NOT_WITH_MIX = {
+    "source": "give either source (one source) or mix (a mixture of components), not both",
+    "seed": "with mix, the mixture's seed is mix.seed (and each component has its own seed)",
+    "num_epochs": "a mixture is endless: its components repeat on their own epochs; leave num_epochs out",
+    "shuffle": "a mixture is not shuffled itself: shuffle its components (mix.components.<name>.shuffle)",
+}
+"""Top-level keys of a single-source config that a ``mix:`` config refuses, and why."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -217,19 +387,25 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
         raise ConfigError(f"{path}: cannot parse: {clip(str(e))}") from e
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{path}: the top level must be a mapping of keys (source, batch, ...), got {type(data).__name__}"
+            f"{path}: the top level must be a mapping of keys (source or mix, batch, ...), got {type(data).__name__}"
         )
     return data, os.path.dirname(os.path.abspath(path)), path
 
 
+_COMPONENT = "mix.components.<name>"
 _SECTIONS = {
-    "": PipelineConfig,
+    "": (PipelineConfig, MixPipelineConfig),
     "shuffle": ShuffleConfig,
     "batch": BatchConfig,
     "transforms": TransformConfig,
     "batch_transforms": TransformConfig,
     "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig),
+    "mix": MixConfig,
+    _COMPONENT: ComponentConfig,
+    "mix.schedule": StageConfig,
 }
+"""Section -> its model(s): a section's keys, for hints about unknown keys ("did you mean",
+"it belongs under"). A component's ``shuffle``, ``source``... are those sections too."""
 _TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig"}
 _TYPE_TAGS = {"int", "str", "constrained-int"}  # names pydantic gives union branches in error locations
 
@@ -240,17 +416,37 @@ def _keys_of(section: str) -> list[str]:
     return sorted({k for m in models for k in m.model_fields})
 
 
-def _explain(err: ValidationError) -> str:
-    errors = []
-    for e in err.errors(include_url=False):
-        path = [p for p in e["loc"] if not (isinstance(p, str) and (p in _TAGS or "[" in p or p in _TYPE_TAGS))]
-        errors.append((path, e))
+def _section(parent: list) -> str:
+    """The section (a key of :data:`_SECTIONS`) of the mapping at key path ``parent``."""
+    if parent[:2] == ["mix", "components"] and len(parent) >= 3:
+        if len(parent) == 3:
+            return _COMPONENT
+        parent = parent[3:]  # a component's own sections are those of the top level
+    elif parent[:2] == ["mix", "schedule"]:
+        return "mix.schedule"
+    return str(parent[0]) if parent else ""
+
+
+def _location(loc: tuple) -> list:
+    """An error location without the names pydantic gives union branches; a component's
+    name (whatever it is) is kept."""
+    path: list = []
+    for i, p in enumerate(loc):
+        name = i == 2 and loc[:2] == ("mix", "components")
+        if name or not (isinstance(p, str) and (p in _TAGS or "[" in p or p in _TYPE_TAGS)):
+            path.append(p)
+    return path
+
+
+def _problems(err: ValidationError) -> list[str]:
+    """One line per problem of ``err``: the key path, what is wrong, the value."""
+    errors = [(_location(e["loc"]), e) for e in err.errors(include_url=False)]
     lines = []
     for path, e in errors:
         loc = ".".join(str(p) if isinstance(p, int) else clip(p, 60) for p in path)
         if e["type"] == "extra_forbidden":
             key = str(path[-1])
-            section = str(path[0]) if len(path) > 1 else ""
+            section = _section(path[:-1])
             near = (
                 [k for k in difflib.get_close_matches(key, _keys_of(section), n=2) if k != key] if len(key) < 60 else []
             )
@@ -258,6 +454,8 @@ def _explain(err: ValidationError) -> str:
             hint = (
                 f"; did you mean {near[0]!r}?" if near else (f"; it belongs under {elsewhere[0]}" if elsewhere else "")
             )
+            if section == _COMPONENT and key == "name":
+                hint = "; a component's name is its key (in the list form of components, its name: entry)"
             lines.append(f"{loc}: unknown key {show(key)}{hint}")
             continue
         if any(len(p) > len(path) and p[: len(path)] == path for p, _ in errors):
@@ -269,8 +467,18 @@ def _explain(err: ValidationError) -> str:
                 clip(e["msg"], MAX_SHOWN + 100),
                 "" if e["type"] == "missing" else f" (got {show(e.get('input'))})",
             )
+            if e["type"] == "missing" and path == ["source"]:
+                got = " (or a mix: section, for a mixture of named components)"
         lines.append(f"{loc or '(top level)'}: {msg}{got}")
+    return lines
+
+
+def _invalid(lines: list[str]) -> str:
     return bounded("invalid config:\n  " + "\n  ".join(dict.fromkeys(clip(line) for line in lines)))
+
+
+def _explain(err: ValidationError) -> str:
+    return _invalid(_problems(err))
 
 
 def _prefixed(key: str, error: BaseException) -> str:
@@ -320,8 +528,10 @@ def _path(p: str, base: str) -> str:
     return p if os.path.isabs(p) or "://" in p else os.path.join(base, p)
 
 
-def _source(cfg: ArrayRecordConfig | ParquetConfig | TensorStoreConfig, base: str) -> sources.Source:
-    """The source a ``source`` section describes, its relative paths against ``base``."""
+def _source(
+    cfg: ArrayRecordConfig | ParquetConfig | TensorStoreConfig, base: str, key: str = "source"
+) -> sources.Source:
+    """The source a ``source`` section (at key path ``key``) describes, its relative paths against ``base``."""
     try:
         if isinstance(cfg, ArrayRecordConfig):
             paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
@@ -339,7 +549,7 @@ def _source(cfg: ArrayRecordConfig | ParquetConfig | TensorStoreConfig, base: st
         spec = _path(cfg.spec, base) if isinstance(cfg.spec, str) else cfg.spec
         return sources.TensorStoreSource(spec, name=cfg.name)
     except (OSError, KeyError, ValueError, SourceError) as e:
-        raise ConfigError(_prefixed("source", e)) from e
+        raise ConfigError(_prefixed(key, e)) from e
 
 
 def load_config(config: Any, process_count: int = 1, allow: str | Iterable[str] | None = None) -> Pipeline:
@@ -353,7 +563,10 @@ def load_config(config: Any, process_count: int = 1, allow: str | Iterable[str] 
     (see "What a config may run" in the module docstring). Raises
     :class:`ConfigError` naming every problem, and the file first when
     ``config`` is one (each prefix said once). Relative data paths are found from
-    the config file's folder (the current directory for a dict)."""
+    the config file's folder (the current directory for a dict). A ``filter``
+    stage scans its records once (or finds its cached survivors, see
+    :meth:`Pipeline.filter`); a predicate that raises is a
+    :class:`~quern.pipeline.errors.ScanError` naming the stage's key path."""
     allowed = prefixes(allow)
     path = None if isinstance(config, dict) else os.fspath(config)
     try:
@@ -365,28 +578,45 @@ def load_config(config: Any, process_count: int = 1, allow: str | Iterable[str] 
         if path is not None and not message.startswith(f"{path}: "):
             message = f"{path}: {message}"
         raise ConfigError(message).with_traceback(e.__traceback__) from e.__cause__
+    except ScanError as e:  # a filter's predicate failed on a record: the data's error, said with the file
+        if path is None:
+            raise
+        raise ScanError(f"{path}: {e}").with_traceback(e.__traceback__) from e.__cause__
+
+
+def _validate(data: dict) -> PipelineConfig | MixPipelineConfig:
+    """The config's schema checked: every problem in one :class:`ConfigError`."""
+    if "mix" not in data:
+        try:
+            return PipelineConfig.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(_explain(e)) from None
+    lines = []
+    for key, why in _NOT_WITH_MIX.items():
+        if key in data and (key in ("source", "seed") or data[key] is not None):
+            lines.append(f"{key}: {why}")
+    try:
+        cfg = MixPipelineConfig.model_validate({k: v for k, v in data.items() if k not in _NOT_WITH_MIX})
+    except ValidationError as e:
+        lines += _problems(e)
+    if lines:
+        raise ConfigError(_invalid(lines))
+    return cfg
 
 
 def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipeline:
     """The pipeline of a config read by :func:`_read` (messages without the file)."""
-    try:
-        cfg = PipelineConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_explain(e)) from None
+    cfg = _validate(data)
     size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
     try:  # the one host-slice check
         host_rows(size, 0, process_count)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"batch: {e}") from None
-    source = _source(cfg.source, base)
-    try:
-        pipe = Pipeline.from_source(source, seed=cfg.seed, num_epochs=cfg.num_epochs)
-    except ValueError as e:
-        raise ConfigError(_prefixed("source", e)) from e
-    if cfg.shuffle is not None:
-        sh = ShuffleConfig.model_validate({"mode": cfg.shuffle}) if isinstance(cfg.shuffle, str) else cfg.shuffle
-        pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
-    pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", policy)
+    if isinstance(cfg, MixPipelineConfig):
+        pipe = _mixture_of(cfg.mix, base, policy)
+        pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", policy)
+    else:
+        pipe = _leaf(cfg, base, policy, "")
     try:
         pipe = pipe.batch(size, drop_remainder=drop)
     except ValueError as e:
@@ -396,19 +626,89 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
     )
 
 
+def _leaf(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, where: str) -> Pipeline:
+    """The pipeline of one source, without batch: a config's top level or a mixture's
+    component (``where``: its key path and a dot, ``""`` for the top level)."""
+    source = _source(cfg.source, base, f"{where}source")
+    try:
+        pipe = Pipeline.from_source(source, seed=cfg.seed, num_epochs=cfg.num_epochs)
+    except ValueError as e:
+        raise ConfigError(_prefixed(f"{where}source", e)) from e
+    if cfg.shuffle is not None:
+        sh = ShuffleConfig.model_validate({"mode": cfg.shuffle}) if isinstance(cfg.shuffle, str) else cfg.shuffle
+        pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
+    kinds = ("map", "random_map", "filter")
+    return _add_stages(pipe, cfg.transforms, f"{where}transforms", kinds, "batch_transforms", policy)
+
+
+def _weights_error(e: Exception, key: str) -> ConfigError:
+    """A weights error of :func:`quern.mix` (``"weights: ..."``) as a :class:`ConfigError` at ``key``."""
+    text = str(e)
+    return ConfigError(bounded(f"{key}: {text.removeprefix('weights: ')}"))
+
+
+def _mixture_of(cfg: MixConfig, base: str, policy: Policy) -> Pipeline:
+    """The mixture (without batch) of a ``mix`` section."""
+    names = list(cfg.components)  # the weights first: a component's filter may scan its records
+    weights: dict[str, Any] | None = None
+    schedule: list[tuple[int, dict[str, Any]]] | None = None
+    if cfg.weights is not None:
+        weights = cfg.weights
+        try:
+            _mixture.check_schedule(names, weights=weights)
+        except (TypeError, ValueError) as e:
+            raise _weights_error(e, "mix.weights") from e
+    else:
+        assert cfg.schedule is not None  # the schema asks for exactly one of weights and schedule
+        schedule = []
+        for t, stage in enumerate(cfg.schedule):
+            try:
+                _mixture.check_schedule(names, weights=stage.weights)
+            except (TypeError, ValueError) as e:
+                raise _weights_error(e, f"mix.schedule.{t}.weights") from e
+            if t == 0 and stage.start_step != 0:
+                raise ConfigError(
+                    f"mix.schedule.0.start_step: the first stage must start at step 0, got {stage.start_step}"
+                )
+            if t and stage.start_step <= schedule[-1][0]:
+                raise ConfigError(
+                    f"mix.schedule.{t}.start_step: {stage.start_step} is not after the start of stage {t - 1} "
+                    f"({schedule[-1][0]}); stages must be in increasing order of start_step"
+                )
+            schedule.append((stage.start_step, stage.weights))
+    components = {
+        name: _leaf(c, base, policy, f"mix.components.{clip(name, 60)}.") for name, c in cfg.components.items()
+    }
+    try:
+        return mix(components, weights=weights, schedule=schedule, seed=cfg.seed, block=cfg.block)
+    except (TypeError, ValueError) as e:  # components named "": what the checks above do not cover
+        raise ConfigError(_prefixed("mix", e)) from e
+
+
 def _add_stages(
     pipe: Pipeline,
     stages: list[TransformConfig],
     section: str,
-    kinds: tuple[str, str],
+    kinds: tuple[str, ...],
     other: str,
     policy: Policy,
 ) -> Pipeline:
-    """``pipe`` with the stages of one config section; ``kinds``: its (plain, random) kinds."""
+    """``pipe`` with the stages of one config section (at key path ``section``); ``kinds``:
+    the kinds that belong there, the first the default."""
     for i, t in enumerate(stages):
         kind = t.kind or kinds[0]
         if kind not in kinds:
-            raise ConfigError(f"{section}.{i}.kind: {kind!r} does not belong here; put it under {other}")
+            hint = (
+                "a mixture's records are filtered in its components (mix.components.<name>.transforms)"
+                if kind == "filter" and other == "batch_transforms"
+                else f"put it under {other}"
+            )
+            raise ConfigError(f"{section}.{i}.kind: {kind!r} does not belong here; {hint}")
         fn = _resolve(t, f"{section}.{i}", policy)
-        pipe = getattr(pipe, kind)(fn)
+        try:
+            pipe = getattr(pipe, kind)(fn)
+        except ScanError as e:  # the predicate failed on a record: the data's error, said with its key
+            raise ScanError(f"{section}.{i}: {e}") from e.__cause__
+        except ValueError as e:  # a filter that keeps nothing
+            raise ConfigError(_prefixed(f"{section}.{i}", e)) from e
     return pipe

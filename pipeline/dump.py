@@ -2,7 +2,15 @@
 
 ``quern.load_config(to_config(pipe))`` gives a pipeline with the same
 fingerprint and batches. Only pipelines made of file sources, registered
-transforms and importable module-level functions have a config form.
+transforms and importable module-level functions (filters' predicates too) have
+a config form. A mixture (:func:`quern.mix`) is written as a ``mix:`` section:
+its components (as a list of components with a ``name`` each: their order is
+part of the mixture, and a list keeps it through ``yaml.safe_dump``, which sorts
+a mapping's keys), seed, block size and weights (``weights:`` for one stage,
+``schedule:`` for more); each stage's weights are written as the shortest
+decimals that quantize to the same integers as the mixture's (see
+:func:`quern.pipeline.plan.mixture.quantize`), so the schedule, and with it the
+fingerprint, is the same after loading.
 """
 
 from __future__ import annotations
@@ -13,10 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import sources
+from .plan.mixture import QUANTUM, quantize
 from .registry import REGISTRY
 from .tree import to_plain
 
-__all__ = ["to_config"]
+__all__ = ["to_config", "weights_config"]
 
 
 def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
@@ -37,19 +46,11 @@ def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str
     return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": to_plain(kwargs)}
 
 
-def to_config(pipe: Any) -> dict[str, Any]:
-    """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
-
-    Raises ``ValueError`` when a part of the pipeline has no config form (an
-    in-memory source, a lambda)."""
-    if pipe.host_lengths is not None:
-        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-    src = pipe.source
-    source: dict[str, Any]
+def _source_config(src: Any, where: str) -> dict[str, Any]:
     if isinstance(src, sources.ArrayRecordSource):
-        source = {"type": "array_record", "paths": list(src.paths), "name": src.name}
-    elif isinstance(src, sources.ParquetSource):
-        source = {
+        return {"type": "array_record", "paths": list(src.paths), "name": src.name}
+    if isinstance(src, sources.ParquetSource):
+        return {
             "type": "parquet",
             "paths": list(src.paths),
             "columns": src.columns,
@@ -58,23 +59,81 @@ def to_config(pipe: Any) -> dict[str, Any]:
             "cache_row_groups": src.cache_row_groups,
             "unify_schemas": src.unify_schemas,
         }
-    elif isinstance(src, sources.TensorStoreSource) and src._single:
-        source = {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
-    else:
-        raise ValueError(f"source {src.name!r} ({type(src).__name__}) has no config form: use a file-based source")
+    if isinstance(src, sources.TensorStoreSource) and src._single:
+        return {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
+    name = getattr(src, "name", None)
+    raise ValueError(f"{where} {name!r} ({type(src).__name__}) has no config form: use a file-based source")
+
+
+def _leaf_config(pipe: Any, where: str) -> dict[str, Any]:
+    """``source``, ``seed``, ``shuffle`` and ``transforms`` of a single-source pipeline;
+    ``where``: its key path and a dot (``""`` at the top level), for messages."""
     shuffle: str | dict[str, Any] | None = None
     if pipe.shuffle_mode == "global":
         shuffle = "global"
     elif pipe.shuffle_mode == "block":
         shuffle = {"mode": "block", "block": pipe.block, "window": pipe.window}
     return {
-        "source": source,
+        "source": _source_config(pipe.source, f"{where}source"),
         "seed": pipe.seed,
-        "num_epochs": pipe.num_epochs,
         "shuffle": shuffle,
-        "transforms": [_transform_config(op.fn, op.kind, f"transforms.{i}") for i, op in enumerate(pipe.record_ops)],
+        "transforms": _stages(pipe.record_ops, f"{where}transforms"),
+    }
+
+
+def _stages(ops: Any, where: str) -> list[dict[str, Any]]:
+    return [_transform_config(op.fn, op.kind.value, f"{where}.{i}") for i, op in enumerate(ops)]
+
+
+def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str, float]:
+    """Quantized ``weights`` (integers summing to ``2**32``) by component name, as the
+    shortest decimals (the fewest significant digits, the same for all) whose
+    :func:`~quern.pipeline.plan.mixture.quantize` gives ``weights`` back: ``0.7, 0.3``
+    for the weights of ``0.7, 0.3`` (or of ``7, 3``). At worst ``w / 2**32`` exactly,
+    which always gives them back (a power of two: exact in a double)."""
+    exact = [w / QUANTUM for w in weights]
+    for digits in range(1, 18):
+        short = [float(f"{x:.{digits}g}") for x in exact]
+        if sum(short) > 0 and quantize(short) == tuple(weights):
+            return dict(zip(names, short))
+    return dict(zip(names, exact))
+
+
+def to_config(pipe: Any) -> dict[str, Any]:
+    """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
+
+    Raises ``ValueError`` when a part of the pipeline has no config form (an
+    in-memory source, a lambda), naming its key path."""
+    if pipe.host_lengths is not None:
+        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
+    head: dict[str, Any]
+    if pipe.mixture is not None:
+        m = pipe.mixture
+        mix: dict[str, Any] = {
+            "seed": m.seed,
+            "block": m.block,
+            "components": [  # a list: the order is the mixture's, whatever a YAML dumper does to keys
+                {"name": name, **_leaf_config(c, f"mix.components.{name}.")} for name, c in zip(m.names, m.components)
+            ],
+        }
+        if len(m.stages) == 1:
+            mix["weights"] = weights_config(m.names, m.stages[0].weights)
+        else:
+            mix["schedule"] = [
+                {"start_step": st.start_step, "weights": weights_config(m.names, st.weights)} for st in m.stages
+            ]
+        head = {"mix": mix, "transforms": _stages(pipe.record_ops, "transforms")}
+    else:
+        leaf = _leaf_config(pipe, "")
+        head = {
+            "source": leaf["source"],
+            "seed": leaf["seed"],
+            "num_epochs": pipe.num_epochs,
+            "shuffle": leaf["shuffle"],
+            "transforms": leaf["transforms"],
+        }
+    return {
+        **head,
         "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
-        "batch_transforms": [
-            _transform_config(op.fn, op.kind, f"batch_transforms.{i}") for i, op in enumerate(pipe.batch_ops)
-        ],
+        "batch_transforms": _stages(pipe.batch_ops, "batch_transforms"),
     }

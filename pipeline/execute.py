@@ -27,11 +27,13 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from . import index as _index
-from .collate import collate, describe, take
+from .collate import CollatedRows, collate, describe, take
 from .errors import CollateError, StepError
 from .ops import Op, OpKind
 from .plan import Segments
 from .sources import Source
+from .tree import leaves as tree_leaves
+from .tree import map_leaves
 
 __all__ = [
     "Definition",
@@ -124,16 +126,25 @@ class RowNames(NamedTuple):
     tags: tuple[str, ...]  # per component, for lists of ids: "x" or "web"
     component: np.ndarray
     ids: np.ndarray
+    rows: np.ndarray | None = None  # the rows of the step these are (None: 0, 1, 2, ...)
 
     @classmethod
-    def of(cls, pipe: Any, ids: np.ndarray, component: np.ndarray | None = None) -> RowNames:
-        """Names for rows ``ids`` of a single-source definition (``component=None``) or of the leaves of a mixture."""
+    def of(
+        cls, pipe: Any, ids: np.ndarray, component: np.ndarray | None = None, rows: np.ndarray | None = None
+    ) -> RowNames:
+        """Names for rows ``ids`` of a single-source definition (``component=None``) or of
+        the leaves of a mixture; ``rows``: their row numbers in the step, when they are
+        some of its rows (a mixture's component)."""
         if component is None or pipe.source is not None:
             src = pipe.source if pipe.source is not None else pipe.leaves[0].source
-            return cls((f"source {src.name!r}",), (src.name,), np.zeros(len(ids), dtype=np.int64), ids)
+            return cls((f"source {src.name!r}",), (src.name,), np.zeros(len(ids), dtype=np.int64), ids, rows)
         names = pipe.leaf_names
         labels = tuple(f"component {n!r} (source {leaf.source.name!r})" for n, leaf in zip(names, pipe.leaves))
-        return cls(labels, tuple(names), component, ids)
+        return cls(labels, tuple(names), component, ids, rows)
+
+    def step_row(self, i: int) -> int:
+        """The step's row number of row ``i`` of these."""
+        return int(self.rows[i]) if self.rows is not None else int(i)
 
     def row(self, i: int) -> str:
         return f"record {int(self.ids[i])} of {self.labels[int(self.component[i])]}"
@@ -208,7 +219,7 @@ def apply_record_op(
         except Exception as e:
             row = e.row if isinstance(e, CollateError) else None
             blame = (
-                f", row {row} = {names.row(row)} (position {int(positions[row])})"
+                f", row {names.step_row(row)} = {names.row(row)} (position {int(positions[row])})"
                 if row is not None and 0 <= row < len(ids)
                 else f" (records {names.summary()})"
             )
@@ -246,7 +257,7 @@ def apply_record_op(
                 out[i] = fn(rec)
         except Exception as e:
             raise StepError(
-                f"{where}, stage {stage}, row {i} = {names.row(i)} "
+                f"{where}, stage {stage}, row {names.step_row(i)} = {names.row(i)} "
                 f"(position {int(positions[i])}): {type(e).__name__}: {e}"
             ) from e
     return out
@@ -262,7 +273,9 @@ def collate_rows(
         names = names if names is not None else RowNames.of(pipe, ids)
         row = e.row if isinstance(e, CollateError) else None
         blame = (
-            f" row {row} = {names.row(row)}" if row is not None and row < len(ids) else f" (records {names.summary()})"
+            f" row {names.step_row(row)} = {names.row(row)}"
+            if row is not None and row < len(ids)
+            else f" (records {names.summary()})"
         )
         raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
@@ -336,59 +349,6 @@ def read_segments(pipe: Definition, seg: Segments, where: object) -> list[Any]:
     return out
 
 
-def _structure(x: Any) -> Any:
-    """What must agree between the rows of two components: containers, keys, leaf types and dtypes."""
-    if isinstance(x, Mapping):
-        return ("dict", tuple((str(k), _structure(v)) for k, v in x.items()))
-    if isinstance(x, (tuple, list)):
-        return (type(x).__name__, tuple(_structure(v) for v in x))
-    if isinstance(x, np.ndarray):
-        return ("array", x.dtype.str, x.ndim)
-    if isinstance(x, np.generic):
-        return ("scalar", x.dtype.str)
-    return (type(x).__name__,)
-
-
-def _structure_text(x: Any, limit: int = 300) -> str:
-    """A record's structure for messages: ``{'x': int64 array (1-d), 'y': float}``, cut to ``limit`` characters."""
-
-    def text(v: Any) -> str:
-        if isinstance(v, Mapping):
-            return "{" + ", ".join(f"{k!r}: {text(w)}" for k, w in v.items()) + "}"
-        if isinstance(v, (tuple, list)):
-            inner = ", ".join(text(w) for w in v)
-            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
-        if isinstance(v, np.ndarray):
-            return f"{v.dtype} array ({v.ndim}-d)"
-        if isinstance(v, np.generic):
-            return f"{v.dtype} scalar"
-        return type(v).__name__
-
-    out = text(x)
-    return out if len(out) <= limit else out[: limit - 3] + "..."
-
-
-def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
-    """Rows of different components must have the same structure: else a ``StepError``
-    naming both components and one row of each (before any collate error). The
-    first row of each component stands for it (collate checks the rest)."""
-    first: dict[Any, int] = {}
-    for c in np.unique(seg.component).tolist():
-        i = int(np.argmax(seg.component == c))
-        first.setdefault(_structure(records[i]), i)
-    if len(first) < 2:
-        return
-    (_, a), (_, b) = sorted(first.items(), key=lambda kv: kv[1])[:2]
-    names = pipe.leaf_names
-    ca, cb = int(seg.component[a]), int(seg.component[b])
-    raise StepError(
-        f"{where}: components {names[ca]!r} and {names[cb]!r} give records of different structures, which "
-        f"cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ca]!r}) is "
-        f"{_structure_text(records[a])}, row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is "
-        f"{_structure_text(records[b])}; make the components' transforms give the same keys, types and dtypes"
-    )
-
-
 def record_stages(
     pipe: Definition,
     records: Sequence[Any],
@@ -410,25 +370,161 @@ def record_stages(
         batch = collate_rows(pipe, records, seg.ids, where)
         clock.lap(COLLATE)
         return batch
-    out = list(records)
+    if _shared_record_ops(pipe):  # one pass over all the rows in order, as for a single source
+        lead = leaves[0]
+        names = RowNames.of(pipe, seg.ids, seg.component)
+        for k, op in enumerate(lead.record_ops):
+            records = apply_record_op(lead, k, records, seg.positions, seg.ids, where, names)
+            clock.lap(op.label(k))
+        _check_components_agree(pipe, records, seg, where)
+        for k, op in enumerate(pipe.record_ops):
+            records = apply_record_op(pipe, k, records, positions, seg.ids, where, names)
+            clock.lap(op.label(k))
+        batch = collate_rows(pipe, records, seg.ids, where, names)
+        clock.lap(COLLATE)
+        return batch
+    groups: list[tuple[np.ndarray, Any, int]] = []
     for c in np.unique(seg.component).tolist():
         rows = np.flatnonzero(seg.component == c)
         leaf = leaves[c]
-        sub: Sequence[Any] = [out[r] for r in rows.tolist()]
+        sub: Sequence[Any] = [records[r] for r in rows.tolist()]
         cwhere = f"{where}, component {pipe.leaf_names[c]!r}"
+        leaf_names = RowNames.of(leaf, seg.ids[rows], rows=rows)
         for k, op in enumerate(leaf.record_ops):
-            sub = apply_record_op(leaf, k, sub, seg.positions[rows], seg.ids[rows], cwhere)
+            sub = apply_record_op(leaf, k, sub, seg.positions[rows], seg.ids[rows], cwhere, leaf_names)
             clock.lap(f"{pipe.leaf_names[c]}: {op.label(k)}")
-        for r, rec in zip(rows.tolist(), sub):
-            out[r] = rec
-    _check_components_agree(pipe, out, seg, where)
-    names = RowNames.of(pipe, seg.ids, seg.component)
-    for k, op in enumerate(pipe.record_ops):
-        out = list(apply_record_op(pipe, k, out, positions, seg.ids, where, names))
-        clock.lap(op.label(k))
-    batch = collate_rows(pipe, out, seg.ids, where, names)
+        names = RowNames.of(pipe, seg.ids[rows], seg.component[rows], rows)
+        for k, op in enumerate(pipe.record_ops):  # the mixture's transforms, on this component's rows
+            sub = apply_record_op(pipe, k, sub, positions[rows], seg.ids[rows], where, names)
+            clock.lap(op.label(k))
+        groups.append((rows, collate_rows(pipe, sub, seg.ids[rows], where, names), c))
+        clock.lap(COLLATE)
+    batch = _merge(pipe, groups, seg, where)
     clock.lap(COLLATE)
     return batch
+
+
+def _shared_record_ops(pipe: Definition) -> bool:
+    """Whether every leaf has the same record transforms, none of them random (whose
+    keys come from each component's seed): then a mixture's rows can go through them
+    together, in row order, at each row's position in its component's stream."""
+    ops = pipe.leaves[0].record_ops
+    if any(op.kind is OpKind.RANDOM_MAP for op in ops):
+        return False
+    return all(leaf.record_ops == ops for leaf in pipe.leaves[1:])
+
+
+def _structure(x: Any) -> Any:
+    """What must agree between the rows of two components: containers, keys, leaf types, dtypes and shapes."""
+    if isinstance(x, Mapping):
+        return ("dict", tuple(sorted((str(k), _structure(v)) for k, v in x.items())))
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(_structure(v) for v in x))
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape)
+    if isinstance(x, np.generic):
+        return ("scalar", x.dtype.str)
+    return (type(x).__name__,)
+
+
+def _structure_text(x: Any, limit: int = 300) -> str:
+    """A record's structure for messages: ``{'x': int64 array of shape (3,), 'y': float}``, cut to ``limit`` characters."""
+
+    def text(v: Any) -> str:
+        if isinstance(v, Mapping):
+            return "{" + ", ".join(f"{k!r}: {text(w)}" for k, w in v.items()) + "}"
+        if isinstance(v, (tuple, list)):
+            inner = ", ".join(text(w) for w in v)
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        if isinstance(v, np.ndarray):
+            return f"{v.dtype} array of shape {v.shape}"
+        if isinstance(v, np.generic):
+            return f"{v.dtype} scalar"
+        return type(v).__name__
+
+    out = text(x)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
+    """The first rows of the components in a step must have the same structure (dict
+    keys, types, dtypes and shapes), else a ``StepError`` naming both components, before
+    any collate error (collate checks the other rows)."""
+    if isinstance(records, CollatedRows):  # stacked already (a vectorised transform): one structure
+        return
+    first: dict[Any, int] = {}
+    for c in np.unique(seg.component).tolist():
+        i = int(np.argmax(seg.component == c))
+        first.setdefault(_structure(records[i]), i)
+    if len(first) < 2:
+        return
+    a, b = sorted(first.values())[:2]
+    names = pipe.leaf_names
+    ca, cb = int(seg.component[a]), int(seg.component[b])
+    raise StepError(
+        f"{where}: components {names[ca]!r} and {names[cb]!r} give records of different structures, which "
+        f"cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ca]!r}) is "
+        f"{_structure_text(records[a])}, row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is "
+        f"{_structure_text(records[b])}; make the components' transforms give the same keys, types, dtypes "
+        "and shapes"
+    )
+
+
+def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:
+    """One batch from the batches of a step's components (each of some of its rows):
+    every array is concatenated and put back in row order by one gather. The
+    components must agree in structure, dtype and row shape, else a ``StepError``
+    naming both (what ``collate`` of all the rows would refuse)."""
+    if len(groups) == 1:
+        return groups[0][1]
+    ref_rows, ref, ref_c = groups[0]
+    ref_leaves = tree_leaves(ref)
+    ref_shape = [(path, a.dtype, a.shape[1:]) for path, a in ref_leaves]
+    skeleton = map_leaves(lambda a: None, ref)
+    names = pipe.leaf_names
+    columns: list[list[np.ndarray]] = [[a] for _, a in ref_leaves]
+    for rows, batch, c in groups[1:]:
+        got = dict(tree_leaves(batch))
+        shape = [
+            (path, got[path].dtype, got[path].shape[1:]) if path in got else (path, None, None)
+            for path, _ in ref_leaves
+        ]
+        if shape != ref_shape or len(got) != len(ref_leaves) or map_leaves(lambda a: None, batch) != skeleton:
+            a, b = int(ref_rows[0]), int(rows[0])
+            raise StepError(
+                f"{where}: components {names[ref_c]!r} and {names[c]!r} give records of different structures, "
+                f"which cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ref_c]!r}) is "
+                f"{_rows_text(ref)}, row {b} (record {int(seg.ids[b])} of {names[c]!r}) is {_rows_text(batch)}; "
+                "make the components' transforms give the same keys, types, dtypes and shapes"
+            )
+        for col, (path, _) in zip(columns, ref_leaves):
+            col.append(got[path])
+    n = sum(len(rows) for rows, _, _ in groups)
+    out = []
+    for col, (_, dtype, row_shape) in zip(columns, ref_shape):
+        arr = np.empty((n, *row_shape), dtype=dtype)
+        for (rows, _, _), part in zip(groups, col):
+            arr[rows] = part  # one copy per array: each component's rows into their places
+        out.append(arr)
+    merged = iter(out)
+    return map_leaves(lambda _: next(merged), ref)
+
+
+def _rows_text(batch: Any, limit: int = 300) -> str:
+    """The structure of a batch's rows for messages: ``{'x': int64 array (0-d), 'y': float64 array (1-d)}``."""
+
+    def text(v: Any) -> str:
+        if isinstance(v, Mapping):
+            return "{" + ", ".join(f"{k!r}: {text(w)}" for k, w in v.items()) + "}"
+        if isinstance(v, (tuple, list)):
+            inner = ", ".join(text(w) for w in v)
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        if isinstance(v, np.ndarray):
+            return f"{v.dtype} array of row shape {v.shape[1:]}"
+        return type(v).__name__
+
+    out = text(batch)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 def batch_stages(

@@ -8,7 +8,8 @@ at most :data:`MAX_DEPTH` (64) levels, without an alias that contains itself;
 these are checked on YAML's node graph before any Python object is built (a
 466-byte "billion laughs" fails at once, naming the limit), and on dicts. A
 section has at most :data:`MAX_KEYS` keys and ``transforms``/
-``batch_transforms`` at most :data:`MAX_STAGES` entries, and a list of paths or
+``batch_transforms`` at most :data:`MAX_STAGES` entries, a mixture at most
+:data:`MAX_COMPONENTS` components and :data:`MAX_SCHEDULE` schedule stages, and a list of paths or
 columns, or a ``kwargs``/``spec`` mapping, is reported by its first bad item:
 the number of problems is bounded before pydantic looks. Messages quote a value
 in at most :data:`MAX_SHOWN` characters, and list at most :data:`MAX_PROBLEMS`
@@ -55,6 +56,10 @@ MAX_KEYS = 16
 """The most keys of one section (``source``, ``batch``, a transform...: none has more than 6)."""
 MAX_STAGES = 256
 """The most entries of ``transforms`` and of ``batch_transforms``."""
+MAX_COMPONENTS = MAX_STAGES
+"""The most components of a mixture (``mix.components``)."""
+MAX_SCHEDULE = 4096
+"""The most stages of a mixture's schedule (``mix.schedule``)."""
 MAX_SHOWN = 200
 """The most characters a message quotes of one value."""
 MAX_PROBLEMS = 20

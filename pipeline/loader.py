@@ -31,7 +31,8 @@ class PipelineIterator:
     """Yields the batches of ``pipe`` for steps ``start_step, start_step + 1, ...`` in order.
 
     Work is done in chunks of up to ``read_ahead`` consecutive steps (default:
-    about 4096 records' worth, at most 16 steps; the first chunks are smaller,
+    about 4096 records' worth, at most 16 steps, times the number of components
+    of a mixture, whose components are read in calls of their own; the first chunks are smaller,
     for a quick first batch): the records of a whole chunk are read in one bulk
     call per file, which is several times faster than one call per step.
     ``prefetch`` chunks are computed ahead by ``num_threads`` background threads
@@ -110,7 +111,8 @@ class PipelineIterator:
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif not self.num_workers:
-            read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS, THREAD_READ_STEPS)
+            c = len(pipe.leaves)  # a mixture reads each component in its own calls: keep them as large
+            read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
         self.read_ahead = read_ahead  # with workers, None: chosen by the worker pool
         self.process_index = int(process_index)
         self.process_count = int(process_count)

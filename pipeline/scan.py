@@ -39,7 +39,7 @@ CHUNK = 4096  # records per bulk read
 PROCESS_MIN = 200_000  # candidates from which the scan runs in worker processes
 
 
-def _keep(pred: Any, records: list, ids: np.ndarray, source_name: str, label: str) -> np.ndarray:
+def _keep(pred: Any, records: Any, ids: np.ndarray, source_name: str, label: str) -> np.ndarray:
     many = getattr(pred, "keep_many", None)
     if many is not None:
         try:
@@ -89,7 +89,7 @@ def keep_mask(prefix: Any, ids: np.ndarray, progress: Any = None) -> np.ndarray:
                     records = execute.apply_record_op(prefix, j, records, chunk, chunk, where)
         except StepError as e:
             raise ScanError(str(e)) from e.__cause__
-        out[lo : lo + len(chunk)] = _keep(pred.fn, list(records), chunk, prefix.source.name, label)
+        out[lo : lo + len(chunk)] = _keep(pred.fn, records, chunk, prefix.source.name, label)
         if progress is not None:
             progress(len(chunk))
     return out

@@ -44,6 +44,7 @@ O(K + C) per earlier stage, cached per (schedule, rows per step).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,18 @@ import numpy as np
 
 from .. import index as _index
 
-__all__ = ["BLOCK", "MIX_SALT", "QUANTUM", "Stage", "Assignment", "check_schedule", "quantize", "block_size", "assign"]
+__all__ = [
+    "BLOCK",
+    "MIX_SALT",
+    "QUANTUM",
+    "Stage",
+    "Assignment",
+    "check_schedule",
+    "quantize",
+    "block_size",
+    "assign",
+    "draws_before",
+]
 
 BLOCK = 1024  # default positions per block
 MIX_SALT = 3  # part of the published order: keys of a mixture's blocks
@@ -233,6 +245,15 @@ def _draws_before(stages: tuple[Stage, ...], K: int, seed: int, rows: int, t: in
     return known[t]
 
 
+def draws_before(stages: tuple[Stage, ...], seed: int, rows_per_step: int, K: int, position: int) -> list[int]:
+    """The draws of each component at the stream positions before ``position``: what
+    :func:`assign` of all those positions would count, in O(stages x K), reading nothing."""
+    starts = [min(st.start_step * rows_per_step, _index.MAX_RECORDS) for st in stages]
+    t = bisect.bisect_right(starts, position) - 1
+    within = _stage_draws(stages[t], K, seed, starts[t], position - starts[t])
+    return [x + y for x, y in zip(_draws_before(stages, K, seed, rows_per_step, t), within)]
+
+
 def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per_step: int, K: int) -> Assignment:
     """The component of each stream position and its position in that component's
     stream. Depends only on the arguments (see the module docstring)."""
@@ -246,9 +267,14 @@ def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per
     stage_of = np.searchsorted(starts, positions, side="right") - 1
     block_of = (positions - starts[stage_of]) // K
     within = (positions - starts[stage_of]) % K
-    pairs = np.unique(np.stack([stage_of, block_of]), axis=1)
-    for t, b in pairs.T.tolist():
-        sel = (stage_of == t) & (block_of == b)
+    # group the positions by (stage, block); positions usually come sorted, so the blocks are runs
+    order = np.lexsort((block_of, stage_of))
+    st, bl = stage_of[order], block_of[order]
+    cuts = np.flatnonzero((np.diff(st) != 0) | (np.diff(bl) != 0)) + 1
+    bounds = np.concatenate([[0], cuts, [len(order)]])
+    for g in range(len(bounds) - 1):
+        sel = order[bounds[g] : bounds[g + 1]]  # the positions in one block of one stage
+        t, b = int(stage_of[sel[0]]), int(block_of[sel[0]])
         bcomp, brank, before = _block_of_stage(stages[t].weights, K, seed, int(starts[t]), b)
         j = within[sel]
         c = bcomp[j]
