@@ -38,6 +38,7 @@ bench: install
 	$(PY) benchmarks/vs_grain.py
 	$(PY) benchmarks/parquet.py
 	$(PY) benchmarks/handover.py
+	$(PY) benchmarks/mixture.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

@@ -373,9 +373,14 @@ def record_stages(
     if _shared_record_ops(pipe):  # one pass over all the rows in order, as for a single source
         lead = leaves[0]
         names = RowNames.of(pipe, seg.ids, seg.component)
-        for k, op in enumerate(lead.record_ops):
-            records = apply_record_op(lead, k, records, seg.positions, seg.ids, where, names)
-            clock.lap(op.label(k))
+        raw = records
+        try:
+            for k, op in enumerate(lead.record_ops):
+                records = apply_record_op(lead, k, records, seg.positions, seg.ids, where, names)
+                clock.lap(op.label(k))
+        except StepError as e:  # records of different structures may be why: then that is the error
+            _check_components_agree(pipe, raw, seg, where, cause=e)
+            raise
         _check_components_agree(pipe, records, seg, where)
         for k, op in enumerate(pipe.record_ops):
             records = apply_record_op(pipe, k, records, positions, seg.ids, where, names)
@@ -414,14 +419,15 @@ def _shared_record_ops(pipe: Definition) -> bool:
     return all(leaf.record_ops == ops for leaf in pipe.leaves[1:])
 
 
-def _structure(x: Any) -> Any:
-    """What must agree between the rows of two components: containers, keys, leaf types, dtypes and shapes."""
+def _structure(x: Any, shapes: bool = True) -> Any:
+    """What must agree between the rows of two components: containers, keys, leaf types,
+    dtypes and shapes (``shapes=False``: numbers of dimensions only)."""
     if isinstance(x, Mapping):
-        return ("dict", tuple(sorted((str(k), _structure(v)) for k, v in x.items())))
+        return ("dict", tuple(sorted((str(k), _structure(v, shapes)) for k, v in x.items())))
     if isinstance(x, (tuple, list)):
-        return (type(x).__name__, tuple(_structure(v) for v in x))
+        return (type(x).__name__, tuple(_structure(v, shapes) for v in x))
     if isinstance(x, np.ndarray):
-        return ("array", x.dtype.str, x.shape)
+        return ("array", x.dtype.str, x.shape if shapes else x.ndim)
     if isinstance(x, np.generic):
         return ("scalar", x.dtype.str)
     return (type(x).__name__,)
@@ -446,16 +452,19 @@ def _structure_text(x: Any, limit: int = 300) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segments, where: object) -> None:
+def _check_components_agree(
+    pipe: Definition, records: Sequence[Any], seg: Segments, where: object, cause: BaseException | None = None
+) -> None:
     """The first rows of the components in a step must have the same structure (dict
     keys, types, dtypes and shapes), else a ``StepError`` naming both components, before
-    any collate error (collate checks the other rows)."""
+    any collate error (collate checks the other rows). ``cause``: a transform failed on
+    these records (raw ones, whose shapes may differ), and this is why if they differ."""
     if isinstance(records, CollatedRows):  # stacked already (a vectorised transform): one structure
         return
     first: dict[Any, int] = {}
     for c in np.unique(seg.component).tolist():
         i = int(np.argmax(seg.component == c))
-        first.setdefault(_structure(records[i]), i)
+        first.setdefault(_structure(records[i], shapes=cause is None), i)
     if len(first) < 2:
         return
     a, b = sorted(first.values())[:2]
@@ -467,7 +476,7 @@ def _check_components_agree(pipe: Definition, records: Sequence[Any], seg: Segme
         f"{_structure_text(records[a])}, row {b} (record {int(seg.ids[b])} of {names[cb]!r}) is "
         f"{_structure_text(records[b])}; make the components' transforms give the same keys, types, dtypes "
         "and shapes"
-    )
+    ) from cause
 
 
 def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:

@@ -607,3 +607,17 @@ def test_staged_mixture_order_golden():
     assert seg.positions.tolist() == GOLDEN_STAGED_POSITIONS
     assert GOLDEN_STAGED_COMPONENTS[:15] == GOLDEN_COMPONENTS[:15]
     assert _counts(np.asarray(GOLDEN_STAGED_COMPONENTS[15:24]), 3).tolist() == [1, 1, 7]
+
+
+def test_a_shared_transform_failing_on_other_structures_names_both_components():
+    """Components with the same transforms go through them together; when those fail
+    because the components' records differ (other keys), the error names both
+    components and keeps the transform's error as its cause."""
+    pad = quern.transforms.pad(8, key="tokens")
+    a = quern.Pipeline.from_source({"tokens": np.zeros((100, 5), np.int32)}, seed=1).shuffle().map(pad)
+    b = quern.Pipeline.from_source({"text": np.zeros((10, 5), np.int32)}, seed=2).shuffle().map(pad)
+    pipe = quern.mix({"a": a, "b": b}, weights=[0.5, 0.5]).batch(16)
+    with pytest.raises(quern.StepError, match=r"step 0 .*components '[ab]' and '[ab]' give records of different") as e:
+        pipe.batch_at(0)
+    assert "'text'" in str(e.value) and "'tokens'" in str(e.value)
+    assert isinstance(e.value.__cause__, quern.StepError) and "pad" in str(e.value.__cause__)
