@@ -433,8 +433,9 @@ def _structure(x: Any, shapes: bool = True) -> Any:
     return (type(x).__name__,)
 
 
-def _structure_text(x: Any, limit: int = 300) -> str:
-    """A record's structure for messages: ``{'x': int64 array of shape (3,), 'y': float}``, cut to ``limit`` characters."""
+def _structure_text(x: Any, limit: int = 300, batch: bool = False) -> str:
+    """A record's structure for messages: ``{'x': int64 array of shape (3,), 'y': float}``
+    (``batch=True``: a batch's, by the shape of its rows), cut to ``limit`` characters."""
 
     def text(v: Any) -> str:
         if isinstance(v, Mapping):
@@ -443,7 +444,7 @@ def _structure_text(x: Any, limit: int = 300) -> str:
             inner = ", ".join(text(w) for w in v)
             return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
         if isinstance(v, np.ndarray):
-            return f"{v.dtype} array of shape {v.shape}"
+            return f"{v.dtype} array of row shape {v.shape[1:]}" if batch else f"{v.dtype} array of shape {v.shape}"
         if isinstance(v, np.generic):
             return f"{v.dtype} scalar"
         return type(v).__name__
@@ -503,7 +504,7 @@ def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Seg
             raise StepError(
                 f"{where}: components {names[ref_c]!r} and {names[c]!r} give records of different structures, "
                 f"which cannot be batched together: row {a} (record {int(seg.ids[a])} of {names[ref_c]!r}) is "
-                f"{_rows_text(ref)}, row {b} (record {int(seg.ids[b])} of {names[c]!r}) is {_rows_text(batch)}; "
+                f"{_structure_text(ref, batch=True)}, row {b} (record {int(seg.ids[b])} of {names[c]!r}) is {_structure_text(batch, batch=True)}; "
                 "make the components' transforms give the same keys, types, dtypes and shapes"
             )
         for col, (path, _) in zip(columns, ref_leaves):
@@ -517,23 +518,6 @@ def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Seg
         out.append(arr)
     merged = iter(out)
     return map_leaves(lambda _: next(merged), ref)
-
-
-def _rows_text(batch: Any, limit: int = 300) -> str:
-    """The structure of a batch's rows for messages: ``{'x': int64 array (0-d), 'y': float64 array (1-d)}``."""
-
-    def text(v: Any) -> str:
-        if isinstance(v, Mapping):
-            return "{" + ", ".join(f"{k!r}: {text(w)}" for k, w in v.items()) + "}"
-        if isinstance(v, (tuple, list)):
-            inner = ", ".join(text(w) for w in v)
-            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
-        if isinstance(v, np.ndarray):
-            return f"{v.dtype} array of row shape {v.shape[1:]}"
-        return type(v).__name__
-
-    out = text(batch)
-    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 def batch_stages(
