@@ -621,3 +621,32 @@ def test_a_shared_transform_failing_on_other_structures_names_both_components():
         pipe.batch_at(0)
     assert "'text'" in str(e.value) and "'tokens'" in str(e.value)
     assert isinstance(e.value.__cause__, quern.StepError) and "pad" in str(e.value.__cause__)
+
+
+def double(r):
+    return {"x": r["x"] * 2}
+
+
+def plus_1000(r):
+    return {"x": r["x"] + 1000}
+
+
+def as_float(r):
+    return {"x": r["x"].astype(np.float32)}
+
+
+def test_components_with_their_own_transforms_are_batched_apart_and_merged_in_row_order():
+    """Components whose transforms differ run them on their own rows; the batch holds
+    each row at its place, transformed by its own component's transforms."""
+    a = _comp(0, 100, 1).map(double)
+    c = _comp(10, 10, 2).map(plus_1000)
+    pipe = quern.mix({"a": a, "c": c}, weights=[0.5, 0.5], seed=3).batch(16)
+    for s in range(6):
+        want = [2 * i if name == "a" else 10 + i + 1000 for [(name, i)] in pipe.explain(s)]
+        assert pipe.batch_at(s)["x"].tolist() == want, s
+    assert {name for s in range(6) for [(name, _)] in pipe.explain(s)} == {"a", "c"}
+    b = _comp(0, 10, 2).map(as_float)
+    bad = quern.mix({"a": a, "b": b}, weights=[0.5, 0.5], seed=3).batch(16)
+    with pytest.raises(quern.StepError, match=r"components '[ab]' and '[ab]' give records of different") as e:
+        bad.batch_at(0)
+    assert "int64" in str(e.value) and "float32" in str(e.value)
