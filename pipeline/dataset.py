@@ -204,9 +204,86 @@ class Pipeline:
         kept = scan.survivors(prefix, key, self.survivors, len(self.source), cache_dir, workers)
         return prefix._replace(survivors=kept)
 
-    def balance_hosts(self, lengths: Any) -> Pipeline:
+    def length_index(
+        self,
+        key: str | None = None,
+        lengths: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        workers: int | None = None,
+    ) -> np.ndarray:
+        """Tokens per record of the source after the record transforms: ``len(record)``,
+        or ``len(record[key])``, which must be 1-D. A read-only int64 array with one
+        value per record of the source, ``-1`` for the records a filter drops.
+
+        ``lengths`` (an integer array or the path of a ``.npy`` file, one value per
+        record of the source) is taken instead of a scan, after checks: its size,
+        values ``>= 0``, and the lengths of 5 records (the first, the last and 3
+        spread between, of those in the stream) computed here, so that an index
+        made for other data or other transforms is refused, naming the record.
+        Otherwise the index is found once by a scan (in processes when there are
+        many records, as a filter's, :mod:`quern.pipeline.scan`) and cached under
+        ``cache_dir`` (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``, folder
+        ``lengths/``), keyed by the fingerprint of the source, the record
+        transforms and ``key``; a damaged cache file is detected and rebuilt."""
+        if self.source is None:
+            raise ValueError("length_index() of a mixture: take each component's length_index()")
+        if self.batch_size is not None:
+            raise ValueError("length_index() measures records: call it on the pipeline before batch()")
+        if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
+            raise ValueError(
+                "length_index() after random_map(): lengths must not depend on the stream position; "
+                "measure the pipeline before random_map()"
+            )
+        n = len(self.source)
+        if lengths is not None:
+            return self._given_lengths(lengths, key)
+        fp = fingerprint_of(
+            {
+                "index_format": _index.INDEX_FORMAT_VERSION,
+                "source": self.source.identity(),
+                "record_ops": [
+                    [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
+                ],
+                "length_key": key,
+            }
+        )
+        return scan.lengths(self, fp, self.survivors, n, key, cache_dir, workers)
+
+    def _given_lengths(self, lengths: Any, key: str | None) -> np.ndarray:
+        """A user's length index, checked (see :meth:`length_index`)."""
+        assert self.source is not None
+        n = len(self.source)
+        what = f"length index {lengths!r}" if isinstance(lengths, (str, os.PathLike)) else "the length index given"
+        arr = np.load(lengths, mmap_mode="r") if isinstance(lengths, (str, os.PathLike)) else np.asarray(lengths)
+        if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(
+                f"{what} must hold one integer per record of source {self.source.name!r} (shape ({n},)); "
+                f"it has shape {arr.shape} and dtype {arr.dtype}"
+            )
+        live = np.arange(n, dtype=np.int64) if self.survivors is None else np.asarray(self.survivors)
+        if arr.size and int(np.asarray(arr)[live].min()) < 0:
+            bad = int(live[int(np.argmin(np.asarray(arr)[live]))])
+            raise ValueError(f"{what}: record {bad} has length {int(arr[bad])}; lengths must be >= 0")
+        sample = live[np.unique(np.linspace(0, len(live) - 1, 5).astype(np.int64))]
+        real = scan.record_lengths(self, sample, key)
+        for rid, want in zip(sample.tolist(), real.tolist()):
+            if int(arr[rid]) != want:
+                raise ValueError(
+                    f"{what} does not fit source {self.source.name!r} and its transforms: record {rid} has "
+                    f"{want} tokens, the index says {int(arr[rid])}"
+                )
+        out = np.asarray(arr, dtype=np.int64).copy()
+        if self.survivors is not None:
+            keep = np.zeros(n, dtype=bool)
+            keep[live] = True
+            out[~keep] = -1
+        out.setflags(write=False)
+        return out
+
+    def balance_hosts(self, lengths: Any = None, key: str | None = None) -> Pipeline:
         """Token-balanced host slices: ``lengths[i]`` is the length (token count) of
-        record ``i``, a length index computed once. Each host still gets ``B / H``
+        record ``i``; by default the pipeline's :meth:`length_index` (``key``: which
+        field of a record holds its tokens). Each host still gets ``B / H``
         rows of every full global batch, but which rows is chosen so that the hosts'
         token counts are even: rows sorted by length (longest first, ties by
         position) are dealt to hosts in a snake order (0..H-1, H-1..0, ...), so the
@@ -216,6 +293,8 @@ class Pipeline:
         batch is split into contiguous slices as usual."""
         if self.source is None:
             raise ValueError("balance_hosts() on a mixture is not supported: its rows come from several sources")
+        if lengths is None:
+            lengths = self.length_index(key)
         lengths = np.asarray(lengths)
         if lengths.shape != (len(self.source),) or not np.issubdtype(lengths.dtype, np.integer):
             raise ValueError(
@@ -224,8 +303,10 @@ class Pipeline:
             )
         if lengths.size and lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
             raise ValueError(f"balance_hosts: record {int(lengths.argmax())} has a length beyond 2**63")
-        if lengths.size and lengths.min() < 0:
-            raise ValueError(f"balance_hosts: lengths must be >= 0, record {int(lengths.argmin())} has {lengths.min()}")
+        live = lengths if self.survivors is None else lengths[np.asarray(self.survivors)]  # a filter's drops: any
+        if live.size and live.min() < 0:
+            bad = int(live.argmin()) if self.survivors is None else int(self.survivors[int(live.argmin())])
+            raise ValueError(f"balance_hosts: lengths must be >= 0, record {bad} has {int(lengths[bad])}")
         lengths = lengths.astype(np.int64)
         lengths.setflags(write=False)
         return self._replace(host_lengths=lengths, host_lengths_digest=digest(lengths))

@@ -31,9 +31,10 @@ import numpy as np
 from . import execute
 from .errors import ScanError, StepError
 from .ops import OpKind
+from .plan import indexfile
 from .plan import survivors as _survivors
 
-__all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "survivors"]
+__all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "record_lengths", "survivors", "lengths"]
 
 CHUNK = 4096  # records per bulk read
 PROCESS_MIN = 200_000  # candidates from which the scan runs in worker processes
@@ -71,35 +72,79 @@ def _keep(pred: Any, records: Any, ids: np.ndarray, source_name: str, label: str
     return keep
 
 
-def keep_mask(prefix: Any, ids: np.ndarray, progress: Any = None) -> np.ndarray:
-    """One boolean per id of ``ids``: does the filter at the end of ``prefix`` keep it.
-    ``progress(n)`` is called after each chunk with the ids done in it."""
+def _lengths(records: Any, ids: np.ndarray, source_name: str, key: str | None) -> np.ndarray:
+    """Tokens per record: ``len`` of the record (``record[key]``), which must be 1-D."""
+    out = np.empty(len(records), dtype=np.int64)
+    for i, rec in enumerate(records):
+        what = rec
+        if key is not None:
+            if not isinstance(rec, dict) or key not in rec:
+                keys = list(rec) if isinstance(rec, dict) else None
+                raise ScanError(
+                    f"length scan, record {int(ids[i])} of source {source_name!r}: no key {key!r} in the record "
+                    f"({'its keys: ' + repr(keys) if keys is not None else type(rec).__name__})"
+                )
+            what = rec[key]
+        if isinstance(what, dict):
+            raise ScanError(
+                f"length scan, record {int(ids[i])} of source {source_name!r}: the record is a dict (keys "
+                f"{list(what)[:8]}); pass key= to say which of its values holds the tokens"
+            )
+        arr = np.asarray(what) if not isinstance(what, (bytes, str)) else None
+        if arr is None or arr.ndim != 1:
+            shape = "bytes or str" if arr is None else f"shape {arr.shape}"
+            raise ScanError(
+                f"length scan, record {int(ids[i])} of source {source_name!r}"
+                f"{'' if key is None else f', key {key!r}'}: expected a 1-D array of tokens, got {shape}"
+            )
+        out[i] = arr.shape[0]
+    return out
+
+
+def _measure(prefix: Any, ids: np.ndarray, what: str, key: str | None, progress: Any = None) -> np.ndarray:
+    """Read ``ids`` of ``prefix.source`` in chunks, run the record transforms, and measure each
+    record: ``what="filter"``, does the filter ending ``prefix`` keep it (bool; the transforms
+    before it); ``what="lengths"``, its tokens (int64; all the transforms)."""
     ops = prefix.record_ops
-    k = len(ops) - 1
-    pred = ops[k]
-    label = pred.label(k)
-    out = np.empty(len(ids), dtype=np.bool_)
+    upto = len(ops) - 1 if what == "filter" else len(ops)
+    out: np.ndarray = np.empty(len(ids), dtype=np.bool_ if what == "filter" else np.int64)
     for lo in range(0, len(ids), CHUNK):
         chunk = np.asarray(ids[lo : lo + CHUNK], dtype=np.int64)
-        where = f"filter scan of records {int(chunk[0])}..{int(chunk[-1])}"
+        where = f"{'filter' if what == 'filter' else 'length'} scan of records {int(chunk[0])}..{int(chunk[-1])}"
         try:
             records: Any = execute.read(prefix, chunk, where)
-            for j in range(k):
-                if ops[j].kind is not OpKind.FILTER:  # an earlier filter keeps every candidate
+            for j in range(upto):
+                if ops[j].kind is not OpKind.FILTER:  # a filter keeps every candidate
                     records = execute.apply_record_op(prefix, j, records, chunk, chunk, where)
         except StepError as e:
             raise ScanError(str(e)) from e.__cause__
-        out[lo : lo + len(chunk)] = _keep(pred.fn, records, chunk, prefix.source.name, label)
+        if what == "filter":
+            out[lo : lo + len(chunk)] = _keep(ops[upto].fn, records, chunk, prefix.source.name, ops[upto].label(upto))
+        else:
+            out[lo : lo + len(chunk)] = _lengths(records, chunk, prefix.source.name, key)
         if progress is not None:
             progress(len(chunk))
     return out
 
 
+def keep_mask(prefix: Any, ids: np.ndarray, progress: Any = None) -> np.ndarray:
+    """One boolean per id of ``ids``: does the filter at the end of ``prefix`` keep it.
+    ``progress(n)`` is called after each chunk with the ids done in it."""
+    return _measure(prefix, ids, "filter", None, progress)
+
+
+def record_lengths(prefix: Any, ids: np.ndarray, key: str | None = None, progress: Any = None) -> np.ndarray:
+    """Tokens per id of ``ids`` after all of ``prefix``'s record transforms: the length of
+    the record (or of ``record[key]``), which must be a 1-D array (``ScanError`` naming the
+    record otherwise)."""
+    return _measure(prefix, ids, "lengths", key, progress)
+
+
 class _Bar:
     """``quern filter scan: done/total records`` on stderr when it is a terminal."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
+    def __init__(self, total: int, what: str = "filter") -> None:
+        self.total, self.done, self.what = total, 0, what
         self.on = sys.stderr.isatty()
         self.last = 0.0
 
@@ -109,14 +154,16 @@ class _Bar:
         if self.on and (now - self.last > 0.2 or self.done >= self.total):
             self.last = now
             pct = 100.0 * self.done / max(1, self.total)
-            sys.stderr.write(f"\rquern filter scan: {self.done:,}/{self.total:,} records ({pct:5.1f}%)")
+            sys.stderr.write(f"\rquern {self.what} scan: {self.done:,}/{self.total:,} records ({pct:5.1f}%)")
             if self.done >= self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
 
 
-def _scan_in_processes(prefix: Any, candidates: np.ndarray, workers: int, bar: _Bar) -> np.ndarray:
-    """``keep_mask`` over ``candidates`` in ``workers`` fresh interpreters (never a fork
+def _scan_in_processes(
+    prefix: Any, candidates: np.ndarray, workers: int, bar: _Bar, what: str = "filter", key: str | None = None
+) -> np.ndarray:
+    """:func:`_measure` over ``candidates`` in ``workers`` fresh interpreters (never a fork
     of this process), each over a contiguous range; progress comes back on stdout."""
     import cloudpickle
 
@@ -126,7 +173,7 @@ def _scan_in_processes(prefix: Any, candidates: np.ndarray, workers: int, bar: _
         np.save(ids_path, np.asarray(candidates, dtype=np.int64))
         job = os.path.join(tmp, "job.pkl")
         with open(job, "wb") as f:
-            f.write(cloudpickle.dumps(prefix))
+            f.write(cloudpickle.dumps((prefix, what, key)))
         procs = []
         code = f"import sys; sys.path[:] = {sys.path!r}; from quern.pipeline.scan import _child; _child()"
         sel = selectors.DefaultSelector()
@@ -144,10 +191,10 @@ def _scan_in_processes(prefix: Any, candidates: np.ndarray, workers: int, bar: _
                 sel.register(p.stdout, selectors.EVENT_READ)
             open_pipes = workers
             while open_pipes:
-                for key, _ in sel.select():
-                    line = key.fileobj.readline()  # type: ignore[union-attr]
+                for ready, _ in sel.select():
+                    line = ready.fileobj.readline()  # type: ignore[union-attr]
                     if not line:
-                        sel.unregister(key.fileobj)
+                        sel.unregister(ready.fileobj)
                         open_pipes -= 1
                     elif line.strip().isdigit():
                         bar(int(line))
@@ -156,7 +203,7 @@ def _scan_in_processes(prefix: Any, candidates: np.ndarray, workers: int, bar: _
                 err = p.stderr.read().decode(errors="replace") if p.stderr else ""
                 if p.wait() != 0:
                     last = err.strip().splitlines()[-1] if err.strip() else f"exit status {p.returncode}"
-                    raise ScanError(f"filter scan: a scan process failed: {last}")
+                    raise ScanError(f"{what} scan: a scan process failed: {last}")
                 masks.append(np.load(out))
         finally:
             for p, _ in procs:
@@ -164,14 +211,14 @@ def _scan_in_processes(prefix: Any, candidates: np.ndarray, workers: int, bar: _
                     p.kill()
                     p.wait()
             sel.close()
-        return np.concatenate(masks) if masks else np.zeros(0, dtype=np.bool_)
+        return np.concatenate(masks) if masks else np.zeros(0, dtype=np.bool_ if what == "filter" else np.int64)
 
 
 def _child() -> None:
     """Entry point of a scan process: ``job ids lo hi out`` on the command line."""
     job, ids_path, lo, hi, out = sys.argv[1:6]
     with open(job, "rb") as f:
-        prefix = pickle.load(f)
+        prefix, what, key = pickle.load(f)
     ids = np.load(ids_path, mmap_mode="r")[int(lo) : int(hi)]
 
     def report(n: int) -> None:
@@ -179,7 +226,7 @@ def _child() -> None:
         sys.stdout.flush()
 
     try:
-        mask = keep_mask(prefix, ids, report)
+        mask = _measure(prefix, ids, what, key, report)
     except ScanError as e:
         sys.stderr.write(f"{e}\n")
         sys.exit(1)
@@ -224,3 +271,41 @@ def survivors(
         return kept
     ids, why = _survivors.load(path, n)
     return ids if ids is not None else kept
+
+
+def lengths(
+    prefix: Any,
+    key: str,
+    candidates: np.ndarray | None,
+    n: int,
+    length_key: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    workers: int | None = None,
+) -> np.ndarray:
+    """The length index of ``prefix``: tokens per record of its source after its record
+    transforms (``record[length_key]`` when given), ``-1`` for records not among
+    ``candidates`` (``None``: all ``n``); from the verified cache file of ``key`` or a
+    scan (which then writes it). A read-only int64 array of ``n`` values."""
+    path = indexfile.path_for(key, cache_dir, indexfile.LENGTHS)
+    found, why = indexfile.load(path, n, indexfile.LENGTHS)
+    if found is not None:
+        return found
+    if why != "not built yet":
+        print(f"quern: the length index {path} is not usable ({why}); scanning again", file=sys.stderr)
+    cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
+    bar = _Bar(len(cand), "length")
+    workers = os.cpu_count() or 1 if workers is None else int(workers)
+    if workers > 1 and len(cand) >= PROCESS_MIN:
+        got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
+    else:
+        got = record_lengths(prefix, cand, length_key, bar)
+    out = np.full(n, -1, dtype=np.int64)
+    out[cand] = got
+    try:
+        indexfile.store(path, out, n, indexfile.LENGTHS)
+    except OSError as e:
+        print(f"quern: cannot write the length index {path} ({e}); it is kept in memory only", file=sys.stderr)
+        out.setflags(write=False)
+        return out
+    found, why = indexfile.load(path, n, indexfile.LENGTHS)
+    return found if found is not None else out

@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import mixture, survivors
+from . import indexfile, mixture, survivors
 
-__all__ = ["Segments", "mixture", "survivors"]
+__all__ = ["Segments", "indexfile", "mixture", "survivors"]
 
 
 class Segments(NamedTuple):
