@@ -28,8 +28,9 @@ from .dump import to_config
 from .fingerprint import describe_callable, fingerprint_of
 from .loader import PipelineIterator
 from .ops import Op, OpKind
-from .plan import Segments
+from .plan import Pieces, Segments
 from .plan import mixture as _mixture
+from .plan import packing as _packing
 from .sources import Source, as_source
 
 __all__ = ["Pipeline", "Op", "OpKind"]
@@ -65,6 +66,77 @@ class Mixture:
 
 
 @dataclasses.dataclass(frozen=True)
+class Packing:
+    """A packed stream's definition (see :meth:`Pipeline.pack`): the pipeline whose
+    records are packed, the row length, the mode, the key of the tokens and the
+    length index (one value per record of its source). Plans of epochs are
+    computed on demand and kept (:mod:`quern.pipeline.plan.packing`)."""
+
+    inner: Pipeline
+    seq_len: int
+    mode: str
+    key: str | None
+    lengths: np.ndarray = dataclasses.field(compare=False, repr=False)
+    lengths_digest: str = ""
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_plans"}  # plans are recomputed where needed
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "inner": self.inner.describe(),
+            "seq_len": self.seq_len,
+            "mode": self.mode,
+            "key": self.key,
+            "lengths": self.lengths_digest,
+        }
+
+    def epoch(self, e: int) -> tuple[_packing.EpochPlan, np.ndarray]:
+        """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        hit = plans.get(e)
+        if hit is None:
+            n = self.inner.stream_len
+            assert n is not None
+            ids = self.inner.record_ids(np.arange(e * n, (e + 1) * n, dtype=np.int64))
+            hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.seed, e), ids)
+            plans[e] = hit
+            while len(plans) > 2:
+                plans.pop(next(iter(plans)))
+        return hit
+
+    def rows_before(self, e: int) -> int:
+        """Rows in the epochs before ``e``: a closed form for ``concat``, else each epoch's
+        row count (kept once known; an epoch not seen yet is planned)."""
+        if self.mode == "concat":
+            n = self.inner.stream_len
+            assert n is not None
+            ids = self.inner.record_ids(np.arange(n, dtype=np.int64))  # every epoch has the same tokens
+            total = int(self.lengths[ids].sum()) if "_tokens" not in self.__dict__ else self.__dict__["_tokens"]
+            self.__dict__["_tokens"] = total
+            return e * -(-total // self.seq_len)
+        counts = self.__dict__.setdefault("_rows", [])
+        while len(counts) < e:
+            counts.append(self.epoch(len(counts))[0].rows)
+        return int(sum(counts[:e]))
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch of each row position and the row's index within its epoch."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not rows.size:
+            return rows.copy(), rows.copy()
+        top, e = int(rows.max()), 0
+        while self.rows_before(e + 1) <= top:
+            e += 1
+        cum = np.asarray([self.rows_before(k) for k in range(e + 2)], dtype=np.int64)
+        epochs = np.searchsorted(cum, rows, side="right") - 1
+        return epochs, rows - cum[epochs]
+
+
+@dataclasses.dataclass(frozen=True)
 class Pipeline:
     """The description of a data pipeline. Build it with :meth:`from_source` and chain
     ``shuffle / map / random_map / batch / map_batch``; each call returns a new pipeline.
@@ -87,6 +159,7 @@ class Pipeline:
     host_lengths_digest: str | None = None  # the lengths' content: equality and fingerprint alike
     survivors: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see filter
     mixture: Mixture | None = None  # see quern.mix
+    packing: Packing | None = None  # see pack
 
     # ------------------------------------------------------------------ construction
 
@@ -121,6 +194,8 @@ class Pipeline:
             raise ValueError(
                 "shuffle() on a mixture: shuffle each component instead (each has its own order and epochs)"
             )
+        if self.packing is not None:
+            raise ValueError("shuffle() after pack(): shuffle the records before pack() (best_fit rows come shuffled)")
         if self.batch_size is not None or self.record_ops:
             raise ValueError(
                 "shuffle() must come before map(), filter() and batch(): it reorders records of the source "
@@ -185,6 +260,8 @@ class Pipeline:
         self._need_no_batch("filter", "map_batch(fn) to drop rows yourself")
         if self.mixture is not None:
             raise ValueError("filter() on a mixture: filter its components instead (each keeps its own survivors)")
+        if self.packing is not None:
+            raise ValueError("filter() after pack(): filter the records before pack()")
         if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
             raise ValueError(
                 "filter() after random_map(): the records a filter keeps must not depend on the stream position; "
@@ -225,6 +302,8 @@ class Pipeline:
         ``cache_dir`` (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``, folder
         ``lengths/``), keyed by the fingerprint of the source, the record
         transforms and ``key``; a damaged cache file is detected and rebuilt."""
+        if self.packing is not None:
+            raise ValueError("length_index() after pack(): packed rows all hold seq_len tokens; measure before pack()")
         if self.source is None:
             raise ValueError("length_index() of a mixture: take each component's length_index()")
         if self.batch_size is not None:
@@ -248,6 +327,75 @@ class Pipeline:
             }
         )
         return scan.lengths(self, fp, self.survivors, n, key, cache_dir, workers)
+
+    def pack(
+        self,
+        seq_len: int,
+        mode: str = "best_fit",
+        key: str | None = None,
+        lengths: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        workers: int | None = None,
+    ) -> Pipeline:
+        """Pack the records into rows of ``seq_len`` tokens: a stream of rows
+        ``{"tokens", "segment_ids", "positions"}`` (int32, shape ``(seq_len,)``), plus
+        packed copies of the record's other per-token arrays (values of a dict
+        record that are 1-D and as long as its tokens; other values are dropped).
+
+        Records are 1-D token arrays, or dicts holding one under ``key``, after the
+        record transforms. ``mode="best_fit"`` places whole documents (best-fit
+        decreasing over each epoch; a document longer than ``seq_len`` is cut into
+        ``seq_len`` pieces, each a row, and its remainder is placed like a
+        document), and the epoch's rows come in a keyed random order;
+        ``mode="concat"`` concatenates the documents in stream order and cuts
+        rows. ``segment_ids`` number a row's pieces 1..k, 0 marks padding;
+        ``positions`` restart at 0 for every piece with ``best_fit``, and count
+        from the piece's offset in its document with ``concat``. Padding tokens
+        are 0. An epoch's last partial row is padded, never dropped.
+
+        The plan comes from the :meth:`length_index` (``lengths``, ``cache_dir``,
+        ``workers`` as there) and reads nothing: any step's rows are computed from
+        the step number (see :mod:`quern.pipeline.plan.packing`). Chain
+        ``.map``/``.random_map`` (on rows) and ``.batch(B)`` (B rows per step)."""
+        seq_len = _check_int(seq_len, "seq_len", 1)
+        if mode not in _packing.MODES:
+            raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
+        if self.packing is not None:
+            raise ValueError("pack() on a packed pipeline: it is packed already")
+        if self.source is None:
+            raise ValueError("pack() on a mixture: pack its components (mixtures of packed components come later)")
+        self._need_no_batch("pack", "a pipeline before batch()")
+        lens = self.length_index(key, lengths, cache_dir, workers)
+        live = lens[np.asarray(self.survivors)] if self.survivors is not None else lens
+        if not int(np.asarray(live).sum()):
+            raise ValueError(f"pack(): the records of source {self.source.name!r} hold no token")
+        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)))
+        return Pipeline(source=None, seed=self.seed, num_epochs=self.num_epochs, packing=p)
+
+    def pieces(self, positions: np.ndarray) -> Pieces:
+        """The documents in the packed rows at these stream positions (pure index
+        arithmetic over the length index; reads nothing)."""
+        p = self.packing
+        if p is None:
+            raise TypeError("pieces() is for packed pipelines; use segments()")
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, within = p.locate(positions)
+        parts = []
+        for e in np.unique(epochs).tolist():
+            sel = np.flatnonzero(epochs == e)
+            plan, ids = p.epoch(e)
+            k = within[sel]
+            first, last = plan.row_ptr[k], plan.row_ptr[k + 1]
+            n = last - first
+            idx = np.repeat(first, n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+            rows = np.repeat(sel, n)
+            parts.append((rows, ids[plan.doc[idx]], plan.start[idx], plan.length[idx]))
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return Pieces(z, z, z, z)
+        row, ids, start, length = (np.concatenate(x) for x in zip(*parts))
+        order = np.argsort(row, kind="stable")
+        return Pieces(row[order], ids[order], start[order], length[order])
 
     def _given_lengths(self, lengths: Any, key: str | None) -> np.ndarray:
         """A user's length index, checked (see :meth:`length_index`)."""
@@ -292,7 +440,10 @@ class Pipeline:
         assembled global batch then depends on the host count. A partial last
         batch is split into contiguous slices as usual."""
         if self.source is None:
-            raise ValueError("balance_hosts() on a mixture is not supported: its rows come from several sources")
+            raise ValueError(
+                "balance_hosts() on a mixture or a packed pipeline is not supported: its rows come from several "
+                "records (packed rows hold seq_len tokens each already)"
+            )
         if lengths is None:
             lengths = self.length_index(key)
         lengths = np.asarray(lengths)
@@ -363,10 +514,9 @@ class Pipeline:
     def num_steps(self) -> int | None:
         """Number of steps in the stream, or ``None`` when it is endless."""
         b = self._need_batch("num_steps")
-        n = self.stream_len
-        if self.num_epochs is None or n is None:
+        total = self._total()
+        if total is None:
             return None
-        total = n * self.num_epochs
         return total // b if self.drop_remainder else -(-total // b)
 
     def check_step(self, step: object, name: str = "step", end_ok: bool = False) -> int:
@@ -393,7 +543,7 @@ class Pipeline:
         lo, hi = _index.host_rows(b, process_index, process_count)
         start = step * b
         end = start + hi
-        total = None if self.num_epochs is None or self.stream_len is None else self.stream_len * self.num_epochs
+        total = self._total()
         if total is not None:
             end = min(end, total)
         full = total is None or start + b <= total
@@ -420,7 +570,20 @@ class Pipeline:
             return None
         return len(self.survivors) if self.survivors is not None else len(self.source)
 
+    def _total(self) -> int | None:
+        """Positions in a finite stream (records, or a packed stream's rows, over all
+        epochs); ``None`` when it is endless."""
+        if self.num_epochs is None:
+            return None
+        if self.packing is not None:
+            return self.packing.rows_before(self.num_epochs)
+        n = self.stream_len
+        return None if n is None else n * self.num_epochs
+
     def _records_text(self) -> str:
+        if self.packing is not None:
+            p = self.packing
+            return f"the packed stream has {p.rows_before(1)} rows of {p.seq_len} tokens in its first epoch"
         assert self.source is not None
         kept = f" ({len(self.survivors)} kept by the filter)" if self.survivors is not None else ""
         return f"source {self.source.name!r} has {len(self.source)} records{kept}"
@@ -428,6 +591,8 @@ class Pipeline:
     @property
     def leaves(self) -> tuple[Pipeline, ...]:
         """The single-source pipelines rows come from: this one, or a mixture's components."""
+        if self.packing is not None:
+            return (self.packing.inner,)
         return (self,) if self.mixture is None else self.mixture.components
 
     @property
@@ -435,6 +600,8 @@ class Pipeline:
         """Names of :attr:`leaves`: the source's name, or the mixture's component keys."""
         if self.mixture is not None:
             return self.mixture.names
+        if self.packing is not None:
+            return self.packing.inner.leaf_names
         assert self.source is not None
         return (self.source.name,)
 
@@ -453,6 +620,8 @@ class Pipeline:
         index into :attr:`leaves`), the record id in that leaf's source and the
         position in that leaf's stream. Pure index arithmetic."""
         positions = np.asarray(positions, dtype=np.int64)
+        if self.packing is not None:
+            raise TypeError("a packed row holds several documents: use pieces(positions)")
         if self.mixture is None:
             return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
         m = self.mixture
@@ -470,8 +639,15 @@ class Pipeline:
         pairs it was made from, ``name`` being the source's name or, in a mixture,
         the component's key (the record index is then in that component's source).
         O(batch) time; reads nothing."""
-        seg = self.segments(self.positions(step, process_index, process_count))
+        positions = self.positions(step, process_index, process_count)
         names = self.leaf_names
+        if self.packing is not None:  # every document in every row
+            pieces = self.pieces(positions)
+            out: list[list[tuple[str, int]]] = [[] for _ in positions]
+            for r, i in zip(pieces.row.tolist(), pieces.ids.tolist()):
+                out[r].append((names[0], i))
+            return out
+        seg = self.segments(positions)
         return [[(names[c], i)] for c, i in zip(seg.component.tolist(), seg.ids.tolist())]
 
     # ------------------------------------------------------------------ computing
@@ -526,6 +702,8 @@ class Pipeline:
         }
         if self.mixture is not None:
             return {"index_format": _index.INDEX_FORMAT_VERSION, "mixture": self.mixture.describe(step), **ops}
+        if self.packing is not None:
+            return {"index_format": _index.INDEX_FORMAT_VERSION, "packing": self.packing.describe(), **ops}
         assert self.source is not None
         return {
             "index_format": _index.INDEX_FORMAT_VERSION,
@@ -646,7 +824,10 @@ class Pipeline:
         return self.iterator()
 
     def __repr__(self) -> str:
-        if self.mixture is not None:
+        if self.packing is not None:
+            p = self.packing
+            parts = [f"{p.inner!r}.pack({p.seq_len}, mode={p.mode!r}, key={p.key!r})"]
+        elif self.mixture is not None:
             m = self.mixture
             parts = [f"quern.mix({dict(zip(m.names, m.components))!r}, schedule={[tuple(st) for st in m.stages]})"]
         else:

@@ -30,7 +30,7 @@ from . import index as _index
 from .collate import CollatedRows, collate, describe, take
 from .errors import CollateError, StepError
 from .ops import Op, OpKind
-from .plan import Segments
+from .plan import Pieces, Segments
 from .sources import Source
 from .tree import leaves as tree_leaves
 from .tree import map_leaves
@@ -562,6 +562,9 @@ def step_results(
     for i, s in enumerate(steps):  # a host with no rows in a partial last batch: probe row 0 for the structure
         if empty[i]:
             positions[i] = np.asarray([s * (pipe.batch_size or 0)], dtype=np.int64)
+    if getattr(pipe, "packing", None) is not None:
+        yield from _packed_results(pipe, steps, positions, wheres, empty, process_index, process_count, timings)
+        return
     seg = pipe.segments(np.concatenate(positions))
     clock = _Clock(timings)
     try:
@@ -590,6 +593,130 @@ def step_results(
             yield StepResult(s, None, e)
             continue
         yield StepResult(s, batch, None)
+
+
+PACK = "pack"
+
+
+def _packed_results(
+    pipe: Any,
+    steps: list[int],
+    positions: list[np.ndarray],
+    wheres: list[Where],
+    empty: list[bool],
+    process_index: int,
+    process_count: int,
+    timings: dict[str, float] | None,
+) -> Iterator[StepResult]:
+    """:func:`step_results` of a packed pipeline: the plan gives each row's pieces; the
+    documents of all the steps are read in one bulk call, then per step they go
+    through the packed pipeline's record transforms, are cut and laid into rows
+    (stage ``pack``), and the rows through the transforms after ``pack``, collate
+    and the batch transforms."""
+    inner = pipe.packing.inner
+    pieces = pipe.pieces(np.concatenate(positions))
+    uniq = np.unique(pieces.ids)
+    clock = _Clock(timings)
+    try:
+        got = read(inner, uniq, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
+    except StepError as e:
+        if len(steps) > 1:
+            for s in steps:
+                yield from step_results(pipe, [s], process_index, process_count, timings)
+            return
+        yield StepResult(steps[0], None, e)
+        return
+    clock.lap(READ)
+    lo = 0
+    for s, pos, where, is_empty in zip(steps, positions, wheres, empty):
+        hi = lo + len(pos)
+        a, b = np.searchsorted(pieces.row, [lo, hi], side="left")
+        mine = Pieces(pieces.row[a:b] - lo, pieces.ids[a:b], pieces.start[a:b], pieces.length[a:b])
+        lo = hi
+        try:
+            docs = np.unique(mine.ids)
+            at = np.searchsorted(uniq, docs)
+            records: Sequence[Any] = [got[i] for i in at.tolist()]
+            for k, op in enumerate(inner.record_ops):
+                records = apply_record_op(inner, k, records, docs, docs, where)
+                clock.lap(op.label(k))
+            rows: Sequence[Any] = _lay_rows(pipe.packing, dict(zip(docs.tolist(), records)), mine, len(pos), where)
+            clock.lap(PACK)
+            first = np.full(len(pos), -1, dtype=np.int64)
+            first[mine.row[::-1]] = mine.ids[::-1]  # each row's first document names it in messages
+            seg = Segments(np.zeros(len(pos), dtype=np.int64), first, pos)
+            for k, op in enumerate(pipe.record_ops):
+                rows = apply_record_op(pipe, k, rows, pos, first, where, RowNames.of(inner, first))
+                clock.lap(op.label(k))
+            batch = collate_rows(pipe, rows, first, where, RowNames.of(inner, first))
+            clock.lap(COLLATE)
+            if is_empty:
+                batch = take(batch, slice(0, 0))
+                batch = batch_stages(pipe, batch, pos[:0], seg.take(slice(0, 0)), f"step {s}", timings)
+            else:
+                batch = batch_stages(pipe, batch, pos, seg, where, timings)
+        except Exception as e:
+            yield StepResult(s, None, e)
+            continue
+        yield StepResult(s, batch, None)
+
+
+def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:
+    """Stage ``pack``: the rows ``{"tokens", "segment_ids", "positions", other per-token
+    arrays}`` (``n_rows`` x ``seq_len``) made of ``pieces`` of the transformed ``docs``."""
+    S, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
+    source = packing.inner.source.name
+
+    def tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        rec = docs[rid]
+        value = rec[key] if key is not None and isinstance(rec, Mapping) and key in rec else rec
+        arr = np.asarray(value) if not isinstance(value, (bytes, str, Mapping)) else None
+        if arr is None or arr.ndim != 1:
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: expected a 1-D array of tokens"
+                f"{'' if key is None else f' under key {key!r}'}, got {describe(value)}"
+            )
+        if int(packing.lengths[rid]) != arr.shape[0]:
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: it has {arr.shape[0]} tokens but the "
+                f"length index says {int(packing.lengths[rid])}: the index was made for other data or transforms"
+            )
+        extra = {}
+        if isinstance(rec, Mapping):
+            extra = {
+                str(k): np.asarray(v)
+                for k, v in rec.items()
+                if k != key and isinstance(v, np.ndarray) and v.ndim == 1 and v.shape[0] == arr.shape[0]
+            }
+        return arr, extra
+
+    first_tokens, first_extra = tokens_of(int(pieces.ids[0])) if len(pieces.ids) else (np.zeros(0, np.int32), {})
+    out = {"tokens": np.zeros((n_rows, S), dtype=first_tokens.dtype)}
+    out["segment_ids"] = np.zeros((n_rows, S), dtype=np.int32)
+    out["positions"] = np.zeros((n_rows, S), dtype=np.int32)
+    for name, v in first_extra.items():
+        out[name] = np.zeros((n_rows, S), dtype=v.dtype)
+    fill = np.zeros(n_rows, dtype=np.int64)
+    segment = np.zeros(n_rows, dtype=np.int32)
+    for r, rid, start, n in zip(
+        pieces.row.tolist(), pieces.ids.tolist(), pieces.start.tolist(), pieces.length.tolist()
+    ):
+        arr, extra = tokens_of(rid)
+        if arr.dtype != first_tokens.dtype or set(extra) != set(first_extra):
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: its tokens are {arr.dtype} with "
+                f"per-token arrays {sorted(extra)}, the step's first record's are {first_tokens.dtype} with "
+                f"{sorted(first_extra)}: documents packed together must agree"
+            )
+        o = int(fill[r])
+        segment[r] += 1
+        out["tokens"][r, o : o + n] = arr[start : start + n]
+        out["segment_ids"][r, o : o + n] = segment[r]
+        out["positions"][r, o : o + n] = np.arange(start, start + n) if concat else np.arange(n)
+        for name, v in extra.items():
+            out[name][r, o : o + n] = v[start : start + n]
+        fill[r] = o + n
+    return CollatedRows(out, n_rows)
 
 
 def batches_at(pipe: Definition, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:

@@ -46,6 +46,10 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
             )
         if pipe.mixture is not None:
             raise ValueError(f"mix(): component {name!r} is itself a mixture; mix its components in one mixture")
+        if pipe.packing is not None:
+            raise ValueError(
+                f"mix(): component {name!r} is packed; mixtures of packed components are not supported yet"
+            )
         if pipe.num_epochs is not None:
             raise ValueError(
                 f"mix(): component {name!r} has num_epochs={pipe.num_epochs}; components must be endless "

@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import indexfile, mixture, survivors
+from . import indexfile, mixture, packing, survivors
 
-__all__ = ["Segments", "indexfile", "mixture", "survivors"]
+__all__ = ["Segments", "Pieces", "indexfile", "mixture", "packing", "survivors"]
 
 
 class Segments(NamedTuple):
@@ -30,3 +30,14 @@ class Segments(NamedTuple):
     def take(self, sel: slice | np.ndarray) -> Segments:
         """The rows ``sel`` (a slice, a mask or indices)."""
         return Segments(self.component[sel], self.ids[sel], self.positions[sel])
+
+
+class Pieces(NamedTuple):
+    """The documents in packed rows: piece ``i`` is tokens ``[start[i], start[i] + length[i])``
+    of record ``ids[i]``, in row ``row[i]`` (an index into the rows asked for); a row's
+    pieces are consecutive, in the row's order."""
+
+    row: np.ndarray  # int64
+    ids: np.ndarray  # int64
+    start: np.ndarray  # int64
+    length: np.ndarray  # int64
