@@ -63,6 +63,40 @@ reported at their key path (``mix.schedule.1.weights: the weight of 'web' is
 -1.0; weights must be >= 0``). A mixture has at most :data:`MAX_COMPONENTS`
 components and :data:`MAX_SCHEDULE` stages.
 
+**Packing.** A ``pack:`` section packs the records (after ``transforms``) into
+rows of ``seq_len`` tokens (:meth:`Pipeline.pack`); ``row_transforms`` then run
+on the packed rows, and ``batch`` counts rows::
+
+    source: {type: parquet, paths: "docs/*.parquet", columns: [tokens, loss_mask]}
+    seed: 0
+    shuffle: global
+    transforms: [{fn: "mytransforms:long_enough", kind: filter}]   # records, before packing
+    pack: {seq_len: 2048, mode: best_fit, key: tokens}             # or pack: 2048 (best_fit, records are token arrays)
+    row_transforms: [{fn: "mytransforms:mask_rows", kind: random_map}]  # packed rows: map or random_map
+    batch: 64
+    batch_transforms: [{fn: "mypackage.lm:shift"}]
+
+``seq_len`` (>= 1) is the row length; ``mode`` is ``best_fit`` (the default:
+whole documents placed by best-fit decreasing, rows in a keyed random order) or
+``concat`` (documents concatenated in stream order and cut); ``key`` names the
+value of a dict record that holds its tokens (null, the default: each record
+is a 1-D token array). A row is ``{tokens, segment_ids, positions}`` plus the
+packed copies of the record's other per-token arrays. The plan comes from the
+records' *length index*: by default scanned once when the config is loaded and
+cached like a filter's survivors (``$QUERN_CACHE_DIR``, folder ``lengths/``),
+so the config needs nothing for it; ``lengths: path/to/lengths.npy`` (relative
+to the config file) gives it instead, one integer per record of the source
+(records a filter drops: any value), checked against a sample of records. The
+index's content is part of the fingerprint, not where it came from: a file
+holding the scanned values gives the same pipeline. The record ``transforms``
+before ``pack`` may filter but not ``random_map`` (lengths must not depend on
+the stream position: put a ``random_map`` under ``row_transforms``); a
+``row_transforms`` section needs ``pack``. Packing is for single-source configs:
+a ``pack`` with ``mix:`` or in a mixture's component is refused (mixtures of
+packed components are not supported yet). ``quern inspect`` and ``quern run``
+print the fill (real tokens / (rows x ``seq_len``)) and padding of the steps
+shown or run, and ``quern explain`` every document of each row.
+
 What a config may import is :mod:`quern.pipeline.trust`'s rule (for a filter's
 ``fn`` as for any other); the limits on what a config file can make quern do are
 :mod:`quern.pipeline.limits`'.
@@ -235,12 +269,31 @@ Shuffle = Literal["global", "block"] | ShuffleConfig | None
 Batch = Annotated[StrictInt, Field(ge=1)] | BatchConfig
 
 
+class PackConfig(_Model):
+    seq_len: StrictInt = Field(ge=1)
+    mode: Literal["best_fit", "concat"] = "best_fit"
+    key: str | None = None
+    lengths: str | None = None
+
+    @field_validator("lengths")
+    @classmethod
+    def _file(cls, value: str | None) -> str | None:
+        if value is not None and (not value or len(value) > 4096):
+            raise ValueError(f"must be the path of a .npy file, got {show(value)}")
+        return value
+
+
+Pack = Annotated[StrictInt, Field(ge=1)] | PackConfig
+
+
 class PipelineConfig(_Model):
     source: SourceConfig
     seed: StrictInt = Field(0, ge=0, lt=2**64)
     num_epochs: StrictInt | None = Field(None, ge=1)
     shuffle: Shuffle = None
     transforms: Stages = []
+    pack: Pack | None = None
+    row_transforms: Stages = []
     batch: Batch
     batch_transforms: Stages = []
 
@@ -266,6 +319,9 @@ def _numbers(value: Any) -> Any:
     return value
 
 
+_PACK_ALONE = "pack a single-source config (source:, pack:, batch:)"
+
+
 class ComponentConfig(_Model):
     """One component of a mixture: a pipeline without batch, endless."""
 
@@ -274,6 +330,7 @@ class ComponentConfig(_Model):
     num_epochs: None = None
     shuffle: Shuffle = None
     transforms: Stages = []
+    pack: None = None
 
     @field_validator("num_epochs", mode="before")
     @classmethod
@@ -283,6 +340,13 @@ class ComponentConfig(_Model):
                 f"must be null, got {show(value)}: the components of a mixture are endless "
                 "(each repeats and reshuffles on its own epochs)"
             )
+        return value
+
+    @field_validator("pack", mode="before")
+    @classmethod
+    def _unpacked(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"mixtures of packed components are not supported yet; {_PACK_ALONE}")
         return value
 
 
@@ -350,8 +414,11 @@ _NOT_WITH_MIX = {
     "seed": "with mix, the mixture's seed is mix.seed (and each component has its own seed)",
     "num_epochs": "a mixture is endless: its components repeat on their own epochs; leave num_epochs out",
     "shuffle": "a mixture is not shuffled itself: shuffle its components (mix.components.<name>.shuffle)",
+    "pack": f"packing a mixture is not supported yet; {_PACK_ALONE}",
+    "row_transforms": "transforms of packed rows; a mixture is not packed (put its transforms under transforms)",
 }
-"""Top-level keys of a single-source config that a ``mix:`` config refuses, and why."""
+"""Top-level keys of a single-source config that a ``mix:`` config refuses, and why
+(``pack: null`` and ``row_transforms: []`` are no packing: let through)."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -401,12 +468,14 @@ _SECTIONS = {
     "batch_transforms": TransformConfig,
     "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig),
     "mix": MixConfig,
+    "pack": PackConfig,
+    "row_transforms": TransformConfig,
     _COMPONENT: ComponentConfig,
     "mix.schedule": StageConfig,
 }
 """Section -> its model(s): a section's keys, for hints about unknown keys ("did you mean",
 "it belongs under"). A component's ``shuffle``, ``source``... are those sections too."""
-_TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig"}
+_TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig", "PackConfig"}
 _TYPE_TAGS = {"int", "str", "constrained-int"}  # names pydantic gives union branches in error locations
 
 
@@ -593,7 +662,8 @@ def _validate(data: dict) -> PipelineConfig | MixPipelineConfig:
             raise ConfigError(_explain(e)) from None
     lines = []
     for key, why in _NOT_WITH_MIX.items():
-        if key in data and (key in ("source", "seed") or data[key] is not None):
+        given = key in data and (key in ("source", "seed") or data[key] is not None)
+        if given and not (key == "row_transforms" and isinstance(data[key], list) and not data[key]):
             lines.append(f"{key}: {why}")
     try:
         cfg = MixPipelineConfig.model_validate({k: v for k, v in data.items() if k not in _NOT_WITH_MIX})
@@ -615,8 +685,31 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
     if isinstance(cfg, MixPipelineConfig):
         pipe = _mixture_of(cfg.mix, base, policy)
         pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", policy)
-    else:
+    elif cfg.pack is None:
+        if cfg.row_transforms:
+            raise ConfigError(
+                "row_transforms: transforms of packed rows need a pack: section; "
+                "put the transforms of records under transforms"
+            )
         pipe = _leaf(cfg, base, policy, "")
+    else:
+        pack = PackConfig(seq_len=cfg.pack) if isinstance(cfg.pack, int) else cfg.pack
+        for i, t in enumerate(cfg.transforms):  # before any scan: the lengths must not depend on positions
+            if t.kind == "random_map":
+                raise ConfigError(
+                    f"transforms.{i}.kind: a random_map before pack: the lengths packing plans with must not "
+                    "depend on the stream position; put it under row_transforms (on packed rows)"
+                )
+        pipe = _packed(_leaf(cfg, base, policy, ""), pack, base)
+        pipe = _add_stages(
+            pipe,
+            cfg.row_transforms,
+            "row_transforms",
+            ("map", "random_map"),
+            "batch_transforms",
+            policy,
+            filter_hint="filter the records before pack (under transforms)",
+        )
     try:
         pipe = pipe.batch(size, drop_remainder=drop)
     except ValueError as e:
@@ -639,6 +732,24 @@ def _leaf(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, wher
         pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
     kinds = ("map", "random_map", "filter")
     return _add_stages(pipe, cfg.transforms, f"{where}transforms", kinds, "batch_transforms", policy)
+
+
+def _packed(pipe: Pipeline, cfg: PackConfig, base: str) -> Pipeline:
+    """``pipe`` packed as the ``pack`` section says (its ``lengths`` file against ``base``)."""
+    lengths = os.path.abspath(_path(cfg.lengths, base)) if cfg.lengths is not None else None
+    if lengths is not None and not os.path.isfile(lengths):
+        raise ConfigError(f"pack.lengths: no file {show(lengths)} (a .npy file of one integer per record)")
+    try:
+        packed = pipe.pack(cfg.seq_len, mode=cfg.mode, key=cfg.key, lengths=lengths)
+    except ScanError as e:  # a record without tokens (no key, not 1-D): the data's error, said with its key
+        raise ScanError(f"pack: {e}") from e.__cause__
+    except (OSError, ValueError) as e:  # the file's, or no record holds a token
+        about_file = lengths is not None and (isinstance(e, OSError) or "length index" in str(e))
+        raise ConfigError(_prefixed("pack.lengths" if about_file else "pack", e)) from e
+    assert packed.packing is not None
+    if lengths is not None:  # so that to_config writes the file back (the array itself has no config form)
+        object.__setattr__(packed.packing, "lengths_file", lengths)
+    return packed
 
 
 def _weights_error(e: Exception, key: str) -> ConfigError:
@@ -692,17 +803,16 @@ def _add_stages(
     kinds: tuple[str, ...],
     other: str,
     policy: Policy,
+    filter_hint: str = "a mixture's records are filtered in its components (mix.components.<name>.transforms)",
 ) -> Pipeline:
     """``pipe`` with the stages of one config section (at key path ``section``); ``kinds``:
-    the kinds that belong there, the first the default."""
+    the kinds that belong there, the first the default; ``other``: the section to suggest
+    for a stage of another kind (``filter_hint`` for a filter, when ``other`` is
+    ``batch_transforms``)."""
     for i, t in enumerate(stages):
         kind = t.kind or kinds[0]
         if kind not in kinds:
-            hint = (
-                "a mixture's records are filtered in its components (mix.components.<name>.transforms)"
-                if kind == "filter" and other == "batch_transforms"
-                else f"put it under {other}"
-            )
+            hint = filter_hint if kind == "filter" and other == "batch_transforms" else f"put it under {other}"
             raise ConfigError(f"{section}.{i}.kind: {kind!r} does not belong here; {hint}")
         fn = _resolve(t, f"{section}.{i}", policy)
         try:

@@ -137,6 +137,46 @@ class Packing:
 
 
 @dataclasses.dataclass(frozen=True)
+class Bucketing:
+    """A bucketed stream's definition (see :meth:`Pipeline.bucket`): the pipeline whose
+    records are bucketed, the bucket bounds and batch sizes, and the batched
+    pipeline of each bucket (the records of its length range, padded to its upper
+    bound); steps are assigned to buckets by a mixture at step granularity."""
+
+    inner: Pipeline
+    boundaries: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    key: str | None
+    pad_value: Any
+    buckets: tuple[int, ...]  # the buckets that hold records (indices into boundaries)
+    components: tuple[Pipeline, ...]  # one batched pipeline per bucket that holds records
+    stages: tuple[_mixture.Stage, ...]
+    block: int
+    lengths_digest: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"len<={self.boundaries[b]}" for b in self.buckets)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "inner": self.inner.describe(),
+            "boundaries": list(self.boundaries),
+            "batch_sizes": list(self.batch_sizes),
+            "key": self.key,
+            "pad_value": self.pad_value,
+            "weights": [list(st.weights) for st in self.stages],
+            "block": self.block,
+            "lengths": self.lengths_digest,
+        }
+
+    def assign(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The bucket (an index into ``components``) of each step and the step within that bucket's stream."""
+        a = _mixture.assign(np.asarray(steps, dtype=np.int64), self.stages, self.inner.seed, 1, self.block)
+        return a.component, a.position
+
+
+@dataclasses.dataclass(frozen=True)
 class Pipeline:
     """The description of a data pipeline. Build it with :meth:`from_source` and chain
     ``shuffle / map / random_map / batch / map_batch``; each call returns a new pipeline.
@@ -160,6 +200,7 @@ class Pipeline:
     survivors: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see filter
     mixture: Mixture | None = None  # see quern.mix
     packing: Packing | None = None  # see pack
+    bucketing: Bucketing | None = None  # see bucket
 
     # ------------------------------------------------------------------ construction
 
@@ -397,6 +438,66 @@ class Pipeline:
         order = np.argsort(row, kind="stable")
         return Pieces(row[order], ids[order], start[order], length[order])
 
+    def bucket(
+        self,
+        boundaries: Any,
+        batch_sizes: Any,
+        key: str | None = None,
+        pad_value: Any = 0,
+        lengths: Any = None,
+        cache_dir: str | os.PathLike | None = None,
+        workers: int | None = None,
+        block: int = _mixture.BLOCK,
+    ) -> Pipeline:
+        """Length bucketing: every step is a batch from one bucket of lengths, padded to
+        the bucket's upper bound (few static shapes, one per bucket).
+
+        Bucket ``b`` holds the records whose length (:meth:`length_index`, ``key``
+        as there) is in ``(boundaries[b-1], boundaries[b]]`` (the first from 1;
+        records longer than the last bound go to the last bucket and are
+        truncated to it); its batches have ``batch_sizes[b]`` rows, each record
+        padded with ``pad_value`` (:func:`quern.transforms.pad`: ``{"tokens",
+        "length"}``, other fields kept). Each bucket is a stream of its own (the
+        pipeline's shuffle over its records, its own epochs); steps are assigned
+        to buckets by a mixture at step granularity (exact counts per block of
+        ``block`` steps, :mod:`quern.pipeline.plan.mixture`) with weights
+        ``records in the bucket / its batch size``, so every bucket goes through
+        its records at the same pace. Step-addressable, the same for any worker or
+        host count; the stream is endless. Chain batch transforms after it."""
+        from ..transforms.pad import pad
+
+        if self.source is None:
+            raise ValueError("bucket() needs a single-source pipeline (not a mixture or a packed pipeline)")
+        self._need_no_batch("bucket", "bucket() instead of batch(): it makes the batches")
+        if self.num_epochs is not None:
+            raise ValueError("bucket(): the pipeline must be endless (num_epochs=None); each bucket has its own epochs")
+        bounds = [_check_int(b, "boundaries", 1) for b in boundaries]
+        sizes = [_check_int(b, "batch_sizes", 1) for b in batch_sizes]
+        if not bounds or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
+            raise ValueError(f"bucket(): boundaries must be increasing positive lengths, got {bounds}")
+        if len(sizes) != len(bounds):
+            raise ValueError(f"bucket(): {len(sizes)} batch sizes for {len(bounds)} buckets; give one per bucket")
+        lens = np.asarray(self.length_index(key, lengths, cache_dir, workers))
+        live = np.arange(len(lens)) if self.survivors is None else np.asarray(self.survivors)
+        which = np.minimum(np.searchsorted(np.asarray(bounds), lens[live], side="left"), len(bounds) - 1)
+        buckets, comps, weights = [], [], []
+        for b, (upper, size) in enumerate(zip(bounds, sizes)):
+            ids = live[which == b]
+            if not ids.size:
+                continue
+            part = self._replace(survivors=ids).map(pad(upper, key=key, pad_value=pad_value)).batch(size)
+            buckets.append(b)
+            comps.append(part)
+            weights.append(len(ids) / size)
+        if not comps:
+            raise ValueError("bucket(): no record in any bucket")
+        stages = (_mixture.Stage(0, _mixture.quantize(weights)),)
+        k = _mixture.block_size(len(comps), _check_int(block, "block", 1))
+        bk = Bucketing(
+            self, tuple(bounds), tuple(sizes), key, pad_value, tuple(buckets), tuple(comps), stages, k, digest(lens)
+        )
+        return Pipeline(source=None, seed=self.seed, batch_size=max(sizes), bucketing=bk)
+
     def _given_lengths(self, lengths: Any, key: str | None) -> np.ndarray:
         """A user's length index, checked (see :meth:`length_index`)."""
         assert self.source is not None
@@ -537,8 +638,12 @@ class Pipeline:
         return step
 
     def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
-        """Stream positions of this host's rows at ``step`` (int64 array)."""
+        """Stream positions of this host's rows at ``step`` (int64 array); for a bucketed
+        pipeline, the positions in the stream of the step's bucket."""
         step = self.check_step(step)
+        if self.bucketing is not None:
+            comp, k = self.bucketing.assign(np.asarray([step]))
+            return self.bucketing.components[int(comp[0])].positions(int(k[0]), process_index, process_count)
         b = self._need_batch("positions")
         lo, hi = _index.host_rows(b, process_index, process_count)
         start = step * b
@@ -593,6 +698,8 @@ class Pipeline:
         """The single-source pipelines rows come from: this one, or a mixture's components."""
         if self.packing is not None:
             return (self.packing.inner,)
+        if self.bucketing is not None:
+            return (self.bucketing.inner,)
         return (self,) if self.mixture is None else self.mixture.components
 
     @property
@@ -602,6 +709,8 @@ class Pipeline:
             return self.mixture.names
         if self.packing is not None:
             return self.packing.inner.leaf_names
+        if self.bucketing is not None:
+            return self.bucketing.inner.leaf_names
         assert self.source is not None
         return (self.source.name,)
 
@@ -622,6 +731,8 @@ class Pipeline:
         positions = np.asarray(positions, dtype=np.int64)
         if self.packing is not None:
             raise TypeError("a packed row holds several documents: use pieces(positions)")
+        if self.bucketing is not None:
+            raise TypeError("a bucketed pipeline's steps come from several streams: use explain(step)")
         if self.mixture is None:
             return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
         m = self.mixture
@@ -639,6 +750,9 @@ class Pipeline:
         pairs it was made from, ``name`` being the source's name or, in a mixture,
         the component's key (the record index is then in that component's source).
         O(batch) time; reads nothing."""
+        if self.bucketing is not None:
+            comp, k = self.bucketing.assign(np.asarray([self.check_step(step)]))
+            return self.bucketing.components[int(comp[0])].explain(int(k[0]), process_index, process_count)
         positions = self.positions(step, process_index, process_count)
         names = self.leaf_names
         if self.packing is not None:  # every document in every row
@@ -704,6 +818,8 @@ class Pipeline:
             return {"index_format": _index.INDEX_FORMAT_VERSION, "mixture": self.mixture.describe(step), **ops}
         if self.packing is not None:
             return {"index_format": _index.INDEX_FORMAT_VERSION, "packing": self.packing.describe(), **ops}
+        if self.bucketing is not None:
+            return {"index_format": _index.INDEX_FORMAT_VERSION, "bucketing": self.bucketing.describe(), **ops}
         assert self.source is not None
         return {
             "index_format": _index.INDEX_FORMAT_VERSION,
@@ -824,7 +940,10 @@ class Pipeline:
         return self.iterator()
 
     def __repr__(self) -> str:
-        if self.packing is not None:
+        if self.bucketing is not None:
+            bk = self.bucketing
+            parts = [f"{bk.inner!r}.bucket({list(bk.boundaries)}, {list(bk.batch_sizes)}, key={bk.key!r})"]
+        elif self.packing is not None:
             p = self.packing
             parts = [f"{p.inner!r}.pack({p.seq_len}, mode={p.mode!r}, key={p.key!r})"]
         elif self.mixture is not None:
@@ -837,7 +956,7 @@ class Pipeline:
         elif self.shuffle_mode == "block":
             parts.append(f".shuffle('block', block={self.block}, window={self.window})")
         parts += [f".{op.kind.value}({op.name})" for op in self.record_ops]
-        if self.batch_size is not None:
+        if self.batch_size is not None and self.bucketing is None:
             parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
         parts += [f".{op.kind.value}({op.name})" for op in self.batch_ops]
         if self.host_lengths is not None:

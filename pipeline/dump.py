@@ -11,6 +11,18 @@ a mapping's keys), seed, block size and weights (``weights:`` for one stage,
 decimals that quantize to the same integers as the mixture's (see
 :func:`quern.pipeline.plan.mixture.quantize`), so the schedule, and with it the
 fingerprint, is the same after loading.
+
+A packed pipeline (:meth:`Pipeline.pack`) is written as its single-source
+config, a ``pack:`` section (``seq_len``, ``mode``, ``key``, ``lengths``) and
+``row_transforms`` (the transforms after ``pack``). Its length index is written
+as the ``.npy`` file it was read from when it came from one (a config's
+``pack.lengths``, or a packing that records its ``lengths_file``), else as
+``lengths: null``: loading the config then scans the records for the index (or
+finds it in the cache). A scanned index needs nothing more; an array given to
+``pack(lengths=...)`` has no config form of its own, and the config's scanned
+index has the same content, and the pipeline the same fingerprint, when the
+array held the records' true lengths (otherwise the fingerprints differ, so a
+checkpoint of one is refused by the other).
 """
 
 from __future__ import annotations
@@ -107,7 +119,26 @@ def to_config(pipe: Any) -> dict[str, Any]:
     if pipe.host_lengths is not None:
         raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
     head: dict[str, Any]
-    if pipe.mixture is not None:
+    if pipe.packing is not None:
+        p = pipe.packing
+        if p.inner.host_lengths is not None:
+            raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
+        leaf = _leaf_config(p.inner, "")
+        head = {
+            "source": leaf["source"],
+            "seed": leaf["seed"],
+            "num_epochs": p.inner.num_epochs,
+            "shuffle": leaf["shuffle"],
+            "transforms": leaf["transforms"],
+            "pack": {
+                "seq_len": p.seq_len,
+                "mode": p.mode,
+                "key": p.key,
+                "lengths": getattr(p, "lengths_file", None),  # the file it was read from, if any (see above)
+            },
+            "row_transforms": _stages(pipe.record_ops, "row_transforms"),
+        }
+    elif pipe.mixture is not None:
         m = pipe.mixture
         mix: dict[str, Any] = {
             "seed": m.seed,

@@ -556,6 +556,9 @@ def step_results(
     steps = [_index.check_int(s, "step", 0) for s in steps]
     if not steps:
         return
+    if getattr(pipe, "bucketing", None) is not None:
+        yield from _bucketed_results(pipe, steps, process_index, process_count, timings)
+        return
     positions = [pipe.positions(s, process_index, process_count) for s in steps]
     wheres = [Where(s, process_index, process_count) for s in steps]
     empty = [not p.size for p in positions]
@@ -593,6 +596,40 @@ def step_results(
             yield StepResult(s, None, e)
             continue
         yield StepResult(s, batch, None)
+
+
+def _bucketed_results(
+    pipe: Any, steps: list[int], process_index: int, process_count: int, timings: dict[str, float] | None
+) -> Iterator[StepResult]:
+    """:func:`step_results` of a bucketed pipeline: each step is step ``k`` of one bucket's
+    batched pipeline (the plan's assignment), then the bucketed pipeline's own batch
+    transforms (keys from the step and row). Steps of one bucket are computed together."""
+    bk = pipe.bucketing
+    for s in steps:
+        pipe.check_step(s)
+    comp, within = bk.assign(np.asarray(steps, dtype=np.int64))
+    done: dict[int, StepResult] = {}
+    for c in np.unique(comp).tolist():
+        sel = np.flatnonzero(comp == c)
+        part = bk.components[c]
+        for i, r in zip(sel.tolist(), step_results(part, within[sel].tolist(), process_index, process_count, timings)):
+            s = steps[i]
+            if r.error is not None:
+                error = StepError(f"step {s}, bucket {bk.names[c]!r} (its step {int(within[i])}): {r.error}")
+                error.__cause__ = r.error
+                done[s] = StepResult(s, None, error)
+                continue
+            try:
+                pos = part.positions(int(within[i]), process_index, process_count)
+                rows = s * (pipe.batch_size or 1) + np.arange(len(pos), dtype=np.int64)  # keys: the step and row
+                seg = Segments(np.zeros(len(pos), dtype=np.int64), part.record_ids(pos), rows)
+                batch = batch_stages(pipe, r.batch, rows, seg, Where(s, process_index, process_count), timings)
+            except Exception as e:
+                done[s] = StepResult(s, None, e)
+                continue
+            done[s] = StepResult(s, batch, None)
+    for s in steps:
+        yield done[s]
 
 
 PACK = "pack"
