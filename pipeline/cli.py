@@ -22,6 +22,17 @@ gave over the step(s) shown or run: ``components drawn: web 0.897, code 0.103
 (steps 0-99, 6,400 rows)``, counted from the plan (pure index arithmetic, no
 record is read for it).
 
+For a packed pipeline (a config with ``pack:``), ``inspect`` and ``run`` print
+the fill (real tokens / (rows x ``seq_len``)) and padding (``1 - fill``) of the
+step shown or the steps run: ``packing: fill 0.981, padding 0.019, 212
+documents (step 3, 64 rows of 2048 tokens)``, and ``run`` also the lowest and
+highest fill of one step; ``explain`` prints the same line and lists every
+document of each row, with the tokens of each row (a piece of a document cut
+over rows is shown with its token range: ``toks[12][2048:3000]``). A document
+cut over several rows counts once in each. All of it comes from the plan
+(:meth:`~quern.Pipeline.pieces`: pure index arithmetic, no record is read for
+it).
+
 Errors are one message on stderr, ``quern: ...``, never a traceback (unless
 ``--traceback``), and the exit status says whose they are:
 
@@ -119,12 +130,12 @@ def _read_state(path: str) -> Any:
         raise ValueError(f"not JSON: {e}") from e
 
 
-def _progress(done: int, total: int, records: int, seconds: float) -> None:
+def _progress(done: int, total: int, records: int, seconds: float, noun: str = "records") -> None:
     width = 30
     filled = int(width * done / max(total, 1))
     rate = records / seconds if seconds > 0 else 0.0
     print(
-        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps, {rate:,.0f} records/s",
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps, {rate:,.0f} {noun}/s",
         end="",
         file=sys.stderr,
         flush=True,
@@ -153,6 +164,51 @@ def _count(pipe: Pipeline, first: int, end: int) -> np.ndarray:
     return _draws_before(pipe, end) - _draws_before(pipe, first)
 
 
+def _packing(pipe: Pipeline, tokens: int, rows: int, documents: int, what: str) -> str:
+    """``packing: fill 0.981, padding 0.019, 212 documents (what, 64 rows of 2048 tokens)``."""
+    assert pipe.packing is not None
+    seq_len = pipe.packing.seq_len
+    fill = tokens / max(rows * seq_len, 1)
+    return (
+        f"packing: fill {fill:.3f}, padding {1 - fill:.3f}, {documents:,} documents "
+        f"({what}, {rows:,} rows of {seq_len} tokens)"
+    )
+
+
+PACK_CHUNK = 1 << 16
+"""Rows of a packed stream planned at once by :func:`_per_step` (bounds its memory)."""
+
+
+def _per_step(pipe: Pipeline, start: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens, rows and documents (pieces) of each of the ``steps`` steps from ``start`` of a
+    packed pipeline (host 0 of 1), from the plan, in chunks of whole steps."""
+    b = pipe.batch_size or 1
+    tokens, rows, docs = (np.zeros(steps, dtype=np.int64) for _ in range(3))
+    chunk = max(1, PACK_CHUNK // b)
+    for lo in range(start, start + steps, chunk):
+        hi = min(lo + chunk, start + steps)
+        first, end = int(pipe.positions(lo)[0]), int(pipe.positions(hi - 1)[-1]) + 1  # host 0 of 1: one range
+        positions = np.arange(first, end, dtype=np.int64)
+        pieces = pipe.pieces(positions)
+        step_of_row = positions // b - start
+        step_of_piece = step_of_row[pieces.row]
+        tokens += np.bincount(step_of_piece, weights=pieces.length, minlength=steps).astype(np.int64)
+        docs += np.bincount(step_of_piece, minlength=steps)
+        rows += np.bincount(step_of_row, minlength=steps)
+    return tokens, rows, docs
+
+
+def _pieces_text(pipe: Pipeline, name: str, ids: list[int], starts: list[int], lengths: list[int]) -> str:
+    """``toks[5], toks[12][2048:3000]``: the documents of one packed row; a piece that is not
+    the whole document with its token range."""
+    assert pipe.packing is not None
+    whole = pipe.packing.lengths
+    return ", ".join(
+        f"{name}[{i}]" if s == 0 and n == int(whole[i]) else f"{name}[{i}][{s}:{s + n}]"
+        for i, s, n in zip(ids, starts, lengths)
+    )
+
+
 def _steps(start: int, steps: int) -> str:
     return f"step {start}" if steps == 1 else f"steps {start}-{start + steps - 1}"
 
@@ -179,13 +235,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
     t0, records, shown = time.perf_counter(), 0, False
+    noun = "rows" if pipe.packing is not None else "records"  # a packed row holds several records
     try:
         with pipe.iterator(start_step=start, num_workers=args.workers) as it:
             for i in range(steps):
                 batch = next(it)
                 records += len(leaves(batch)[0][1])
                 if i % 10 == 0 or i == steps - 1:
-                    _progress(i + 1, steps, records, time.perf_counter() - t0)
+                    _progress(i + 1, steps, records, time.perf_counter() - t0, noun)
                     shown = True
             state = it.state()
     finally:
@@ -193,12 +250,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(file=sys.stderr)
     seconds = time.perf_counter() - t0
     print(
-        f"{steps} steps, {records:,} records in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} records/s, "
+        f"{steps} steps, {records:,} {noun} in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} {noun}/s, "
         f"{steps / max(seconds, 1e-9):,.1f} steps/s; next step {state['step']}"
     )
     if pipe.mixture is not None and steps > 0:  # host 0 of 1: the steps' positions are one range
         first, end = int(pipe.positions(start)[0]), int(pipe.positions(start + steps - 1)[-1]) + 1
         print(_drawn(pipe, _count(pipe, first, end), _steps(start, steps)))
+    if pipe.packing is not None and steps > 0:
+        tokens, rows, docs = _per_step(pipe, start, steps)
+        line = _packing(pipe, int(tokens.sum()), int(rows.sum()), int(docs.sum()), _steps(start, steps))
+        if steps > 1:
+            fills = tokens / np.maximum(rows * pipe.packing.seq_len, 1)
+            line += (
+                f"; fill per step: min {fills.min():.3f} (step {start + int(fills.argmin())}), max {fills.max():.3f}"
+            )
+        print(line)
     if args.save_state:
         with open(args.save_state, "w") as f:
             json.dump(state, f)
@@ -214,6 +280,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         index = {name: c for c, name in enumerate(pipe.leaf_names)}
         components = [index[name] for recs in rows for name, _ in recs]
         counts = np.bincount(np.asarray(components, dtype=np.int64), minlength=len(index))
+    if pipe.packing is not None:  # explain's documents, with where each piece is
+        pieces = pipe.pieces(first)
+        cut = np.searchsorted(pieces.row, np.arange(len(first) + 1), side="left").tolist()
+        spans = [(pieces.start[a:b].tolist(), pieces.length[a:b].tolist()) for a, b in zip(cut, cut[1:])]
+        tokens = [int(sum(n)) for _, n in spans]
+        summary = _packing(pipe, sum(tokens), len(first), len(pieces.row), _steps(args.step, 1))
     if args.json:
         out: dict[str, Any] = {
             "step": args.step,
@@ -226,11 +298,31 @@ def cmd_explain(args: argparse.Namespace) -> int:
         }
         if counts is not None:
             out["components"] = dict(zip(pipe.leaf_names, counts.tolist()))
+        if pipe.packing is not None:
+            seq_len = pipe.packing.seq_len
+            for row, n, (starts, lengths) in zip(out["rows"], tokens, spans):
+                row["tokens"], row["pieces"] = n, [[s, s + k] for s, k in zip(starts, lengths)]
+            fill = sum(tokens) / max(len(first) * seq_len, 1)
+            out["packing"] = {
+                "seq_len": seq_len,
+                "rows": len(first),
+                "tokens": sum(tokens),
+                "documents": len(pieces.row),
+                "fill": fill,
+                "padding": 1 - fill,
+            }
         print(json.dumps(out))
     else:
         print(f"step {args.step}, host {args.process_index} of {args.process_count}: {len(rows)} rows")
         if counts is not None:
             print("  " + _drawn(pipe, counts, _steps(args.step, 1)))
+        if pipe.packing is not None:
+            print("  " + summary)
+            for i, (p, recs) in enumerate(zip(first.tolist(), rows)):
+                starts, lengths = spans[i]
+                text = _pieces_text(pipe, pipe.leaf_names[0], [r for _, r in recs], starts, lengths)
+                print(f"  row {i:4d}  position {p}  {tokens[i]} tokens  {text}")
+            return 0
         for i, (p, recs) in enumerate(zip(first.tolist(), rows)):
             print(f"  row {i:4d}  position {p}  " + ", ".join(f"{n}[{r}]" for n, r in recs))
     return 0
@@ -257,6 +349,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         seg = pipe.segments(pipe.positions(args.step, args.process_index, args.process_count))
         counts = np.bincount(seg.component, minlength=len(pipe.leaf_names))
         print("  " + _drawn(pipe, counts, _steps(args.step, 1)))
+    if pipe.packing is not None:  # the plan of the rows just made: index arithmetic, no second read
+        positions = pipe.positions(args.step, args.process_index, args.process_count)
+        pieces = pipe.pieces(positions)
+        print("  " + _packing(pipe, int(pieces.length.sum()), len(positions), len(pieces.row), _steps(args.step, 1)))
     for path, leaf in leaves(batch):
         print("  " + _summary(path, leaf))
     if isinstance(batch, dict) and "length" in batch and "tokens" in batch:
@@ -272,8 +368,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if pipe.num_steps is not None:
         end = min(end, pipe.num_steps)
     args.steps = end - args.start_step
+    inner = [] if pipe.packing is None else [op.label(k) for k, op in enumerate(pipe.packing.inner.record_ops)]
     stages = (
         [execute.READ]
+        + inner
+        + ([execute.PACK] if pipe.packing is not None else [])
         + [op.label(k) for k, op in enumerate(pipe.record_ops)]
         + [execute.COLLATE]
         + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
@@ -286,9 +385,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 raise result.error
         records += len(pipe.positions(s))
     total = sum(times.values())
+    noun = "rows" if pipe.packing is not None else "records"  # a packed row holds several records
     print(
-        f"{args.steps} steps, {records:,} records, one read per step, one process: "
-        f"{records / max(total, 1e-9):,.0f} records/s"
+        f"{args.steps} steps, {records:,} {noun}, one read per step, one process: "
+        f"{records / max(total, 1e-9):,.0f} {noun}/s"
     )
     width = max(18, *map(len, stages))
     for name, dt in times.items():

@@ -743,9 +743,14 @@ def _packed(pipe: Pipeline, cfg: PackConfig, base: str) -> Pipeline:
         packed = pipe.pack(cfg.seq_len, mode=cfg.mode, key=cfg.key, lengths=lengths)
     except ScanError as e:  # a record without tokens (no key, not 1-D): the data's error, said with its key
         raise ScanError(f"pack: {e}") from e.__cause__
-    except (OSError, ValueError) as e:  # the file's, or no record holds a token
-        about_file = lengths is not None and (isinstance(e, OSError) or "length index" in str(e))
-        raise ConfigError(_prefixed("pack.lengths" if about_file else "pack", e)) from e
+    except (OSError, ValueError) as e:  # the file's (unreadable, or not this data's index), or no token at all
+        if lengths is None or "hold no token" in str(e):
+            raise ConfigError(_prefixed("pack", e)) from e
+        if "length index" in str(e):  # pack's own check: names the file
+            raise ConfigError(_prefixed("pack.lengths", e)) from e
+        raise ConfigError(
+            f"pack.lengths: cannot read {show(lengths)} as a .npy array: {type(e).__name__}: {clip(str(e))}"
+        ) from e
     assert packed.packing is not None
     if lengths is not None:  # so that to_config writes the file back (the array itself has no config form)
         object.__setattr__(packed.packing, "lengths_file", lengths)

@@ -742,7 +742,8 @@ class Pipeline:
         ids = np.empty(len(positions), dtype=np.int64)
         for c in np.unique(comp).tolist():
             sel = comp == c
-            ids[sel] = m.components[c].record_ids(cpos[sel])
+            part = m.components[c]
+            ids[sel] = part.record_ids(cpos[sel]) if part.packing is None else -1  # a packed row: see pieces()
         return Segments(comp, ids, cpos)
 
     def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int]]]:
@@ -762,7 +763,18 @@ class Pipeline:
                 out[r].append((names[0], i))
             return out
         seg = self.segments(positions)
-        return [[(names[c], i)] for c, i in zip(seg.component.tolist(), seg.ids.tolist())]
+        out = [[(names[c], i)] for c, i in zip(seg.component.tolist(), seg.ids.tolist())]
+        if self.mixture is not None:  # a packed component's rows: every document in them
+            for c, part in enumerate(self.mixture.components):
+                rows = np.flatnonzero(seg.component == c)
+                if part.packing is None or not rows.size:
+                    continue
+                pieces = part.pieces(seg.positions[rows])
+                for r in rows.tolist():
+                    out[r] = []
+                for r, i in zip(pieces.row.tolist(), pieces.ids.tolist()):
+                    out[int(rows[r])].append((names[c], i))
+        return out
 
     # ------------------------------------------------------------------ computing
 

@@ -139,7 +139,7 @@ class RowNames(NamedTuple):
             src = pipe.source if pipe.source is not None else pipe.leaves[0].source
             return cls((f"source {src.name!r}",), (src.name,), np.zeros(len(ids), dtype=np.int64), ids, rows)
         names = pipe.leaf_names
-        labels = tuple(f"component {n!r} (source {leaf.source.name!r})" for n, leaf in zip(names, pipe.leaves))
+        labels = tuple(f"component {n!r} (source {_source_of(leaf).name!r})" for n, leaf in zip(names, pipe.leaves))
         return cls(labels, tuple(names), component, ids, rows)
 
     def step_row(self, i: int) -> int:
@@ -335,13 +335,21 @@ class _Clock:
             self.t = now
 
 
+def _source_of(leaf: Any) -> Source:
+    """The source a leaf reads: its own, or the packed pipeline's."""
+    return leaf.source if leaf.source is not None else leaf.packing.inner.source
+
+
 def read_segments(pipe: Definition, seg: Segments, where: object) -> list[Any]:
-    """Stage ``read`` for rows from any leaves: one bulk call per leaf, rows in order."""
+    """Stage ``read`` for rows from any leaves: one bulk call per leaf, rows in order. The
+    rows of a packed component are left ``None``: it reads its documents itself."""
     leaves = pipe.leaves
     if len(leaves) == 1:
         return list(read(leaves[0], seg.ids, where))
     out: list[Any] = [None] * len(seg.ids)
     for c in np.unique(seg.component).tolist():
+        if leaves[c].packing is not None:
+            continue
         rows = np.flatnonzero(seg.component == c)
         got = read(leaves[c], seg.ids[rows], f"{where}, component {pipe.leaf_names[c]!r}")
         for r, rec in zip(rows.tolist(), got):
@@ -392,12 +400,17 @@ def record_stages(
     for c in np.unique(seg.component).tolist():
         rows = np.flatnonzero(seg.component == c)
         leaf = leaves[c]
-        sub: Sequence[Any] = [records[r] for r in rows.tolist()]
         cwhere = f"{where}, component {pipe.leaf_names[c]!r}"
-        leaf_names = RowNames.of(leaf, seg.ids[rows], rows=rows)
-        for k, op in enumerate(leaf.record_ops):
-            sub = apply_record_op(leaf, k, sub, seg.positions[rows], seg.ids[rows], cwhere, leaf_names)
-            clock.lap(f"{pipe.leaf_names[c]}: {op.label(k)}")
+        sub: Sequence[Any]
+        if leaf.packing is not None:  # its rows at its own positions, its row transforms included
+            sub = _packed_rows(leaf, seg.positions[rows], cwhere)
+            clock.lap(f"{pipe.leaf_names[c]}: {PACK}")
+        else:
+            sub = [records[r] for r in rows.tolist()]
+            leaf_names = RowNames.of(leaf, seg.ids[rows], rows=rows)
+            for k, op in enumerate(leaf.record_ops):
+                sub = apply_record_op(leaf, k, sub, seg.positions[rows], seg.ids[rows], cwhere, leaf_names)
+                clock.lap(f"{pipe.leaf_names[c]}: {op.label(k)}")
         names = RowNames.of(pipe, seg.ids[rows], seg.component[rows], rows)
         for k, op in enumerate(pipe.record_ops):  # the mixture's transforms, on this component's rows
             sub = apply_record_op(pipe, k, sub, positions[rows], seg.ids[rows], where, names)
@@ -414,7 +427,7 @@ def _shared_record_ops(pipe: Definition) -> bool:
     keys come from each component's seed): then a mixture's rows can go through them
     together, in row order, at each row's position in its component's stream."""
     ops = pipe.leaves[0].record_ops
-    if any(op.kind is OpKind.RANDOM_MAP for op in ops):
+    if any(op.kind is OpKind.RANDOM_MAP for op in ops) or any(leaf.packing is not None for leaf in pipe.leaves):
         return False
     return all(leaf.record_ops == ops for leaf in pipe.leaves[1:])
 
@@ -696,6 +709,24 @@ def _packed_results(
             yield StepResult(s, None, e)
             continue
         yield StepResult(s, batch, None)
+
+
+def _packed_rows(leaf: Any, positions: np.ndarray, where: object) -> Sequence[Any]:
+    """The rows of a packed pipeline at these positions of its stream (a mixture's
+    component): its documents read and transformed, laid into rows, then its row
+    transforms."""
+    inner = leaf.packing.inner
+    pieces = leaf.pieces(positions)
+    docs = np.unique(pieces.ids)
+    records = read(inner, docs, where)
+    for k in range(len(inner.record_ops)):
+        records = apply_record_op(inner, k, records, docs, docs, where)
+    rows: Sequence[Any] = _lay_rows(leaf.packing, dict(zip(docs.tolist(), records)), pieces, len(positions), where)
+    first = np.full(len(positions), -1, dtype=np.int64)
+    first[pieces.row[::-1]] = pieces.ids[::-1]
+    for k in range(len(leaf.record_ops)):
+        rows = apply_record_op(leaf, k, rows, positions, first, where, RowNames.of(inner, first))
+    return rows
 
 
 def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:

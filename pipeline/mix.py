@@ -46,10 +46,6 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
             )
         if pipe.mixture is not None:
             raise ValueError(f"mix(): component {name!r} is itself a mixture; mix its components in one mixture")
-        if pipe.packing is not None:
-            raise ValueError(
-                f"mix(): component {name!r} is packed; mixtures of packed components are not supported yet"
-            )
         if pipe.num_epochs is not None:
             raise ValueError(
                 f"mix(): component {name!r} has num_epochs={pipe.num_epochs}; components must be endless "
@@ -71,7 +67,7 @@ def mix(
 ) -> Pipeline:
     """A pipeline (without batch) whose records come from named ``components``,
     each an endless pipeline without batch (any source, its own shuffle, filter and
-    transforms), in proportions ``weights`` (a dict by name, or a list in
+    transforms, or packed rows of ``seq_len`` tokens: rows of a component, mixed by weight), in proportions ``weights`` (a dict by name, or a list in
     component order) or, with ``schedule=[(start_step, weights), ...]``, weights
     that change at those steps (the first stage starts at step 0; stages may start
     at any step). Weights are relative (normalised per stage); zero weights are

@@ -849,7 +849,7 @@ def _readers(pipe: execute.Definition) -> tuple[str, ...]:
     parts, for a source made of others), those this process has imported: the fork
     server imports them once, before it forks the workers."""
     found: set[str] = set()
-    todo: list = [leaf.source for leaf in pipe.leaves]
+    todo: list = [leaf.source if leaf.source is not None else leaf.packing.inner.source for leaf in pipe.leaves]
     seen: set[int] = set()
     while todo:
         src = todo.pop()
