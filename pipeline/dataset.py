@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,7 @@ from .dump import to_config
 from .fingerprint import describe_callable, fingerprint_of
 from .loader import PipelineIterator
 from .ops import Op, OpKind
-from .plan import Pieces, Segments
+from .plan import Pieces, Segments, indexfile
 from .plan import mixture as _mixture
 from .plan import packing as _packing
 from .sources import Source, as_source
@@ -78,6 +80,7 @@ class Packing:
     key: str | None
     lengths: np.ndarray = dataclasses.field(compare=False, repr=False)
     lengths_digest: str = ""
+    cache_dir: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_plans"}  # plans are recomputed where needed
@@ -103,25 +106,71 @@ class Packing:
             assert n is not None
             ids = self.inner.record_ids(np.arange(e * n, (e + 1) * n, dtype=np.int64))
             hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.seed, e), ids)
+            if hit[0].rows != self.rows_before(1):
+                raise RuntimeError(
+                    f"packing: epoch {e} has {hit[0].rows} rows where every epoch has {self.rows_before(1)}; the "
+                    f"cached count {self._rows_path()} is wrong: delete it"
+                )
             plans[e] = hit
             while len(plans) > 2:
                 plans.pop(next(iter(plans)))
         return hit
 
     def rows_before(self, e: int) -> int:
-        """Rows in the epochs before ``e``: a closed form for ``concat``, else each epoch's
-        row count (kept once known; an epoch not seen yet is planned)."""
-        if self.mode == "concat":
-            n = self.inner.stream_len
-            assert n is not None
-            ids = self.inner.record_ids(np.arange(n, dtype=np.int64))  # every epoch has the same tokens
-            total = int(self.lengths[ids].sum()) if "_tokens" not in self.__dict__ else self.__dict__["_tokens"]
-            self.__dict__["_tokens"] = total
-            return e * -(-total // self.seq_len)
-        counts = self.__dict__.setdefault("_rows", [])
-        while len(counts) < e:
-            counts.append(self.epoch(len(counts))[0].rows)
-        return int(sum(counts[:e]))
+        """Rows in the epochs before ``e``: ``e`` times the rows of one epoch, which are the
+        same in every epoch (``concat``: ``ceil(tokens / seq_len)``; ``best_fit``: best-fit
+        decreasing depends only on the lengths, not on their order). For ``best_fit`` that
+        count is computed once from the lengths and kept in memory and on disk (under
+        ``cache_dir/packing/``, keyed by the fingerprint of this definition), so a cold
+        resume in any epoch plans only that epoch."""
+        per = self.__dict__.get("_rows_per_epoch")
+        if per is None:
+            live = np.asarray(self.lengths)
+            live = live[live > 0]
+            if self.mode == "concat":
+                per = -(-int(live.sum()) // self.seq_len)
+            else:
+                per = self._load_rows()
+                if per is None:
+                    whole = live // self.seq_len
+                    rem = live - whole * self.seq_len
+                    per = int(whole.sum()) + _packing.best_fit_decreasing(rem[rem > 0], self.seq_len)[1]
+                    self._store_rows(per)
+            self.__dict__["_rows_per_epoch"] = per
+        return e * per
+
+    def _rows_path(self) -> str:
+        key = fingerprint_of({"index_format": _index.INDEX_FORMAT_VERSION, "packing": self.describe()})
+        return os.path.join(indexfile.cache_dir(self.cache_dir), "packing", f"{key}.rows.json")
+
+    def _load_rows(self) -> int | None:
+        """The rows per epoch cached on disk, or ``None``: used only if the file is
+        ``{"rows_per_epoch": n, "check": ...}`` with a positive ``n`` whose check (a hash of
+        the file's key and ``n``) matches; every epoch planned later is compared with it."""
+        try:
+            with open(self._rows_path()) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            return None
+        rows = got.get("rows_per_epoch") if isinstance(got, dict) else None
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1 or got.get("check") != self._check(rows):
+            return None
+        return rows
+
+    def _check(self, rows: int) -> str:
+        return fingerprint_of({"file": os.path.basename(self._rows_path()), "rows_per_epoch": rows})
+
+    def _store_rows(self, rows: int) -> None:
+        """Write the count atomically (a temporary file renamed); a cache that cannot be written is skipped."""
+        path = self._rows_path()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"rows_per_epoch": rows, "check": self._check(rows)}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The epoch of each row position and the row's index within its epoch."""
@@ -410,7 +459,7 @@ class Pipeline:
         live = lens[np.asarray(self.survivors)] if self.survivors is not None else lens
         if not int(np.asarray(live).sum()):
             raise ValueError(f"pack(): the records of source {self.source.name!r} hold no token")
-        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)))
+        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)), _cache_dir_text(cache_dir))
         return Pipeline(source=None, seed=self.seed, num_epochs=self.num_epochs, packing=p)
 
     def pieces(self, positions: np.ndarray) -> Pieces:
@@ -989,3 +1038,7 @@ def _parts(description: dict[str, Any]) -> dict[str, str]:
         else:
             out[key] = fingerprint_of(value)
     return out
+
+
+def _cache_dir_text(cache_dir: str | os.PathLike | None) -> str | None:
+    return None if cache_dir is None else os.fspath(cache_dir)

@@ -140,6 +140,12 @@ def to_config(pipe: Any) -> dict[str, Any]:
         }
     elif pipe.mixture is not None:
         m = pipe.mixture
+        for name, c in zip(m.names, m.components):
+            if c.packing is not None:
+                raise ValueError(
+                    f"mix.components.{name}: a mixture of packed components has no config form yet "
+                    "(a config packs a single source: source:, pack:, batch:)"
+                )
         mix: dict[str, Any] = {
             "seed": m.seed,
             "block": m.block,

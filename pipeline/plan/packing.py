@@ -19,7 +19,9 @@ row is a list of *pieces* ``(document, start, count)``: tokens
   lengths and ``S = seq_len``. The rows are then put in a keyed random order
   (``derive_key(seed, PACK_SALT, epoch)``), so long and short documents are
   spread over the epoch; inside a row the pieces keep stream order. The number
-  of rows differs between epochs: it is known once the epoch is planned.
+  of rows is the same in every epoch: best-fit decreasing depends only on the
+  lengths, not on their order (ties between equal lengths move documents
+  between rows, never the count).
 
 Everything depends only on (the lengths in stream order, ``seq_len``, the
 mode, the seed, the epoch).
