@@ -428,7 +428,8 @@ class Pipeline:
         workers: int | None = None,
     ) -> Pipeline:
         """Pack the records into rows of ``seq_len`` tokens: a stream of rows
-        ``{"tokens", "segment_ids", "positions"}`` (int32, shape ``(seq_len,)``), plus
+        ``{"tokens", "segment_ids", "positions"}`` (shape ``(seq_len,)``; tokens keep the
+        records' dtype, the other two are int32), plus
         packed copies of the record's other per-token arrays (values of a dict
         record that are 1-D and as long as its tokens; other values are dropped).
 

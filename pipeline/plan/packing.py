@@ -16,7 +16,8 @@ row is a list of *pieces* ``(document, start, count)``: tokens
   row with the least room that still fits it, a new row when none does. This
   is computed vectorised over runs of equal lengths and classes of equal room
   (no loop per document): O(N log N + L x S) for N documents, L distinct
-  lengths and ``S = seq_len``. The rows are then put in a keyed random order
+  lengths and ``S = seq_len``; among rows with equal room, the one opened first
+  takes the document. The rows are then put in a keyed random order
   (``derive_key(seed, PACK_SALT, epoch)``), so long and short documents are
   spread over the epoch; inside a row the pieces keep stream order. The number
   of rows is the same in every epoch: best-fit decreasing depends only on the
@@ -86,7 +87,7 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
             if not feasible.size:
                 break
             c = ell + int(feasible[0])  # the least room that fits: every row there takes c // ell items
-            group = np.concatenate(members[c]) if len(members[c]) > 1 else members[c][0]
+            group = np.sort(np.concatenate(members[c]))  # equal room: the row opened first first
             members[c], counts[c] = [], 0
             q = c // ell
             take = min(todo, group.size * q)
