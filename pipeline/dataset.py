@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..transforms.pad import pad
 from . import execute, scan
 from . import index as _index
 from .digest import digest
@@ -514,8 +515,6 @@ class Pipeline:
         ``records in the bucket / its batch size``, so every bucket goes through
         its records at the same pace. Step-addressable, the same for any worker or
         host count; the stream is endless. Chain batch transforms after it."""
-        from ..transforms.pad import pad
-
         if self.source is None:
             raise ValueError("bucket() needs a single-source pipeline (not a mixture or a packed pipeline)")
         self._need_no_batch("bucket", "bucket() instead of batch(): it makes the batches")
