@@ -751,9 +751,6 @@ def _packed(pipe: Pipeline, cfg: PackConfig, base: str) -> Pipeline:
         raise ConfigError(
             f"pack.lengths: cannot read {show(lengths)} as a .npy array: {type(e).__name__}: {clip(str(e))}"
         ) from e
-    assert packed.packing is not None
-    if lengths is not None:  # so that to_config writes the file back (the array itself has no config form)
-        object.__setattr__(packed.packing, "lengths_file", lengths)
     return packed
 
 

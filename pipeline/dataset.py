@@ -82,6 +82,7 @@ class Packing:
     lengths: np.ndarray = dataclasses.field(compare=False, repr=False)
     lengths_digest: str = ""
     cache_dir: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    lengths_file: str | None = dataclasses.field(default=None, compare=False, repr=False)  # the .npy it came from
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_plans"}  # plans are recomputed where needed
@@ -461,7 +462,8 @@ class Pipeline:
         live = lens[np.asarray(self.survivors)] if self.survivors is not None else lens
         if not int(np.asarray(live).sum()):
             raise ValueError(f"pack(): the records of source {self.source.name!r} hold no token")
-        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)), _cache_dir_text(cache_dir))
+        file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
+        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)), _cache_dir_text(cache_dir), file)
         return Pipeline(source=None, seed=self.seed, num_epochs=self.num_epochs, packing=p)
 
     def pieces(self, positions: np.ndarray) -> Pieces:

@@ -134,7 +134,7 @@ def to_config(pipe: Any) -> dict[str, Any]:
                 "seq_len": p.seq_len,
                 "mode": p.mode,
                 "key": p.key,
-                "lengths": getattr(p, "lengths_file", None),  # the file it was read from, if any (see above)
+                "lengths": p.lengths_file,  # the file it was read from, if any (see above)
             },
             "row_transforms": _stages(pipe.record_ops, "row_transforms"),
         }
