@@ -735,7 +735,15 @@ def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, w
     S, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
     source = packing.inner.source.name
 
+    seen: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+
     def tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        hit = seen.get(rid)
+        if hit is None:
+            hit = seen[rid] = _tokens_of(rid)
+        return hit
+
+    def _tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         rec = docs[rid]
         value = rec[key] if key is not None and isinstance(rec, Mapping) and key in rec else rec
         arr = np.asarray(value) if not isinstance(value, (bytes, str, Mapping)) else None

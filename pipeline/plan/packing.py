@@ -65,8 +65,10 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
     out = np.empty(n, dtype=np.int64)
     if not n:
         return out, 0
-    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
-    sl = np.asarray(lengths, dtype=np.int64)[order]
+    lengths = np.asarray(lengths, dtype=np.int64)
+    room = (S - lengths).astype(np.uint16 if S < 1 << 16 else np.uint32)  # small ints: a radix sort
+    order = np.argsort(room, kind="stable")  # longest first, ties by index
+    sl = lengths[order]
     cuts = np.flatnonzero(np.diff(sl)) + 1
     starts = np.concatenate([[0], cuts]).tolist()
     ends = np.concatenate([cuts, [n]]).tolist()
@@ -148,7 +150,7 @@ def _best_fit(lengths: np.ndarray, S: int, key: np.ndarray) -> EpochPlan:
     count = np.concatenate([np.full(n_full, S, dtype=np.int64), rem[small]]).astype(np.int64)
     row = np.concatenate([np.arange(n_full, dtype=np.int64), n_full + bins])
     if rows:
-        row = _index.permute(row, rows, key)  # a keyed random order of the epoch's rows
+        row = _index.permute(np.arange(rows, dtype=np.int64), rows, key)[row]  # a keyed random order of the rows
     order = np.lexsort((doc, row))  # by row, then stream order inside a row
     row_ptr = np.searchsorted(row[order], np.arange(rows + 1), side="left").astype(np.int64)
     return EpochPlan(row_ptr, doc[order], start[order], count[order])
