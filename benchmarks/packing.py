@@ -46,6 +46,12 @@ The lognormal side by side takes a sample because grain packs a few
 thousand records/s here: a full pass over the 10**5 documents would take
 20-40 s per grain config.
 
+**Length bucketing** (section 5): the stdlib documents as ``{"tokens"}``
+records, padded (or truncated) to 2048 in batches of 8 over one epoch, against
+``.bucket([256, 512, 1024, 2048], [64, 32, 16, 8])`` over one block of 1,024
+steps (the buckets' exact shares): the padding fraction (1 - real tokens /
+token slots) of each, and the steps per shape.
+
 **Planner**: ``plan_epoch`` on lognormal lengths at ``N = 10**6`` and
 ``10**7`` (``best_fit`` and ``concat``), seconds.
 
@@ -519,12 +525,58 @@ def first_batch_section(runs: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
+BUCKETS = (256, 512, 1024, 2048)
+BUCKET_ROWS = (64, 32, 16, 8)  # the same tokens per batch in every bucket
+
+
+def bucketing_section(stdlib: list[np.ndarray], cache_dir: str) -> dict[str, Any]:
+    """Padding with length bucketing vs one padded length, on the stdlib corpus: one
+    epoch's worth of steps of each, through the real pipelines (``length`` per row)."""
+    print(
+        f"\n5. length bucketing on the stdlib corpus ({len(stdlib)} documents): padding = 1 - real tokens / "
+        f"token slots, over one epoch (one padded length) or one block of 1,024 steps (buckets, about 12 epochs); records longer than {BUCKETS[-1]} are truncated to it "
+        "in both"
+    )
+    records = [{"tokens": d} for d in stdlib]
+    base = quern.Pipeline.from_source(records, seed=0).shuffle()
+    out: dict[str, Any] = {}
+    unb = base.map(quern.transforms.pad(BUCKETS[-1], key="tokens")).batch(BATCH)
+    real = slots = 0
+    steps = -(-len(stdlib) // BATCH)
+    for s in range(steps):
+        b = unb.batch_at(s)
+        real += int(b["length"].sum())
+        slots += b["tokens"].size
+    out["unbucketed"] = 1 - real / slots
+    print(f"  one length ({BUCKETS[-1]}), batch {BATCH}: padding {out['unbucketed']:.1%}")
+    buck = base.bucket(BUCKETS, BUCKET_ROWS, key="tokens", cache_dir=cache_dir)
+    real = slots = 0
+    shapes: dict[tuple, int] = {}
+    s = buck.bucketing.block  # one block of steps: the buckets' shares exactly
+    for b in (buck.batch_at(k) for k in range(s)):
+        real += int(b["length"].sum())
+        slots += b["tokens"].size
+        shapes[b["tokens"].shape] = shapes.get(b["tokens"].shape, 0) + 1
+    out["bucketed"] = 1 - real / slots
+    out["shapes"] = {str(k): v for k, v in shapes.items()}
+    print(
+        f"  buckets {list(BUCKETS)} with {list(BUCKET_ROWS)} rows: padding {out['bucketed']:.1%} over {s} steps; "
+        f"shapes (rows, length): {', '.join(f'{k}: {v} steps' for k, v in sorted(shapes.items()))}"
+    )
+    share = np.bincount(
+        np.minimum(np.searchsorted(BUCKETS, [len(d) for d in stdlib], side="left"), len(BUCKETS) - 1),
+        minlength=len(BUCKETS),
+    )
+    print(f"  documents per bucket: {dict(zip(BUCKETS, share.tolist()))}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="timed runs / cold processes per config (default 3)")
     ap.add_argument("--min-seconds", type=float, default=2.0, help="at least this long per timed run (default 2)")
     ap.add_argument("--sample", type=int, default=10**4, help="lognormal documents in the side by side (10**4)")
-    ap.add_argument("--skip", default="", help="sections to skip, comma-separated: fill,grain,planner,first")
+    ap.add_argument("--skip", default="", help="sections to skip, comma-separated: fill,grain,planner,first,bucketing")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -575,6 +627,10 @@ def main() -> None:
 
     if "first" not in skip:
         figures["first_batch"] = first_batch_section(args.runs)
+
+    if "bucketing" not in skip:
+        with tempfile.TemporaryDirectory(prefix="quern-bench-bucket-") as tmp:
+            figures["bucketing"] = bucketing_section(stdlib, tmp)
 
     figures["total_seconds"] = time.perf_counter() - t_start
     print(f"\ntotal time {figures['total_seconds']:.0f} s")
