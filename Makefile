@@ -39,6 +39,7 @@ bench: install
 	$(PY) benchmarks/parquet.py
 	$(PY) benchmarks/handover.py
 	$(PY) benchmarks/mixture.py
+	$(PY) benchmarks/packing.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
