@@ -1,16 +1,29 @@
-"""A small byte-level language model trained with JAX, fed by quern's global iterator.
+"""A small byte-level language model (flax + optax) trained on packed rows from quern.
 
 The data is the quickstart's: the Python standard library's ``.py`` files as
-byte records in ArrayRecord shards (built on first use). Each step takes a
-global batch of ``jax.Array`` from ``quern.sharding.global_iterator`` (sharded
-over all devices of all processes, ``device_prefetch`` batches in flight), runs
-one jitted Adam step of a one-block transformer, and logs the loss, the step
-time and the time spent waiting for data. Every ``--ckpt-every`` steps the
-model, the optimizer state and the iterator state are saved together with
-orbax; on start the latest checkpoint is restored, so a killed run resumes and
-produces exactly the losses of an uninterrupted one.
+byte records in ArrayRecord shards (built on first use). The records are
+shuffled, decoded to byte tokens and packed into rows of ``CONTEXT + 1``
+tokens with ``Pipeline.pack`` (best-fit by default; the length index it plans
+from is scanned once and cached under ``--cache-dir``). A packed row holds
+several documents: ``segment_ids`` number them 1..k (0 is padding) and
+``positions`` count tokens inside each piece.
 
-Run:  python examples/train_lm.py [--steps 60] [--ckpt-dir DIR] [--ckpt-every 20]
+The model is a small pre-norm transformer in flax linen whose attention is
+*segment-aware*: a token attends to the tokens before it in its own document
+only (causal AND same segment AND not padding), and the positional embedding is
+read at the packed ``positions``. The loss is the next-token loss averaged over
+the targets that continue their input's document. The optimizer is optax's
+AdamW.
+
+Each step takes a global batch of ``jax.Array`` from
+``quern.sharding.global_iterator`` (sharded over all devices of all processes,
+``device_prefetch`` batches in flight), runs one jitted step, and logs the
+loss, the step time and the time spent waiting for data. Every
+``--ckpt-every`` steps the parameters, the optax state and the iterator state
+are saved together with orbax; on start the latest checkpoint is restored, so a
+killed run resumes and produces exactly the losses of an uninterrupted one.
+
+Run:  python examples/train_lm.py [--steps 60] [--ckpt-dir DIR] [--ckpt-every 20] [--pack best_fit|concat]
 """
 
 from __future__ import annotations
@@ -20,133 +33,177 @@ import os
 import sys
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import quickstart  # noqa: E402  (the dataset and pipeline of the quickstart)
+import quickstart  # noqa: E402  (the dataset of the quickstart)
 
 import quern  # noqa: E402
 from quern.sharding.checkpoint import QuernRestore, QuernSave  # noqa: E402
 
-CONTEXT = 128  # tokens per training row (the first CONTEXT + 1 bytes of each record)
+CONTEXT = 128  # tokens the model reads per row; packed rows hold CONTEXT + 1 (inputs and shifted targets)
+MAX_POSITION = quickstart.SEQ_LEN  # records hold at most this many bytes: positions stay below it in both modes
 
 
-def init_params(key: jax.Array, width: int = 128) -> dict:
-    k = jax.random.split(key, 6)
-    scale = width**-0.5
-    return {
-        "embed": jax.random.normal(k[0], (256, width)) * 0.02,
-        "pos": jax.random.normal(k[1], (CONTEXT, width)) * 0.02,
-        "qkv": jax.random.normal(k[2], (width, 3 * width)) * scale,
-        "out": jax.random.normal(k[3], (width, width)) * scale,
-        "up": jax.random.normal(k[4], (width, 4 * width)) * scale,
-        "down": jax.random.normal(k[5], (4 * width, width)) * (4 * width) ** -0.5,
-    }
+def make_pipeline(ar_paths: list[str], batch: int, mode: str = "best_fit", cache_dir: str | None = None):
+    """Shuffled byte records packed into rows of ``CONTEXT + 1`` tokens, ``batch`` rows per step."""
+    source = quern.sources.ArrayRecordSource(ar_paths)
+    return (
+        quern.Pipeline.from_source(source, seed=2026)
+        .shuffle()
+        .map(quern.transforms.decode(np.uint8))  # bytes -> 1-D uint8 tokens (the packed rows keep uint8)
+        .pack(CONTEXT + 1, mode=mode, cache_dir=cache_dir)
+        .batch(batch)
+    )
 
 
-def forward(params: dict, tokens: jax.Array) -> jax.Array:
-    """Logits (batch, CONTEXT, 256) of the next byte at each position."""
-    x = params["embed"][tokens] + params["pos"]
-    q, k, v = jnp.split(x @ params["qkv"], 3, axis=-1)
-    att = (q @ k.swapaxes(-1, -2)) / jnp.sqrt(q.shape[-1])
-    causal = jnp.tril(jnp.ones((CONTEXT, CONTEXT), bool))
-    att = jax.nn.softmax(jnp.where(causal, att, -1e9), axis=-1)
-    x = x + (att @ v) @ params["out"]
-    x = x + jax.nn.gelu(x @ params["up"]) @ params["down"]
-    return x @ params["embed"].T
+class Block(nn.Module):
+    """Pre-norm transformer block: masked self-attention, then an MLP."""
+
+    width: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+        h = nn.LayerNorm()(x)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.width)(h, mask=mask)
+        h = nn.LayerNorm()(x)
+        return x + nn.Dense(self.width)(nn.gelu(nn.Dense(4 * self.width)(h)))
 
 
-def loss_fn(params: dict, batch: dict) -> jax.Array:
-    tokens = batch["tokens"][:, : CONTEXT + 1].astype(jnp.int32)
+class ByteLM(nn.Module):
+    """Next-byte logits for packed rows: attention stays inside each document."""
+
+    width: int = 128
+    heads: int = 4
+    layers: int = 1
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array, positions: jax.Array) -> jax.Array:
+        embed = nn.Embed(256, self.width)
+        x = embed(tokens) + nn.Embed(MAX_POSITION, self.width)(positions)
+        real = segment_ids > 0
+        mask = nn.combine_masks(
+            nn.make_causal_mask(tokens),  # only earlier tokens
+            nn.make_attention_mask(segment_ids, segment_ids, jnp.equal),  # of the same document
+            nn.make_attention_mask(real, real, jnp.logical_and),  # and none of the padding
+        )
+        for _ in range(self.layers):
+            x = Block(self.width, self.heads)(x, mask)
+        return embed.attend(nn.LayerNorm()(x))  # output weights tied to the input embedding
+
+
+MODEL = ByteLM()
+OPTIMIZER = optax.adamw(3e-3, weight_decay=1e-4)
+
+
+def init_state(key: jax.Array) -> tuple[dict, optax.OptState]:
+    """Fresh parameters and optimizer state."""
+    dummy = jnp.zeros((1, CONTEXT), jnp.int32)
+    params = MODEL.init(key, dummy, dummy + 1, dummy)
+    return params, OPTIMIZER.init(params)
+
+
+def loss_fn(params: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """Mean next-token loss over the targets that continue their input's document; and their count."""
+    tokens = batch["tokens"].astype(jnp.int32)
+    seg = batch["segment_ids"]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mask = jnp.arange(CONTEXT)[None, :] < (batch["length"][:, None] - 1)
-    logp = jax.nn.log_softmax(forward(params, inputs))
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1)
+    logits = MODEL.apply(params, inputs, seg[:, :-1], batch["positions"][:, :-1])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    weight = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)  # not a document's first token, nor padding
+    count = weight.sum()
+    return jnp.where(weight, nll, 0.0).sum() / jnp.maximum(count, 1), count
 
 
 @jax.jit
-def train_step(params: dict, opt: dict, batch: dict, lr: float = 3e-3):
-    """One Adam step; returns (params, opt, loss)."""
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    t = opt["t"] + 1
-    m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, opt["m"], grads)
-    v = jax.tree_util.tree_map(lambda v, g: 0.999 * v + 0.001 * g * g, opt["v"], grads)
-    params = jax.tree_util.tree_map(
-        lambda p, m, v: p - lr * (m / (1 - 0.9**t)) / (jnp.sqrt(v / (1 - 0.999**t)) + 1e-8), params, m, v
-    )
-    return params, {"m": m, "v": v, "t": t}, loss
+def train_step(params: dict, opt_state: optax.OptState, batch: dict):
+    """One AdamW step; returns (params, opt_state, loss, tokens in the loss)."""
+    (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, count
 
 
 def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.path.join(here, "data"), help="dataset folder (built on first use)")
+    ap.add_argument("--cache-dir", help="where the length index is cached (default: DATA/quern_cache)")
     ap.add_argument("--ckpt-dir", default=os.path.join(here, "data", "train_lm_ckpt"))
     ap.add_argument("--steps", type=int, default=60, help="train until this step")
     ap.add_argument("--ckpt-every", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=32, help="global batch size")
+    ap.add_argument("--batch", type=int, default=32, help="global batch size (packed rows)")
+    ap.add_argument("--pack", choices=("best_fit", "concat"), default="best_fit", help="packing mode")
     ap.add_argument("--workers", type=int, default=0, help="quern worker processes per host")
     args = ap.parse_args(argv)
 
     ar_paths, _ = quickstart.build_dataset(args.data)
-    pipe = quickstart.make_pipeline(ar_paths, args.batch)
+    cache_dir = args.cache_dir or os.path.join(args.data, "quern_cache")
+    pipe = make_pipeline(ar_paths, args.batch, args.pack, cache_dir)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # batch axis over every device
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    params = jax.device_put(init_params(jax.random.key(0)), replicated)
-    opt = jax.device_put(
-        {
-            "m": jax.tree_util.tree_map(jnp.zeros_like, params),
-            "v": jax.tree_util.tree_map(jnp.zeros_like, params),
-            "t": jnp.zeros((), jnp.int32),
-        },
-        replicated,
-    )
+    init = jax.jit(init_state, out_shardings=replicated)
 
     mngr = ocp.CheckpointManager(os.path.abspath(args.ckpt_dir))
     start = 0
-    if mngr.latest_step() is not None:
+    if mngr.latest_step() is None:
+        params, opt_state = init(jax.random.key(0))
+    else:  # restore into the shapes and shardings of a fresh state, without computing one
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+            jax.eval_shape(init, jax.random.key(0)),
+        )
         restored = mngr.restore(
             mngr.latest_step(),
             args=ocp.args.Composite(
-                model=ocp.args.StandardRestore({"params": params, "opt": opt}), data=QuernRestore(pipe)
+                model=ocp.args.StandardRestore({"params": target[0], "opt": target[1]}), data=QuernRestore(pipe)
             ),
         )
-        params, opt = restored.model["params"], restored.model["opt"]
+        params, opt_state = restored.model["params"], restored.model["opt"]
         start = restored.data["step"]
         print(f"resumed from checkpoint at step {start}", flush=True)
 
-    waits, steps = [], []
+    waits, steps, tokens = [], [], 0
     with quern.sharding.global_iterator(pipe, mesh, start_step=start, num_workers=args.workers) as it:
         t_prev = time.perf_counter()
         while it.step < args.steps:
             t0 = time.perf_counter()
             batch = next(it)
             t1 = time.perf_counter()
-            params, opt, loss = train_step(params, opt, batch)
-            loss = float(loss)  # waits for the step
+            params, opt_state, loss, count = train_step(params, opt_state, batch)
+            loss, count = float(loss), int(count)  # waits for the step
             t2 = time.perf_counter()
             step = it.step - 1
             waits.append(t1 - t0)
             steps.append(t2 - t_prev)
+            tokens += count
             t_prev = t2
             print(
-                f"step {step} loss {loss!r} step_ms {1e3 * (t2 - t0):.1f} data_wait_ms {1e3 * (t1 - t0):.2f}",
+                f"step {step} loss {loss!r} tokens {count} step_ms {1e3 * (t2 - t0):.1f} "
+                f"data_wait_ms {1e3 * (t1 - t0):.2f}",
                 flush=True,
             )
             if it.step % args.ckpt_every == 0:
                 mngr.save(
                     it.step,
                     args=ocp.args.Composite(
-                        model=ocp.args.StandardSave({"params": params, "opt": opt}), data=QuernSave(it)
+                        model=ocp.args.StandardSave({"params": params, "opt": opt_state}), data=QuernSave(it)
                     ),
                 )
                 mngr.wait_until_finished()
                 print(f"checkpoint saved at step {it.step}", flush=True)
     mngr.close()
+    if steps:
+        print(
+            f"trained on {tokens:,} target tokens in {len(steps)} steps: "
+            f"{100 * tokens / (len(steps) * args.batch * CONTEXT):.1f}% of the packed rows' {CONTEXT} targets",
+            flush=True,
+        )
     if len(steps) > 2:  # the first steps include compilation
         wait, total = sum(waits[2:]), sum(steps[2:])
         print(

@@ -1,6 +1,8 @@
 """examples/train_lm.py: killed after a checkpoint and restarted, it resumes with exactly
-the losses of an uninterrupted run."""
+the losses of an uninterrupted run; on packed rows its attention and loss stay inside each
+document."""
 
+import importlib.util
 import math
 import os
 import re
@@ -8,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +40,61 @@ def _losses(text: str) -> dict[int, str]:
     return {int(s): loss for s, loss in re.findall(r"^step (\d+) loss (\S+)", text, re.MULTILINE)}
 
 
+def _load_example():
+    spec = importlib.util.spec_from_file_location("quern_example_train_lm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # flax's dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_attention_and_loss_stay_inside_each_document():
+    import jax
+    import jax.numpy as jnp
+
+    lm = _load_example()
+    params, _ = jax.jit(lm.init_state)(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    n = lm.CONTEXT
+    # one packed row: document A (50 tokens), document B (60 tokens), padding
+    seg = np.array([[1] * 50 + [2] * 60 + [0] * (n - 110)], np.int32)
+    pos = np.array([list(range(50)) + list(range(60)) + [0] * (n - 110)], np.int32)
+    tok = rng.integers(1, 256, (1, n)).astype(np.int32)
+    tok[0, 110:] = 0
+
+    apply = jax.jit(lm.MODEL.apply)
+
+    def logits(t, s=seg, p=pos):
+        return np.asarray(apply(params, jnp.asarray(t), jnp.asarray(s), jnp.asarray(p)))
+
+    packed = logits(tok)
+    other = tok.copy()
+    other[0, :50] = rng.integers(1, 256, 50)  # another document A, other padding
+    other[0, 110:] = 7
+    changed = logits(other)
+    np.testing.assert_array_equal(changed[0, 50:110], packed[0, 50:110])  # B sees neither A nor the padding
+    assert np.abs(changed[0, :50] - packed[0, :50]).max() > 0.1  # A's own tokens do count
+    later = tok.copy()
+    later[0, 80] = tok[0, 80] % 255 + 1
+    np.testing.assert_array_equal(logits(later)[0, :80], packed[0, :80])  # causal
+    alone_tok = np.zeros((1, n), np.int32)
+    alone_tok[0, :60] = tok[0, 50:110]
+    alone_seg = np.array([[1] * 60 + [0] * (n - 60)], np.int32)
+    alone_pos = np.array([list(range(60)) + [0] * (n - 60)], np.int32)
+    alone = logits(alone_tok, alone_seg, alone_pos)
+    np.testing.assert_allclose(alone[0, :60], packed[0, 50:110], atol=1e-4)  # B packed == B alone
+
+    # the loss counts the targets that continue their document: 49 of A, 59 of B
+    row = np.concatenate([tok, tok[:, :1]], axis=1)
+    batch = {
+        "tokens": row.astype(np.uint8),
+        "segment_ids": np.concatenate([seg, np.zeros((1, 1), np.int32)], axis=1),
+        "positions": np.concatenate([pos, np.zeros((1, 1), np.int32)], axis=1),
+    }
+    loss, count = jax.jit(lm.loss_fn)(params, batch)
+    assert int(count) == 49 + 59 and np.isfinite(float(loss))
+
+
 def test_killed_and_resumed_run_has_the_same_losses(tmp_path):
     whole = subprocess.run(_cmd(tmp_path, "whole", 12), capture_output=True, text=True, timeout=300, check=False)
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -47,6 +105,9 @@ def test_killed_and_resumed_run_has_the_same_losses(tmp_path):
     assert all(math.isfinite(v) for v in values) and len(set(values)) == 12
     assert max(values[-4:]) < values[0] - 1  # it learns: the batches reach the model
     assert re.search(r"data wait: .* ms per step = .*% of step time", whole.stdout)
+    # packed rows: each row's first token of every document and its padding are no target
+    counts = [int(c) for c in re.findall(r"^step \d+ loss \S+ tokens (\d+)", whole.stdout, re.MULTILINE)]
+    assert len(counts) == 12 and all(0 < c < 16 * 128 for c in counts)
 
     proc = subprocess.Popen(_cmd(tmp_path, "killed", 12), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seen = []
