@@ -33,6 +33,19 @@ cut over several rows counts once in each. All of it comes from the plan
 (:meth:`~quern.Pipeline.pieces`: pure index arithmetic, no record is read for
 it).
 
+For a bucketed pipeline (a config with ``bucket:``), ``inspect`` prints the
+step's bucket, rows and padding (padded slots / (rows x the bucket's bound)):
+``bucket len<=512: 32 rows, padding 0.231 (step 3)``; ``run`` prints one line
+per bucket the steps run went to (``bucket len<=512: 40 steps, 1,280 rows,
+padding 0.231``) and one for all of them, with the lowest and highest padding of
+one step (``bucketing: padding 0.240 (steps 0-99, 3,200 rows); padding per
+step: min 0.102 (step 5), max 0.391 (step 17)``); ``explain`` prints the
+step's bucket and rows. The bucket of a step comes from the plan (index
+arithmetic); the real tokens of its rows from the bucketing's length index when
+it keeps one, otherwise from the ``length`` values of the batch just made (what
+the padding wrote), so no record is read twice; without either (a batch
+transform that drops ``length``) the padding is left out.
+
 Errors are one message on stderr, ``quern: ...``, never a traceback (unless
 ``--traceback``), and the exit status says whose they are:
 
@@ -209,6 +222,83 @@ def _pieces_text(pipe: Pipeline, name: str, ids: list[int], starts: list[int], l
     )
 
 
+def _bucket(pipe: Pipeline, steps: np.ndarray) -> np.ndarray:
+    """The bucket (an index into the bucketing's components) of each of ``steps`` (the plan)."""
+    assert pipe.bucketing is not None
+    return pipe.bucketing.assign(np.asarray(steps, dtype=np.int64))[0]
+
+
+def _bound(pipe: Pipeline, bucket: int) -> int:
+    """The upper bound (the padded length) of a bucket (an index into the components)."""
+    bk = pipe.bucketing
+    assert bk is not None
+    return bk.boundaries[bk.buckets[bucket]]
+
+
+def _real_tokens(pipe: Pipeline, step: int, batch: Any, process_index: int = 0, process_count: int = 1) -> int | None:
+    """The real (unpadded) tokens of a bucketed step's rows: from the bucketing's length index
+    when it keeps one (index arithmetic), else from the ``length`` values of ``batch`` (the
+    step's batch, already made); ``None`` when neither is there."""
+    bk = pipe.bucketing
+    assert bk is not None
+    lengths = getattr(bk, "lengths", None)
+    if lengths is not None:
+        c, k = bk.assign(np.asarray([step], dtype=np.int64))
+        part = bk.components[int(c[0])]
+        ids = part.record_ids(part.positions(int(k[0]), process_index, process_count))
+        return int(np.minimum(np.asarray(lengths)[ids], _bound(pipe, int(c[0]))).sum())
+    if isinstance(batch, dict) and "length" in batch:
+        values = np.asarray(batch["length"])
+        if values.dtype.kind in "iu":
+            return int(values.sum())
+    return None
+
+
+def _padding(real: int | None, rows: int, bound: int) -> str:
+    return "" if real is None else f", padding {1 - real / max(rows * bound, 1):.3f}"
+
+
+def _bucket_line(pipe: Pipeline, bucket: int, rows: int, real: int | None, what: str) -> str:
+    """``bucket len<=512: 32 rows, padding 0.231 (what)``: one step's bucket."""
+    assert pipe.bucketing is not None
+    name = pipe.bucketing.names[bucket]
+    return f"bucket {name}: {rows:,} rows{_padding(real, rows, _bound(pipe, bucket))} ({what})"
+
+
+def _bucket_lines(pipe: Pipeline, start: int, rows: list[int], reals: list[int | None]) -> list[str]:
+    """The lines ``run`` prints for the steps from ``start`` of a bucketed pipeline (their rows
+    and real tokens): one per bucket they went to, then one for all of them."""
+    bk = pipe.bucketing
+    assert bk is not None
+    steps = len(rows)
+    buckets = _bucket(pipe, np.arange(start, start + steps))
+    bounds = np.asarray([_bound(pipe, int(b)) for b in buckets], dtype=np.int64)
+    n = np.asarray(rows, dtype=np.int64)
+    known = all(r is not None for r in reals)
+    real = np.asarray([r or 0 for r in reals], dtype=np.int64)
+    lines = []
+    for b in np.unique(buckets).tolist():
+        sel = buckets == b
+        got = int(real[sel].sum()) if known else None
+        lines.append(
+            f"bucket {bk.names[b]}: {int(sel.sum()):,} steps, {int(n[sel].sum()):,} rows"
+            + _padding(got, int(n[sel].sum()), _bound(pipe, b))
+        )
+    total = f"({_steps(start, steps)}, {int(n.sum()):,} rows)"
+    if not known:
+        lines.append(f"bucketing: {total}; padding unknown (the batches have no 'length')")
+        return lines
+    slots = n * bounds
+    lines.append(f"bucketing: padding {1 - int(real.sum()) / max(int(slots.sum()), 1):.3f} {total}")
+    if steps > 1:
+        pads = 1 - real / np.maximum(slots, 1)
+        lines[-1] += (
+            f"; padding per step: min {pads.min():.3f} (step {start + int(pads.argmin())}), "
+            f"max {pads.max():.3f} (step {start + int(pads.argmax())})"
+        )
+    return lines
+
+
 def _steps(start: int, steps: int) -> str:
     return f"step {start}" if steps == 1 else f"steps {start}-{start + steps - 1}"
 
@@ -235,12 +325,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
     t0, records, shown = time.perf_counter(), 0, False
-    noun = "rows" if pipe.packing is not None else "records"  # a packed row holds several records
+    noun = "rows" if _packed_rows(pipe) else "records"  # a packed row holds several records
+    step_rows: list[int] = []  # of each step, and its real tokens: a bucketed pipeline's padding
+    reals: list[int | None] = []
     try:
         with pipe.iterator(start_step=start, num_workers=args.workers) as it:
             for i in range(steps):
                 batch = next(it)
                 records += len(leaves(batch)[0][1])
+                if pipe.bucketing is not None:
+                    step_rows.append(len(leaves(batch)[0][1]))
+                    reals.append(_real_tokens(pipe, start + i, batch))
                 if i % 10 == 0 or i == steps - 1:
                     _progress(i + 1, steps, records, time.perf_counter() - t0, noun)
                     shown = True
@@ -265,10 +360,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"; fill per step: min {fills.min():.3f} (step {start + int(fills.argmin())}), max {fills.max():.3f}"
             )
         print(line)
+    if pipe.bucketing is not None and steps > 0:
+        print("\n".join(_bucket_lines(pipe, start, step_rows, reals)))
     if args.save_state:
         with open(args.save_state, "w") as f:
             json.dump(state, f)
     return 0
+
+
+def _packed_rows(pipe: Pipeline) -> bool:
+    """Whether the rows of ``pipe`` are packed rows (of it, or of a mixture's components)."""
+    if pipe.packing is not None:
+        return True
+    return pipe.mixture is not None and any(c.packing is not None for c in pipe.mixture.components)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -276,10 +380,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rows = pipe.explain(args.step, args.process_index, args.process_count)  # bad arguments: main() exits 2
     first = pipe.positions(args.step, args.process_index, args.process_count)
     counts = None
-    if pipe.mixture is not None:  # the rows' components, as explain named them
-        index = {name: c for c, name in enumerate(pipe.leaf_names)}
-        components = [index[name] for recs in rows for name, _ in recs]
-        counts = np.bincount(np.asarray(components, dtype=np.int64), minlength=len(index))
+    if pipe.mixture is not None:  # the rows' components, from the plan (a packed row names several records)
+        counts = np.bincount(pipe.segments(first).component, minlength=len(pipe.leaf_names))
+    bucket = None
+    if pipe.bucketing is not None:  # the step's bucket and, when the bucketing keeps its index, the padding
+        bucket = int(_bucket(pipe, np.asarray([args.step]))[0])
+        real = _real_tokens(pipe, args.step, None, args.process_index, args.process_count)
     if pipe.packing is not None:  # explain's documents, with where each piece is
         pieces = pipe.pieces(first)
         cut = np.searchsorted(pieces.row, np.arange(len(first) + 1), side="left").tolist()
@@ -298,6 +404,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         }
         if counts is not None:
             out["components"] = dict(zip(pipe.leaf_names, counts.tolist()))
+        if bucket is not None:
+            assert pipe.bucketing is not None
+            bound = _bound(pipe, bucket)
+            out["bucket"] = {"name": pipe.bucketing.names[bucket], "bound": bound, "rows": len(first)}
+            if real is not None:
+                out["bucket"]["padding"] = 1 - real / max(len(first) * bound, 1)
         if pipe.packing is not None:
             seq_len = pipe.packing.seq_len
             for row, n, (starts, lengths) in zip(out["rows"], tokens, spans):
@@ -316,6 +428,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"step {args.step}, host {args.process_index} of {args.process_count}: {len(rows)} rows")
         if counts is not None:
             print("  " + _drawn(pipe, counts, _steps(args.step, 1)))
+        if bucket is not None:
+            print("  " + _bucket_line(pipe, bucket, len(first), real, _steps(args.step, 1)))
         if pipe.packing is not None:
             print("  " + summary)
             for i, (p, recs) in enumerate(zip(first.tolist(), rows)):
@@ -353,6 +467,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         positions = pipe.positions(args.step, args.process_index, args.process_count)
         pieces = pipe.pieces(positions)
         print("  " + _packing(pipe, int(pieces.length.sum()), len(positions), len(pieces.row), _steps(args.step, 1)))
+    if pipe.bucketing is not None:  # the plan's bucket; the real tokens of the batch just made (or the index)
+        bucket = int(_bucket(pipe, np.asarray([args.step]))[0])
+        n = len(pipe.positions(args.step, args.process_index, args.process_count))
+        real = _real_tokens(pipe, args.step, batch, args.process_index, args.process_count)
+        print("  " + _bucket_line(pipe, bucket, n, real, _steps(args.step, 1)))
     for path, leaf in leaves(batch):
         print("  " + _summary(path, leaf))
     if isinstance(batch, dict) and "length" in batch and "tokens" in batch:
@@ -385,7 +504,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 raise result.error
         records += len(pipe.positions(s))
     total = sum(times.values())
-    noun = "rows" if pipe.packing is not None else "records"  # a packed row holds several records
+    noun = "rows" if _packed_rows(pipe) else "records"  # a packed row holds several records
     print(
         f"{args.steps} steps, {records:,} {noun}, one read per step, one process: "
         f"{records / max(total, 1e-9):,.0f} {noun}/s"

@@ -38,7 +38,7 @@ from named components in given proportions (:func:`quern.mix`)::
     mix:
       seed: 0                   # the assignment of positions to components
       block: 1024               # positions per block (optional; see quern.pipeline.plan.mixture)
-      components:               # name: a config without batch, batch_transforms or mix
+      components:               # name: a config without batch, batch_transforms, bucket or mix
         web:  {source: {type: array_record, paths: "web-*.array_record"}, seed: 1, shuffle: global,
                transforms: [{fn: "mytransforms:english", kind: filter}]}
         code: {source: {type: parquet, paths: "code/*.parquet"}, seed: 2}
@@ -50,14 +50,16 @@ from named components in given proportions (:func:`quern.mix`)::
     batch_transforms: [{fn: "mypackage.lm:shift"}]
 
 Each component has the keys of a single-source config but ``batch``,
-``batch_transforms`` and ``num_epochs`` (null if given: a component is endless,
-with its own epochs); its ``transforms`` may filter. ``components`` may also be
+``batch_transforms``, ``bucket`` and ``num_epochs`` (null if given: a component
+is endless, with its own epochs); its ``transforms`` may filter, and it may be
+packed (``pack`` and ``row_transforms``, see below). ``components`` may also be
 a list of components with a ``name`` each (the form :func:`to_config` writes):
 the components' order is part of the mixture, and a list keeps it whatever
 sorts a mapping's keys. Give exactly one of ``weights`` and ``schedule`` (its
 first stage at step 0, then increasing ``start_step``; each stage names every
 component). The top level of a mixture has no ``source``, ``seed`` (the
-mixture's is ``mix.seed``), ``shuffle`` or ``num_epochs``; its ``transforms``
+mixture's is ``mix.seed``), ``shuffle``, ``num_epochs``, ``pack``,
+``row_transforms`` or ``bucket``; its ``transforms``
 (``map``, ``random_map``) apply to the mixed records. Bad weights or stages are
 reported at their key path (``mix.schedule.1.weights: the weight of 'web' is
 -1.0; weights must be >= 0``). A mixture has at most :data:`MAX_COMPONENTS`
@@ -91,11 +93,64 @@ index's content is part of the fingerprint, not where it came from: a file
 holding the scanned values gives the same pipeline. The record ``transforms``
 before ``pack`` may filter but not ``random_map`` (lengths must not depend on
 the stream position: put a ``random_map`` under ``row_transforms``); a
-``row_transforms`` section needs ``pack``. Packing is for single-source configs:
-a ``pack`` with ``mix:`` or in a mixture's component is refused (mixtures of
-packed components are not supported yet). ``quern inspect`` and ``quern run``
+``row_transforms`` section needs ``pack``. ``quern inspect`` and ``quern run``
 print the fill (real tokens / (rows x ``seq_len``)) and padding of the steps
 shown or run, and ``quern explain`` every document of each row.
+
+A mixture's components may be packed, each with its own ``pack`` (and
+``row_transforms``, its key path ``mix.components.<name>.row_transforms``): the
+mixture then mixes packed rows by weight (:func:`quern.mix`), and ``batch``
+counts rows::
+
+    mix:
+      seed: 0
+      components:
+        web:  {source: {type: parquet, paths: "web/*.parquet", columns: [tokens]}, seed: 1, shuffle: global,
+               transforms: [{fn: "mytransforms:english", kind: filter}],
+               pack: {seq_len: 2048, key: tokens}}
+        code: {source: {type: parquet, paths: "code/*.parquet", columns: [tokens]}, seed: 2, shuffle: global,
+               pack: {seq_len: 2048, mode: concat, key: tokens},
+               row_transforms: [{fn: "mytransforms:mask_rows", kind: random_map}]}
+      weights: {web: 0.7, code: 0.3}
+    batch: 64
+
+The components' rows must have the same keys, dtypes and ``seq_len`` (a
+packed and an unpacked component, or two row lengths, fail when a batch is
+collated). The mixture itself is not packed: a top-level ``pack`` (or
+``row_transforms``) with ``mix:`` is refused.
+
+**Length buckets.** Instead of ``batch:``, a ``bucket:`` section makes every step
+a batch of records from one bucket of lengths, padded to the bucket's upper
+bound (:meth:`Pipeline.bucket`: few static shapes, one per bucket)::
+
+    source: {type: parquet, paths: "docs/*.parquet", columns: [tokens]}
+    seed: 0
+    shuffle: global
+    transforms: [{fn: "mytransforms:long_enough", kind: filter}]   # records, before bucketing
+    bucket:
+      boundaries: [256, 512, 1024]     # bucket b: lengths in (boundaries[b-1], boundaries[b]]
+      batch_sizes: [64, 32, 16]        # rows per step of each bucket
+      key: tokens                      # the tokens of a dict record (null: records are token arrays)
+      pad_value: 0
+      block: 1024                      # steps per block of the assignment to buckets (optional)
+      lengths: lengths.npy             # the length index (optional: scanned and cached, as for pack)
+    batch_transforms: [{fn: "mypackage.lm:shift"}]
+
+``boundaries`` are increasing lengths >= 1 (records longer than the last go to
+the last bucket, truncated to it), ``batch_sizes`` one per bucket (each
+divisible by the host count); a step's batch is ``{tokens, length}`` (shape
+``(batch_size, bound)``; :func:`quern.transforms.pad`) plus the records'
+other fields as they are, so drop or pad a record's other variable-length
+fields before (``columns:``, or a transform). Steps go to buckets in
+proportion to records per batch, so every bucket goes through its records at
+the same pace; each bucket has its own epochs, so the stream is endless
+(``num_epochs`` null if given). ``lengths`` is read as for ``pack``. A bucketed
+config is single-source: ``bucket`` with ``batch``, ``pack``,
+``row_transforms`` or ``mix:`` is refused, and, as for ``pack``, the record
+``transforms`` may filter but not ``random_map`` (randomize the padded batches
+with a ``random_map_batch`` under ``batch_transforms``). ``quern inspect``,
+``quern run`` and ``quern explain`` print the bucket of the step(s) and their
+padding (padded slots / (rows x bound)).
 
 What a config may import is :mod:`quern.pipeline.trust`'s rule (for a filter's
 ``fn`` as for any other); the limits on what a config file can make quern do are
@@ -118,8 +173,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -269,21 +326,78 @@ Shuffle = Literal["global", "block"] | ShuffleConfig | None
 Batch = Annotated[StrictInt, Field(ge=1)] | BatchConfig
 
 
+def _npy_path(value: str | None) -> str | None:
+    """A length index's file: a path (non-empty, at most 4096 characters) or ``None``."""
+    if value is not None and (not value or len(value) > 4096):
+        raise ValueError(f"must be the path of a .npy file, got {show(value)}")
+    return value
+
+
 class PackConfig(_Model):
     seq_len: StrictInt = Field(ge=1)
     mode: Literal["best_fit", "concat"] = "best_fit"
     key: str | None = None
     lengths: str | None = None
 
-    @field_validator("lengths")
-    @classmethod
-    def _file(cls, value: str | None) -> str | None:
-        if value is not None and (not value or len(value) > 4096):
-            raise ValueError(f"must be the path of a .npy file, got {show(value)}")
-        return value
+    _file = field_validator("lengths")(_npy_path)
 
 
 Pack = Annotated[StrictInt, Field(ge=1)] | PackConfig
+
+
+def _positive_ints(value: Any) -> Any:
+    """A list of integers >= 1 as it is; otherwise an error naming the first item that
+    is not one (pydantic would report each: as many errors as items)."""
+    if isinstance(value, list):
+        bad = [i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            raise ValueError(
+                f"item {bad[0]} is not an integer >= 1: {show(value[bad[0]])}"
+                + (f" ({len(bad):,} items are not)" if len(bad) > 1 else "")
+            )
+    return value
+
+
+class BucketConfig(_Model):
+    """Length buckets (:meth:`Pipeline.bucket`): the upper bound and batch size of each bucket."""
+
+    boundaries: Annotated[list[StrictInt], Field(min_length=1, max_length=MAX_COMPONENTS)]
+    batch_sizes: Annotated[list[StrictInt], Field(min_length=1, max_length=MAX_COMPONENTS)]
+    key: str | None = None
+    pad_value: StrictInt | StrictFloat = 0
+    block: StrictInt = Field(_mixture.BLOCK, ge=1)
+    lengths: str | None = None
+
+    _ints = field_validator("boundaries", "batch_sizes", mode="before")(_positive_ints)
+    _file = field_validator("lengths")(_npy_path)
+
+    @field_validator("pad_value", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be a number (the value of padding tokens), got {show(value)}")
+        return value
+
+    @field_validator("boundaries")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        for i in range(1, len(value)):
+            if value[i] <= value[i - 1]:
+                raise ValueError(
+                    f"must be increasing, got {show(value)}: item {i} ({value[i]}) is not above item {i - 1} "
+                    f"({value[i - 1]}); each is the longest length of its bucket"
+                )
+        return value
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _one_per_bucket(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        bounds = info.data.get("boundaries")
+        if bounds is not None and len(value) != len(bounds):
+            raise ValueError(
+                f"{len(value)} batch sizes for {len(bounds)} buckets (boundaries {show(bounds)}); give one per bucket"
+            )
+        return value
 
 
 class PipelineConfig(_Model):
@@ -296,6 +410,38 @@ class PipelineConfig(_Model):
     row_transforms: Stages = []
     batch: Batch
     batch_transforms: Stages = []
+
+
+class BucketPipelineConfig(_Model):
+    """A single-source config batched by length buckets (``bucket:``) instead of ``batch:``."""
+
+    source: SourceConfig
+    seed: StrictInt = Field(0, ge=0, lt=2**64)
+    num_epochs: None = None
+    shuffle: Shuffle = None
+    transforms: Stages = []
+    bucket: BucketConfig
+    batch_transforms: Stages = []
+
+    @field_validator("num_epochs", mode="before")
+    @classmethod
+    def _endless(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                f"must be null, got {show(value)}: a bucketed stream is endless "
+                "(each bucket repeats and reshuffles its records on its own epochs)"
+            )
+        return value
+
+
+_NOT_WITH_BUCKET = {
+    "batch": "bucket makes the batches (bucket.batch_sizes, one size per bucket); give either batch or bucket, not both",
+    "pack": "give either pack (rows of seq_len tokens) or bucket (records padded to their bucket's bound), not both",
+    "row_transforms": "transforms of packed rows; a bucketed config is not packed (record transforms go under "
+    "transforms, transforms of the padded batches under batch_transforms)",
+}
+"""Keys of a single-source config that a ``bucket:`` config refuses, and why (``batch: null``,
+``pack: null`` and ``row_transforms: []`` are none: let through)."""
 
 
 def _bounded_mapping(value: Any) -> Any:
@@ -319,18 +465,16 @@ def _numbers(value: Any) -> Any:
     return value
 
 
-_PACK_ALONE = "pack a single-source config (source:, pack:, batch:)"
-
-
 class ComponentConfig(_Model):
-    """One component of a mixture: a pipeline without batch, endless."""
+    """One component of a mixture: a pipeline without batch, endless; packed or not."""
 
     source: SourceConfig
     seed: StrictInt = Field(0, ge=0, lt=2**64)
     num_epochs: None = None
     shuffle: Shuffle = None
     transforms: Stages = []
-    pack: None = None
+    pack: Pack | None = None
+    row_transforms: Stages = []
 
     @field_validator("num_epochs", mode="before")
     @classmethod
@@ -340,13 +484,6 @@ class ComponentConfig(_Model):
                 f"must be null, got {show(value)}: the components of a mixture are endless "
                 "(each repeats and reshuffles on its own epochs)"
             )
-        return value
-
-    @field_validator("pack", mode="before")
-    @classmethod
-    def _unpacked(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(f"mixtures of packed components are not supported yet; {_PACK_ALONE}")
         return value
 
 
@@ -414,11 +551,14 @@ _NOT_WITH_MIX = {
     "seed": "with mix, the mixture's seed is mix.seed (and each component has its own seed)",
     "num_epochs": "a mixture is endless: its components repeat on their own epochs; leave num_epochs out",
     "shuffle": "a mixture is not shuffled itself: shuffle its components (mix.components.<name>.shuffle)",
-    "pack": f"packing a mixture is not supported yet; {_PACK_ALONE}",
-    "row_transforms": "transforms of packed rows; a mixture is not packed (put its transforms under transforms)",
+    "pack": "a mixture is not packed itself: pack its components (mix.components.<name>.pack), then batch the "
+    "mixture of their rows",
+    "row_transforms": "transforms of packed rows belong to a packed component "
+    "(mix.components.<name>.row_transforms); the mixture's own transforms go under transforms",
+    "bucket": "length buckets are for a single source (source:, bucket:); batch a mixture with batch:",
 }
 """Top-level keys of a single-source config that a ``mix:`` config refuses, and why
-(``pack: null`` and ``row_transforms: []`` are no packing: let through)."""
+(``pack: null``, ``bucket: null`` and ``row_transforms: []`` are none: let through)."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -461,7 +601,7 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
 
 _COMPONENT = "mix.components.<name>"
 _SECTIONS = {
-    "": (PipelineConfig, MixPipelineConfig),
+    "": (PipelineConfig, MixPipelineConfig, BucketPipelineConfig),
     "shuffle": ShuffleConfig,
     "batch": BatchConfig,
     "transforms": TransformConfig,
@@ -470,13 +610,14 @@ _SECTIONS = {
     "mix": MixConfig,
     "pack": PackConfig,
     "row_transforms": TransformConfig,
+    "bucket": BucketConfig,
     _COMPONENT: ComponentConfig,
     "mix.schedule": StageConfig,
 }
 """Section -> its model(s): a section's keys, for hints about unknown keys ("did you mean",
 "it belongs under"). A component's ``shuffle``, ``source``... are those sections too."""
 _TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig", "PackConfig"}
-_TYPE_TAGS = {"int", "str", "constrained-int"}  # names pydantic gives union branches in error locations
+_TYPE_TAGS = {"int", "str", "float", "constrained-int"}  # names pydantic gives union branches in error locations
 
 
 def _keys_of(section: str) -> list[str]:
@@ -507,8 +648,9 @@ def _location(loc: tuple) -> list:
     return path
 
 
-def _problems(err: ValidationError) -> list[str]:
-    """One line per problem of ``err``: the key path, what is wrong, the value."""
+def _problems(err: ValidationError, bucket_hint: bool = False) -> list[str]:
+    """One line per problem of ``err``: the key path, what is wrong, the value
+    (``bucket_hint``: a missing ``batch`` says that ``bucket`` may batch instead)."""
     errors = [(_location(e["loc"]), e) for e in err.errors(include_url=False)]
     lines = []
     for path, e in errors:
@@ -538,6 +680,8 @@ def _problems(err: ValidationError) -> list[str]:
             )
             if e["type"] == "missing" and path == ["source"]:
                 got = " (or a mix: section, for a mixture of named components)"
+            if e["type"] == "missing" and path == ["batch"] and bucket_hint:
+                got = " (or a bucket: section, for batches of length buckets)"
         lines.append(f"{loc or '(top level)'}: {msg}{got}")
     return lines
 
@@ -546,8 +690,8 @@ def _invalid(lines: list[str]) -> str:
     return bounded("invalid config:\n  " + "\n  ".join(dict.fromkeys(clip(line) for line in lines)))
 
 
-def _explain(err: ValidationError) -> str:
-    return _invalid(_problems(err))
+def _explain(err: ValidationError, bucket_hint: bool = False) -> str:
+    return _invalid(_problems(err, bucket_hint))
 
 
 def _prefixed(key: str, error: BaseException) -> str:
@@ -653,20 +797,33 @@ def load_config(config: Any, process_count: int = 1, allow: str | Iterable[str] 
         raise ScanError(f"{path}: {e}").with_traceback(e.__traceback__) from e.__cause__
 
 
-def _validate(data: dict) -> PipelineConfig | MixPipelineConfig:
-    """The config's schema checked: every problem in one :class:`ConfigError`."""
-    if "mix" not in data:
-        try:
-            return PipelineConfig.model_validate(data)
-        except ValidationError as e:
-            raise ConfigError(_explain(e)) from None
+def _refused(data: dict, refused: dict[str, str], always: tuple[str, ...] = ()) -> list[str]:
+    """``"key: why"`` for each key of ``refused`` that ``data`` gives: present and not
+    null (the keys of ``always``: present at all), ``row_transforms`` not an empty list."""
     lines = []
-    for key, why in _NOT_WITH_MIX.items():
-        given = key in data and (key in ("source", "seed") or data[key] is not None)
+    for key, why in refused.items():
+        given = key in data and (key in always or data[key] is not None)
         if given and not (key == "row_transforms" and isinstance(data[key], list) and not data[key]):
             lines.append(f"{key}: {why}")
+    return lines
+
+
+def _validate(data: dict) -> PipelineConfig | MixPipelineConfig | BucketPipelineConfig:
+    """The config's schema checked: every problem in one :class:`ConfigError`."""
+    model: type[MixPipelineConfig] | type[BucketPipelineConfig]
+    if "mix" in data:
+        model, refused = MixPipelineConfig, _NOT_WITH_MIX
+        lines = _refused(data, _NOT_WITH_MIX, ("source", "seed"))
+    elif data.get("bucket") is not None:
+        model, refused = BucketPipelineConfig, _NOT_WITH_BUCKET
+        lines = _refused(data, _NOT_WITH_BUCKET)
+    else:
+        try:
+            return PipelineConfig.model_validate({k: v for k, v in data.items() if k != "bucket"})
+        except ValidationError as e:
+            raise ConfigError(_explain(e, bucket_hint=True)) from None
     try:
-        cfg = MixPipelineConfig.model_validate({k: v for k, v in data.items() if k not in _NOT_WITH_MIX})
+        cfg = model.model_validate({k: v for k, v in data.items() if k not in refused})
     except ValidationError as e:
         lines += _problems(e)
     if lines:
@@ -677,49 +834,75 @@ def _validate(data: dict) -> PipelineConfig | MixPipelineConfig:
 def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipeline:
     """The pipeline of a config read by :func:`_read` (messages without the file)."""
     cfg = _validate(data)
-    size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
-    try:  # the one host-slice check
-        host_rows(size, 0, process_count)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"batch: {e}") from None
-    if isinstance(cfg, MixPipelineConfig):
-        pipe = _mixture_of(cfg.mix, base, policy)
-        pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", policy)
-    elif cfg.pack is None:
-        if cfg.row_transforms:
-            raise ConfigError(
-                "row_transforms: transforms of packed rows need a pack: section; "
-                "put the transforms of records under transforms"
-            )
-        pipe = _leaf(cfg, base, policy, "")
-    else:
-        pack = PackConfig(seq_len=cfg.pack) if isinstance(cfg.pack, int) else cfg.pack
-        for i, t in enumerate(cfg.transforms):  # before any scan: the lengths must not depend on positions
-            if t.kind == "random_map":
-                raise ConfigError(
-                    f"transforms.{i}.kind: a random_map before pack: the lengths packing plans with must not "
-                    "depend on the stream position; put it under row_transforms (on packed rows)"
-                )
-        pipe = _packed(_leaf(cfg, base, policy, ""), pack, base)
-        pipe = _add_stages(
-            pipe,
-            cfg.row_transforms,
-            "row_transforms",
-            ("map", "random_map"),
-            "batch_transforms",
-            policy,
-            filter_hint="filter the records before pack (under transforms)",
+    if isinstance(cfg, BucketPipelineConfig):
+        for i, size in enumerate(cfg.bucket.batch_sizes):  # the one host-slice check, per bucket
+            try:
+                host_rows(size, 0, process_count)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"bucket.batch_sizes.{i}: {e}") from None
+        _no_random_map_before(
+            cfg.transforms, "", "bucket", "put it under batch_transforms (random_map_batch, on the padded batches)"
         )
-    try:
-        pipe = pipe.batch(size, drop_remainder=drop)
-    except ValueError as e:
-        raise ConfigError(_prefixed("batch", e)) from e
+        pipe = _bucketed(_leaf(cfg, base, policy, ""), cfg.bucket, base)
+    else:
+        size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
+        try:  # the one host-slice check
+            host_rows(size, 0, process_count)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"batch: {e}") from None
+        if isinstance(cfg, MixPipelineConfig):
+            pipe = _mixture_of(cfg.mix, base, policy)
+            pipe = _add_stages(pipe, cfg.transforms, "transforms", ("map", "random_map"), "batch_transforms", policy)
+        else:
+            pipe = _rows(cfg, base, policy, "")
+        try:
+            pipe = pipe.batch(size, drop_remainder=drop)
+        except ValueError as e:
+            raise ConfigError(_prefixed("batch", e)) from e
     return _add_stages(
         pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms", policy
     )
 
 
-def _leaf(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, where: str) -> Pipeline:
+def _rows(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, where: str) -> Pipeline:
+    """The records of one source without batch, or its packed rows: ``transforms``, then
+    ``pack`` and ``row_transforms`` if there is a ``pack``; a config's top level or a
+    mixture's component (``where``: its key path and a dot, ``""`` for the top level)."""
+    if cfg.pack is None:
+        if cfg.row_transforms:
+            raise ConfigError(
+                f"{where}row_transforms: transforms of packed rows need a pack: section; "
+                f"put the transforms of records under {where}transforms"
+            )
+        return _leaf(cfg, base, policy, where)
+    pack = PackConfig(seq_len=cfg.pack) if isinstance(cfg.pack, int) else cfg.pack
+    _no_random_map_before(cfg.transforms, where, "pack", f"put it under {where}row_transforms (on packed rows)")
+    pipe = _packed(_leaf(cfg, base, policy, where), pack, base, f"{where}pack")
+    return _add_stages(
+        pipe,
+        cfg.row_transforms,
+        f"{where}row_transforms",
+        ("map", "random_map"),
+        "batch_transforms",
+        policy,
+        filter_hint=f"filter the records before pack (under {where}transforms)",
+    )
+
+
+def _no_random_map_before(stages: list[TransformConfig], where: str, what: str, instead: str) -> None:
+    """A :class:`ConfigError` for a ``random_map`` among the record ``stages`` before ``what``
+    (``pack`` or ``bucket``), which plans with the records' lengths; checked before any scan."""
+    for i, t in enumerate(stages):
+        if t.kind == "random_map":
+            raise ConfigError(
+                f"{where}transforms.{i}.kind: a random_map before {what}: the lengths {what}ing plans with must not "
+                f"depend on the stream position; {instead}"
+            )
+
+
+def _leaf(
+    cfg: PipelineConfig | ComponentConfig | BucketPipelineConfig, base: str, policy: Policy, where: str
+) -> Pipeline:
     """The pipeline of one source, without batch: a config's top level or a mixture's
     component (``where``: its key path and a dot, ``""`` for the top level)."""
     source = _source(cfg.source, base, f"{where}source")
@@ -734,24 +917,51 @@ def _leaf(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, wher
     return _add_stages(pipe, cfg.transforms, f"{where}transforms", kinds, "batch_transforms", policy)
 
 
-def _packed(pipe: Pipeline, cfg: PackConfig, base: str) -> Pipeline:
-    """``pipe`` packed as the ``pack`` section says (its ``lengths`` file against ``base``)."""
-    lengths = os.path.abspath(_path(cfg.lengths, base)) if cfg.lengths is not None else None
-    if lengths is not None and not os.path.isfile(lengths):
-        raise ConfigError(f"pack.lengths: no file {show(lengths)} (a .npy file of one integer per record)")
+def _lengths_file(lengths: str | None, base: str, where: str) -> str | None:
+    """The absolute path of a length index's file (``lengths`` against ``base``), checked to
+    exist; ``where``: the key path of its section (``pack``, ``bucket``)."""
+    if lengths is None:
+        return None
+    path = os.path.abspath(_path(lengths, base))
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}.lengths: no file {show(path)} (a .npy file of one integer per record)")
+    return path
+
+
+def _planned(make: Callable[[], Pipeline], lengths: str | None, where: str) -> Pipeline:
+    """``make()`` (a ``pack`` or ``bucket`` of the section at key path ``where``, with the
+    length index file ``lengths``), its errors said with their key path."""
     try:
-        packed = pipe.pack(cfg.seq_len, mode=cfg.mode, key=cfg.key, lengths=lengths)
+        return make()
     except ScanError as e:  # a record without tokens (no key, not 1-D): the data's error, said with its key
-        raise ScanError(f"pack: {e}") from e.__cause__
+        raise ScanError(f"{where}: {e}") from e.__cause__
     except (OSError, ValueError) as e:  # the file's (unreadable, or not this data's index), or no token at all
-        if lengths is None or "hold no token" in str(e):
-            raise ConfigError(_prefixed("pack", e)) from e
-        if "length index" in str(e):  # pack's own check: names the file
-            raise ConfigError(_prefixed("pack.lengths", e)) from e
+        text = str(e)
+        if lengths is None or "hold no token" in text or text.startswith(("pack():", "bucket():")):
+            raise ConfigError(_prefixed(where, e)) from e
+        if "length index" in text:  # length_index's own check: names the file
+            raise ConfigError(_prefixed(f"{where}.lengths", e)) from e
         raise ConfigError(
-            f"pack.lengths: cannot read {show(lengths)} as a .npy array: {type(e).__name__}: {clip(str(e))}"
+            f"{where}.lengths: cannot read {show(lengths)} as a .npy array: {type(e).__name__}: {clip(text)}"
         ) from e
-    return packed
+
+
+def _packed(pipe: Pipeline, cfg: PackConfig, base: str, where: str = "pack") -> Pipeline:
+    """``pipe`` packed as the ``pack`` section at key path ``where`` says (its ``lengths`` file against ``base``)."""
+    lengths = _lengths_file(cfg.lengths, base, where)
+    return _planned(lambda: pipe.pack(cfg.seq_len, mode=cfg.mode, key=cfg.key, lengths=lengths), lengths, where)
+
+
+def _bucketed(pipe: Pipeline, cfg: BucketConfig, base: str) -> Pipeline:
+    """``pipe`` in length buckets as the ``bucket`` section says (its ``lengths`` file against ``base``)."""
+    lengths = _lengths_file(cfg.lengths, base, "bucket")
+    return _planned(
+        lambda: pipe.bucket(
+            cfg.boundaries, cfg.batch_sizes, key=cfg.key, pad_value=cfg.pad_value, lengths=lengths, block=cfg.block
+        ),
+        lengths,
+        "bucket",
+    )
 
 
 def _weights_error(e: Exception, key: str) -> ConfigError:
@@ -790,7 +1000,7 @@ def _mixture_of(cfg: MixConfig, base: str, policy: Policy) -> Pipeline:
                 )
             schedule.append((stage.start_step, stage.weights))
     components = {
-        name: _leaf(c, base, policy, f"mix.components.{clip(name, 60)}.") for name, c in cfg.components.items()
+        name: _rows(c, base, policy, f"mix.components.{clip(name, 60)}.") for name, c in cfg.components.items()
     }
     try:
         return mix(components, weights=weights, schedule=schedule, seed=cfg.seed, block=cfg.block)

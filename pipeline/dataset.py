@@ -204,6 +204,8 @@ class Bucketing:
     stages: tuple[_mixture.Stage, ...]
     block: int
     lengths_digest: str
+    lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # per source record
+    lengths_file: str | None = dataclasses.field(default=None, compare=False, repr=False)  # the .npy it came from
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -456,7 +458,7 @@ class Pipeline:
         if self.packing is not None:
             raise ValueError("pack() on a packed pipeline: it is packed already")
         if self.source is None:
-            raise ValueError("pack() on a mixture: pack its components (mixtures of packed components come later)")
+            raise ValueError("pack() on a mixture: pack its components, then mix them")
         self._need_no_batch("pack", "a pipeline before batch()")
         lens = self.length_index(key, lengths, cache_dir, workers)
         live = lens[np.asarray(self.survivors)] if self.survivors is not None else lens
@@ -528,6 +530,8 @@ class Pipeline:
             raise ValueError(f"bucket(): boundaries must be increasing positive lengths, got {bounds}")
         if len(sizes) != len(bounds):
             raise ValueError(f"bucket(): {len(sizes)} batch sizes for {len(bounds)} buckets; give one per bucket")
+        if isinstance(pad_value, np.generic):
+            pad_value = pad_value.item()  # the same value, the same fingerprint
         lens = np.asarray(self.length_index(key, lengths, cache_dir, workers))
         live = np.arange(len(lens)) if self.survivors is None else np.asarray(self.survivors)
         which = np.minimum(np.searchsorted(np.asarray(bounds), lens[live], side="left"), len(bounds) - 1)
@@ -544,8 +548,20 @@ class Pipeline:
             raise ValueError("bucket(): no record in any bucket")
         stages = (_mixture.Stage(0, _mixture.quantize(weights)),)
         k = _mixture.block_size(len(comps), _check_int(block, "block", 1))
+        file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
         bk = Bucketing(
-            self, tuple(bounds), tuple(sizes), key, pad_value, tuple(buckets), tuple(comps), stages, k, digest(lens)
+            self,
+            tuple(bounds),
+            tuple(sizes),
+            key,
+            pad_value,
+            tuple(buckets),
+            tuple(comps),
+            stages,
+            k,
+            digest(lens),
+            lens,
+            file,
         )
         return Pipeline(source=None, seed=self.seed, batch_size=max(sizes), bucketing=bk)
 

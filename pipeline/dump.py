@@ -23,6 +23,18 @@ finds it in the cache). A scanned index needs nothing more; an array given to
 index has the same content, and the pipeline the same fingerprint, when the
 array held the records' true lengths (otherwise the fingerprints differ, so a
 checkpoint of one is refused by the other).
+
+A mixture of packed components writes each packed component the same way:
+its ``pack:`` section and ``row_transforms`` inside the component.
+
+A bucketed pipeline (:meth:`Pipeline.bucket`) is written as its single-source
+config with a ``bucket:`` section (``boundaries``, ``batch_sizes``, ``key``,
+``pad_value``, ``block``, ``lengths``) instead of ``batch:``, and its batch
+transforms. ``lengths`` is the ``.npy`` file the index was read from when the
+bucketing records it (a ``lengths_file``), else null: as for a packing, the
+config then scans the records for the index (or finds it in the cache), whose
+content, not its origin, is part of the fingerprint. ``block`` is the
+bucketing's block size, which loads back to itself.
 """
 
 from __future__ import annotations
@@ -93,6 +105,24 @@ def _leaf_config(pipe: Any, where: str) -> dict[str, Any]:
     }
 
 
+def _packed_config(pipe: Any, where: str) -> dict[str, Any]:
+    """``source``, ``seed``, ``shuffle``, ``transforms``, ``pack`` and ``row_transforms`` of a
+    packed pipeline (without batch); ``where``: its key path and a dot."""
+    p = pipe.packing
+    if p.inner.host_lengths is not None:
+        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
+    return {
+        **_leaf_config(p.inner, where),
+        "pack": {
+            "seq_len": p.seq_len,
+            "mode": p.mode,
+            "key": p.key,
+            "lengths": p.lengths_file,  # the file it was read from, if any (see above)
+        },
+        "row_transforms": _stages(pipe.record_ops, f"{where}row_transforms"),
+    }
+
+
 def _stages(ops: Any, where: str) -> list[dict[str, Any]]:
     return [_transform_config(op.fn, op.kind.value, f"{where}.{i}") for i, op in enumerate(ops)]
 
@@ -119,38 +149,45 @@ def to_config(pipe: Any) -> dict[str, Any]:
     if pipe.host_lengths is not None:
         raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
     head: dict[str, Any]
-    if pipe.packing is not None:
-        p = pipe.packing
-        if p.inner.host_lengths is not None:
+    if pipe.bucketing is not None:
+        bk = pipe.bucketing
+        if bk.inner.host_lengths is not None:
             raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-        leaf = _leaf_config(p.inner, "")
-        head = {
-            "source": leaf["source"],
-            "seed": leaf["seed"],
-            "num_epochs": p.inner.num_epochs,
-            "shuffle": leaf["shuffle"],
-            "transforms": leaf["transforms"],
-            "pack": {
-                "seq_len": p.seq_len,
-                "mode": p.mode,
-                "key": p.key,
-                "lengths": p.lengths_file,  # the file it was read from, if any (see above)
+        return {
+            **_leaf_config(bk.inner, ""),
+            "bucket": {
+                "boundaries": list(bk.boundaries),
+                "batch_sizes": list(bk.batch_sizes),
+                "key": bk.key,
+                "pad_value": to_plain(bk.pad_value),
+                "block": bk.block,
+                "lengths": getattr(bk, "lengths_file", None),  # the file it was read from, if recorded (see above)
             },
-            "row_transforms": _stages(pipe.record_ops, "row_transforms"),
+            "batch_transforms": _stages(pipe.batch_ops, "batch_transforms"),
+        }
+    if pipe.packing is not None:
+        packed = _packed_config(pipe, "")
+        head = {
+            "source": packed["source"],
+            "seed": packed["seed"],
+            "num_epochs": pipe.packing.inner.num_epochs,
+            **{k: packed[k] for k in ("shuffle", "transforms", "pack", "row_transforms")},
         }
     elif pipe.mixture is not None:
         m = pipe.mixture
-        for name, c in zip(m.names, m.components):
-            if c.packing is not None:
-                raise ValueError(
-                    f"mix.components.{name}: a mixture of packed components has no config form yet "
-                    "(a config packs a single source: source:, pack:, batch:)"
-                )
         mix: dict[str, Any] = {
             "seed": m.seed,
             "block": m.block,
             "components": [  # a list: the order is the mixture's, whatever a YAML dumper does to keys
-                {"name": name, **_leaf_config(c, f"mix.components.{name}.")} for name, c in zip(m.names, m.components)
+                {
+                    "name": name,
+                    **(
+                        _leaf_config(c, f"mix.components.{name}.")
+                        if c.packing is None
+                        else _packed_config(c, f"mix.components.{name}.")
+                    ),
+                }
+                for name, c in zip(m.names, m.components)
             ],
         }
         if len(m.stages) == 1:

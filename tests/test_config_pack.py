@@ -248,18 +248,15 @@ def test_bad_pack_configs_name_the_key(folder, path, value, fragment):
 @pytest.mark.parametrize(
     "where,fragment",
     [
-        ("top", "pack: packing a mixture is not supported yet; pack a single-source config"),
-        ("component", "mix.components.web.pack: mixtures of packed components are not supported yet"),
-        ("rows", "row_transforms: transforms of packed rows; a mixture is not packed"),
+        ("top", "pack: a mixture is not packed itself: pack its components (mix.components.<name>.pack)"),
+        ("rows", "row_transforms: transforms of packed rows belong to a packed component"),
     ],
 )
-def test_a_mixture_is_not_packed_yet(folder, where, fragment):
+def test_a_mixture_itself_is_not_packed(folder, where, fragment):
     d, _ = folder
     cfg = {**_mixed(d), "batch": 8}
     if where == "top":
         cfg["pack"] = {"seq_len": 128, "key": "tokens"}
-    elif where == "component":
-        cfg["mix"]["components"]["web"]["pack"] = 128
     else:
         cfg["row_transforms"] = [{"name": "pad", "kwargs": {"length": 4}}]
     with pytest.raises(quern.ConfigError, match=re.escape(fragment)):
@@ -269,13 +266,20 @@ def test_a_mixture_is_not_packed_yet(folder, where, fragment):
     assert quern.load_config(ok).mixture is not None
 
 
-def test_a_mixture_of_packed_components_has_no_config_form_yet(folder):
+def test_a_mixtures_components_may_be_packed(folder):
     d, _ = folder
-    src = quern.sources.ParquetSource(str(d / "docs.parquet"))
-    part = quern.Pipeline.from_source(src, seed=1).pack(64, key="tokens")
-    pipe = quern.mix({"web": part, "code": part}, weights={"web": 1, "code": 1}).batch(4)
-    with pytest.raises(ValueError, match=r"^mix.components.web: a mixture of packed components has no config form"):
-        pipe.to_config()
+    cfg = {**_mixed(d), "batch": 4}
+    for c in cfg["mix"]["components"].values():
+        c["source"]["columns"] = ["tokens"]
+        c["pack"] = {"seq_len": 64, "key": "tokens"}
+    pipe = quern.load_config(cfg)
+    assert [c.packing.seq_len for c in pipe.mixture.components] == [64, 64]
+    src = quern.sources.ParquetSource(str(d / "docs.parquet"), columns=["tokens"])
+    part = quern.Pipeline.from_source(src).pack(64, key="tokens")
+    _same(quern.mix({"web": part, "code": part}, weights={"web": 1, "code": 1}).batch(4), pipe, (0, 5))
+    written = pipe.to_config()
+    assert [c["pack"]["seq_len"] for c in written["mix"]["components"]] == [64, 64]
+    _same(pipe, quern.load_config(written), (3,))
 
 
 def test_bad_lengths_files_and_records_without_tokens(folder, tmp_path):
