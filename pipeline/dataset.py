@@ -363,15 +363,7 @@ class Pipeline:
             )
         assert self.source is not None
         prefix = self._replace(record_ops=self.record_ops + (Op(OpKind.FILTER, pred),))
-        key = fingerprint_of(
-            {
-                "index_format": _index.INDEX_FORMAT_VERSION,
-                "source": self.source.identity(),
-                "record_ops": [
-                    [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(prefix.record_ops)
-                ],
-            }
-        )
+        key = prefix._records_key()
         kept = scan.survivors(prefix, key, self.survivors, len(self.source), cache_dir, workers)
         return prefix._replace(survivors=kept)
 
@@ -410,16 +402,7 @@ class Pipeline:
         n = len(self.source)
         if lengths is not None:
             return self._given_lengths(lengths, key)
-        fp = fingerprint_of(
-            {
-                "index_format": _index.INDEX_FORMAT_VERSION,
-                "source": self.source.identity(),
-                "record_ops": [
-                    [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
-                ],
-                "length_key": key,
-            }
-        )
+        fp = self._records_key(length_key=key)
         return scan.lengths(self, fp, self.survivors, n, key, cache_dir, workers)
 
     def pack(
@@ -564,6 +547,17 @@ class Pipeline:
             file,
         )
         return Pipeline(source=None, seed=self.seed, batch_size=max(sizes), bucketing=bk)
+
+    def _records_key(self, **extra: Any) -> str:
+        """The fingerprint of what this pipeline's records are (the data order's version,
+        the source's identity, the record transforms) and ``extra``: the key of a
+        filter's survivors and of a length index, which do not depend on the seed,
+        shuffle or batch."""
+        assert self.source is not None
+        ops = [[op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)]
+        return fingerprint_of(
+            {"index_format": _index.INDEX_FORMAT_VERSION, "source": self.source.identity(), "record_ops": ops, **extra}
+        )
 
     def _given_lengths(self, lengths: Any, key: str | None) -> np.ndarray:
         """A user's length index, checked (see :meth:`length_index`)."""

@@ -21,7 +21,7 @@ thread runs it, or on what ran before.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -583,14 +583,11 @@ def step_results(
         return
     seg = pipe.segments(np.concatenate(positions))
     clock = _Clock(timings)
-    try:
-        all_records = read_segments(pipe, seg, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
-    except StepError as e:
-        if len(steps) > 1:  # find the step(s) whose records fail, one read each
-            for s in steps:
-                yield from step_results(pipe, [s], process_index, process_count, timings)
-            return
-        yield StepResult(steps[0], None, e)
+    all_records, failed = _bulk(
+        lambda where: read_segments(pipe, seg, where), pipe, steps, wheres, process_index, process_count, timings
+    )
+    if failed is not None:
+        yield from failed
         return
     clock.lap(READ)
     lo = 0
@@ -667,14 +664,11 @@ def _packed_results(
     pieces = pipe.pieces(np.concatenate(positions))
     uniq = np.unique(pieces.ids)
     clock = _Clock(timings)
-    try:
-        got = read(inner, uniq, wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}")
-    except StepError as e:
-        if len(steps) > 1:
-            for s in steps:
-                yield from step_results(pipe, [s], process_index, process_count, timings)
-            return
-        yield StepResult(steps[0], None, e)
+    got, failed = _bulk(
+        lambda where: read(inner, uniq, where), pipe, steps, wheres, process_index, process_count, timings
+    )
+    if failed is not None:
+        yield from failed
         return
     clock.lap(READ)
     lo = 0
@@ -793,6 +787,26 @@ def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, w
             out[name][r, o : o + n] = v[start : start + n]
         fill[r] = o + n
     return CollatedRows(out, n_rows)
+
+
+def _bulk(
+    read_all: Callable[[object], Any],
+    pipe: Any,
+    steps: list[int],
+    wheres: list[Where],
+    process_index: int,
+    process_count: int,
+    timings: dict[str, float] | None,
+) -> tuple[Any, list[StepResult] | None]:
+    """The records of all ``steps`` in one bulk read (``read_all(where)``), or, if it
+    fails, the steps' results computed one step at a time, so that a read error is
+    reported at its own step and the other steps still succeed."""
+    try:
+        return read_all(wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"), None
+    except StepError as e:
+        if len(steps) > 1:
+            return None, [r for s in steps for r in step_results(pipe, [s], process_index, process_count, timings)]
+        return None, [StepResult(steps[0], None, e)]
 
 
 def batches_at(pipe: Definition, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:
