@@ -1,13 +1,16 @@
 """Pipeline: the immutable, picklable definition of how batches are made, and its fluent API.
 
 A :class:`Pipeline` says which records make each step (source, seed, epochs,
-shuffle, the records a filter keeps, or a mixture of component pipelines;
-batch size, host slices: pure index arithmetic, see :mod:`quern.pipeline.index`
-and :mod:`quern.pipeline.plan`) and which transforms run on them. Computing a step
-is the step runner's job (:mod:`quern.pipeline.execute`), iterating the
-iterator's (:mod:`quern.pipeline.loader`), and hashing the definition the
-fingerprint's (:mod:`quern.pipeline.fingerprint`); the methods here are thin
-entry points to them. ``batch_at(step, process_index, process_count)`` is a
+shuffle, the records a filter keeps; or, instead of a source, a mixture of
+component pipelines, a packed stream or a bucketed one, defined in
+:mod:`quern.pipeline.streams`; batch size, host slices: pure index arithmetic,
+see :mod:`quern.pipeline.index` and :mod:`quern.pipeline.plan`) and which
+transforms run on them. Computing a step is the step runner's job
+(:mod:`quern.pipeline.execute`), iterating the iterator's
+(:mod:`quern.pipeline.loader`), hashing the definition the fingerprint's
+(:mod:`quern.pipeline.fingerprint`), and the length index, packing and
+bucketing :mod:`quern.pipeline.lengths`'; the methods here are thin entry points
+to them. ``batch_at(step, process_index, process_count)`` is a
 pure function of (the definition, step, host slice).
 """
 
@@ -15,218 +18,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..transforms.pad import pad
 from . import execute, scan
 from . import index as _index
+from . import lengths as _lengths
 from .digest import digest
 from .dump import to_config
 from .fingerprint import describe_callable, fingerprint_of
 from .loader import PipelineIterator
 from .ops import Op, OpKind
-from .plan import Pieces, Segments, indexfile
+from .plan import Pieces, Segments
 from .plan import mixture as _mixture
-from .plan import packing as _packing
 from .sources import Source, as_source
+from .streams import Bucketing, Mixture, Packing
 
 __all__ = ["Pipeline", "Op", "OpKind"]
 
 _check_int = _index.check_int
-
-
-@dataclasses.dataclass(frozen=True)
-class Mixture:
-    """A mixture's definition (see :func:`quern.mix`): named component pipelines
-    (without batch), the schedule of their weights, the seed of the assignment and
-    the block size (:mod:`quern.pipeline.plan.mixture`)."""
-
-    names: tuple[str, ...]
-    components: tuple[Pipeline, ...]
-    stages: tuple[_mixture.Stage, ...]
-    seed: int
-    block: int
-
-    def describe(self, until_step: int | None = None) -> dict[str, Any]:
-        """JSON-able; with ``until_step``, only the stages that start before it (at
-        least the first): what the steps before ``until_step`` depend on."""
-        stages = self.stages
-        if until_step is not None:
-            stages = tuple(st for st in stages if st.start_step < max(1, until_step))
-        return {
-            "names": list(self.names),
-            "components": [c.describe() for c in self.components],
-            "schedule": [[st.start_step, list(st.weights)] for st in stages],
-            "seed": self.seed,
-            "block": self.block,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Packing:
-    """A packed stream's definition (see :meth:`Pipeline.pack`): the pipeline whose
-    records are packed, the row length, the mode, the key of the tokens and the
-    length index (one value per record of its source). Plans of epochs are
-    computed on demand and kept (:mod:`quern.pipeline.plan.packing`)."""
-
-    inner: Pipeline
-    seq_len: int
-    mode: str
-    key: str | None
-    lengths: np.ndarray = dataclasses.field(compare=False, repr=False)
-    lengths_digest: str = ""
-    cache_dir: str | None = dataclasses.field(default=None, compare=False, repr=False)
-    lengths_file: str | None = dataclasses.field(default=None, compare=False, repr=False)  # the .npy it came from
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_plans"}  # plans are recomputed where needed
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "inner": self.inner.describe(),
-            "seq_len": self.seq_len,
-            "mode": self.mode,
-            "key": self.key,
-            "lengths": self.lengths_digest,
-        }
-
-    def epoch(self, e: int) -> tuple[_packing.EpochPlan, np.ndarray]:
-        """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs)."""
-        plans = self.__dict__.setdefault("_plans", {})
-        hit = plans.get(e)
-        if hit is None:
-            n = self.inner.stream_len
-            assert n is not None
-            ids = self.inner.record_ids(np.arange(e * n, (e + 1) * n, dtype=np.int64))
-            hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.seed, e), ids)
-            if hit[0].rows != self.rows_before(1):
-                raise RuntimeError(
-                    f"packing: epoch {e} has {hit[0].rows} rows where every epoch has {self.rows_before(1)}; the "
-                    f"cached count {self._rows_path()} is wrong: delete it"
-                )
-            plans[e] = hit
-            while len(plans) > 2:
-                plans.pop(next(iter(plans)))
-        return hit
-
-    def rows_before(self, e: int) -> int:
-        """Rows in the epochs before ``e``: ``e`` times the rows of one epoch, which are the
-        same in every epoch (``concat``: ``ceil(tokens / seq_len)``; ``best_fit``: best-fit
-        decreasing depends only on the lengths, not on their order). For ``best_fit`` that
-        count is computed once from the lengths and kept in memory and on disk (under
-        ``cache_dir/packing/``, keyed by the fingerprint of this definition), so a cold
-        resume in any epoch plans only that epoch."""
-        per = self.__dict__.get("_rows_per_epoch")
-        if per is None:
-            live = np.asarray(self.lengths)
-            live = live[live > 0]
-            if self.mode == "concat":
-                per = -(-int(live.sum()) // self.seq_len)
-            else:
-                per = self._load_rows()
-                if per is None:
-                    whole = live // self.seq_len
-                    rem = live - whole * self.seq_len
-                    per = int(whole.sum()) + _packing.best_fit_decreasing(rem[rem > 0], self.seq_len)[1]
-                    self._store_rows(per)
-            self.__dict__["_rows_per_epoch"] = per
-        return e * per
-
-    def _rows_path(self) -> str:
-        key = fingerprint_of({"index_format": _index.INDEX_FORMAT_VERSION, "packing": self.describe()})
-        return os.path.join(indexfile.cache_dir(self.cache_dir), "packing", f"{key}.rows.json")
-
-    def _load_rows(self) -> int | None:
-        """The rows per epoch cached on disk, or ``None``: used only if the file is
-        ``{"rows_per_epoch": n, "check": ...}`` with a positive ``n`` whose check (a hash of
-        the file's key and ``n``) matches; every epoch planned later is compared with it."""
-        try:
-            with open(self._rows_path()) as f:
-                got = json.load(f)
-        except (OSError, ValueError):
-            return None
-        rows = got.get("rows_per_epoch") if isinstance(got, dict) else None
-        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1 or got.get("check") != self._check(rows):
-            return None
-        return rows
-
-    def _check(self, rows: int) -> str:
-        return fingerprint_of({"file": os.path.basename(self._rows_path()), "rows_per_epoch": rows})
-
-    def _store_rows(self, rows: int) -> None:
-        """Write the count atomically (a temporary file renamed); a cache that cannot be written is skipped."""
-        path = self._rows_path()
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"rows_per_epoch": rows, "check": self._check(rows)}, f)
-            os.replace(tmp, path)
-        except OSError:
-            pass
-
-    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch of each row position and the row's index within its epoch."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if not rows.size:
-            return rows.copy(), rows.copy()
-        top, e = int(rows.max()), 0
-        while self.rows_before(e + 1) <= top:
-            e += 1
-        cum = np.asarray([self.rows_before(k) for k in range(e + 2)], dtype=np.int64)
-        epochs = np.searchsorted(cum, rows, side="right") - 1
-        return epochs, rows - cum[epochs]
-
-
-@dataclasses.dataclass(frozen=True)
-class Bucketing:
-    """A bucketed stream's definition (see :meth:`Pipeline.bucket`): the pipeline whose
-    records are bucketed, the bucket bounds and batch sizes, and the batched
-    pipeline of each bucket (the records of its length range, padded to its upper
-    bound); steps are assigned to buckets by a mixture at step granularity."""
-
-    inner: Pipeline
-    boundaries: tuple[int, ...]
-    batch_sizes: tuple[int, ...]
-    key: str | None
-    pad_value: Any
-    buckets: tuple[int, ...]  # the buckets that hold records (indices into boundaries)
-    components: tuple[Pipeline, ...]  # one batched pipeline per bucket that holds records
-    stages: tuple[_mixture.Stage, ...]
-    block: int
-    lengths_digest: str
-    lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # per source record
-    lengths_file: str | None = dataclasses.field(default=None, compare=False, repr=False)  # the .npy it came from
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(f"len<={self.boundaries[b]}" for b in self.buckets)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "inner": self.inner.describe(),
-            "boundaries": list(self.boundaries),
-            "batch_sizes": list(self.batch_sizes),
-            "key": self.key,
-            "pad_value": self.pad_value,
-            "weights": [list(st.weights) for st in self.stages],
-            "block": self.block,
-            "lengths": self.lengths_digest,
-        }
-
-    def assign(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The bucket (an index into ``components``) of each step and the step within that bucket's stream."""
-        a = _mixture.assign(np.asarray(steps, dtype=np.int64), self.stages, self.inner.seed, 1, self.block)
-        return a.component, a.position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,22 +201,7 @@ class Pipeline:
         ``cache_dir`` (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``, folder
         ``lengths/``), keyed by the fingerprint of the source, the record
         transforms and ``key``; a damaged cache file is detected and rebuilt."""
-        if self.packing is not None:
-            raise ValueError("length_index() after pack(): packed rows all hold seq_len tokens; measure before pack()")
-        if self.source is None:
-            raise ValueError("length_index() of a mixture: take each component's length_index()")
-        if self.batch_size is not None:
-            raise ValueError("length_index() measures records: call it on the pipeline before batch()")
-        if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
-            raise ValueError(
-                "length_index() after random_map(): lengths must not depend on the stream position; "
-                "measure the pipeline before random_map()"
-            )
-        n = len(self.source)
-        if lengths is not None:
-            return self._given_lengths(lengths, key)
-        fp = self._records_key(length_key=key)
-        return scan.lengths(self, fp, self.survivors, n, key, cache_dir, workers)
+        return _lengths.length_index(self, key, lengths, cache_dir, workers)
 
     def pack(
         self,
@@ -435,21 +233,7 @@ class Pipeline:
         ``workers`` as there) and reads nothing: any step's rows are computed from
         the step number (see :mod:`quern.pipeline.plan.packing`). Chain
         ``.map``/``.random_map`` (on rows) and ``.batch(B)`` (B rows per step)."""
-        seq_len = _check_int(seq_len, "seq_len", 1)
-        if mode not in _packing.MODES:
-            raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
-        if self.packing is not None:
-            raise ValueError("pack() on a packed pipeline: it is packed already")
-        if self.source is None:
-            raise ValueError("pack() on a mixture: pack its components, then mix them")
-        self._need_no_batch("pack", "a pipeline before batch()")
-        lens = self.length_index(key, lengths, cache_dir, workers)
-        live = lens[np.asarray(self.survivors)] if self.survivors is not None else lens
-        if not int(np.asarray(live).sum()):
-            raise ValueError(f"pack(): the records of source {self.source.name!r} hold no token")
-        file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
-        p = Packing(self, seq_len, mode, key, lens, digest(np.asarray(lens)), _cache_dir_text(cache_dir), file)
-        return Pipeline(source=None, seed=self.seed, num_epochs=self.num_epochs, packing=p)
+        return _lengths.pack(self, seq_len, mode, key, lengths, cache_dir, workers)
 
     def pieces(self, positions: np.ndarray) -> Pieces:
         """The documents in the packed rows at these stream positions (pure index
@@ -502,51 +286,7 @@ class Pipeline:
         ``records in the bucket / its batch size``, so every bucket goes through
         its records at the same pace. Step-addressable, the same for any worker or
         host count; the stream is endless. Chain batch transforms after it."""
-        if self.source is None:
-            raise ValueError("bucket() needs a single-source pipeline (not a mixture or a packed pipeline)")
-        self._need_no_batch("bucket", "bucket() instead of batch(): it makes the batches")
-        if self.num_epochs is not None:
-            raise ValueError("bucket(): the pipeline must be endless (num_epochs=None); each bucket has its own epochs")
-        bounds = [_check_int(b, "boundaries", 1) for b in boundaries]
-        sizes = [_check_int(b, "batch_sizes", 1) for b in batch_sizes]
-        if not bounds or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
-            raise ValueError(f"bucket(): boundaries must be increasing positive lengths, got {bounds}")
-        if len(sizes) != len(bounds):
-            raise ValueError(f"bucket(): {len(sizes)} batch sizes for {len(bounds)} buckets; give one per bucket")
-        if isinstance(pad_value, np.generic):
-            pad_value = pad_value.item()  # the same value, the same fingerprint
-        lens = np.asarray(self.length_index(key, lengths, cache_dir, workers))
-        live = np.arange(len(lens)) if self.survivors is None else np.asarray(self.survivors)
-        which = np.minimum(np.searchsorted(np.asarray(bounds), lens[live], side="left"), len(bounds) - 1)
-        buckets, comps, weights = [], [], []
-        for b, (upper, size) in enumerate(zip(bounds, sizes)):
-            ids = live[which == b]
-            if not ids.size:
-                continue
-            part = self._replace(survivors=ids).map(pad(upper, key=key, pad_value=pad_value)).batch(size)
-            buckets.append(b)
-            comps.append(part)
-            weights.append(len(ids) / size)
-        if not comps:
-            raise ValueError("bucket(): no record in any bucket")
-        stages = (_mixture.Stage(0, _mixture.quantize(weights)),)
-        k = _mixture.block_size(len(comps), _check_int(block, "block", 1))
-        file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
-        bk = Bucketing(
-            self,
-            tuple(bounds),
-            tuple(sizes),
-            key,
-            pad_value,
-            tuple(buckets),
-            tuple(comps),
-            stages,
-            k,
-            digest(lens),
-            lens,
-            file,
-        )
-        return Pipeline(source=None, seed=self.seed, batch_size=max(sizes), bucketing=bk)
+        return _lengths.bucket(self, boundaries, batch_sizes, key, pad_value, lengths, cache_dir, workers, block)
 
     def _records_key(self, **extra: Any) -> str:
         """The fingerprint of what this pipeline's records are (the data order's version,
@@ -558,37 +298,6 @@ class Pipeline:
         return fingerprint_of(
             {"index_format": _index.INDEX_FORMAT_VERSION, "source": self.source.identity(), "record_ops": ops, **extra}
         )
-
-    def _given_lengths(self, lengths: Any, key: str | None) -> np.ndarray:
-        """A user's length index, checked (see :meth:`length_index`)."""
-        assert self.source is not None
-        n = len(self.source)
-        what = f"length index {lengths!r}" if isinstance(lengths, (str, os.PathLike)) else "the length index given"
-        arr = np.load(lengths, mmap_mode="r") if isinstance(lengths, (str, os.PathLike)) else np.asarray(lengths)
-        if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(
-                f"{what} must hold one integer per record of source {self.source.name!r} (shape ({n},)); "
-                f"it has shape {arr.shape} and dtype {arr.dtype}"
-            )
-        live = np.arange(n, dtype=np.int64) if self.survivors is None else np.asarray(self.survivors)
-        if arr.size and int(np.asarray(arr)[live].min()) < 0:
-            bad = int(live[int(np.argmin(np.asarray(arr)[live]))])
-            raise ValueError(f"{what}: record {bad} has length {int(arr[bad])}; lengths must be >= 0")
-        sample = live[np.unique(np.linspace(0, len(live) - 1, 5).astype(np.int64))]
-        real = scan.record_lengths(self, sample, key)
-        for rid, want in zip(sample.tolist(), real.tolist()):
-            if int(arr[rid]) != want:
-                raise ValueError(
-                    f"{what} does not fit source {self.source.name!r} and its transforms: record {rid} has "
-                    f"{want} tokens, the index says {int(arr[rid])}"
-                )
-        out = np.asarray(arr, dtype=np.int64).copy()
-        if self.survivors is not None:
-            keep = np.zeros(n, dtype=bool)
-            keep[live] = True
-            out[~keep] = -1
-        out.setflags(write=False)
-        return out
 
     def balance_hosts(self, lengths: Any = None, key: str | None = None) -> Pipeline:
         """Token-balanced host slices: ``lengths[i]`` is the length (token count) of
@@ -1050,7 +759,3 @@ def _parts(description: dict[str, Any]) -> dict[str, str]:
         else:
             out[key] = fingerprint_of(value)
     return out
-
-
-def _cache_dir_text(cache_dir: str | os.PathLike | None) -> str | None:
-    return None if cache_dir is None else os.fspath(cache_dir)

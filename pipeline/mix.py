@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .dataset import Mixture, Pipeline
+from .dataset import Pipeline
 from .index import check_int, check_seed
 from .plan import mixture as _mixture
+from .streams import Mixture
 
 __all__ = ["mix"]
 
