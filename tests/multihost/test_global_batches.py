@@ -65,9 +65,10 @@ def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0,
         for p in procs:
             p.kill()
             p.wait()
-    for p, (_out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+        assert out.strip().splitlines()[-1] == "host done", out[-3000:]  # every host finished its steps
+    return json.loads(outs[0][0].strip().splitlines()[-2])
 
 
 def _expected(start: int, steps: int) -> list[dict]:
