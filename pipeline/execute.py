@@ -679,19 +679,9 @@ def _packed_results(
         lo = hi
         try:
             docs = np.unique(mine.ids)
-            at = np.searchsorted(uniq, docs)
-            records: Sequence[Any] = [got[i] for i in at.tolist()]
-            for k, op in enumerate(inner.record_ops):
-                records = apply_record_op(inner, k, records, docs, docs, where)
-                clock.lap(op.label(k))
-            rows: Sequence[Any] = _lay_rows(pipe.packing, dict(zip(docs.tolist(), records)), mine, len(pos), where)
-            clock.lap(PACK)
-            first = np.full(len(pos), -1, dtype=np.int64)
-            first[mine.row[::-1]] = mine.ids[::-1]  # each row's first document names it in messages
+            records = [got[i] for i in np.searchsorted(uniq, docs).tolist()]
+            rows, first = _rows_of(pipe, mine, docs, records, pos, where, clock)
             seg = Segments(np.zeros(len(pos), dtype=np.int64), first, pos)
-            for k, op in enumerate(pipe.record_ops):
-                rows = apply_record_op(pipe, k, rows, pos, first, where, RowNames.of(inner, first))
-                clock.lap(op.label(k))
             batch = collate_rows(pipe, rows, first, where, RowNames.of(inner, first))
             clock.lap(COLLATE)
             if is_empty:
@@ -709,35 +699,51 @@ def _packed_rows(leaf: Any, positions: np.ndarray, where: object) -> Sequence[An
     """The rows of a packed pipeline at these positions of its stream (a mixture's
     component): its documents read and transformed, laid into rows, then its row
     transforms."""
-    inner = leaf.packing.inner
     pieces = leaf.pieces(positions)
     docs = np.unique(pieces.ids)
-    records = read(inner, docs, where)
-    for k in range(len(inner.record_ops)):
+    return _rows_of(leaf, pieces, docs, read(leaf.packing.inner, docs, where), positions, where)[0]
+
+
+def _rows_of(
+    leaf: Any,
+    pieces: Pieces,
+    docs: np.ndarray,
+    records: Sequence[Any],
+    positions: np.ndarray,
+    where: object,
+    clock: _Clock | None = None,
+) -> tuple[Sequence[Any], np.ndarray]:
+    """Packed rows at ``positions`` of ``leaf``'s stream from the records of its documents
+    ``docs``: the transforms before ``pack`` on the records, the rows laid (stage
+    ``pack``), then the transforms after it. Also each row's first document, which
+    names the row in messages."""
+    clock = clock or _Clock(None)
+    inner = leaf.packing.inner
+    for k, op in enumerate(inner.record_ops):
         records = apply_record_op(inner, k, records, docs, docs, where)
+        clock.lap(op.label(k))
     rows: Sequence[Any] = _lay_rows(leaf.packing, dict(zip(docs.tolist(), records)), pieces, len(positions), where)
+    clock.lap(PACK)
     first = np.full(len(positions), -1, dtype=np.int64)
     first[pieces.row[::-1]] = pieces.ids[::-1]
-    for k in range(len(leaf.record_ops)):
+    for k, op in enumerate(leaf.record_ops):
         rows = apply_record_op(leaf, k, rows, positions, first, where, RowNames.of(inner, first))
-    return rows
+        clock.lap(op.label(k))
+    return rows, first
 
 
 def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:
     """Stage ``pack``: the rows ``{"tokens", "segment_ids", "positions", other per-token
-    arrays}`` (``n_rows`` x ``seq_len``) made of ``pieces`` of the transformed ``docs``."""
+    arrays}`` (``n_rows`` x ``seq_len``) made of ``pieces`` (sorted by row) of the
+    transformed ``docs``. Each document is checked once (1-D tokens, as many as the
+    length index says, the same dtype and per-token arrays as the others); then every
+    array is laid with one gather over all the pieces' tokens."""
     S, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
     source = packing.inner.source.name
-
-    seen: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-
-    def tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        hit = seen.get(rid)
-        if hit is None:
-            hit = seen[rid] = _tokens_of(rid)
-        return hit
-
-    def _tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    rids = list(dict.fromkeys(pieces.ids.tolist()))  # each document once, in order of first use
+    tokens: list[np.ndarray] = []
+    extras: list[dict[str, np.ndarray]] = []
+    for rid in rids:
         rec = docs[rid]
         value = rec[key] if key is not None and isinstance(rec, Mapping) and key in rec else rec
         arr = np.asarray(value) if not isinstance(value, (bytes, str, Mapping)) else None
@@ -758,34 +764,40 @@ def _lay_rows(packing: Any, docs: dict[int, Any], pieces: Pieces, n_rows: int, w
                 for k, v in rec.items()
                 if k != key and isinstance(v, np.ndarray) and v.ndim == 1 and v.shape[0] == arr.shape[0]
             }
-        return arr, extra
-
-    first_tokens, first_extra = tokens_of(int(pieces.ids[0])) if len(pieces.ids) else (np.zeros(0, np.int32), {})
-    out = {"tokens": np.zeros((n_rows, S), dtype=first_tokens.dtype)}
-    out["segment_ids"] = np.zeros((n_rows, S), dtype=np.int32)
-    out["positions"] = np.zeros((n_rows, S), dtype=np.int32)
-    for name, v in first_extra.items():
-        out[name] = np.zeros((n_rows, S), dtype=v.dtype)
-    fill = np.zeros(n_rows, dtype=np.int64)
-    segment = np.zeros(n_rows, dtype=np.int32)
-    for r, rid, start, n in zip(
-        pieces.row.tolist(), pieces.ids.tolist(), pieces.start.tolist(), pieces.length.tolist()
-    ):
-        arr, extra = tokens_of(rid)
-        if arr.dtype != first_tokens.dtype or set(extra) != set(first_extra):
+        if tokens and (arr.dtype != tokens[0].dtype or extra.keys() != extras[0].keys()):
             raise StepError(
                 f"{where}, stage '{PACK}', record {rid} of source {source!r}: its tokens are {arr.dtype} with "
-                f"per-token arrays {sorted(extra)}, the step's first record's are {first_tokens.dtype} with "
-                f"{sorted(first_extra)}: documents packed together must agree"
+                f"per-token arrays {sorted(extra)}, the step's first record's are {tokens[0].dtype} with "
+                f"{sorted(extras[0])}: documents packed together must agree"
             )
-        o = int(fill[r])
-        segment[r] += 1
-        out["tokens"][r, o : o + n] = arr[start : start + n]
-        out["segment_ids"][r, o : o + n] = segment[r]
-        out["positions"][r, o : o + n] = np.arange(start, start + n) if concat else np.arange(n)
-        for name, v in extra.items():
-            out[name][r, o : o + n] = v[start : start + n]
-        fill[r] = o + n
+        tokens.append(arr)
+        extras.append(extra)
+    dtype = tokens[0].dtype if tokens else np.dtype(np.int32)
+    out = {
+        "tokens": np.zeros((n_rows, S), dtype=dtype),
+        "segment_ids": np.zeros((n_rows, S), dtype=np.int32),
+        "positions": np.zeros((n_rows, S), dtype=np.int32),
+    }
+    for name, v in (extras[0] if extras else {}).items():
+        out[name] = np.zeros((n_rows, S), dtype=v.dtype)
+    if not rids:
+        return CollatedRows(out, n_rows)
+    # where each piece's tokens start in the documents laid end to end, and where they go in its row
+    doc_start = dict(zip(rids, np.cumsum([0] + [len(t) for t in tokens[:-1]]).tolist()))
+    length = pieces.length
+    src0 = np.asarray([doc_start[r] for r in pieces.ids.tolist()], dtype=np.int64) + pieces.start
+    before = np.cumsum(length) - length  # tokens of the earlier pieces
+    row_first = np.searchsorted(pieces.row, pieces.row, side="left")  # each piece's row's first piece
+    col0 = before - before[row_first]
+    segment = (np.arange(len(length)) - row_first + 1).astype(np.int32)
+    piece = np.repeat(np.arange(len(length)), length)
+    k = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(before, length)
+    rows, cols, src = pieces.row[piece], col0[piece] + k, src0[piece] + k
+    out["tokens"][rows, cols] = np.concatenate(tokens)[src]
+    out["segment_ids"][rows, cols] = segment[piece]
+    out["positions"][rows, cols] = pieces.start[piece] + k if concat else k
+    for name in out.keys() - {"tokens", "segment_ids", "positions"}:
+        out[name][rows, cols] = np.concatenate([e[name] for e in extras])[src]
     return CollatedRows(out, n_rows)
 
 
