@@ -39,7 +39,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import execute, shm
 from .errors import StepError
@@ -89,8 +89,8 @@ def main(fd: int, init_fd: int) -> None:
     _setup_process()
     os.set_inheritable(fd, False)  # a process a transform starts must not hold the parent's socket
     sock = socket.socket(fileno=fd)
-    status = 0
-    try:
+
+    def work() -> None:
         with socket.socket(fileno=init_fd) as from_server:
             init, fds = shm.recv(from_server)
         if not isinstance(init, Init):
@@ -102,6 +102,17 @@ def main(fd: int, init_fd: int) -> None:
             shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
             return
         _serve_tasks(sock, pipe, init.process_index, init.process_count)
+
+    _work_then_exit(work)
+
+
+def _work_then_exit(work: Callable[[], None]) -> NoReturn:
+    """Run a worker's ``work``, then end the process (``os._exit``): status 0 when the
+    parent closed the socket or went away, what ``sys.exit`` asked for when a transform
+    called it, 1 (with the traceback printed) on any other error."""
+    status = 0
+    try:
+        work()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed the iterator or exited
     except SystemExit as e:  # a transform called sys.exit: the worker ends as it asked
@@ -308,32 +319,25 @@ class _ForkServer:
             pid = os.fork()
         if pid:
             return pid
-        status = 0  # the worker, from here on: it never returns into the server's code
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            self.selector.close()
-            for w in self.wake:
-                os.close(w)
-            self.sock.close()
-            if self.definition is not None:
-                self.definition.drop_fd()
-            if self.prctl is not None:
-                self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the fork server
-            if os.getppid() != server:  # it died before that: so do we
-                os._exit(0)
-            self.children.clear()
-            _serve_tasks(socket.socket(fileno=fd), self.pipe, self.init.process_index, self.init.process_count)
-        except (EOFError, BrokenPipeError, ConnectionResetError):
-            pass  # the parent closed the iterator or exited
-        except SystemExit as e:  # a transform called sys.exit: the worker ends as it asked
-            status = _exit_status(e)
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-        finally:
-            _flush()
-            os._exit(status)  # not even a non-daemon thread a transform started keeps a worker alive
+        _work_then_exit(functools.partial(self._forked, fd, server))  # it never returns into the server's code
+
+    def _forked(self, fd: int, server: int) -> None:
+        """The forked worker: drop what is the server's, then compute the parent's tasks."""
+        assert self.init is not None and self.wake is not None and self.selector is not None
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.selector.close()
+        for w in self.wake:
+            os.close(w)
+        self.sock.close()
+        if self.definition is not None:
+            self.definition.drop_fd()
+        if self.prctl is not None:
+            self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the fork server
+        if os.getppid() != server:  # it died before that: so do we
+            os._exit(0)
+        self.children.clear()
+        _serve_tasks(socket.socket(fileno=fd), self.pipe, self.init.process_index, self.init.process_count)
 
     def spawn(self, fd: int) -> int:
         """A worker as a fresh interpreter, which gets the pipeline on a socket of its own."""
