@@ -41,6 +41,38 @@ def write_shards(d, seed: int = 0) -> None:
         w.close()
 
 
+def docs_folder(d, n: int, max_len: int, seed: int, helpers: str, prefix: str):
+    """``d`` with ``docs.parquet`` (``n`` documents of 1..``max_len - 1`` tokens: list columns
+    ``tokens`` and ``mask``), the shards of :func:`write_shards` and a module of ``helpers``
+    (a unique name under ``prefix``) made importable: a context manager yielding ``(d, module)``."""
+    import contextlib
+    import uuid
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len, n)
+    pq.write_table(
+        pa.table(
+            {
+                "tokens": [rng.integers(1, 1000, k).astype(np.int32).tolist() for k in lengths],
+                "mask": [(np.arange(k) % 2).astype(np.int8).tolist() for k in lengths],
+            }
+        ),
+        d / "docs.parquet",
+        row_group_size=100,
+    )
+    write_shards(d)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    (d / f"{name}.py").write_text(helpers)
+
+    @contextlib.contextmanager
+    def importable():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.syspath_prepend(str(d))
+            yield d, __import__(name)
+
+    return importable()
+
+
 def write_parquets(d) -> None:
     """``part.parquet`` (200 rows: a list column ``v`` and ``i``) and ``empty.parquet`` (no rows)."""
     pq.write_table(

@@ -10,11 +10,9 @@ import re
 import uuid
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_config import doubled_prefixes, write_shards
+from test_config import docs_folder, doubled_prefixes
 
 import quern
 from quern.pipeline.cli import main
@@ -51,25 +49,8 @@ def folder(tmp_path_factory):
     1-89 tokens), ArrayRecord shards ``toks-*.array_record`` (600 byte records) and a module of
     helpers (importable: the folder is on ``sys.path``), where configs are written too:
     ``(folder, module)``."""
-    d = tmp_path_factory.mktemp("pack")
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 90, 400)
-    pq.write_table(
-        pa.table(
-            {
-                "tokens": [rng.integers(1, 1000, n).astype(np.int32).tolist() for n in lengths],
-                "mask": [(np.arange(n) % 2).astype(np.int8).tolist() for n in lengths],
-            }
-        ),
-        d / "docs.parquet",
-        row_group_size=100,
-    )
-    write_shards(d)
-    name = f"quern_test_pack_{uuid.uuid4().hex[:10]}"
-    (d / f"{name}.py").write_text(HELPERS)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(d))
-        yield d, __import__(name)
+    with docs_folder(tmp_path_factory.mktemp("pack"), 400, 90, 0, HELPERS, "quern_test_pack") as got:
+        yield got
 
 
 @pytest.fixture(autouse=True)
