@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 # An editable install writes no bytecode, and with PYTHONDONTWRITEBYTECODE set nothing ever
 # does: every process (each fork server included) would compile quern again. Compile it here.
 install: $(VENV)/.installed
-	$(PY) -m compileall -q __init__.py pipeline sharding transforms
+	$(PY) -m compileall -q __init__.py pipeline sharding transforms prepare
 
 quickstart: install
 	$(PY) examples/quickstart.py

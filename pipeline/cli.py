@@ -4,6 +4,8 @@
     quern explain CONFIG --step S [--process-index H --process-count N] [--json]
     quern inspect CONFIG --step S [--process-index H --process-count N]
     quern bench CONFIG [--steps N] [--start-step S]
+    quern prepare INPUT... --output DIR [--map MODULE:FN] [--workers N] [--shard-size 128MB] [--fields A,B]
+                  [--format F] [--field NAME] [--columns A,B] [--include GLOB] [--skip-errors] [--ray [--ray-address A]]
     quern --version
 
 ``python -m quern ...`` is the same command. ``--traceback`` (before or after
@@ -73,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -82,12 +85,23 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..prepare import prepare
 from . import execute
 from .config import load_config
 from .dataset import Pipeline
-from .errors import CollateError, ConfigError, FingerprintError, ScanError, SourceError, StepError, WorkerError
+from .errors import (
+    CollateError,
+    ConfigError,
+    FingerprintError,
+    PrepareError,
+    ScanError,
+    SourceError,
+    StepError,
+    WorkerError,
+)
 from .limits import MAX_BYTES
 from .plan import mixture as _mixture
+from .sources.prepared import MANIFEST
 from .tree import leaves
 
 __all__ = ["main"]
@@ -115,7 +129,7 @@ EXIT_INTERRUPTED = 130
 MAX_MESSAGE = 4000
 """The most characters of one error message (the rest is left out; ``--traceback`` shows it)."""
 
-_DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError, ScanError)
+_DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError, ScanError, PrepareError)
 _USAGE_ERRORS = (ValueError, IndexError, OSError, FingerprintError)  # ConfigError is a ValueError
 _OWN_ERRORS = (*_DATA_ERRORS, ConfigError, FingerprintError)  # their messages say what failed without the class name
 
@@ -516,6 +530,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    finished = os.path.exists(os.path.join(args.output, MANIFEST))
+    t0 = time.perf_counter()
+    split = lambda text: [x for x in (text or "").split(",") if x]  # noqa: E731
+    m = prepare(
+        args.inputs,
+        args.output,
+        map=args.map,
+        fields=split(args.fields),
+        shard_size=args.shard_size,
+        workers=args.workers,
+        ray=args.ray or args.ray_address is not None,
+        ray_address=args.ray_address,
+        skip_errors=args.skip_errors,
+        format=args.format,
+        field=args.field,
+        columns=split(args.columns),
+        include=args.include or (),
+    )
+    seconds = time.perf_counter() - t0
+    count, total = m["records"]["count"], sum(s["bytes"] for s in m["shards"])
+    skipped = m["skipped"]["count"]
+    if finished:
+        print(f"{args.output} is complete: {count:,} records in {len(m['shards'])} shards, every checksum verified")
+        return 0
+    print(
+        f"prepared {count:,} records in {len(m['shards'])} shards ({total / 2**20:,.1f} MiB) in {args.output} "
+        f"in {seconds:.2f} s: {count / seconds:,.0f} records/s, {total / 2**20 / seconds:,.1f} MiB/s"
+        + (f"; skipped {skipped:,} (listed in the manifest)" if skipped else "")
+    )
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="quern",
@@ -579,6 +626,54 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive, default=20, help="steps to time (default 20)")
     p.add_argument("--start-step", type=_nonneg, default=0)
     p.set_defaults(fn=cmd_bench)
+
+    help = "convert inputs to ArrayRecord shards with a manifest and a metadata index (see quern.prepare)"
+    p = sub.add_parser("prepare", help=help, description=help, parents=[common], epilog=_EPILOG)
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a directory of small files, JSON-lines (.jsonl), Parquet (.parquet) or ArrayRecord files, a glob, "
+        "or a prepared folder; in the order given (a directory's files sorted by relative path)",
+    )
+    p.add_argument("--output", "-o", required=True, help="the folder to write (new or empty; or an unfinished prepare)")
+    p.add_argument(
+        "--map",
+        help="module:function applied to each record (a tokeniser, say); the current directory is searched first",
+    )
+    p.add_argument(
+        "--workers", type=_nonneg, default=None, help="processes writing shards (default: the CPU count; 0: this one)"
+    )
+    p.add_argument("--shard-size", default="128MB", help="bytes per shard, e.g. 512KB, 1MB, 128MB, 1GB (default 128MB)")
+    p.add_argument(
+        "--fields",
+        help="scalar fields for the metadata index, comma-separated (JSON keys, Parquet columns, or the map's dict)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["files", "jsonl", "parquet", "array_record"],
+        help="the kind of every input (default: by name)",
+    )
+    p.add_argument("--field", help="JSON lines: the record is this field of each line (default: the whole line)")
+    p.add_argument("--columns", help="Parquet: the columns read (one: the record; several: a dict for --map)")
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="directories: only files whose relative path matches (repeatable)",
+    )
+    p.add_argument(
+        "--skip-errors", action="store_true", help="skip records that cannot be read or mapped; counted in the manifest"
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="write the shards as Ray tasks on a new local cluster (pip install 'quern[ray]')",
+    )
+    p.add_argument(
+        "--ray-address", help="the Ray cluster to use (implies --ray); input and output must be on a shared file system"
+    )
+    p.set_defaults(fn=cmd_prepare)
     return ap
 
 

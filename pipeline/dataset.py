@@ -159,6 +159,12 @@ class Pipeline:
         slices work as without a filter. The survivors cost 8 bytes each,
         memory-mapped. A filter that keeps nothing is a ``ValueError``.
 
+        A predicate with a ``keep_metadata(metadata) -> bool array`` method (such as
+        :class:`quern.transforms.metadata_range`) is judged on the source's
+        metadata index instead (a folder written by ``quern prepare``: per-record
+        ``length`` and prepared fields): one vectorised call, no record read, no
+        cache; a source without an index is a ``ValueError``.
+
         ``pred`` must not depend on the stream position, so a ``random_map`` before
         it is refused; a filter on a mixture is refused too (filter its
         components)."""
@@ -176,6 +182,9 @@ class Pipeline:
             )
         assert self.source is not None
         prefix = self._replace(record_ops=self.record_ops + (Op(OpKind.FILTER, pred),))
+        if hasattr(pred, "keep_metadata"):  # e.g. transforms.metadata_range: from the index, no record read
+            label = prefix.record_ops[-1].label(len(self.record_ops))
+            return prefix._replace(survivors=scan.metadata_survivors(self.source, pred, self.survivors, label))
         key = prefix._records_key()
         kept = scan.survivors(prefix, key, self.survivors, len(self.source), cache_dir, workers)
         return prefix._replace(survivors=kept)
@@ -196,7 +205,11 @@ class Pipeline:
         values ``>= 0``, and the lengths of 5 records (the first, the last and 3
         spread between, of those in the stream) computed here, so that an index
         made for other data or other transforms is refused, naming the record.
-        Otherwise the index is found once by a scan (in processes when there are
+        Without ``lengths``, a source with a metadata index (a folder written by
+        ``quern prepare``) gives its ``length`` field, taken after the same
+        checks (it counts the elements of the stored records: decode arrays with
+        their prepared dtype first); when they fail (transforms that change the
+        lengths) the index is scanned as below. Otherwise the index is found once by a scan (in processes when there are
         many records, as a filter's, :mod:`quern.pipeline.scan`) and cached under
         ``cache_dir`` (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``, folder
         ``lengths/``), keyed by the fingerprint of the source, the record

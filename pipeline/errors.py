@@ -6,7 +6,16 @@ record ids and source, the file, or the config key.
 
 from __future__ import annotations
 
-__all__ = ["StepError", "SourceError", "WorkerError", "CollateError", "ConfigError", "FingerprintError", "ScanError"]
+__all__ = [
+    "StepError",
+    "SourceError",
+    "WorkerError",
+    "CollateError",
+    "ConfigError",
+    "FingerprintError",
+    "ScanError",
+    "PrepareError",
+]
 
 
 class StepError(RuntimeError):
@@ -43,3 +52,9 @@ class ScanError(RuntimeError):
     """A one-time scan over a source's records (a filter's predicate) failed; the
     message names the stage, the record and the source, and ``__cause__`` is the
     original exception."""
+
+
+class PrepareError(RuntimeError):
+    """``quern prepare`` met bad input (an unreadable file, an invalid JSON line, a map
+    that raised or returned what cannot be a record, no record at all) or an output
+    folder it must not write to; the message names the file and line or record."""

@@ -45,6 +45,11 @@ def length_index(
     n = len(pipe.source)
     if lengths is not None:
         return given_lengths(pipe, lengths, key)
+    if getattr(pipe.source, "has_metadata", False) and "length" in pipe.source.metadata:
+        try:  # a prepared folder's index, if the transforms keep its lengths (checked on a sample)
+            return given_lengths(pipe, pipe.source.metadata["length"], key)
+        except ValueError:
+            pass  # transforms that change the lengths: scan them
     fp = pipe._records_key(length_key=key)
     return scan.lengths(pipe, fp, pipe.survivors, n, key, cache_dir, workers)
 

@@ -34,7 +34,7 @@ from .ops import OpKind
 from .plan import indexfile
 from .plan import survivors as _survivors
 
-__all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "record_lengths", "survivors", "lengths"]
+__all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "record_lengths", "survivors", "metadata_survivors", "lengths"]
 
 CHUNK = 4096  # records per bulk read
 PROCESS_MIN = 200_000  # candidates from which the scan runs in worker processes
@@ -252,7 +252,7 @@ def survivors(
         print(f"quern: the filter cache {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
     bar = _Bar(len(cand))
-    workers = os.cpu_count() or 1 if workers is None else int(workers)
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers > 1 and len(cand) >= PROCESS_MIN:
         mask = _scan_in_processes(prefix, cand, workers, bar)
     else:
@@ -271,6 +271,35 @@ def survivors(
         return kept
     ids, why = _survivors.load(path, n)
     return ids if ids is not None else kept
+
+
+def metadata_survivors(source: Any, pred: Any, candidates: np.ndarray | None, label: str) -> np.ndarray:
+    """The sorted ids among ``candidates`` (``None``: all) whose metadata ``pred.keep_metadata``
+    keeps: one vectorised call over the source's metadata index, no record read, nothing cached
+    (it costs one pass over the index). ``ValueError`` if the source has no index or nothing is kept."""
+    if not getattr(source, "has_metadata", False):
+        raise ValueError(
+            f"filter {label} reads a metadata index; source {source.name!r} has none (open a folder written by "
+            "quern prepare with ArrayRecordSource)"
+        )
+    n = len(source)
+    try:
+        mask = np.asarray(pred.keep_metadata(source.metadata))
+    except KeyError as e:
+        raise ValueError(f"filter {label} on source {source.name!r}: {e.args[0]}") from None
+    if mask.shape != (n,) or mask.dtype != np.bool_:
+        raise ValueError(
+            f"filter {label}: keep_metadata returned shape {mask.shape} and dtype {mask.dtype}; it must return "
+            f"{n} booleans, one per record of source {source.name!r}"
+        )
+    cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
+    kept = cand[mask[cand]]
+    if not kept.size:
+        raise ValueError(
+            f"filter {label} keeps none of the {len(cand)} records of source {source.name!r}: the stream would be empty"
+        )
+    kept.setflags(write=False)
+    return kept
 
 
 def lengths(
@@ -294,7 +323,7 @@ def lengths(
         print(f"quern: the length index {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
     bar = _Bar(len(cand), "length")
-    workers = os.cpu_count() or 1 if workers is None else int(workers)
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
     if workers > 1 and len(cand) >= PROCESS_MIN:
         got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
     else:

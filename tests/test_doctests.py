@@ -5,9 +5,10 @@ import doctest
 import pytest
 
 import quern.pipeline.mix
+import quern.transforms.metadata
 
 
-@pytest.mark.parametrize("module", [quern.pipeline.mix])
+@pytest.mark.parametrize("module", [quern.pipeline.mix, quern.transforms.metadata])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0, result

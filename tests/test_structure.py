@@ -9,7 +9,7 @@ import quern
 from quern.pipeline import errors
 
 ROOT = pathlib.Path(quern.__file__).resolve().parent
-PACKAGE_DIRS = ("pipeline", "transforms", "sharding")
+PACKAGE_DIRS = ("pipeline", "transforms", "sharding", "prepare")
 
 
 def _modules() -> dict[str, pathlib.Path]:

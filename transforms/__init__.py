@@ -2,6 +2,7 @@
 
 from . import random
 from .decode import decode
+from .metadata import metadata_range
 from .pad import pad
 
-__all__ = ["decode", "pad", "random"]
+__all__ = ["decode", "metadata_range", "pad", "random"]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
+from . import prepared
 from .base import (
     FileStats,
     HandlePool,
@@ -30,6 +31,16 @@ class ArrayRecordSource(Source):
     is never used by two threads at once) that keeps at most ``max_open_files``
     idle readers open.
 
+    ``paths`` may also be a folder written by ``quern prepare`` (or its
+    ``manifest.json``): the source reads the shards its manifest names, in
+    order, after checking that each is there with its size and record count
+    (:func:`~quern.pipeline.sources.prepared.open_manifest`); a folder without a
+    complete manifest is refused, naming what is missing. ``manifest`` is then the
+    manifest, :attr:`metadata` its metadata index (per-record ``length`` and the
+    prepared scalar fields, read and checked on first use), ``name`` the folder's
+    name, and the identity holds the manifest's SHA-256 checksums of the shards
+    (exact, and free) instead of sampled hashes.
+
     The files must not change while the source is in use: an open reader of a
     file truncated or rewritten under it returns empty or stale records without
     an error. So each file's size, modification time (ns), inode and device are
@@ -47,8 +58,21 @@ class ArrayRecordSource(Source):
         name: str | None = None,
         max_open_files: int = 256,
     ):
-        self.paths = expand_paths(paths, "ArrayRecordSource")
-        self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
+        self.folder: str | None = None
+        self.manifest: dict[str, Any] | None = None
+        self._metadata: dict[str, np.ndarray] | None = None
+        one = os.fspath(paths) if isinstance(paths, (str, os.PathLike)) else None
+        if one is not None and os.path.basename(one) == prepared.MANIFEST and os.path.isfile(one):
+            one = os.path.dirname(one) or "."
+        if one is not None and os.path.isdir(one):
+            self.folder = os.path.abspath(one)
+            self.manifest = prepared.open_manifest(self.folder)
+            self.paths = [os.path.join(self.folder, s["file"]) for s in self.manifest["shards"]]
+            default = os.path.basename(self.folder) or "prepared"
+        else:
+            self.paths = expand_paths(paths, "ArrayRecordSource")
+            default = os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
+        self.name = name or default
         self._pool = HandlePool(max_open_files)
         self._files = FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
         counts = []
@@ -57,6 +81,13 @@ class ArrayRecordSource(Source):
             counts.append(reader.num_records())
             self._pool.give(i, reader)
         self.counts = np.asarray(counts, dtype=np.int64)
+        if self.manifest is not None:
+            for s, c in zip(self.manifest["shards"], counts):
+                if c != s["records"]:
+                    raise SourceError(
+                        f"ArrayRecordSource: {self.folder!r}: shard {s['file']!r} holds {c} records; its manifest "
+                        f"says {s['records']}"
+                    )
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     def _reader(self, file_index: int) -> Any:
@@ -109,5 +140,32 @@ class ArrayRecordSource(Source):
                 out[k] = rec
         return out
 
+    @property
+    def metadata(self) -> dict[str, np.ndarray]:
+        """The metadata index of a prepared folder: ``{field: read-only array}``, one
+        value per record (``length`` and the prepared fields); checked against the
+        manifest's checksums when first read. A ``ValueError`` for plain files."""
+        if self.manifest is None or self.folder is None:
+            raise ValueError(
+                f"ArrayRecordSource {self.name!r} has no metadata: it reads files, not a folder written by quern prepare"
+            )
+        if self._metadata is None:
+            self._metadata = prepared.load_metadata(self.folder, self.manifest)
+        return self._metadata
+
+    @property
+    def has_metadata(self) -> bool:
+        """Whether the source is a prepared folder with a metadata index."""
+        return self.manifest is not None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_metadata": None}  # workers read the metadata again if they need it
+
     def identity(self) -> dict:
+        if self.manifest is not None:  # exact: the manifest's checksums
+            shards = [
+                {"file": s["file"], "size": s["bytes"], "records": s["records"], "sha256": s["sha256"]}
+                for s in self.manifest["shards"]
+            ]
+            return {**super().identity(), "files": shards}
         return {**super().identity(), "files": file_identity(self.paths, self.counts)}

@@ -1,0 +1,492 @@
+"""``prepare()``: plan, write the shards (here, in worker processes or on Ray), then the manifest.
+
+**Restart and atomicity.** The output folder holds ``.quern-prepare/`` while a
+prepare runs: ``plan.json`` (the job's hash and its shard names), ``done/``
+(one sidecar per finished shard, written after the shard got its final name)
+and ``tmp/`` (files being written). Nothing has its final name before it is
+complete: a shard is written to ``tmp/`` and renamed; the metadata files and
+``manifest.json`` are written last, each to a temporary name and renamed, the
+manifest after everything it names. A run that finds ``plan.json`` of the same
+job removes ``tmp/``, keeps each finished shard whose checksum still matches its
+sidecar (it is not written again), removes the others and writes what is left:
+the folder ends byte-identical to an uninterrupted run's. A run that finds a
+manifest of the same job verifies every checksum and returns it. A manifest or
+plan of another job is refused, as is a non-empty folder that is neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import queue
+import shutil
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..pipeline.errors import PrepareError
+from ..pipeline.fingerprint import describe_callable, fingerprint_of
+from ..pipeline.sources import prepared
+from . import inputs as _inputs
+from . import shards as _shards
+
+__all__ = ["prepare", "parse_size", "resolve_map"]
+
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+_MAX_SKIPPED_SHOWN = 100
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"128MB"``, ``"512KB"``, ``"1GB"``, ``"4096"`` (binary units: 1 KB = 1024 B)
+    or an int; at least 1."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    elif isinstance(text, str):
+        t = text.strip().upper().replace(" ", "").replace("IB", "B")
+        num = t.rstrip("KMGTB")
+        unit = t[len(num) :]
+        if unit not in _UNITS or not num.replace(".", "", 1).isdigit():
+            raise ValueError(f"a size must be bytes with an optional unit (512KB, 1MB, 128MB, 1GB), got {text!r}")
+        n = int(float(num) * _UNITS[unit])
+    else:
+        raise TypeError(f"a size must be an int or a string like '128MB', got {text!r}")
+    if n < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
+    return n
+
+
+def resolve_map(spec: str) -> Callable[[Any], Any]:
+    """The function ``"package.module:function"`` names, imported with the current
+    directory searched first (the command line is its user's own code, not a config)."""
+    from ..pipeline.trust import FN
+
+    if not FN.fullmatch(spec):
+        raise ValueError(f"--map must look like 'package.module:function', got {spec!r}")
+    module_name, _, qualname = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"--map {spec!r} is not callable")
+    return obj
+
+
+def _by_value(fn: Any) -> None:
+    """Ship the map's module by value to processes that cannot import it (a script
+    or a module of the current directory, on Ray workers started elsewhere)."""
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    file = getattr(module, "__file__", None)
+    if module is None or file is None or module.__name__ == "__main__":
+        return
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # quern itself
+    if not any(os.path.abspath(file).startswith(os.path.abspath(r) + os.sep) for r in roots):
+        cloudpickle.register_pickle_by_value(module)
+
+
+class _Progress:
+    """A tqdm bar on stderr when it is a terminal (input bytes, with rates and ETA); quiet otherwise."""
+
+    def __init__(self, total: int, shown: bool | None) -> None:
+        from tqdm import tqdm
+
+        self.on = sys.stderr.isatty() if shown is None else shown
+        self.bar = tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="quern prepare",
+            disable=not self.on,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+        self.records = 0
+        self.t0 = time.monotonic()
+
+    def __call__(self, nbytes: int, records: int) -> None:
+        self.records += records
+        self.bar.update(nbytes)
+        if self.on:
+            rate = self.records / max(time.monotonic() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{self.records:,} records, {rate:,.0f} rec/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# --------------------------------------------------------------------------- executors
+
+_JOB: _shards.Job | None = None
+_QUEUE: Any = None
+
+
+def _pool_init(job_bytes: bytes, q: Any) -> None:
+    import pickle
+
+    global _JOB, _QUEUE
+    _JOB, _QUEUE = pickle.loads(job_bytes), q
+
+
+def _pool_task(index: int) -> dict[str, Any]:
+    assert _JOB is not None
+    return _shards.write_shard(_JOB, index, lambda b, r: _QUEUE.put((b, r)))
+
+
+def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Progress) -> list[dict[str, Any]]:
+    import concurrent.futures
+    import multiprocessing
+
+    import cloudpickle
+
+    ctx = multiprocessing.get_context("spawn")  # never a fork of a process that may hold threads (jax)
+    q = ctx.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            try:
+                progress(*q.get(timeout=0.1))
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    out: list[dict[str, Any]] = []
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(workers, len(todo)),
+            mp_context=ctx,
+            initializer=_pool_init,
+            initargs=(cloudpickle.dumps(job), q),
+        ) as pool:
+            futures = [pool.submit(_pool_task, i) for i in todo]
+            try:
+                for f in concurrent.futures.as_completed(futures):
+                    out.append(f.result())
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        stop.set()
+        t.join()
+        while True:
+            try:
+                progress(*q.get_nowait())
+            except (queue.Empty, EOFError, OSError):
+                break
+        q.close()
+    return out
+
+
+def _ray_task(job: _shards.Job, index: int) -> dict[str, Any]:
+    return _shards.write_shard(job, index)
+
+
+def _on_ray(
+    job: _shards.Job, todo: list[int], address: str | None, workers: int | None, progress: _Progress
+) -> list[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError as e:
+        raise ValueError("--ray needs Ray: pip install 'quern[ray]'") from e
+    started = not ray.is_initialized()
+    if started:
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address is None:  # a new local cluster, never one a previous `ray start` left
+            kw.update(address="local", num_cpus=workers or os.cpu_count(), object_store_memory=128 << 20)
+        else:
+            kw.update(address=address)
+        ray.init(**kw)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        job_ref = ray.put(job)
+        pending = {task.remote(job_ref, i): i for i in todo}
+        out = []
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            try:
+                side = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:
+                cause = e.as_instanceof_cause()
+                for ref in pending:
+                    ray.cancel(ref)
+                raise (cause if isinstance(cause, PrepareError) else PrepareError(f"prepare on Ray: {cause}")) from e
+            del pending[done[0]]
+            a, b = job.shards[side_index(job, side)]
+            progress(sum(it.size for it in job.items[a:b]), side["records"])
+            out.append(side)
+        return out
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def side_index(job: _shards.Job, side: dict[str, Any]) -> int:
+    return job.names.index(side["file"])
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _resume(output: str, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Clean an unfinished prepare of the same job: temporaries removed, finished
+    shards whose checksum matches kept (their sidecars returned), the rest removed."""
+    shutil.rmtree(_shards.tmp_dir(output), ignore_errors=True)
+    kept: dict[str, dict[str, Any]] = {}
+    for name in names:
+        final, side = os.path.join(output, name), _shards.sidecar_path(output, name)
+        record = None
+        if os.path.exists(final) and os.path.exists(side):
+            try:
+                with open(side) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                record = None
+            if record is not None and prepared.file_sha256(final) != record.get("sha256"):
+                record = None
+        if record is None:
+            for p in (final, side):
+                if os.path.exists(p):
+                    os.remove(p)
+        else:
+            kept[name] = record
+    for leftover in os.listdir(output):
+        if leftover.endswith(".tmp"):
+            os.remove(os.path.join(output, leftover))
+    return kept
+
+
+def _assemble(job: _shards.Job, sides: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, Any]:
+    """The metadata files and the manifest, from the shards' sidecars (in shard order)."""
+    kinds = {s["type"] for s in sides if s["type"] is not None}
+    if len(kinds) > 1:
+        first = {k: next(s["file"] for s in sides if s["type"] == k) for k in sorted(kinds)}
+        raise PrepareError(f"prepare: the records are not all of one type: {first} (bytes, or arrays of one dtype)")
+    skipped = [e for s in sides for e in s["skipped"]]
+    count = sum(s["records"] for s in sides)
+    if count == 0:
+        why = f" ({len(skipped)} skipped for errors, the first: {skipped[0]['where']}: {skipped[0]['error']})"
+        raise PrepareError(f"prepare: no record was prepared{why if skipped else ''}")
+    meta_dir = os.path.join(job.output, "metadata")
+    os.makedirs(meta_dir, exist_ok=True)
+    columns = {"length": np.asarray([n for s in sides for n in s["lengths"]], dtype=np.int64)}
+    for f in job.fields:
+        values = [v for s in sides for v in s["fields"][f]]
+        dtype = (
+            np.bool_
+            if all(isinstance(v, bool) for v in values)
+            else (np.int64 if all(isinstance(v, int) and not isinstance(v, bool) for v in values) else np.float64)
+        )
+        columns[f] = np.asarray(values, dtype=dtype)
+    metadata = {}
+    for f, arr in columns.items():
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        data = buf.getvalue()
+        rel = f"metadata/{f}.npy"
+        _atomic_write(os.path.join(job.output, rel), data)
+        metadata[f] = {"file": rel, "dtype": str(arr.dtype), "sha256": hashlib.sha256(data).hexdigest()}
+    kind = kinds.pop() if kinds else "bytes"
+    h = hashlib.sha256()
+    for s in sides:
+        h.update(s["input_sha256"].encode())
+    manifest = {
+        "format": prepared.FORMAT,
+        "version": prepared.VERSION,
+        **head,
+        "input": {**head["input"], "sha256": h.hexdigest()},
+        "records": {"count": count, "type": "bytes"}
+        if kind == "bytes"
+        else {"count": count, "type": "array", "dtype": kind},
+        "shards": [{k: s[k] for k in ("file", "records", "bytes", "sha256")} for s in sides],
+        "metadata": metadata,
+        "skipped": {"count": len(skipped), "first": skipped[:_MAX_SKIPPED_SHOWN]},
+    }
+    _atomic_write(
+        os.path.join(job.output, prepared.MANIFEST), (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+    )
+    return manifest
+
+
+def prepare(
+    inputs: str | os.PathLike | Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    map: Callable[[Any], Any] | str | None = None,
+    fields: Sequence[str] = (),
+    shard_size: int | str = "128MB",
+    workers: int | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
+    skip_errors: bool = False,
+    format: str | None = None,
+    field: str | None = None,
+    columns: Sequence[str] = (),
+    include: Sequence[str] = (),
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Convert ``inputs`` to ArrayRecord shards of about ``shard_size`` bytes in the
+    folder ``output``, with a manifest and a metadata index; return the manifest.
+
+    ``inputs``: directories of small files (a record per file: its bytes), JSON-lines
+    files (a record per line: the line, or its ``field``), Parquet files (a record
+    per row: its one column of ``columns``, or with a ``map`` a dict of them) and
+    ArrayRecord files or prepared folders (re-sharded); see
+    :mod:`quern.prepare.inputs` for the kinds and the record order. ``include``:
+    glob patterns a directory's files must match (relative paths, e.g. ``"*.py"``).
+
+    ``map`` (a callable or ``"module:function"``) turns each record into the stored
+    one: ``bytes``, ``str`` (stored as UTF-8), a 1-D numpy array (stored as its
+    raw bytes; every record the same dtype), or a dict holding one of these under
+    ``"record"`` and the scalar ``fields`` beside it. Without a map the fields are
+    read from the JSON objects or Parquet columns.
+
+    ``workers``: 0 writes the shards in this process, N in N processes (default:
+    the CPU count); ``ray=True`` writes them as Ray tasks (a new local cluster,
+    or the one at ``ray_address``; the input and output folders must be seen by
+    every node). The output is byte-identical in every case and for any output
+    folder. ``skip_errors`` skips records that cannot be read or mapped, counted
+    in the manifest, instead of raising :class:`PrepareError` naming the file and
+    line. See :mod:`quern.prepare.run` for restarts."""
+    output = os.path.abspath(os.fspath(output))
+    given = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    if not given:
+        raise ValueError("prepare: no input given")
+    size = parse_size(shard_size)
+    fields = tuple(fields)
+    if "length" in fields or "record" in fields:
+        raise ValueError("prepare: 'length' is always in the metadata, and 'record' names the record: not fields")
+    if workers is not None and (not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"prepare: workers must be an int >= 0, got {workers!r}")
+    spec = map if isinstance(map, str) else None
+    fn = resolve_map(map) if isinstance(map, str) else map
+    if fn is not None and not callable(fn):
+        raise TypeError(f"prepare: map must be callable or 'module:function', got {fn!r}")
+    chunk = max(4096, min(_inputs.CHUNK, size // 4))  # items well under a shard: shards end near their size
+    items, described = _inputs.list_items(given, format, tuple(include), tuple(columns), output, chunk)
+    if not items:
+        pattern = f" matching {list(include)}" if include else ""
+        raise PrepareError(f"prepare: no input record: {given} hold no file{pattern}")
+    map_desc = None
+    if fn is not None:
+        name = spec or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+        map_desc = {"fn": name, "fingerprint": fingerprint_of({"map": describe_callable(fn, f"map {name}")})}
+    options = {
+        "shard_size": size,
+        "fields": list(fields),
+        "field": field,
+        "columns": list(columns),
+        "include": list(include),
+        "format": format,
+        "skip_errors": bool(skip_errors),
+        "writer_options": _shards.WRITER_OPTIONS,
+    }
+    job_key = fingerprint_of(
+        {"version": prepared.VERSION, "items": _inputs.describe_inputs(items), "map": map_desc, "options": options}
+    )
+    head = {
+        "quern_version": _version(),
+        "job": job_key,
+        "input": {
+            "inputs": described,
+            "order": "inputs as given; a directory's files by relative path; records in file order",
+        },
+        "map": map_desc,
+        "options": options,
+    }
+    manifest_path = os.path.join(output, prepared.MANIFEST)
+    plan_path = os.path.join(output, prepared.STAGING, "plan.json")
+    if os.path.exists(manifest_path):
+        m = prepared.open_manifest(output)
+        if m.get("job") != job_key:
+            raise ValueError(
+                f"prepare: {output!r} holds the manifest of another prepare (other input, map or options); "
+                "choose another --output, or remove that folder"
+            )
+        prepared.verify(output, m)
+        return m
+    job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors))
+    kept: dict[str, dict[str, Any]] = {}
+    if os.path.exists(plan_path):
+        try:
+            with open(plan_path) as f:
+                plan = json.load(f)
+        except (OSError, ValueError):
+            plan = {}
+        if plan.get("job") == job_key:
+            job.shards = [(int(a), int(b)) for a, b in plan["shards"]]
+            job.names = _shards.shard_names(len(job.shards))
+            kept = _resume(output, job.names)
+        else:  # an unfinished prepare of other input, map or options: its files go, the new one starts
+            print(f"quern prepare: {output} holds an unfinished prepare of another job; starting over", file=sys.stderr)
+            for name in _shards.shard_names(len(plan.get("shards", []))):
+                if os.path.exists(os.path.join(output, name)):
+                    os.remove(os.path.join(output, name))
+            shutil.rmtree(os.path.join(output, prepared.STAGING))
+            shutil.rmtree(os.path.join(output, "metadata"), ignore_errors=True)
+    if not job.names:
+        if os.path.isdir(output) and os.listdir(output):
+            raise ValueError(
+                f"prepare: the output folder {output!r} is not empty and holds no quern prepare; "
+                "choose a new or empty folder"
+            )
+        ratio = _shards.expansion(job)
+        job.shards = _shards.plan_shards([it.size for it in items], size, ratio)
+        job.names = _shards.shard_names(len(job.shards))
+        os.makedirs(os.path.join(output, prepared.STAGING), exist_ok=True)
+        _atomic_write(plan_path, json.dumps({"job": job_key, "shards": job.shards, "ratio": ratio}).encode())
+    if fn is not None:
+        _by_value(fn)
+    todo = [i for i, n in enumerate(job.names) if n not in kept]
+    bar = _Progress(sum(it.size for it in items), progress)
+    for n, side in kept.items():
+        a, b = job.shards[job.names.index(n)]
+        bar(sum(it.size for it in items[a:b]), side["records"])
+    try:
+        n_workers = (os.cpu_count() or 1) if workers is None else workers
+        if not todo:
+            done: list[dict[str, Any]] = []
+        elif ray:
+            done = _on_ray(job, todo, ray_address, workers, bar)
+        elif n_workers == 0 or len(todo) == 1:
+            done = [_shards.write_shard(job, i, bar) for i in todo]
+        else:
+            done = _in_processes(job, todo, n_workers, bar)
+    finally:
+        bar.close()
+    by_name = {**kept, **{s["file"]: s for s in done}}
+    manifest = _assemble(job, [by_name[n] for n in job.names], head)
+    shutil.rmtree(os.path.join(output, prepared.STAGING), ignore_errors=True)
+    return manifest
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,233 @@
+"""The shards of a prepare: which items each holds (the plan), and writing one.
+
+The plan is a pure function of the items (their sizes) and of ``shard_size``
+and the map's expansion ratio (measured on a fixed sample of records): the same
+for any worker count, for local and Ray runs. A shard's bytes depend only on
+its items and the map, so any process may write any shard, in any order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..pipeline.errors import PrepareError
+from ..pipeline.sources import prepared
+from .inputs import Item, Rec, RecordError, as_record, read_item, where_of
+
+__all__ = ["Job", "expansion", "plan_shards", "write_shard", "shard_names", "sidecar_path", "tmp_dir"]
+
+WRITER_OPTIONS = "group_size:1,max_parallelism:1"  # one record per chunk: random access reads one record
+_SAMPLE_ITEMS, _SAMPLE_RECORDS = 16, 8
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything a shard writer needs (picklable; sent once to each worker)."""
+
+    items: list[Item]
+    shards: list[tuple[int, int]]  # item ranges [a, b) per shard
+    names: list[str]  # shard file names
+    output: str
+    map_fn: Any  # a callable, or None
+    fields: tuple[str, ...]
+    jsonl_field: str | None
+    columns: tuple[str, ...]
+    skip_errors: bool
+    writer_options: str = WRITER_OPTIONS
+
+
+def shard_names(count: int) -> list[str]:
+    """``shard-00000-of-00012.array_record`` ..."""
+    return [f"shard-{i:05d}-of-{count:05d}.array_record" for i in range(count)]
+
+
+def tmp_dir(output: str) -> str:
+    return os.path.join(output, prepared.STAGING, "tmp")
+
+
+def sidecar_path(output: str, name: str) -> str:
+    """Where a finished shard's record (counts, checksum, lengths, fields) is kept until the manifest is written."""
+    return os.path.join(output, prepared.STAGING, "done", name + ".json")
+
+
+def _convert(job: Job, item: Item, rec: Rec) -> tuple[bytes, str, int, dict[str, Any]]:
+    """``rec`` through the map, as ``(record bytes, type, length, fields)``; raises
+    :class:`RecordError` naming the record."""
+    out = rec.value if job.map_fn is None else None
+    if job.map_fn is not None:
+        try:
+            out = job.map_fn(rec.value)
+        except Exception as e:
+            raise RecordError(where_of(item, rec), f"the map raised {type(e).__name__}: {e}") from e
+    elif rec.raw is not None:
+        out = rec.raw
+    source = rec.fields
+    if isinstance(out, dict):
+        if "record" not in out:
+            raise RecordError(
+                where_of(item, rec),
+                "a dict from the map must hold the record under 'record' (and scalar fields beside it)"
+                if job.map_fn is not None
+                else "a record of several columns needs a map to make one record of them",
+            )
+        source, out = out, out["record"]
+    try:
+        data, kind, length = as_record(out)
+    except TypeError as e:
+        raise RecordError(where_of(item, rec), f"{'the map returned' if job.map_fn else 'the input is'} {e}") from e
+    values = {}
+    for f in job.fields:
+        v = source.get(f) if isinstance(source, dict) else None
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, bool) or isinstance(v, (int, float)):
+            values[f] = v
+        else:
+            got = "nothing" if v is None else type(v).__name__
+            raise RecordError(where_of(item, rec), f"field {f!r} must be a number or a boolean, got {got}")
+    return data, kind, length, values
+
+
+def expansion(job: Job) -> float:
+    """Stored bytes per input byte, on the first records of up to 16 items spread
+    evenly over the input (the same sample in every run); 1 without a sample."""
+    n = len(job.items)
+    picks = sorted({int(i) for i in np.linspace(0, n - 1, min(n, _SAMPLE_ITEMS))})
+    inp = out = 0
+    for i in picks:
+        item = job.items[i]
+        for k, rec in enumerate(read_item(item, job.jsonl_field, job.columns, job.fields)):
+            if k >= _SAMPLE_RECORDS:
+                break
+            if isinstance(rec, RecordError):
+                continue
+            try:
+                data = _convert(job, item, rec)[0]
+            except RecordError:
+                continue
+            inp += rec.nbytes
+            out += len(data)
+    return float(f"{out / inp:.4g}") if inp and out else 1.0
+
+
+def plan_shards(sizes: Sequence[int], shard_size: int, ratio: float) -> list[tuple[int, int]]:
+    """Item ranges ``[a, b)`` of consecutive items: an item starts a new shard when the
+    estimated stored bytes before it (input bytes x ``ratio``) reach the next multiple
+    of ``shard_size``. Every shard holds at least one item."""
+    s = np.asarray(sizes, dtype=np.float64) * ratio
+    before = np.cumsum(s) - s
+    which = np.floor(before / shard_size).astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+
+def _atomic_json(path: str, value: Any) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_shard(job: Job, index: int, report: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Write shard ``index`` of ``job``: its records to a temporary file, renamed to
+    its final name once complete, then its sidecar (the commit: a shard without
+    one is unfinished). Returns the sidecar: ``file``, ``records``, ``bytes``,
+    ``sha256``, ``type``, ``lengths``, ``fields``, ``skipped``, ``input_sha256``.
+    ``report(input_bytes, records)`` is called as items are done."""
+    from array_record.python import array_record_module
+
+    name = job.names[index]
+    a, b = job.shards[index]
+    final = os.path.join(job.output, name)
+    os.makedirs(tmp_dir(job.output), exist_ok=True)
+    tmp = os.path.join(tmp_dir(job.output), f"{name}.{os.getpid()}.tmp")
+    writer = array_record_module.ArrayRecordWriter(tmp, job.writer_options)
+    if not writer.ok():
+        raise PrepareError(f"prepare: cannot create {tmp!r}")
+    lengths: list[int] = []
+    fields: dict[str, list[Any]] = {f: [] for f in job.fields}
+    skipped: list[dict[str, str]] = []
+    kind: str | None = None
+    first_where = ""
+    h_in = hashlib.sha256()
+    try:
+        for item in job.items[a:b]:
+            done = 0
+            for rec in read_item(item, job.jsonl_field, job.columns, job.fields):
+                try:
+                    if isinstance(rec, RecordError):
+                        raise rec
+                    _hash_input(h_in, rec.value if rec.raw is None else rec.raw)
+                    data, k, length, values = _convert(job, item, rec)
+                    if kind is None:
+                        kind, first_where = k, where_of(item, rec)
+                    elif k != kind:
+                        raise RecordError(
+                            where_of(item, rec), f"this record is {k}, the first of its shard ({first_where}) {kind}"
+                        )
+                except RecordError as e:
+                    if not job.skip_errors:
+                        raise PrepareError(f"prepare: {e}") from e.__cause__
+                    skipped.append({"where": e.where, "error": e.message})
+                    continue
+                writer.write(data)
+                lengths.append(length)
+                for f, v in values.items():
+                    fields[f].append(v)
+                done += 1
+            if report is not None:
+                report(item.size, done)
+        if not writer.ok():
+            raise PrepareError(f"prepare: writing {name!r} failed (the ArrayRecord writer is not ok: disk full?)")
+        writer.close()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        sidecar = {
+            "file": name,
+            "records": len(lengths),
+            "bytes": os.path.getsize(tmp),
+            "sha256": prepared.file_sha256(tmp),
+            "type": kind,
+            "lengths": lengths,
+            "fields": fields,
+            "skipped": skipped,
+            "input_sha256": h_in.hexdigest(),
+        }
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    os.makedirs(os.path.dirname(sidecar_path(job.output, name)), exist_ok=True)
+    _atomic_json(sidecar_path(job.output, name), sidecar)
+    return sidecar
+
+
+def _hash_input(h: Any, value: Any) -> None:
+    """Feed one input value to the input digest: bytes and text as they are, arrays
+    by dtype and bytes, anything else by its JSON form."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        h.update(b"b%d:" % len(value))
+        h.update(value)
+    elif isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(data))
+        h.update(data)
+    elif isinstance(value, np.ndarray):
+        h.update(f"a{value.dtype.str}{value.shape}:".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        for k in sorted(value):
+            _hash_input(h, str(k))
+            _hash_input(h, value[k])
+    else:
+        h.update(b"j" + json.dumps(value, sort_keys=True, default=repr).encode())

@@ -1,0 +1,64 @@
+"""Filters that read a prepared source's metadata index instead of its records."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..pipeline.registry import register
+
+__all__ = ["metadata_range"]
+
+
+@register("metadata_range")
+@dataclasses.dataclass(frozen=True)
+class metadata_range:
+    """A filter predicate on metadata: keep the records whose ``field`` (``length``, or a
+    field given to ``quern prepare --fields``) lies in ``[min, max]`` (either bound
+    may be ``None``).
+
+    ``Pipeline.filter(metadata_range(...))`` on a source with a metadata index (an
+    ``ArrayRecordSource`` of a prepared folder) finds the survivors from the index
+    alone, vectorised, without reading a record. The result depends only on the
+    metadata and the bounds.
+
+    >>> import numpy as np
+    >>> metadata_range("length", min=2, max=3).keep_metadata({"length": np.array([1, 2, 3, 4])}).tolist()
+    [False, True, True, False]
+    """
+
+    field: str = "length"
+    min: int | float | None = None
+    max: int | float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max"):
+            v = getattr(self, name)
+            if isinstance(v, np.generic):
+                object.__setattr__(self, name, v.item())
+                v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"metadata_range {name} must be a number or None, got {v!r}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"metadata_range: min {self.min} > max {self.max}")
+
+    def keep_metadata(self, metadata: Mapping[str, np.ndarray]) -> np.ndarray:
+        """One boolean per record: whether its ``field`` lies in ``[min, max]``."""
+        if self.field not in metadata:
+            raise KeyError(f"metadata_range: no metadata field {self.field!r} (the source has {sorted(metadata)})")
+        values = np.asarray(metadata[self.field])
+        keep = np.ones(values.shape, dtype=np.bool_)
+        if self.min is not None:
+            keep &= values >= self.min
+        if self.max is not None:
+            keep &= values <= self.max
+        return keep
+
+    def __call__(self, record: Any) -> bool:
+        raise TypeError(
+            "metadata_range filters by a source's metadata index (a folder written by quern prepare); "
+            "it cannot judge a record"
+        )
