@@ -58,3 +58,13 @@ class PrepareError(RuntimeError):
     """``quern prepare`` met bad input (an unreadable file, an invalid JSON line, a map
     that raised or returned what cannot be a record, no record at all) or an output
     folder it must not write to; the message names the file and line or record."""
+
+
+class RecordError(Exception):
+    """One input record of ``quern prepare`` (or a whole piece of a file) that cannot
+    be read or mapped: ``where`` names it (file and line, row or record), ``message``
+    says why. Raised as a :class:`PrepareError`, or counted with ``--skip-errors``."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where, self.message = where, message

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.errors import PrepareError
+from ..pipeline.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
 
 __all__ = ["CHUNK", "FORMATS", "Item", "Rec", "describe_inputs", "list_items", "read_item"]
@@ -255,14 +255,6 @@ def _values(column: Any) -> list[Any]:
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))]
     return column.to_pylist()
-
-
-class RecordError(Exception):
-    """A record (or a whole item) that cannot be read: ``where`` names it."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where, self.message = where, message
 
 
 def read_item(

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.errors import PrepareError
+from ..pipeline.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
-from .inputs import Item, Rec, RecordError, as_record, read_item, where_of
+from .inputs import Item, Rec, as_record, read_item, where_of
 
 __all__ = ["Job", "expansion", "plan_shards", "write_shard", "shard_names", "sidecar_path", "tmp_dir"]
 
