@@ -1,9 +1,11 @@
 """quern quickstart: real files in, shuffled padded batches out, exact resume.
 
-1. Builds a dataset from the ``.py`` files of the Python standard library on this
-   machine: byte-level tokens, chunks of at most 512 bytes cut at line ends,
-   written as 4 ArrayRecord shards and a Parquet copy (under ``examples/data``).
-2. Runs a shuffled, padded, batched pipeline over the ArrayRecord shards, prints
+1. Prepares a dataset with ``quern prepare`` (the same code path as the
+   command): the top-level ``.py`` files of the Python standard library on this
+   machine, cut by a map into chunks of at most 512 bytes at line ends, written
+   as ArrayRecord shards with a manifest and a metadata index (record lengths)
+   under ``examples/data/stdlib``, plus a Parquet copy of the same records.
+2. Runs a shuffled, padded, batched pipeline over the prepared folder, prints
    a few batches and the throughput.
 3. Stops at a step, saves the iterator state as JSON, builds everything afresh
    (as a restarted job would), resumes from the state with 2 worker processes
@@ -34,7 +36,8 @@ SEQ_LEN = 512
 
 
 def chunk_text(data: bytes, limit: int = SEQ_LEN) -> list[bytes]:
-    """Split ``data`` into chunks of at most ``limit`` bytes, cut after a newline where possible."""
+    """Split ``data`` into chunks of at most ``limit`` bytes, cut after a newline where possible
+    (the map of the quickstart's ``quern prepare``: a list, each chunk a record)."""
     chunks, start = [], 0
     while start < len(data):
         end = min(start + limit, len(data))
@@ -47,51 +50,40 @@ def chunk_text(data: bytes, limit: int = SEQ_LEN) -> list[bytes]:
     return chunks
 
 
-def build_dataset(out: str, shards: int = 4, max_bytes: int = 12 << 20) -> tuple[list[str], list[str]]:
-    """Write the stdlib corpus as ArrayRecord shards and Parquet files; return both path lists."""
+def build_dataset(out: str, shards: int = 4) -> tuple[str, list[str]]:
+    """Prepare the stdlib corpus into ``out/stdlib`` (ArrayRecord shards, manifest, metadata)
+    and write a Parquet copy of its records in ``shards`` files; return the folder and the
+    Parquet paths. Run again, it finds the prepared folder complete (checksums verified)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from array_record.python import array_record_module
 
-    ar_paths = [os.path.join(out, f"stdlib-{i:05d}-of-{shards:05d}.array_record") for i in range(shards)]
+    from quern.prepare import prepare
+
+    folder = os.path.join(out, "stdlib")
     pq_paths = [os.path.join(out, f"stdlib-{i:05d}-of-{shards:05d}.parquet") for i in range(shards)]
-    if all(os.path.exists(p) for p in ar_paths + pq_paths):
-        return ar_paths, pq_paths
-    os.makedirs(out, exist_ok=True)
     stdlib = sysconfig.get_paths()["stdlib"]
-    files = []
-    for root, dirs, names in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__", "test", "tests"))
-        files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
-    records, total = [], 0
-    for path in files:
-        with open(path, "rb") as f:
-            data = f.read()
-        records += [(os.path.relpath(path, stdlib), c) for c in chunk_text(data)]
-        total += len(data)
-        if total >= max_bytes:
-            break
-    for i, (ar_path, pq_path) in enumerate(zip(ar_paths, pq_paths)):
-        part = records[i::shards]
-        writer = array_record_module.ArrayRecordWriter(ar_path + ".tmp", "group_size:1")
-        for _, chunk in part:
-            writer.write(chunk)
-        writer.close()
-        table = pa.table(
-            {
-                "tokens": pa.array([np.frombuffer(c, np.uint8) for _, c in part], type=pa.list_(pa.uint8())),
-                "file": [name for name, _ in part],
-            }
-        )
+    # records: the files sorted by name, each cut into chunks in order (see quern.prepare.inputs)
+    manifest = prepare(os.path.join(stdlib, "*.py"), folder, map=chunk_text, shard_size="1MB", workers=0)
+    if all(os.path.exists(p) for p in pq_paths):
+        return folder, pq_paths
+    src = quern.sources.ArrayRecordSource(folder)
+    records = src.read_many(np.arange(len(src)))
+    bounds = np.linspace(0, len(records), shards + 1).astype(int)
+    for i, pq_path in enumerate(pq_paths):  # consecutive ranges: row ids across the files are record ids
+        part = records[bounds[i] : bounds[i + 1]]
+        table = pa.table({"tokens": pa.array([np.frombuffer(r, np.uint8) for r in part], type=pa.list_(pa.uint8()))})
         pq.write_table(table, pq_path + ".tmp", row_group_size=1024, compression="snappy")
-        os.replace(ar_path + ".tmp", ar_path)
         os.replace(pq_path + ".tmp", pq_path)
-    print(f"wrote {len(records):,} records ({total / 2**20:.1f} MiB of stdlib source) to {out}")
-    return ar_paths, pq_paths
+    total = sum(s["bytes"] for s in manifest["shards"])
+    print(
+        f"prepared {manifest['records']['count']:,} records of stdlib source in {len(manifest['shards'])} shards "
+        f"({total / 2**20:.1f} MiB) in {folder}, and a Parquet copy"
+    )
+    return folder, pq_paths
 
 
-def make_pipeline(ar_paths: list[str], batch: int) -> quern.Pipeline:
-    source = quern.sources.ArrayRecordSource(ar_paths)
+def make_pipeline(folder: str, batch: int) -> quern.Pipeline:
+    source = quern.sources.ArrayRecordSource(folder)  # a prepared folder: shards, manifest, metadata
     return (
         quern.Pipeline.from_source(source, seed=2026)
         .shuffle()
@@ -114,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", help="write the resumed batches to this .npz file")
     args = parser.parse_args(argv)
 
-    ar_paths, pq_paths = build_dataset(args.out)
-    pipe = make_pipeline(ar_paths, args.batch)
+    folder, pq_paths = build_dataset(args.out)
+    pipe = make_pipeline(folder, args.batch)
     print(f"pipeline: {pipe!r}\nrecords: {len(pipe.source):,}  fingerprint: {pipe.fingerprint()}")
 
     # -- a few batches, and the throughput of an uninterrupted run
@@ -151,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped at step {args.stop_at}; saved {state_path}: {f.read()}")
 
     del pipe  # a restarted job rebuilds everything from the files and the saved state
-    restarted = make_pipeline(ar_paths, args.batch)
+    restarted = make_pipeline(folder, args.batch)
     with open(state_path) as f:
         state = json.load(f)
     with restarted.resume(state, num_workers=2) as it:  # now with 2 worker processes: same batches

@@ -50,9 +50,9 @@ CONTEXT = 128  # tokens the model reads per row; packed rows hold CONTEXT + 1 (i
 MAX_POSITION = quickstart.SEQ_LEN  # records hold at most this many bytes: positions stay below it in both modes
 
 
-def make_pipeline(ar_paths: list[str], batch: int, mode: str = "best_fit", cache_dir: str | None = None):
+def make_pipeline(folder: str, batch: int, mode: str = "best_fit", cache_dir: str | None = None):
     """Shuffled byte records packed into rows of ``CONTEXT + 1`` tokens, ``batch`` rows per step."""
-    source = quern.sources.ArrayRecordSource(ar_paths)
+    source = quern.sources.ArrayRecordSource(folder)  # the quickstart's prepared folder
     return (
         quern.Pipeline.from_source(source, seed=2026)
         .shuffle()
@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=0, help="quern worker processes per host")
     args = ap.parse_args(argv)
 
-    ar_paths, _ = quickstart.build_dataset(args.data)
+    folder, _ = quickstart.build_dataset(args.data)
     cache_dir = args.cache_dir or os.path.join(args.data, "quern_cache")
-    pipe = make_pipeline(ar_paths, args.batch, args.pack, cache_dir)
+    pipe = make_pipeline(folder, args.batch, args.pack, cache_dir)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))  # batch axis over every device
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     init = jax.jit(init_state, out_shardings=replicated)

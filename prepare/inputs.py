@@ -190,7 +190,7 @@ def list_items(
             kinds = {p: _kind(p, fmt) for p in paths if os.path.isfile(p)}
             for p, kind in kinds.items():
                 items += _file_items(kind, p, os.path.basename(p), columns, chunk)
-            name, files = given, len(kinds)
+            name, files = os.path.basename(given), len(kinds)  # the pattern, not where it was: relocatable
         elif os.path.isdir(given):
             root = os.path.abspath(given)
             if root == output:

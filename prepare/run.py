@@ -364,7 +364,8 @@ def prepare(
     ``map`` (a callable or ``"module:function"``) turns each record into the stored
     one: ``bytes``, ``str`` (stored as UTF-8), a 1-D numpy array (stored as its
     raw bytes; every record the same dtype), or a dict holding one of these under
-    ``"record"`` and the scalar ``fields`` beside it. Without a map the fields are
+    ``"record"`` and the scalar ``fields`` beside it; or a list of these, each
+    stored as a record in list order (a document cut into chunks). Without a map the fields are
     read from the JSON objects or Parquet columns.
 
     ``workers``: 0 writes the shards in this process, N in N processes (default:

@@ -57,8 +57,10 @@ def sidecar_path(output: str, name: str) -> str:
     return os.path.join(output, prepared.STAGING, "done", name + ".json")
 
 
-def _convert(job: Job, item: Item, rec: Rec) -> tuple[bytes, str, int, dict[str, Any]]:
-    """``rec`` through the map, as ``(record bytes, type, length, fields)``; raises
+def _convert(job: Job, item: Item, rec: Rec) -> list[tuple[bytes, str, int, dict[str, Any]]]:
+    """``rec`` through the map, as ``[(record bytes, type, length, fields)]``: one
+    record, or one per element when the map returns a list (a document cut into
+    chunks; an empty list stores nothing for ``rec``). Raises
     :class:`RecordError` naming the record."""
     out = rec.value if job.map_fn is None else None
     if job.map_fn is not None:
@@ -68,6 +70,10 @@ def _convert(job: Job, item: Item, rec: Rec) -> tuple[bytes, str, int, dict[str,
             raise RecordError(where_of(item, rec), f"the map raised {type(e).__name__}: {e}") from e
     elif rec.raw is not None:
         out = rec.raw
+    return [_one(job, item, rec, o) for o in (out if isinstance(out, list) and job.map_fn is not None else [out])]
+
+
+def _one(job: Job, item: Item, rec: Rec, out: Any) -> tuple[bytes, str, int, dict[str, Any]]:
     source = rec.fields
     if isinstance(out, dict):
         if "record" not in out:
@@ -109,11 +115,11 @@ def expansion(job: Job) -> float:
             if isinstance(rec, RecordError):
                 continue
             try:
-                data = _convert(job, item, rec)[0]
+                made = _convert(job, item, rec)
             except RecordError:
                 continue
             inp += rec.nbytes
-            out += len(data)
+            out += sum(len(m[0]) for m in made)
     return float(f"{out / inp:.4g}") if inp and out else 1.0
 
 
@@ -168,23 +174,26 @@ def write_shard(job: Job, index: int, report: Callable[[int, int], None] | None 
                     if isinstance(rec, RecordError):
                         raise rec
                     _hash_input(h_in, rec.value if rec.raw is None else rec.raw)
-                    data, k, length, values = _convert(job, item, rec)
-                    if kind is None:
-                        kind, first_where = k, where_of(item, rec)
-                    elif k != kind:
-                        raise RecordError(
-                            where_of(item, rec), f"this record is {k}, the first of its shard ({first_where}) {kind}"
-                        )
+                    made = _convert(job, item, rec)
+                    for _, k, _, _ in made:
+                        if kind is None:
+                            kind, first_where = k, where_of(item, rec)
+                        elif k != kind:
+                            raise RecordError(
+                                where_of(item, rec),
+                                f"this record is {k}, the first of its shard ({first_where}) {kind}",
+                            )
                 except RecordError as e:
                     if not job.skip_errors:
                         raise PrepareError(f"prepare: {e}") from e.__cause__
                     skipped.append({"where": e.where, "error": e.message})
                     continue
-                writer.write(data)
-                lengths.append(length)
-                for f, v in values.items():
-                    fields[f].append(v)
-                done += 1
+                for data, _, length, values in made:
+                    writer.write(data)
+                    lengths.append(length)
+                    for f, v in values.items():
+                        fields[f].append(v)
+                done += len(made)
             if report is not None:
                 report(item.size, done)
         if not writer.ok():

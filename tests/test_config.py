@@ -394,7 +394,7 @@ def test_example_configs_are_the_example_pipelines(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(root, "examples"))
     import quickstart
 
-    ar_paths, _ = quickstart.build_dataset(str(tmp_path / "data"))
+    folder, _ = quickstart.build_dataset(str(tmp_path / "data"))
     shutil.copytree(os.path.join(root, "examples", "configs"), tmp_path / "configs")
-    _same(quern.load_config(tmp_path / "configs" / "quickstart.yaml"), quickstart.make_pipeline(ar_paths, 64))
-    _same(quern.load_config(tmp_path / "configs" / "lm.yaml"), quickstart.make_pipeline(ar_paths, 32))
+    _same(quern.load_config(tmp_path / "configs" / "quickstart.yaml"), quickstart.make_pipeline(folder, 64))
+    _same(quern.load_config(tmp_path / "configs" / "lm.yaml"), quickstart.make_pipeline(folder, 32))

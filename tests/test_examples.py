@@ -1,10 +1,12 @@
 """The examples run end to end on data they make themselves; their outputs are checked
 here against batches recomputed by this test, and against the files read without quern."""
 
+import glob
 import json
 import os
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -46,13 +48,16 @@ def test_quickstart_runs_and_resumes_exactly(tmp_path):
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    ar_paths, pq_paths = sorted(data.glob("*.array_record")), sorted(data.glob("*.parquet"))
-    assert len(ar_paths) == 4 and len(pq_paths) == 4
-    assert sorted(p.name for p in data.iterdir()) == sorted([p.name for p in ar_paths + pq_paths] + ["state.json"])
+    folder, pq_paths = data / "stdlib", sorted(data.glob("*.parquet"))
+    ar_paths = sorted(folder.glob("*.array_record"))
+    assert len(pq_paths) == 4 and len(ar_paths) > 1  # prepared into shards of about 1 MB
+    assert sorted(p.name for p in data.iterdir()) == sorted([p.name for p in pq_paths] + ["state.json", "stdlib"])
+    manifest = json.loads((folder / "manifest.json").read_text())  # written by quern prepare, shards in order
+    assert [s["file"] for s in manifest["shards"]] == [p.name for p in ar_paths]
 
     # the quickstart's pipeline, defined again here: shuffled stdlib chunks padded to 512, batches of 64
     pipe = (
-        quern.Pipeline.from_source(quern.sources.ArrayRecordSource([str(p) for p in ar_paths]), seed=2026)
+        quern.Pipeline.from_source(quern.sources.ArrayRecordSource(str(folder)), seed=2026)
         .shuffle()
         .map(quern.transforms.decode(np.uint8))
         .map(quern.transforms.pad(512))
@@ -65,6 +70,11 @@ def test_quickstart_runs_and_resumes_exactly(tmp_path):
         steps, tokens, lengths = z["steps"].tolist(), z["batch.tokens"], z["batch.length"]
     assert steps == [20, 21, 22, 23, 24] and tokens.shape == (5, 64, 512) and tokens.dtype == np.uint8
     records = _read_array_records(ar_paths)
+    # prepare's record order: the stdlib's top-level .py files by name, each cut in order into <= 512 bytes
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files = sorted(glob.glob(os.path.join(stdlib, "*.py")))
+    assert b"".join(records) == b"".join(open(p, "rb").read() for p in files)
+    assert max(len(r) for r in records) <= 512 and manifest["records"]["count"] == len(records)
     parquet = [
         np.asarray(t, np.uint8) for p in pq_paths for t in pq.read_table(p, columns=["tokens"])["tokens"].to_pylist()
     ]

@@ -32,7 +32,7 @@ class ArrayRecordSource(Source):
     idle readers open.
 
     ``paths`` may also be a folder written by ``quern prepare`` (or its
-    ``manifest.json``): the source reads the shards its manifest names, in
+    ``manifest.json``; alone, or as the one item of a list): the source reads the shards its manifest names, in
     order, after checking that each is there with its size and record count
     (:func:`~quern.pipeline.sources.prepared.open_manifest`); a folder without a
     complete manifest is refused, naming what is missing. ``manifest`` is then the
@@ -61,7 +61,10 @@ class ArrayRecordSource(Source):
         self.folder: str | None = None
         self.manifest: dict[str, Any] | None = None
         self._metadata: dict[str, np.ndarray] | None = None
-        one = os.fspath(paths) if isinstance(paths, (str, os.PathLike)) else None
+        if isinstance(paths, (str, os.PathLike)):
+            one: str | None = os.fspath(paths)
+        else:
+            one = os.fspath(paths[0]) if len(paths) == 1 else None
         if one is not None and os.path.basename(one) == prepared.MANIFEST and os.path.isfile(one):
             one = os.path.dirname(one) or "."
         if one is not None and os.path.isdir(one):
