@@ -275,8 +275,10 @@ def read_item(
         elif item.kind == "parquet":
             import pyarrow.parquet as pq
 
-            want = list(dict.fromkeys([*columns, *fields])) or None
-            table = pq.ParquetFile(item.path).read_row_group(item.lo, columns=want)
+            pf = pq.ParquetFile(item.path)
+            have = set(pf.schema_arrow.names)  # fields may also come from the map's dict, not from a column
+            want = list(dict.fromkeys([*columns, *(f for f in fields if f in have)])) if columns else None
+            table = pf.read_row_group(item.lo, columns=want)
             cols = {c: _values(table.column(c)) for c in table.column_names}
             chosen = list(columns) or [c for c in table.column_names if c not in fields]
             per = item.size // max(table.num_rows, 1)

@@ -95,6 +95,16 @@ def _by_value(fn: Any) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def _screen() -> tuple[int, int]:
+    """The terminal's columns and rows on stderr; 100 x 24 where it says 0 (a pseudo-terminal
+    whose size was never set: tqdm would hide its bar) or cannot say."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return 100, 24
+    return size.columns or 100, size.lines or 24
+
+
 class _Progress:
     """A tqdm bar on stderr when it is a terminal (input bytes, with rates and ETA); quiet otherwise."""
 
@@ -110,7 +120,8 @@ class _Progress:
             desc="quern prepare",
             disable=not self.on,
             file=sys.stderr,
-            dynamic_ncols=True,
+            ncols=_screen()[0],
+            nrows=_screen()[1],
         )
         self.records = 0
         self.t0 = time.monotonic()
