@@ -124,15 +124,19 @@ def expansion(job: Job) -> float:
 
 
 def plan_shards(sizes: Sequence[int], shard_size: int, ratio: float) -> list[tuple[int, int]]:
-    """Item ranges ``[a, b)`` of consecutive items: an item starts a new shard when the
-    estimated stored bytes before it (input bytes x ``ratio``) reach the next multiple
-    of ``shard_size``. Every shard holds at least one item."""
-    s = np.asarray(sizes, dtype=np.float64) * ratio
-    before = np.cumsum(s) - s
-    which = np.floor(before / shard_size).astype(np.int64)
-    starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
-    ends = np.r_[starts[1:], len(s)]
-    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+    """Item ranges ``[a, b)`` of consecutive items, each estimated (input bytes x
+    ``ratio``) to hold at most ``shard_size`` bytes: a shard is closed before the item
+    that would take it over, so only an item bigger than ``shard_size`` alone makes
+    a bigger one. Every shard holds at least one item."""
+    out, start, total = [], 0, 0.0
+    for i, size in enumerate(sizes):
+        est = size * ratio
+        if i > start and total + est > shard_size:
+            out.append((start, i))
+            start, total = i, 0.0
+        total += est
+    out.append((start, len(sizes)))
+    return out
 
 
 def _atomic_json(path: str, value: Any) -> None:

@@ -610,3 +610,23 @@ def test_prepare_refuses_an_empty_input(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PrepareError):
         _prepare(tmp_path / "empty", tmp_path / "out")
+
+
+def test_a_shard_is_closed_before_the_item_that_would_take_it_over_its_size():
+    from quern.prepare.shards import plan_shards
+
+    assert plan_shards([10] * 10, 35, 1.0) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert plan_shards([10] * 10, 35, 2.0) == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 4),
+        (4, 5),
+        (5, 6),
+        (6, 7),
+        (7, 8),
+        (8, 9),
+        (9, 10),
+    ]
+    assert plan_shards([10, 100, 10, 10], 35, 1.0) == [(0, 1), (1, 2), (2, 4)]  # a bigger item alone
+    assert plan_shards([5], 35, 1.0) == [(0, 1)]
