@@ -10,8 +10,12 @@ manifest after everything it names. A run that finds ``plan.json`` of the same
 job removes ``tmp/``, keeps each finished shard whose checksum still matches its
 sidecar (it is not written again), removes the others and writes what is left:
 the folder ends byte-identical to an uninterrupted run's. A run that finds a
-manifest of the same job verifies every checksum and returns it. A manifest or
-plan of another job is refused, as is a non-empty folder that is neither.
+manifest of the same job verifies every checksum, removes what a kill after the
+manifest left (the staging folder, temporaries) and returns it. A manifest of
+another job (other input, map or options) is refused; an unfinished prepare of
+another job is removed (its shards, metadata and staging folder, and nothing
+else: a folder that also holds other files is refused) and the new one starts;
+a non-empty folder that is neither is refused.
 """
 
 from __future__ import annotations
@@ -285,10 +289,17 @@ def _resume(output: str, names: list[str]) -> dict[str, dict[str, Any]]:
                     os.remove(p)
         else:
             kept[name] = record
-    for leftover in os.listdir(output):
-        if leftover.endswith(".tmp"):
-            os.remove(os.path.join(output, leftover))
+    _remove_temporaries(output)
     return kept
+
+
+def _remove_temporaries(output: str) -> None:
+    """The ``*.tmp`` files a killed run left in ``output`` and ``output/metadata``."""
+    for folder in (output, os.path.join(output, "metadata")):
+        if os.path.isdir(folder):
+            for leftover in os.listdir(folder):
+                if leftover.endswith(".tmp"):
+                    os.remove(os.path.join(folder, leftover))
 
 
 def _assemble(job: _shards.Job, sides: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, Any]:
@@ -300,8 +311,12 @@ def _assemble(job: _shards.Job, sides: list[dict[str, Any]], head: dict[str, Any
     skipped = [e for s in sides for e in s["skipped"]]
     count = sum(s["records"] for s in sides)
     if count == 0:
-        why = f" ({len(skipped)} skipped for errors, the first: {skipped[0]['where']}: {skipped[0]['error']})"
-        raise PrepareError(f"prepare: no record was prepared{why if skipped else ''}")
+        why = (
+            f" ({len(skipped)} skipped for errors, the first: {skipped[0]['where']}: {skipped[0]['error']})"
+            if skipped
+            else ""
+        )
+        raise PrepareError(f"prepare: no record was prepared{why}")
     meta_dir = os.path.join(job.output, "metadata")
     os.makedirs(meta_dir, exist_ok=True)
     columns = {"length": np.asarray([n for s in sides for n in s["lengths"]], dtype=np.int64)}
@@ -442,6 +457,8 @@ def prepare(
                 "choose another --output, or remove that folder"
             )
         prepared.verify(output, m)
+        shutil.rmtree(os.path.join(output, prepared.STAGING), ignore_errors=True)  # killed after the manifest
+        _remove_temporaries(output)
         return m
     job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors))
     kept: dict[str, dict[str, Any]] = {}
@@ -456,7 +473,15 @@ def prepare(
             job.names = _shards.shard_names(len(job.shards))
             kept = _resume(output, job.names)
         else:  # an unfinished prepare of other input, map or options: its files go, the new one starts
+            theirs = {*_shards.shard_names(len(plan.get("shards", []))), prepared.STAGING, "metadata"}
+            others = [n for n in os.listdir(output) if n not in theirs and not n.endswith(".tmp")]
+            if others:
+                raise ValueError(
+                    f"prepare: the output folder {output!r} holds an unfinished prepare of another job and other "
+                    f"files ({sorted(others)[:5]}); choose a new or empty folder"
+                )
             print(f"quern prepare: {output} holds an unfinished prepare of another job; starting over", file=sys.stderr)
+            _remove_temporaries(output)
             for name in _shards.shard_names(len(plan.get("shards", []))):
                 if os.path.exists(os.path.join(output, name)):
                     os.remove(os.path.join(output, name))
