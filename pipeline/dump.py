@@ -72,7 +72,8 @@ def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str
 
 def _source_config(src: Any, where: str) -> dict[str, Any]:
     if isinstance(src, sources.ArrayRecordSource):
-        return {"type": "array_record", "paths": list(src.paths), "name": src.name}
+        paths = [src.folder] if src.folder is not None else list(src.paths)  # a prepared folder: by its manifest
+        return {"type": "array_record", "paths": paths, "name": src.name}
     if isinstance(src, sources.ParquetSource):
         return {
             "type": "parquet",
