@@ -237,10 +237,12 @@ def _on_ray(
             try:
                 side = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
-                cause = e.as_instanceof_cause()
                 for ref in pending:
                     ray.cancel(ref)
-                raise (cause if isinstance(cause, PrepareError) else PrepareError(f"prepare on Ray: {cause}")) from e
+                cause = getattr(e, "cause", None)  # the task's own exception, without Ray's traceback text
+                if isinstance(cause, PrepareError):
+                    raise PrepareError(str(cause)) from e
+                raise PrepareError(f"prepare on Ray: {type(cause).__name__}: {cause}") from e
             del pending[done[0]]
             a, b = job.shards[side_index(job, side)]
             progress(sum(it.size for it in job.items[a:b]), side["records"])
