@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -45,15 +48,23 @@ def _records(folder) -> list[bytes]:
     return list(src.read_many(np.arange(len(src), dtype=np.int64)))
 
 
-def _tree(folder) -> dict[str, bytes]:
-    """Every file under ``folder``: ``{relative POSIX path: bytes}``."""
-    out = {}
-    for d, _, names in os.walk(folder):
-        for n in names:
-            p = os.path.join(d, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, folder).replace(os.sep, "/")] = f.read()
-    return out
+def tree(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too): ``{relative POSIX path: bytes}``."""
+    folder = pathlib.Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_prepare(*args, cwd, env=None, timeout=180) -> subprocess.CompletedProcess:
+    """``python -m quern prepare ARGS`` as a subprocess in ``cwd`` (where map modules are)."""
+    return subprocess.run(
+        [sys.executable, "-m", "quern", "prepare", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _write_array_record(path, records) -> None:
@@ -365,7 +376,7 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path):
     for w in (0, 1, 2):
         out = tmp_path / f"out{w}"
         prepare(path, out, field="text", map=to_tokens, fields=("score",), shard_size="16KB", workers=w, progress=False)
-        trees[w] = _tree(out)
+        trees[w] = tree(out)
     assert sum(n.endswith(".array_record") for n in trees[0]) >= 3  # several shards: the workers share them
     assert trees[1] == trees[0]
     assert trees[2] == trees[0]
@@ -380,9 +391,9 @@ def test_output_does_not_depend_on_the_output_folder(tmp_path):
     _random_files(tmp_path / "docs", np.random.default_rng(9), 50, 0, 3000)
     _prepare(tmp_path / "docs", tmp_path / "one", shard_size="32KB")
     _prepare(tmp_path / "docs", tmp_path / "elsewhere" / "a_different_name", shard_size="32KB")
-    one = _tree(tmp_path / "one")
+    one = tree(tmp_path / "one")
     assert "manifest.json" in one and "metadata/length.npy" in one
-    assert _tree(tmp_path / "elsewhere" / "a_different_name") == one
+    assert tree(tmp_path / "elsewhere" / "a_different_name") == one
 
 
 def test_a_copied_or_moved_folder_opens_and_reads_the_same(tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from array_record.python import array_record_module
+from test_prepare import run_prepare, tree
 
 import quern.prepare.run as run_mod
 from quern import SourceError
@@ -52,14 +53,7 @@ def quern_prepare(*args, cwd, sleep=0.0, timeout=60) -> subprocess.CompletedProc
     """``python -m quern prepare ARGS`` in ``cwd`` (the map sleeps ``sleep`` s per record)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["SLOW_SLEEP"] = str(sleep)
-    return subprocess.run(
-        [sys.executable, "-m", "quern", "prepare", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_prepare(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
@@ -68,11 +62,6 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     rc = main(["prepare", *map(str, args)])
     got = capsys.readouterr()
     return rc, got.out, got.err
-
-
-def tree(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` (hidden ones too): relative path -> bytes."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def stats(folder: Path) -> dict[str, tuple[int, int]]:

@@ -29,6 +29,7 @@ import textwrap
 import time
 
 import pytest
+from test_prepare import run_prepare, tree
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quern[ray]'): quern prepare --ray")
 psutil = pytest.importorskip("psutil")
@@ -150,19 +151,8 @@ def _make_input(root, n: int, seed: int, bad: str | None = None) -> str:
     return docs
 
 
-def _tree(folder) -> dict[str, bytes]:
-    """Every file under ``folder`` (hidden ones too), by relative path."""
-    out = {}
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = f.read()
-    return out
-
-
 def _assert_same_tree(a, b) -> dict[str, bytes]:
-    ta, tb = _tree(a), _tree(b)
+    ta, tb = tree(a), tree(b)
     assert sorted(ta) == sorted(tb), f"{a} and {b} hold other files"
     differ = [name for name in ta if ta[name] != tb[name]]
     assert not differ, f"these files of {a} and {b} differ: {differ}"
@@ -171,15 +161,7 @@ def _assert_same_tree(a, b) -> dict[str, bytes]:
 
 def _prepare(cwd, env: dict[str, str], *args) -> subprocess.CompletedProcess:
     """``python -m quern prepare ARGS`` in ``cwd`` (where the map modules are)."""
-    return subprocess.run(
-        [sys.executable, "-m", "quern", "prepare", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    return run_prepare(*args, cwd=cwd, env=env, timeout=TIMEOUT)
 
 
 def _ok(out: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
