@@ -5,7 +5,8 @@
     quern inspect CONFIG --step S [--process-index H --process-count N]
     quern bench CONFIG [--steps N] [--start-step S]
     quern prepare INPUT... --output DIR [--map MODULE:FN] [--workers N] [--shard-size 128MB] [--fields A,B]
-                  [--format F] [--field NAME] [--columns A,B] [--include GLOB] [--skip-errors] [--ray [--ray-address A]]
+                  [--format F] [--field NAME] [--columns A,B] [--include GLOB] [--compression C]
+                  [--skip-errors] [--ray [--ray-address A]]
     quern --version
 
 ``python -m quern ...`` is the same command. ``--traceback`` (before or after
@@ -548,6 +549,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         field=args.field,
         columns=split(args.columns),
         include=args.include or (),
+        compression=args.compression,
     )
     seconds = time.perf_counter() - t0
     count, total = m["records"]["count"], sum(s["bytes"] for s in m["shards"])
@@ -661,6 +663,11 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="GLOB",
         help="directories: only files whose relative path matches (repeatable)",
+    )
+    p.add_argument(
+        "--compression",
+        default="zstd:1",
+        help="per record: zstd[:LEVEL] (default zstd:1), brotli[:LEVEL], snappy or uncompressed (fastest reads)",
     )
     p.add_argument(
         "--skip-errors", action="store_true", help="skip records that cannot be read or mapped; counted in the manifest"

@@ -26,6 +26,7 @@ import glob as _glob
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -87,20 +88,27 @@ def _kind(path: str, fmt: str | None) -> str:
     return "files"
 
 
-def _walk(root: str, include: Sequence[str], skip: str | None) -> list[str]:
-    """Files under ``root`` (relative POSIX paths, sorted), matching one of ``include``
-    (all when empty), outside ``skip`` (the output folder)."""
+def _walk(root: str, include: Sequence[str], skip: str | None) -> list[tuple[str, int]]:
+    """Regular files under ``root`` (following links), as (relative POSIX path, size),
+    sorted by path, matching one of ``include`` (all when empty), outside ``skip`` (the
+    output folder). One ``stat`` per file."""
     out = []
+    cut = len(root.rstrip(os.sep)) + 1
     for d, dirs, names in os.walk(root):
         if skip is not None and os.path.abspath(d) == skip:
             dirs[:] = []
             continue
         for n in names:
             full = os.path.join(d, n)
-            if os.path.isfile(full):
-                rel = os.path.relpath(full, root).replace(os.sep, "/")
-                if not include or any(fnmatch.fnmatchcase(rel, p) for p in include):
-                    out.append(rel)
+            rel = full[cut:] if os.sep == "/" else full[cut:].replace(os.sep, "/")
+            if include and not any(fnmatch.fnmatchcase(rel, p) for p in include):
+                continue
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue  # a dangling link: no file there
+            if stat.S_ISREG(st.st_mode):
+                out.append((rel, st.st_size))
     return sorted(out)
 
 
@@ -204,11 +212,14 @@ def list_items(
                     )
                 name, files = base, len(m["shards"])
             else:
-                rels = _walk(root, include, output)
-                for rel in rels:
-                    p = os.path.join(root, rel)
-                    items += _file_items("files" if fmt is None else fmt, p, f"{base}/{rel}", columns, chunk)
-                name, files = base, len(rels)
+                found = _walk(root, include, output)
+                for rel, size in found:
+                    p, what = os.path.join(root, rel), f"{base}/{rel}"
+                    if fmt in (None, "files"):  # the common case, 100,000s of files: no second stat
+                        items.append(Item("file", p, what, 0, size, size))
+                    else:
+                        items += _file_items(fmt, p, what, columns, chunk)
+                name, files = base, len(found)
         elif os.path.isfile(given):
             items += _file_items(_kind(given, fmt), os.path.abspath(given), os.path.basename(given), columns, chunk)
             name, files = os.path.basename(given), 1

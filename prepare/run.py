@@ -154,9 +154,35 @@ def _pool_init(job_bytes: bytes, q: Any) -> None:
     _JOB, _QUEUE = pickle.loads(job_bytes), q
 
 
+class _Batched:
+    """Progress sent to the parent at most every ``interval`` seconds (one queue message
+    per file would cost as much as preparing the file)."""
+
+    def __init__(self, q: Any, interval: float = 0.25) -> None:
+        self.q, self.interval = q, interval
+        self.nbytes = self.records = 0
+        self.last = time.monotonic()
+
+    def __call__(self, nbytes: int, records: int) -> None:
+        self.nbytes += nbytes
+        self.records += records
+        if time.monotonic() - self.last >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.nbytes or self.records:
+            self.q.put((self.nbytes, self.records))
+        self.nbytes = self.records = 0
+        self.last = time.monotonic()
+
+
 def _pool_task(index: int) -> dict[str, Any]:
     assert _JOB is not None
-    return _shards.write_shard(_JOB, index, lambda b, r: _QUEUE.put((b, r)))
+    report = _Batched(_QUEUE)
+    try:
+        return _shards.write_shard(_JOB, index, report)
+    finally:
+        report.flush()
 
 
 def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Progress) -> list[dict[str, Any]]:
@@ -377,6 +403,7 @@ def prepare(
     field: str | None = None,
     columns: Sequence[str] = (),
     include: Sequence[str] = (),
+    compression: str = _shards.COMPRESSION,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Convert ``inputs`` to ArrayRecord shards of about ``shard_size`` bytes in the
@@ -402,7 +429,9 @@ def prepare(
     every node). The output is byte-identical in every case and for any output
     folder. ``skip_errors`` skips records that cannot be read or mapped, counted
     in the manifest, instead of raising :class:`PrepareError` naming the file and
-    line. See :mod:`quern.prepare.run` for restarts."""
+    line. ``compression``: each record's (``zstd:N``, ``brotli:N``, ``snappy`` or
+    ``uncompressed``; ``snappy`` and ``uncompressed`` read faster, ``zstd`` is smaller).
+    ``progress``: draw a bar (default: when stderr is a terminal). See :mod:`quern.prepare.run` for restarts."""
     output = os.path.abspath(os.fspath(output))
     given = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
     if not given:
@@ -413,6 +442,7 @@ def prepare(
         raise ValueError("prepare: 'length' is always in the metadata, and 'record' names the record: not fields")
     if workers is not None and (not isinstance(workers, int) or workers < 0):
         raise ValueError(f"prepare: workers must be an int >= 0, got {workers!r}")
+    options_text = _shards.writer_options(compression)
     spec = map if isinstance(map, str) else None
     fn = resolve_map(map) if isinstance(map, str) else map
     if fn is not None and not callable(fn):
@@ -434,7 +464,7 @@ def prepare(
         "include": list(include),
         "format": format,
         "skip_errors": bool(skip_errors),
-        "writer_options": _shards.WRITER_OPTIONS,
+        "writer_options": options_text,
     }
     job_key = fingerprint_of(
         {"version": prepared.VERSION, "items": _inputs.describe_inputs(items), "map": map_desc, "options": options}
@@ -462,7 +492,7 @@ def prepare(
         shutil.rmtree(os.path.join(output, prepared.STAGING), ignore_errors=True)  # killed after the manifest
         _remove_temporaries(output)
         return m
-    job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors))
+    job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors), options_text)
     kept: dict[str, dict[str, Any]] = {}
     if os.path.exists(plan_path):
         try:

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,20 @@ from .inputs import Item, Rec, as_record, read_item, where_of
 __all__ = ["Job", "expansion", "plan_shards", "write_shard", "shard_names", "sidecar_path", "tmp_dir"]
 
 WRITER_OPTIONS = "group_size:1,max_parallelism:1"  # one record per chunk: random access reads one record
+COMPRESSION = "zstd:1"  # measured on stdlib text: 2.4x zstd:3's writes, 1.1x its reads, 1.07x its size
+_COMPRESSION = re.compile(r"uncompressed|snappy|zstd(:(-?[0-9]|1[0-9]|2[0-2]))?|brotli(:([0-9]|1[01]))?")
+
+
+def writer_options(compression: str) -> str:
+    """The ArrayRecord writer's options for ``compression`` (``zstd:N``, ``brotli:N``,
+    ``snappy`` or ``uncompressed``); a ``ValueError`` names a bad one."""
+    if not isinstance(compression, str) or not _COMPRESSION.fullmatch(compression):
+        raise ValueError(
+            f"prepare: compression must be zstd[:LEVEL], brotli[:LEVEL], snappy or uncompressed, got {compression!r}"
+        )
+    return f"{WRITER_OPTIONS},{compression}"
+
+
 _SAMPLE_ITEMS, _SAMPLE_RECORDS = 16, 8
 
 
@@ -40,7 +55,7 @@ class Job:
     jsonl_field: str | None
     columns: tuple[str, ...]
     skip_errors: bool
-    writer_options: str = WRITER_OPTIONS
+    writer_options: str = f"{WRITER_OPTIONS},{COMPRESSION}"
 
 
 def shard_names(count: int) -> list[str]:

@@ -641,3 +641,22 @@ def test_a_shard_is_closed_before_the_item_that_would_take_it_over_its_size():
     ]
     assert plan_shards([10, 100, 10, 10], 35, 1.0) == [(0, 1), (1, 2), (2, 4)]  # a bigger item alone
     assert plan_shards([5], 35, 1.0) == [(0, 1)]
+
+
+def test_compression_changes_the_bytes_not_the_records(tmp_path):
+    docs = tmp_path / "docs"
+    text = b"".join(b"line %d of a compressible file\n" % i for i in range(400))
+    for i in range(20):
+        (docs / f"{i:02d}.txt").parent.mkdir(exist_ok=True)
+        (docs / f"{i:02d}.txt").write_bytes(text)
+    sizes = {}
+    for c in ("zstd:1", "snappy", "uncompressed"):
+        m = prepare(docs, tmp_path / c.replace(":", ""), compression=c, workers=0, progress=False)
+        assert m["options"]["writer_options"].endswith(c)
+        assert _records(tmp_path / c.replace(":", "")) == [text] * 20
+        sizes[c] = sum(s["bytes"] for s in m["shards"])
+    assert sizes["uncompressed"] >= 20 * len(text) > sizes["zstd:1"]
+    for bad in ("zstd:99", "gzip", "", "snappy,group_size:9"):
+        with pytest.raises(ValueError, match="compression"):
+            prepare(docs, tmp_path / "bad", compression=bad, workers=0, progress=False)
+    assert not (tmp_path / "bad").exists()
