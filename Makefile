@@ -40,6 +40,7 @@ bench: install
 	$(PY) benchmarks/handover.py
 	$(PY) benchmarks/mixture.py
 	$(PY) benchmarks/packing.py
+	$(PY) benchmarks/prepare.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

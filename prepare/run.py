@@ -423,8 +423,9 @@ def prepare(
     stored as a record in list order (a document cut into chunks). Without a map the fields are
     read from the JSON objects or Parquet columns.
 
-    ``workers``: 0 writes the shards in this process, N in N processes (default:
-    the CPU count); ``ray=True`` writes them as Ray tasks (a new local cluster,
+    ``workers``: 0 writes the shards in this process, N in N spawned processes
+    (default: the CPU count; in a script, call ``prepare`` under ``if __name__ ==
+    "__main__":``, as for any spawned process); ``ray=True`` writes them as Ray tasks (a new local cluster,
     or the one at ``ray_address``; the input and output folders must be seen by
     every node). The output is byte-identical in every case and for any output
     folder. ``skip_errors`` skips records that cannot be read or mapped, counted
