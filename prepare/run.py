@@ -218,6 +218,15 @@ def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Pr
             try:
                 for f in concurrent.futures.as_completed(futures):
                     out.append(f.result())
+            except concurrent.futures.process.BrokenProcessPool as e:
+                for f in futures:
+                    f.cancel()
+                lost = [job.names[i] for i, f in zip(todo, futures) if not f.done() or f.exception() is not None]
+                raise PrepareError(
+                    f"prepare: a worker process died (killed, or its map ended the process) while writing one of "
+                    f"{lost[:3]}{'...' if len(lost) > 3 else ''}; the finished shards are kept: run the same "
+                    "prepare again to complete it"
+                ) from e
             except BaseException:
                 for f in futures:
                     f.cancel()

@@ -637,3 +637,26 @@ def test_an_unfinished_prepare_of_another_job_beside_other_files_is_refused_unto
         prepare(docs, out, workers=0, progress=False)
     assert (out / "shard-00002-of-00003.array_record").read_bytes() == b"of the other job"
     assert (out / "notes.txt").read_text() == "mine" and (out / ".quern-prepare" / "plan.json").exists()
+
+
+def test_a_worker_process_that_dies_is_a_clear_error_and_a_rerun_completes(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(30):
+        (docs / f"{i:02d}.txt").write_bytes(b"record %d " % i * 200)
+    (tmp_path / "dies.py").write_text(
+        "import multiprocessing, os\n\ndef f(b):  # dies in a worker (the parent maps a sample first)\n"
+        "    if b.startswith(b'record 17 ') and os.environ.get('DIE') == '1' and multiprocessing.parent_process():\n"
+        "        os._exit(3)\n    return b\n"
+    )
+    env = dict(os.environ, DIE="1")
+    out = tmp_path / "out"
+    args = (docs, "--output", out, "--map", "dies:f", "--workers", "2", "--shard-size", "8KB")
+    died = run_prepare(*args, cwd=tmp_path, env=env, timeout=120)
+    assert died.returncode == 1, died.stderr
+    assert "a worker process died" in died.stderr and "run the same prepare again" in died.stderr
+    assert not (out / "manifest.json").exists()
+    again = run_prepare(*args, cwd=tmp_path, env=dict(os.environ, DIE="0"), timeout=120)
+    assert again.returncode == 0, again.stderr
+    src = ArrayRecordSource(str(out))
+    assert [bytes(r) for r in src.read_many(np.arange(len(src)))] == [b"record %d " % i * 200 for i in range(30)]
