@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cache import ShardCache, is_url
 from ..errors import SourceError
 from . import prepared
 from .base import (
@@ -32,7 +33,12 @@ class ArrayRecordSource(Source):
     idle readers open.
 
     ``paths`` may also be a folder written by ``quern prepare`` (or its
-    ``manifest.json``; alone, or as the one item of a list): the source reads the shards its manifest names, in
+    ``manifest.json``; alone, or as the one item of a list), or the URL of one
+    (``http(s)://``, ``s3://``, ``gs://``, ``file://``: what fsspec opens): its
+    manifest is read at once, each shard is fetched whole into ``cache`` (a
+    :class:`~quern.pipeline.cache.ShardCache`; default: under ``~/.cache/quern``
+    or ``$QUERN_CACHE_DIR``) when first read, verified against the manifest's
+    size and SHA-256, and kept in use (never evicted) while a reader has it open: the source reads the shards its manifest names, in
     order, after checking that each is there with its size and record count
     (:func:`~quern.pipeline.sources.prepared.open_manifest`); a folder without a
     complete manifest is refused, naming what is missing. ``manifest`` is then the
@@ -57,16 +63,22 @@ class ArrayRecordSource(Source):
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         name: str | None = None,
         max_open_files: int = 256,
+        cache: ShardCache | None = None,
     ):
         self.folder: str | None = None
         self.manifest: dict[str, Any] | None = None
         self._metadata: dict[str, np.ndarray] | None = None
+        self.cache: ShardCache | None = None
+        self.urls: list[str] | None = None
         if isinstance(paths, (str, os.PathLike)):
             one: str | None = os.fspath(paths)
         else:
             one = os.fspath(paths[0]) if len(paths) == 1 else None
         if one is not None and os.path.basename(one) == prepared.MANIFEST and os.path.isfile(one):
             one = os.path.dirname(one) or "."
+        if one is not None and is_url(one):
+            self._open_remote(one, name, max_open_files, cache)
+            return
         if one is not None and os.path.isdir(one):
             self.folder = os.path.abspath(one)
             self.manifest = prepared.open_manifest(self.folder)
@@ -77,7 +89,7 @@ class ArrayRecordSource(Source):
             default = os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
         self.name = name or default
         self._pool = HandlePool(max_open_files)
-        self._files = FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
+        self._files: FileStats | None = FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
         counts = []
         for i in range(len(self.paths)):
             reader = self._reader(i)
@@ -93,9 +105,47 @@ class ArrayRecordSource(Source):
                     )
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
+    def _open_remote(self, url: str, name: str | None, max_open_files: int, cache: ShardCache | None) -> None:
+        """A prepared folder at ``url`` (its folder or its ``manifest.json``): the manifest is
+        read (not cached), the shards are fetched into ``cache`` when first read."""
+        import json
+
+        import fsspec
+
+        base = url[: -len(prepared.MANIFEST)].rstrip("/") if url.endswith("/" + prepared.MANIFEST) else url.rstrip("/")
+        murl = f"{base}/{prepared.MANIFEST}"
+        try:
+            with fsspec.open(murl, "rb") as f:
+                self.manifest = prepared.check_manifest(json.loads(f.read()), murl)
+        except FileNotFoundError as e:
+            raise SourceError(
+                f"ArrayRecordSource: {murl} does not exist: {base} is not a folder written by quern prepare, or its prepare did not finish"
+            ) from e
+        except (OSError, ValueError) as e:
+            raise SourceError(f"ArrayRecordSource: cannot read {murl}: {e}") from e
+        self.folder = base
+        self.cache = cache if cache is not None else ShardCache()
+        self.urls = [f"{base}/{s['file']}" for s in self.manifest["shards"]]
+        self.paths = list(self.urls)
+        self.name = name or base.rsplit("/", 1)[-1] or "prepared"
+        self._pool = HandlePool(max_open_files)
+        self._files = None
+        self.counts = np.asarray([s["records"] for s in self.manifest["shards"]], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    def local_path(self, file_index: int) -> str:
+        """Where file ``file_index`` is read from: its path, or for a URL its copy in the cache
+        (fetched first if missing, verified against the manifest's size and SHA-256)."""
+        if self.urls is None or self.cache is None or self.manifest is None:
+            return self.paths[file_index]
+        s = self.manifest["shards"][file_index]
+        return self.cache.get(self.urls[file_index], s["bytes"], s["sha256"])
+
     def _reader(self, file_index: int) -> Any:
         """A reader of file ``file_index`` for this thread's exclusive use; give it back to ``self._pool``."""
         r = self._pool.take(file_index)
+        if r is None and self.urls is not None:
+            return self._remote_reader(file_index)
         if r is None:
             from array_record.python import array_record_module
 
@@ -107,16 +157,30 @@ class ArrayRecordSource(Source):
                     r.read([0])  # the reader keeps the failure status: reading raises it
                     raise SourceError("reader is not ok")
             except Exception as e:
-                if counts is not None:  # opened before: a change is the cause to report
+                if counts is not None and self._files is not None:  # opened before: a change is the cause
                     self._files.check(file_index)
                 raise SourceError(f"ArrayRecordSource: cannot open {path!r}: {e}") from e
             if counts is not None and r.num_records() != counts[file_index]:
-                self._files.check(file_index)
+                if self._files is not None:
+                    self._files.check(file_index)
                 raise SourceError(
                     f"ArrayRecordSource: {path!r} now holds {r.num_records()} records, not the "
                     f"{int(counts[file_index])} it held when the source opened it; open a new source to read it"
                 )
         return r
+
+    def _remote_reader(self, file_index: int) -> Any:
+        from array_record.python import array_record_module
+
+        assert self.cache is not None
+        path = self.local_path(file_index)
+        pin = self.cache.pin(self.urls[file_index])  # type: ignore[index]
+        try:
+            r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
+        except Exception as e:
+            pin.close()
+            raise SourceError(f"ArrayRecordSource: cannot open the cached copy of {self.paths[file_index]}: {e}") from e
+        return _Pinned(r, pin)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -131,13 +195,15 @@ class ArrayRecordSource(Source):
             try:
                 records = reader.read(local)
             except Exception as e:
-                self._files.check(f)  # a change is the cause to report (the reader is dropped)
+                if self._files is not None:
+                    self._files.check(f)  # a change is the cause to report (the reader is dropped)
                 self._pool.give(f, reader)
                 raise SourceError(
                     f"ArrayRecordSource: reading records {local[:8]}{'...' if len(local) > 8 else ''} "
                     f"of {self.paths[f]!r} failed: {e}"
                 ) from e
-            self._files.check(f)  # after the read: what it returned came from the file the source opened
+            if self._files is not None:  # cached remote files are verified when fetched and never rewritten
+                self._files.check(f)  # after the read: what it returned came from the file the source opened
             self._pool.give(f, reader)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
@@ -152,6 +218,17 @@ class ArrayRecordSource(Source):
             raise ValueError(
                 f"ArrayRecordSource {self.name!r} has no metadata: it reads files, not a folder written by quern prepare"
             )
+        if self._metadata is None and self.urls is not None and self.cache is not None:  # remote: via the cache
+            folder = os.path.join(self.cache.folder, "metadata-" + self.manifest["job"])
+            os.makedirs(os.path.join(folder, "metadata"), exist_ok=True)
+            for spec in self.manifest["metadata"].values():
+                local = self.cache.get(f"{self.folder}/{spec['file']}", sha256=spec["sha256"])
+                target = os.path.join(folder, spec["file"])
+                if not os.path.exists(target):  # the metadata folder's layout, linked to the cached files
+                    tmp = f"{target}.{os.getpid()}.tmp"
+                    os.link(local, tmp)
+                    os.replace(tmp, target)
+            self._metadata = prepared.load_metadata(folder, self.manifest)
         if self._metadata is None:
             self._metadata = prepared.load_metadata(self.folder, self.manifest)
         return self._metadata
@@ -172,3 +249,19 @@ class ArrayRecordSource(Source):
             ]
             return {**super().identity(), "files": shards}
         return {**super().identity(), "files": file_identity(self.paths, self.counts)}
+
+
+class _Pinned:
+    """A reader of a cached file that keeps the file in use (never evicted) while it is open."""
+
+    def __init__(self, reader: Any, pin: Any) -> None:
+        self.reader, self.pin = reader, pin
+
+    def read(self, ids: list[int]) -> list[bytes]:
+        return self.reader.read(ids)
+
+    def num_records(self) -> int:
+        return self.reader.num_records()
+
+    def __del__(self) -> None:
+        self.pin.close()

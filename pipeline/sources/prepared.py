@@ -41,7 +41,17 @@ import numpy as np
 
 from ..errors import SourceError
 
-__all__ = ["MANIFEST", "STAGING", "VERSION", "file_sha256", "is_prepared", "load_metadata", "open_manifest", "verify"]
+__all__ = [
+    "MANIFEST",
+    "STAGING",
+    "VERSION",
+    "check_manifest",
+    "file_sha256",
+    "is_prepared",
+    "load_metadata",
+    "open_manifest",
+    "verify",
+]
 
 MANIFEST = "manifest.json"
 STAGING = ".quern-prepare"  # where an unfinished prepare keeps its plan, finished shards' records and temporaries
@@ -65,10 +75,11 @@ def is_prepared(path: str | os.PathLike) -> bool:
     return os.path.isdir(p) and (os.path.exists(os.path.join(p, MANIFEST)) or os.path.exists(os.path.join(p, STAGING)))
 
 
-def _inside(folder: str, name: Any, what: str) -> str:
+def _inside(folder: str, name: Any, what: str, manifest: str | None = None) -> str:
     """``folder/name`` for a manifest's relative file name; anything that leaves the folder is refused."""
     if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
-        raise SourceError(f"{os.path.join(folder, MANIFEST)!r}: {what} {name!r} is not a file name inside the folder")
+        where = manifest or os.path.join(folder, MANIFEST)
+        raise SourceError(f"{where!r}: {what} {name!r} is not a file name inside the folder")
     return os.path.join(folder, name)
 
 
@@ -88,18 +99,9 @@ def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise SourceError(f"{folder!r} has no {MANIFEST}: it is not a folder written by quern prepare")
     try:
         with open(path, "rb") as f:
-            m = json.loads(f.read())
+            m = check_manifest(json.loads(f.read()), path)
     except (OSError, ValueError) as e:
         raise SourceError(f"{path!r}: cannot read the manifest: {e}") from e
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise SourceError(f"{path!r} is not a quern prepare manifest (format {FORMAT!r})")
-    if m.get("version") != VERSION:
-        raise SourceError(f"{path!r} has version {m.get('version')!r}; this quern reads version {VERSION}")
-    missing = [k for k in _KEYS if k not in m]
-    if missing:
-        raise SourceError(f"{path!r} is incomplete: it lacks {missing}")
-    if not m["shards"]:
-        raise SourceError(f"{path!r} names no shard")
     for s in m["shards"]:
         file = _inside(folder, s.get("file"), "shard")
         if not os.path.exists(file):
@@ -114,6 +116,28 @@ def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         file = _inside(folder, spec.get("file"), f"metadata field {field!r}")
         if not os.path.exists(file):
             raise SourceError(f"{folder!r}: metadata file {spec['file']!r} (field {field!r}) is missing")
+    return m
+
+
+def check_manifest(m: Any, path: str) -> dict[str, Any]:
+    """``m`` (a parsed manifest read from ``path``, a file or a URL) checked for its form:
+    format, version, every key, shards and metadata files named inside the folder.
+    Raises :class:`SourceError` naming what is wrong."""
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise SourceError(f"{path!r} is not a quern prepare manifest (format {FORMAT!r})")
+    if m.get("version") != VERSION:
+        raise SourceError(f"{path!r} has version {m.get('version')!r}; this quern reads version {VERSION}")
+    missing = [k for k in _KEYS if k not in m]
+    if missing:
+        raise SourceError(f"{path!r} is incomplete: it lacks {missing}")
+    if not m["shards"]:
+        raise SourceError(f"{path!r} names no shard")
+    for s in m["shards"]:
+        _inside("", s.get("file"), "shard", path)
+        if not isinstance(s.get("bytes"), int) or not isinstance(s.get("records"), int) or "sha256" not in s:
+            raise SourceError(f"{path!r}: shard {s.get('file')!r} lacks its bytes, records or sha256")
+    for field, spec in m["metadata"].items():
+        _inside("", spec.get("file"), f"metadata field {field!r}", path)
     return m
 
 

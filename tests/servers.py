@@ -1,0 +1,311 @@
+"""Servers the tests start themselves on 127.0.0.1, each private to the test that starts it.
+
+nginx (``make services`` installs it with apt-get; without it the tests marked ``needs_nginx`` skip,
+saying so)::
+
+    @needs_nginx
+    def test_read(tmp_path):
+        (tmp_path / "a.bin").write_bytes(b"...")
+        with nginx(tmp_path, limit_rate="1m") as srv:
+            urllib.request.urlopen(srv.url + "/a.bin").read()
+            srv.stop()  # the server goes away: connections are refused (and transfers cut) ...
+            srv.start()  # ... and it comes back on the same port
+            srv.requests()  # what it served, from its access log
+
+The folder ``root`` is served read-only as static files (GET and HEAD; nginx's defaults: an ETag,
+Last-Modified, Range requests answered 206, a missing file 404). Every server has its own
+configuration, pid file, temp and log paths in a temporary folder, and is one nginx process
+(``master_process off``) run in the foreground as a child of the test; leaving the ``with`` stops it
+(SIGTERM, then SIGKILL) and removes that folder. Where ``setpriv`` is there (util-linux) the process
+also gets SIGTERM when the thread that started it dies (a killed pytest leaves no nginx behind).
+
+``limit_rate`` (bytes per second per request, an int or nginx's size such as ``"512k"`` or ``"50m"``,
+where k = 1024 and m = 1024**2) emulates a slow link. nginx sends the first second's worth of bytes at
+once, then after each write waits as long as that write takes at the rate: ``n`` bytes take about
+``n / rate - 1`` seconds (3 MiB at ``"1m"``: 2.0 s). Its clock counts whole seconds, so rarely a
+transfer takes up to a second less: a test may count on no more than ``n / rate - 2``. A stop() in the
+meantime cuts the transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+
+def _find_nginx() -> str | None:
+    # /usr/sbin is often not on a non-root PATH
+    for path in (shutil.which("nginx"), "/usr/sbin/nginx", "/usr/local/sbin/nginx"):
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+NGINX: str | None = _find_nginx()
+NGINX_MISSING = "nginx is not installed (make services installs it with apt-get)"
+needs_nginx = pytest.mark.skipif(NGINX is None, reason=NGINX_MISSING)
+
+START_TIMEOUT = 10.0  # seconds for nginx to accept connections
+STOP_TIMEOUT = 5.0  # seconds after SIGTERM before SIGKILL
+
+_SETPRIV = shutil.which("setpriv")
+
+
+@functools.cache
+def _nginx_build(nginx: str) -> tuple[tuple[int, ...], str]:
+    """nginx's version and its configure arguments (``nginx -V``)."""
+    out = subprocess.run([nginx, "-V"], capture_output=True, text=True, timeout=10).stderr
+    m = re.search(r"nginx/(\d+(?:\.\d+)*)", out)
+    return (tuple(int(x) for x in m.group(1).split(".")) if m else (0,)), out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _quote(path: str) -> str:
+    if "$" in path:  # nginx would read a variable there
+        raise ValueError(f"nginx cannot serve a path with '$' in it: {path!r}")
+    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _rate(limit_rate: int | str | None) -> str | None:
+    if limit_rate is None:
+        return None
+    text = str(limit_rate).strip()
+    if isinstance(limit_rate, bool) or not re.fullmatch(r"[0-9]+[kKmM]?", text) or not re.search(r"[1-9]", text):
+        raise ValueError(f"limit_rate is bytes per second > 0, an int or such as '512k' or '50m', not {limit_rate!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request nginx answered (a line of its access log, written when the response is done)."""
+
+    method: str
+    path: str  # as the client sent it, query included
+    status: int
+    sent: int  # body bytes sent
+    range: str | None  # the Range header, None without one
+
+
+class Nginx:
+    """One private nginx serving ``root``; see the module's text. ``start()`` and ``stop()`` may be
+    called any number of times; the port stays the same. ``limit_rate`` may be changed between a
+    ``stop()`` and a ``start()``."""
+
+    def __init__(self, root: str | os.PathLike[str], limit_rate: int | str | None = None, port: int | None = None):
+        if NGINX is None:
+            raise RuntimeError(NGINX_MISSING)
+        self.root = os.path.abspath(root)
+        if not os.path.isdir(self.root):
+            raise NotADirectoryError(self.root)
+        _quote(self.root)  # a '$' in it: ValueError now, not at start()
+        self.limit_rate = limit_rate
+        _rate(limit_rate)
+        self._fixed_port = port is not None
+        self.port = port if port is not None else _free_port()
+        self.dir = tempfile.mkdtemp(prefix="quern-nginx-")
+        self.conf = os.path.join(self.dir, "nginx.conf")
+        self.pid_file = os.path.join(self.dir, "nginx.pid")
+        self.error_log = os.path.join(self.dir, "error.log")
+        self.access_log = os.path.join(self.dir, "access.log")
+        self.output = os.path.join(self.dir, "output.log")  # nginx's stdout and stderr
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The nginx process's id while it runs, else None."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def config(self) -> str:
+        """The nginx.conf that start() writes."""
+        assert NGINX is not None
+        build = _nginx_build(NGINX)[1]
+        temp = [f"client_body_temp_path {_quote(os.path.join(self.dir, 'client_body'))};"]
+        for module in ("proxy", "fastcgi", "uwsgi", "scgi"):  # the modules nginx was built without have no directive
+            if f"--without-http_{module}_module" not in build:
+                temp.append(f"{module}_temp_path {_quote(os.path.join(self.dir, module))};")
+        rate = _rate(self.limit_rate)
+        lines = [
+            "daemon off;",
+            "master_process off;",
+            f"pid {_quote(self.pid_file)};",
+            f"error_log {_quote(self.error_log)} warn;",
+            "events { worker_connections 1024; }",
+            "http {",
+            "    default_type application/octet-stream;",
+            "    sendfile on;",
+            *("    " + t for t in temp),
+            "    log_format quern '$request_method\\t$request_uri\\t$status\\t$body_bytes_sent\\t$http_range';",
+            f"    access_log {_quote(self.access_log)} quern;",
+            "    server {",
+            f"        listen 127.0.0.1:{self.port};",
+            f"        root {_quote(self.root)};",
+            *([f"        limit_rate {rate};"] if rate else []),
+            "    }",
+            "}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        """Start nginx and wait until its port accepts connections (else RuntimeError with its error log)."""
+        if self.pid is not None:
+            raise RuntimeError(f"nginx is already running at {self.url}")
+        for attempt in range(3):
+            try:
+                self._start_once()
+                break
+            except _PortTaken:
+                if self._fixed_port or self._started or attempt == 2:
+                    raise
+                self.port = _free_port()  # another process took the free port picked: pick another
+        self._started = True
+
+    def _start_once(self) -> None:
+        nginx = NGINX
+        assert nginx is not None
+        with open(self.conf, "w") as f:
+            f.write(self.config())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pid_file)  # left by a SIGKILL; nginx writes it once it listens
+        log_from = {p: _size(p) for p in (self.error_log, self.output)}
+        cmd = [nginx, "-p", self.dir + os.sep, "-c", self.conf]
+        if _nginx_build(nginx)[0] >= (1, 19, 5):
+            cmd += ["-e", self.error_log]  # before the config is read too, not the built-in /var/log/nginx
+        if _SETPRIV:
+            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
+        with open(self.output, "ab") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self._proc = proc
+        deadline = time.monotonic() + START_TIMEOUT
+        why = None
+        while why is None:
+            if _read_pid(self.pid_file) == proc.pid and _accepts(self.port):
+                return
+            logs = "".join(_read_from(p, n) for p, n in log_from.items())
+            if "Address already in use" in logs:
+                self.stop()
+                raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
+            if proc.poll() is not None:
+                why = f"nginx exited with status {proc.returncode}"
+            elif time.monotonic() > deadline:
+                why = f"nginx did not accept connections on port {self.port} within {START_TIMEOUT:g} s"
+            else:
+                time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(self._failure(why, log_from))
+
+    def _failure(self, why: str, log_from: dict[str, int]) -> str:
+        logs = "\n".join(f"{os.path.basename(p)}:\n{_read_from(p, n).rstrip()}" for p, n in log_from.items())
+        return f"{why} (serving {self.root}; config {self.conf}, command {NGINX})\n{logs}"
+
+    def stop(self) -> None:
+        """Stop nginx (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses connections, and
+        transfers under way are cut. Nothing to do when it is not running."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def requests(self) -> list[Request]:
+        """The requests answered so far (since the first start), oldest first."""
+        found = []
+        try:
+            with open(self.access_log, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    method, path, status, sent, range_ = line.rstrip("\n").split("\t")
+                    found.append(Request(method, path, int(status), int(sent), None if range_ == "-" else range_))
+        except FileNotFoundError:
+            pass
+        return found
+
+    def close(self) -> None:
+        """stop(), and remove the temporary folder."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Nginx:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.pid is not None else "stopped"
+        return f"<Nginx {self.url} serving {self.root}, {state}>"
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def nginx(
+    root: str | os.PathLike[str], limit_rate: int | str | None = None, port: int | None = None
+) -> Iterator[Nginx]:
+    """A private nginx serving the folder ``root`` read-only at ``.url`` (http://127.0.0.1:PORT, a free
+    port unless ``port`` is given), started, and stopped on exit with no process of it left. Skips the
+    test where nginx is not installed."""
+    if NGINX is None:
+        pytest.skip(NGINX_MISSING)
+    with Nginx(root, limit_rate=limit_rate, port=port) as server:
+        server.start()
+        yield server
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
