@@ -16,7 +16,8 @@ opens) is fetched whole into the cache folder (default
   is removed when the cache is next opened (or by the next download of it);
   a partial file is never seen under its final name.
 - **Retries**: a connection that fails or breaks is tried again with
-  exponential backoff (:data:`RETRIES` times from 0.5 s), then a
+  exponential backoff (``retries``, default :data:`RETRIES`, times from
+  ``backoff`` = 0.5 s), then a
   :class:`SourceError` names the URL; a missing file (404) is not retried.
 - **Capped**: after a download, files are evicted until the cache holds at
   most ``capacity`` bytes: by default the least recently used first, or by the
@@ -88,12 +89,15 @@ class ShardCache:
         folder: str | os.PathLike | None = None,
         capacity: int | None = None,
         next_use: Callable[[str], float] | None = None,
+        retries: int = RETRIES,
+        backoff: float = 0.5,
     ) -> None:
         self.folder = os.path.abspath(os.fspath(folder)) if folder is not None else default_folder()
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"ShardCache: capacity must be a positive number of bytes or None, got {capacity!r}")
         self.capacity = capacity
         self.next_use = next_use
+        self.retries, self.backoff = int(retries), float(backoff)
         self.stats = {"hits": 0, "misses": 0, "bytes_fetched": 0, "evictions": 0, "retries": 0}
         self._lock = threading.Lock()
         self._ready = False
@@ -144,6 +148,10 @@ class ShardCache:
             with self._lock:
                 self.stats["hits"] += 1
             return final
+        try:
+            os.makedirs(self.folder, exist_ok=True)  # deleted while running: made again
+        except OSError as e:
+            raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
         with _flock(final + ".lock", fcntl.LOCK_EX):
             if os.path.exists(final):  # another process fetched it while this one waited
                 self._touch(final)
@@ -177,8 +185,8 @@ class ShardCache:
         the ETag checked to be the same after the download (the file did not change meanwhile)."""
         import fsspec
 
-        delay = 0.5
-        for attempt in range(RETRIES + 1):
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
             try:
                 fs, path = fsspec.core.url_to_fs(url)
                 info = fs.info(path)
@@ -198,17 +206,21 @@ class ShardCache:
                 server_size = info.get("size")
                 return (int(server_size) if server_size is not None else None), (str(etag) if etag else None)
             except FileNotFoundError as e:
-                raise SourceError(f"{url}: not found on the server (404)") from e
+                if not _unreachable(e):
+                    raise SourceError(f"{url}: not found on the server (404)") from e
+                if attempt == self.retries:
+                    reason = e.__cause__ or e.__context__
+                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {reason}") from e
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     raise SourceError(f"{url}: the cache folder {self.folder!r} is full: {e}") from e
-                if attempt == RETRIES:
-                    raise SourceError(f"{url}: cannot be fetched after {RETRIES + 1} tries: {e}") from e
+                if attempt == self.retries:
+                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
             except Exception as e:  # aiohttp's and the server's errors
                 if "404" in str(e) or "Not Found" in str(e):
                     raise SourceError(f"{url}: not found on the server (404)") from e
-                if attempt == RETRIES:
-                    raise SourceError(f"{url}: cannot be fetched after {RETRIES + 1} tries: {e}") from e
+                if attempt == self.retries:
+                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
             with self._lock:
                 self.stats["retries"] += 1
             time.sleep(delay)
@@ -238,10 +250,11 @@ class ShardCache:
         return _Pin(fd)
 
     def __getstate__(self) -> dict:
-        return {"folder": self.folder, "capacity": self.capacity, "next_use": self.next_use}
+        keys = ("folder", "capacity", "next_use", "retries", "backoff")
+        return {k: getattr(self, k) for k in keys}
 
     def __setstate__(self, d: dict) -> None:
-        ShardCache.__init__(self, d["folder"], d["capacity"], d["next_use"])
+        ShardCache.__init__(self, **d)
 
     @contextlib.contextmanager
     def use(self, url: str) -> Iterator[str]:
@@ -298,6 +311,15 @@ class ShardCache:
                         self.stats["evictions"] += 1
             finally:
                 os.close(fd)
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether fsspec's ``FileNotFoundError`` hides a connection that failed (fsspec's HTTP
+    file system reports a refused or broken connection as a missing file)."""
+    cause = e.__cause__ or e.__context__
+    return cause is not None and (
+        isinstance(cause, (ConnectionError, TimeoutError)) or "Connect" in type(cause).__name__
+    )
 
 
 class _Pin:

@@ -1,0 +1,133 @@
+"""A prepared folder read over HTTP from a real nginx on 127.0.0.1, through the local-disk cache."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from servers import needs_nginx, nginx
+
+import quern
+from quern.pipeline.cache import ShardCache
+from quern.prepare import prepare
+
+pytestmark = needs_nginx
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A prepared folder of 60 documents in several shards; ``(served root, documents)``."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    want = [b"document %d " % i * (40 + 13 * i) for i in range(60)]
+    for i, d in enumerate(want):
+        (docs / f"{i:02d}.txt").write_bytes(d)
+    root = tmp_path / "www"
+    root.mkdir()
+    prepare(docs, root / "prep", shard_size="16KB", workers=0, progress=False)
+    return root, want
+
+
+def _shard_gets(srv) -> list[str]:
+    return [r.path for r in srv.requests() if r.method == "GET" and r.path.endswith(".array_record")]
+
+
+def test_records_over_http_equal_the_files_and_each_shard_is_fetched_once(folder, tmp_path):
+    root, want = folder
+    with nginx(root) as srv:
+        src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache"))
+        shards = len(src.paths)
+        assert shards > 2 and len(src) == 60
+        for _ in range(2):  # two shuffled passes
+            ids = np.random.default_rng(len(_shard_gets(srv))).permutation(60)
+            assert list(src.read_many(ids)) == [want[i] for i in ids]
+        again = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache"))
+        assert list(again.read_many(np.arange(60))) == want  # another source, the same cache folder: hits
+        gets = _shard_gets(srv)
+    assert sorted(gets) == sorted(f"/prep/{s['file']}" for s in src.manifest["shards"])  # once each
+
+
+def test_two_processes_on_a_slow_link_download_each_shard_once(folder, tmp_path):
+    root, want = folder
+    script = tmp_path / "reader.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, numpy as np, quern
+            from quern.pipeline.cache import ShardCache
+            src = quern.sources.ArrayRecordSource(sys.argv[1], cache=ShardCache(sys.argv[2]))
+            print(sum(len(r) for r in src.read_many(np.arange(len(src)))))
+            """
+        )
+    )
+    with nginx(root, limit_rate="200k") as srv:
+        cmd = [sys.executable, str(script), f"{srv.url}/prep", str(tmp_path / "cache")]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        gets = _shard_gets(srv)
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [int(o) for o in outs] == [sum(len(d) for d in want)] * 2
+    assert len(gets) == len(set(gets))  # one download per shard for both processes
+
+
+def test_a_server_that_stops_is_retried_then_an_error_naming_the_url_and_later_reads_work(folder, tmp_path):
+    root, want = folder
+    with nginx(root) as srv:
+        src = quern.sources.ArrayRecordSource(
+            f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache", retries=2, backoff=0.05)
+        )
+        first = list(src.read_many(np.arange(5)))  # shard 0 cached
+        srv.stop()
+        with pytest.raises(quern.SourceError, match="cannot be fetched after 3 tries") as e:
+            src.read_many(np.asarray([59]))
+        assert src.paths[-1] in str(e.value)
+        assert list(src.read_many(np.arange(5))) == first == want[:5]  # the cached shard still reads
+        srv.start()
+        assert list(src.read_many(np.asarray([59]))) == [want[59]]
+
+
+def test_a_missing_shard_is_an_error_naming_its_url(folder, tmp_path):
+    root, _ = folder
+    manifest = json.loads((root / "prep" / "manifest.json").read_text())
+    os.remove(root / "prep" / manifest["shards"][1]["file"])
+    with nginx(root) as srv:
+        src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache", retries=1))
+        start = int(src.starts[1])
+        with pytest.raises(quern.SourceError, match="not found") as e:
+            src.read_many(np.asarray([start]))
+        assert manifest["shards"][1]["file"] in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_damaged_bytes_on_the_server_are_fetched_again_once_then_an_error(folder, tmp_path, damage):
+    root, want = folder
+    manifest = json.loads((root / "prep" / "manifest.json").read_text())
+    shard = root / "prep" / manifest["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    if damage == "flipped byte":
+        data[len(data) // 3] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    shard.write_bytes(bytes(data))
+    with nginx(root) as srv:
+        cache = ShardCache(tmp_path / "cache", retries=1)
+        src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=cache)
+        with pytest.raises(quern.SourceError, match="twice") as e:
+            src.read_many(np.asarray([0]))
+        assert manifest["shards"][0]["file"] in str(e.value)
+        assert len(_shard_gets(srv)) == 2  # fetched again once
+    assert not os.path.exists(cache.path(src.paths[0]))  # nothing damaged kept under its name
+
+
+def test_the_cache_folder_deleted_while_reading_is_made_again(folder, tmp_path):
+    root, want = folder
+    import shutil
+
+    with nginx(root) as srv:
+        src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache"))
+        assert list(src.read_many(np.arange(3))) == want[:3]
+        shutil.rmtree(tmp_path / "cache")
+        assert list(src.read_many(np.asarray([59, 0]))) == [want[59], want[0]]
