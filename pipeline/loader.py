@@ -19,6 +19,7 @@ from typing import Any
 
 from . import execute
 from .index import check_int, host_rows
+from .lookahead import Lookahead
 from .workers import WorkerPool, sigint_deferred
 
 __all__ = ["PipelineIterator", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
@@ -108,6 +109,8 @@ class PipelineIterator:
                 "each worker process computes its steps on one thread"
             )
         lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
+        # remote sources: fetch the files of the next steps ahead, in the order they are read
+        self._lookahead = Lookahead(pipe, process_index, process_count) if Lookahead.wanted(pipe) else None
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif not self.num_workers:
@@ -221,6 +224,8 @@ class PipelineIterator:
         if self._end is not None and self.step >= self._end:
             self._stop_workers()  # the stream is over: free the processes now
             raise StopIteration
+        if self._lookahead is not None:
+            self._lookahead.advance(self.step)
         if self._workers is not None:
             batch = self._workers.get(self.step, stop=self._stopping)
             self.step += 1

@@ -1,5 +1,6 @@
 """A prepared folder read over HTTP from a real nginx on 127.0.0.1, through the local-disk cache."""
 
+import collections
 import json
 import os
 import subprocess
@@ -131,3 +132,38 @@ def test_the_cache_folder_deleted_while_reading_is_made_again(folder, tmp_path):
         assert list(src.read_many(np.arange(3))) == want[:3]
         shutil.rmtree(tmp_path / "cache")
         assert list(src.read_many(np.asarray([59, 0]))) == [want[59], want[0]]
+
+
+def test_a_dataset_four_times_the_cache_streams_through_it_each_shard_fetched_once_per_epoch(tmp_path):
+    """Block shuffle over whole shards, a cache of a quarter of the data: the lookahead fetches the
+    next shards in the order the steps read them and the cache evicts the one needed furthest
+    ahead, so each shard is fetched once per epoch; the batches equal the local folder's."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(64):
+        (docs / f"{i:02d}.txt").write_bytes(bytes([65 + i % 26]) * 3000 + b"%02d" % i)
+    root = tmp_path / "www"
+    root.mkdir()
+    prepare(docs, root / "prep", shard_size="12KB", workers=0, progress=False)  # 4 documents per shard
+    manifest = json.loads((root / "prep" / "manifest.json").read_text())
+    assert [s["records"] for s in manifest["shards"]] == [4] * 16
+    total = sum(s["bytes"] for s in manifest["shards"])
+
+    def pipe(src):
+        return quern.Pipeline.from_source(src, seed=5).shuffle("block", block=4, window=1).batch(1)
+
+    local = pipe(quern.sources.ArrayRecordSource(str(root / "prep")))
+    with nginx(root, limit_rate="2m") as srv:
+        cache = ShardCache(tmp_path / "cache", capacity=total // 4)
+        remote = pipe(quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=cache))
+        most = 0
+        with remote.iterator(prefetch=1, read_ahead=4) as it:  # steps computed at most 5 ahead: 2 shards
+            for step in range(128):  # two epochs
+                assert list(next(it)) == list(local.batch_at(step)), step
+                most = max(most, cache.size())
+        gets = _shard_gets(srv)
+    assert most <= total // 4  # the cap held (the files being read count in it)
+    per_shard = collections.Counter(gets)
+    assert set(per_shard) == {f"/prep/{s['file']}" for s in manifest["shards"]}
+    assert max(per_shard.values()) <= 2  # at most once per epoch (a shard read at an epoch's end and the
+    assert cache.stats["evictions"] >= 12  # next one's start is kept: Belady's rule)

@@ -57,6 +57,11 @@ class ArrayRecordSource(Source):
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+    _fetcher: Any  # remote files: the threads fetching ahead (see prefetch)
+    _fetch_lock: Any
+    _fetching: set[int]
+    _next_use: dict[str, np.ndarray]  # cache entry -> the steps of the lookahead that read it
+    now: int  # the step the iterator is at (set by its lookahead)
 
     def __init__(
         self,
@@ -89,6 +94,7 @@ class ArrayRecordSource(Source):
             default = os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "array_record"
         self.name = name or default
         self._pool = HandlePool(max_open_files)
+        self._fetch_state()
         self._files: FileStats | None = FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
         counts = []
         for i in range(len(self.paths)):
@@ -130,8 +136,66 @@ class ArrayRecordSource(Source):
         self.name = name or base.rsplit("/", 1)[-1] or "prepared"
         self._pool = HandlePool(max_open_files)
         self._files = None
+        self._fetch_state()
         self.counts = np.asarray([s["records"] for s in self.manifest["shards"]], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether :meth:`prefetch` does anything: the files are remote."""
+        return self.urls is not None
+
+    def prefetch(self, ids: np.ndarray, steps: np.ndarray, threads: int = 4) -> None:
+        """Fetch the files that records ``ids`` lie in (read at ``steps``, in order) into
+        the cache, on up to ``threads`` background threads, as far as they fit in
+        half its capacity (the other half: files being read, and room to evict), and
+        tell the cache when each is next needed (the first of its steps at or after
+        :attr:`now`; a file not among them: never): it then evicts the file needed
+        furthest ahead (Belady's rule). Files cached or being fetched are not
+        fetched again; errors surface when the records are read. Nothing for local
+        files."""
+        if self.urls is None or self.cache is None or self.manifest is None:
+            return
+        ids, steps = np.asarray(ids, dtype=np.int64), np.asarray(steps, dtype=np.int64)
+        files = np.searchsorted(self.starts, ids, side="right") - 1
+        order = files[np.sort(np.unique(files, return_index=True)[1])]
+        with self._fetch_lock:
+            if self._fetcher is None:
+                import concurrent.futures
+
+                self._fetcher = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="quern-fetch")
+                if self.cache.next_use is None:
+                    self.cache.next_use = self._next_use_of
+            self._next_use = {
+                os.path.basename(self.cache.path(self.urls[f])): np.unique(steps[files == f]) for f in order.tolist()
+            }
+            room = None if self.cache.capacity is None else 0.5 * self.cache.capacity
+            for f in order.tolist():
+                if room is not None:
+                    room -= self.manifest["shards"][f]["bytes"]
+                    if room < 0:
+                        break  # what would not fit would evict what is needed sooner
+                if f in self._fetching or os.path.exists(self.cache.path(self.urls[f])):
+                    continue
+                self._fetching.add(f)
+                self._fetcher.submit(self._fetch_one, f)
+
+    def _next_use_of(self, name: str) -> float:
+        """The step at which the cache entry ``name`` is next read (``inf``: not in the lookahead)."""
+        at = self._next_use.get(name)
+        if at is None:
+            return float("inf")
+        k = int(np.searchsorted(at, self.now))
+        return float(at[k]) if k < len(at) else float("inf")
+
+    def _fetch_one(self, f: int) -> None:
+        try:
+            self.local_path(f)
+        except Exception:  # the read that needs it fetches again and reports the error at its step
+            pass
+        finally:
+            with self._fetch_lock:
+                self._fetching.discard(f)
 
     def local_path(self, file_index: int) -> str:
         """Where file ``file_index`` is read from: its path, or for a URL its copy in the cache
@@ -169,6 +233,14 @@ class ArrayRecordSource(Source):
                 )
         return r
 
+    def _give(self, file_index: int, reader: Any) -> None:
+        """Done with ``reader``: kept for the next read of its file, or, for a cached
+        remote file, closed (its file is no longer in use and may be evicted)."""
+        if isinstance(reader, _Pinned):
+            reader.close()
+        else:
+            self._pool.give(file_index, reader)
+
     def _remote_reader(self, file_index: int) -> Any:
         from array_record.python import array_record_module
 
@@ -197,14 +269,14 @@ class ArrayRecordSource(Source):
             except Exception as e:
                 if self._files is not None:
                     self._files.check(f)  # a change is the cause to report (the reader is dropped)
-                self._pool.give(f, reader)
+                self._give(f, reader)
                 raise SourceError(
                     f"ArrayRecordSource: reading records {local[:8]}{'...' if len(local) > 8 else ''} "
                     f"of {self.paths[f]!r} failed: {e}"
                 ) from e
             if self._files is not None:  # cached remote files are verified when fetched and never rewritten
                 self._files.check(f)  # after the read: what it returned came from the file the source opened
-            self._pool.give(f, reader)
+            self._give(f, reader)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
         return out
@@ -238,8 +310,24 @@ class ArrayRecordSource(Source):
         """Whether the source is a prepared folder with a metadata index."""
         return self.manifest is not None
 
+    def _fetch_state(self) -> None:
+        import threading
+
+        self._fetcher = None
+        self._fetch_lock = threading.Lock()
+        self._fetching = set()
+        self._next_use = {}
+        self.now = 0
+
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_metadata": None}  # workers read the metadata again if they need it
+        state = {**self.__dict__, "_metadata": None}  # workers read the metadata again if they need it
+        for k in ("_fetcher", "_fetch_lock", "_fetching", "_next_use"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._fetch_state()
 
     def identity(self) -> dict:
         if self.manifest is not None:  # exact: the manifest's checksums
@@ -262,6 +350,10 @@ class _Pinned:
 
     def num_records(self) -> int:
         return self.reader.num_records()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.pin.close()
 
     def __del__(self) -> None:
         self.pin.close()

@@ -1,0 +1,87 @@
+"""Exact lookahead: fetch the remote shards that the next steps read, before they read them.
+
+Every step's records are known from the plan (pure index arithmetic), so an
+iterator at step ``s`` knows which files steps ``s .. s + K`` read, in the
+order they read them. :class:`Lookahead` hands that order to each source that
+can fetch ahead (a source with ``prefetch(ids)``, such as an ``ArrayRecordSource``
+of a URL): the source fetches the files into its disk cache on background
+threads, and tells the cache when each file is next needed, so the cache
+evicts the file needed furthest in the future (Belady's rule) instead of the
+least recently used one. Nothing here changes a byte of a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Lookahead", "records_of_steps"]
+
+LOOKAHEAD = 64  # steps
+
+
+def _leaf_source(leaf: Any) -> Any:
+    return leaf.source if getattr(leaf, "source", None) is not None else None
+
+
+def records_of_steps(
+    pipe: Any, steps: range, process_index: int = 0, process_count: int = 1
+) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+    """``[(source, ids, step)]``: the records this host's rows of ``steps`` read, per
+    source, in step order (ids may repeat), each with the step that reads it. Plain,
+    mixed and packed pipelines; a bucketed one gives ``[]`` (its reads are not planned
+    here)."""
+    if not len(steps) or getattr(pipe, "bucketing", None) is not None:
+        return []
+    end = getattr(pipe, "num_steps", None)
+    if end is not None:
+        steps = range(steps.start, min(steps.stop, end))
+        if not len(steps):
+            return []
+    per = [pipe.positions(s, process_index, process_count) for s in steps]
+    positions = np.concatenate(per)
+    if not positions.size:
+        return []
+    step_of = np.repeat(np.asarray(steps, dtype=np.int64), [len(p) for p in per])
+    leaves = pipe.leaves
+    if getattr(pipe, "packing", None) is not None:
+        src = _leaf_source(leaves[0])
+        pieces = pipe.pieces(positions)
+        return [] if src is None else [(src, pieces.ids, step_of[pieces.row])]
+    seg = pipe.segments(positions)
+    out = []
+    for k, leaf in enumerate(leaves):
+        src = _leaf_source(leaf)
+        mine = seg.component == k
+        if src is not None and mine.any():
+            out.append((src, seg.ids[mine], step_of[mine]))
+    return out
+
+
+class Lookahead:
+    """Keeps the sources' fetches ``steps`` steps ahead of an iterator (see the module docstring)."""
+
+    def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, steps: int = LOOKAHEAD) -> None:
+        self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
+        self.last: int | None = None  # the step of the last hand-over
+        leaf_sources = [_leaf_source(leaf) for leaf in pipe.leaves]
+        self.sources = [src for src in leaf_sources if getattr(src, "fetches_ahead", False)]
+
+    @staticmethod
+    def wanted(pipe: Any) -> bool:
+        """Whether ``pipe`` reads a source that fetches ahead (a remote one)."""
+        return any(getattr(_leaf_source(leaf), "fetches_ahead", False) for leaf in pipe.leaves)
+
+    def advance(self, step: int) -> None:
+        """The iterator is at ``step``: tell the sources, and every quarter of the window
+        hand them the reads of steps ``step .. step + steps`` (each fetches what fits its
+        cache, in order)."""
+        for src in self.sources:
+            src.now = step  # what was read before this step is not needed any more
+        if self.last is not None and self.last <= step < self.last + max(1, self.steps // 4):
+            return
+        window = range(step, step + self.steps)
+        for src, ids, at in records_of_steps(self.pipe, window, self.process_index, self.process_count):
+            src.prefetch(ids, at)
+        self.last = step
