@@ -670,6 +670,7 @@ class Pipeline:
         num_threads: int = 1,
         read_ahead: int | None = None,
         copy_batches: bool = False,
+        lookahead: int = 64,
     ) -> PipelineIterator:
         """An iterator yielding ``batch_at(s)`` for ``s = start_step, start_step+1, ...``.
 
@@ -684,6 +685,7 @@ class Pipeline:
             num_threads=num_threads,
             read_ahead=read_ahead,
             copy_batches=copy_batches,
+            lookahead=lookahead,
         )
 
     def resume(self, state: dict[str, Any], force: bool = False, **iterator_kwargs: Any) -> PipelineIterator:

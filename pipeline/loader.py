@@ -19,7 +19,7 @@ from typing import Any
 
 from . import execute
 from .index import check_int, host_rows
-from .lookahead import Lookahead
+from .lookahead import LOOKAHEAD, Lookahead
 from .workers import WorkerPool, sigint_deferred
 
 __all__ = ["PipelineIterator", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
@@ -56,6 +56,11 @@ class PipelineIterator:
     instead of lending the slot: one more copy per batch, but a batch you keep
     for long then holds no slot (``benchmarks/handover.py`` measures the cost).
 
+    ``lookahead`` (steps, default 64; 0: off): for sources read by URL through the
+    disk cache, the shards that the next ``lookahead`` steps read are fetched
+    ahead in that order, and the cache evicts the one needed furthest ahead
+    (see :mod:`quern.pipeline.lookahead`). It changes no byte of a batch.
+
     ``.step`` is the next step to be yielded (the step of the batch the next
     ``next()`` returns; after ``next()`` returned the batch of step ``s``, it is
     ``s + 1``), and
@@ -91,6 +96,7 @@ class PipelineIterator:
         num_threads: int = 1,
         read_ahead: int | None = None,
         copy_batches: bool = False,
+        lookahead: int = LOOKAHEAD,
     ) -> None:
         self._closed = True
         self._pid = os.getpid()  # the process it belongs to
@@ -110,7 +116,10 @@ class PipelineIterator:
             )
         lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
         # remote sources: fetch the files of the next steps ahead, in the order they are read
-        self._lookahead = Lookahead(pipe, process_index, process_count) if Lookahead.wanted(pipe) else None
+        lookahead = check_int(lookahead, "lookahead", 0)
+        self._lookahead = (
+            Lookahead(pipe, process_index, process_count, lookahead) if lookahead and Lookahead.wanted(pipe) else None
+        )
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif not self.num_workers:

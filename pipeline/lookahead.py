@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Lookahead", "records_of_steps"]
+__all__ = ["LOOKAHEAD", "Lookahead", "records_of_steps"]
 
 LOOKAHEAD = 64  # steps
 
