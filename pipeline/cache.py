@@ -267,6 +267,8 @@ class ShardCache:
     def size(self) -> int:
         """Bytes of the files in the cache."""
         total = 0
+        if not os.path.isdir(self.folder):
+            return 0
         for n in os.listdir(self.folder):
             if not n.endswith((".lock", ".use", ".part")):
                 with contextlib.suppress(FileNotFoundError):

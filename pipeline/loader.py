@@ -314,15 +314,28 @@ class PipelineIterator:
         "computed_in_parent": 0, "worker_restarts": k}`` (with workers; counts since the
         iterator started; kept after the workers stop), or ``{"workers": 0}``.
         ``computed_in_parent`` is always 0 (no step is ever computed in this process
-        when there are workers); the key is kept for compatibility."""
+        when there are workers); the key is kept for compatibility.
+
+        With ``num_workers=0``, ``"host_prefetch"``: ``{"ready": batches computed and
+        waiting, "in_flight": steps being computed}``. For sources read by URL,
+        ``"disk_cache"``: this process's counts of its disk caches (``hits``,
+        ``misses``, ``bytes_fetched``, ``evictions``, ``retries``; with workers, the
+        reads of the worker processes are counted there, not here), the bytes the
+        cache folders hold, their ``capacity`` and the files being fetched ahead."""
         if self._workers is None:
-            return dict(self._last_stats)
-        return {
-            "workers": self.num_workers,
-            "delivered_by_worker": list(self._workers.delivered),
-            "computed_in_parent": self._workers.in_parent,
-            "worker_restarts": self._workers.restarts,
-        }
+            out = dict(self._last_stats)
+            if self._pending is not None and self._ready is not None:
+                out["host_prefetch"] = {"ready": len(self._ready), "in_flight": sum(c for _, c, _ in self._pending)}
+        else:
+            out = {
+                "workers": self.num_workers,
+                "delivered_by_worker": list(self._workers.delivered),
+                "computed_in_parent": self._workers.in_parent,
+                "worker_restarts": self._workers.restarts,
+            }
+        if self._lookahead is not None:
+            out["disk_cache"] = self._lookahead.cache_stats()
+        return out
 
     @property
     def worker_pids(self) -> list[int]:

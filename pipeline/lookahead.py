@@ -85,3 +85,16 @@ class Lookahead:
         for src, ids, at in records_of_steps(self.pipe, window, self.process_index, self.process_count):
             src.prefetch(ids, at)
         self.last = step
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The disk caches of the sources fetching ahead, added up (see ``PipelineIterator.stats``)."""
+        caches = {id(src.cache): src.cache for src in self.sources if getattr(src, "cache", None) is not None}
+        out: dict[str, Any] = {"hits": 0, "misses": 0, "bytes_fetched": 0, "evictions": 0, "retries": 0}
+        for c in caches.values():
+            for k in out:
+                out[k] += c.stats.get(k, 0)
+        out["bytes_held"] = sum(c.size() for c in caches.values())
+        caps = [c.capacity for c in caches.values()]
+        out["capacity"] = None if not caps or None in caps else sum(caps)
+        out["fetching"] = sum(len(getattr(src, "_fetching", ())) for src in self.sources)
+        return out

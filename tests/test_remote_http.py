@@ -161,9 +161,14 @@ def test_a_dataset_four_times_the_cache_streams_through_it_each_shard_fetched_on
             for step in range(128):  # two epochs
                 assert list(next(it)) == list(local.batch_at(step)), step
                 most = max(most, cache.size())
+            stats = it.stats()
         gets = _shard_gets(srv)
     assert most <= total // 4  # the cap held (the files being read count in it)
     per_shard = collections.Counter(gets)
     assert set(per_shard) == {f"/prep/{s['file']}" for s in manifest["shards"]}
     assert max(per_shard.values()) <= 2  # at most once per epoch (a shard read at an epoch's end and the
     assert cache.stats["evictions"] >= 12  # next one's start is kept: Belady's rule)
+    disk = stats["disk_cache"]  # the iterator reports the cache level
+    assert disk["capacity"] == total // 4 and disk["bytes_held"] <= total // 4
+    assert disk["misses"] == len(gets) and disk["bytes_fetched"] == sum(manifest["shards"][0]["bytes"] for _ in gets)
+    assert set(stats["host_prefetch"]) == {"ready", "in_flight"}
