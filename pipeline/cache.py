@@ -20,7 +20,8 @@ opens) is fetched whole into the cache folder (default
   ``backoff`` = 0.5 s), then a
   :class:`SourceError` names the URL; a missing file (404) is not retried.
 - **Capped**: after a download, files are evicted until the cache holds at
-  most ``capacity`` bytes: by default the least recently used first, or by the
+  most ``capacity`` bytes (more only while the files in use at that moment
+  leave no other choice: a file in use is never evicted): by default the least recently used first, or by the
   caller's ``next_use(name)`` (Belady's rule: the file needed furthest in the
   future first). A file in use is never evicted: a reader holds a shared
   ``flock`` on its ``.use`` file (:meth:`ShardCache.pin`, :meth:`ShardCache.use`),

@@ -72,12 +72,13 @@ def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str
 
 def _source_config(src: Any, where: str) -> dict[str, Any]:
     if isinstance(src, sources.ArrayRecordSource):
-        paths = [src.folder] if src.folder is not None else list(src.paths)  # a prepared folder: by its manifest
+        # a prepared folder (or its URL): by its manifest; files read by URL: their URLs, not the cached copies
+        paths = [src.folder] if src.folder is not None else list(src._file_urls or src.paths)
         return {"type": "array_record", "paths": paths, "name": src.name}
     if isinstance(src, sources.ParquetSource):
         return {
             "type": "parquet",
-            "paths": list(src.paths),
+            "paths": list(src.urls or src.paths),
             "columns": src.columns,
             "name": src.name,
             "cache_bytes": src.cache_bytes,

@@ -81,10 +81,19 @@ class ArrayRecordSource(Source):
             one = os.fspath(paths[0]) if len(paths) == 1 else None
         if one is not None and os.path.basename(one) == prepared.MANIFEST and os.path.isfile(one):
             one = os.path.dirname(one) or "."
-        if one is not None and is_url(one):
+        given = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+        self._pins: list[Any] = []
+        self._file_urls: list[str] | None = None
+        if one is not None and is_url(one) and not one.lower().endswith((".array_record", ".arrayrecord")):
             self._open_remote(one, name, max_open_files, cache)
             return
-        if one is not None and os.path.isdir(one):
+        if given and all(is_url(p) for p in given):  # files by URL: fetched whole at open, held in the cache
+            self.cache = cache if cache is not None else ShardCache()
+            self._file_urls = given
+            self.paths = [self.cache.get(u) for u in given]
+            self._pins = [self.cache.pin(u) for u in given]
+            default = given[0].rstrip("/").rsplit("/", 1)[-1].split("-")[0].split(".")[0] or "array_record"
+        elif one is not None and os.path.isdir(one):
             self.folder = os.path.abspath(one)
             self.manifest = prepared.open_manifest(self.folder)
             self.paths = [os.path.join(self.folder, s["file"]) for s in self.manifest["shards"]]
@@ -323,6 +332,7 @@ class ArrayRecordSource(Source):
         state = {**self.__dict__, "_metadata": None}  # workers read the metadata again if they need it
         for k in ("_fetcher", "_fetch_lock", "_fetching", "_next_use"):
             state.pop(k, None)
+        state["_pins"] = []  # the parent's pins keep the cached files while it lives
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -336,7 +346,7 @@ class ArrayRecordSource(Source):
                 for s in self.manifest["shards"]
             ]
             return {**super().identity(), "files": shards}
-        return {**super().identity(), "files": file_identity(self.paths, self.counts)}
+        return {**super().identity(), "files": file_identity(self.paths, self.counts, self._file_urls)}
 
 
 class _Pinned:

@@ -119,7 +119,9 @@ def sample_hash(path: str, size: int) -> str:
     return h.hexdigest()
 
 
-def file_identity(paths: list[str], counts: Sequence[int] | np.ndarray) -> list[dict]:
+def file_identity(
+    paths: list[str], counts: Sequence[int] | np.ndarray, names: Sequence[str] | None = None
+) -> list[dict]:
     """``{"file", "size", "records", "sample"}`` per file: its base name, size in bytes,
     record count and :func:`sample_hash`.
 
@@ -129,11 +131,13 @@ def file_identity(paths: list[str], counts: Sequence[int] | np.ndarray) -> list[
     confined to the unsampled bytes of a file over 1 MiB is not seen. Exact
     checks need a manifest of checksums (a later ``quern prepare``). The
     directory and the modification time are not part of it: a copy of the
-    files elsewhere keeps the identity."""
+    files elsewhere keeps the identity. ``names``: the files' URLs when ``paths`` are
+    their copies in the disk cache (their base names are used)."""
     out = []
-    for p, c in zip(paths, counts):
+    for k, (p, c) in enumerate(zip(paths, counts)):
         size = os.path.getsize(p)
-        out.append({"file": os.path.basename(p), "size": size, "records": int(c), "sample": sample_hash(p, size)})
+        name = os.path.basename(p) if names is None else names[k].rstrip("/").rsplit("/", 1)[-1]
+        out.append({"file": name, "size": size, "records": int(c), "sample": sample_hash(p, size)})
     return out
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..cache import ShardCache, is_url
 from ..errors import SourceError
 from .base import (
     FileStats,
@@ -227,16 +228,27 @@ class ParquetSource(Source):
         cache_row_groups: int | None = None,
         cache_bytes: int = 1 << 30,
         unify_schemas: bool = False,
+        cache: ShardCache | None = None,
     ):
         import pyarrow.parquet as pq
 
         if not isinstance(unify_schemas, bool):
             raise TypeError(f"ParquetSource: unify_schemas must be True or False, got {unify_schemas!r}")
         self.unify_schemas = unify_schemas
-        self.paths = expand_paths(paths, "ParquetSource")
+        given = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+        self.urls: list[str] | None = None
+        self._pins: list[Any] = []
+        if given and all(is_url(p) for p in given):  # fetched whole into the disk cache, held there while open
+            self.cache = cache if cache is not None else ShardCache()
+            self.urls = given
+            self.paths = [self.cache.get(u) for u in given]
+            self._pins = [self.cache.pin(u) for u in given]
+        else:
+            self.paths = expand_paths(paths, "ParquetSource")
         self._files = FileStats("ParquetSource", self.paths)  # before reading them
         self.columns = [columns] if isinstance(columns, str) else (list(columns) if columns is not None else None)
-        self.name = name or os.path.basename(self.paths[0]).split("-")[0].split(".")[0] or "parquet"
+        shown = self.urls[0].rstrip("/").rsplit("/", 1)[-1] if self.urls else os.path.basename(self.paths[0])
+        self.name = name or shown.split("-")[0].split(".")[0] or "parquet"
         self.cache_row_groups = None if cache_row_groups is None else int(cache_row_groups)
         self.cache_bytes = int(cache_bytes)
         rg_rows, rg_file, rg_index, file_rows, schemas = [], [], [], [], []
@@ -270,6 +282,7 @@ class ParquetSource(Source):
         d = self.__dict__.copy()
         d["_lock"] = None
         d["_cache"] = None
+        d["_pins"] = []  # the parent's pins keep the cached files while it lives
         d["_cached_bytes"] = 0
         return d
 
@@ -363,7 +376,7 @@ class ParquetSource(Source):
         out = {
             **super().identity(),
             "columns": self.columns,
-            "files": file_identity(self.paths, self.file_rows),
+            "files": file_identity(self.paths, self.file_rows, self.urls),
         }
         if self.unify_schemas:  # only when set: the identity of existing pipelines stays as it was
             out["unify_schemas"] = True
