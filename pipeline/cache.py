@@ -192,7 +192,9 @@ class ShardCache:
                 fs, path = fsspec.core.url_to_fs(url)
                 info = fs.info(path)
                 etag = info.get("ETag") or info.get("etag")
-                with fs.open(path, "rb", block_size=_BLOCK) as src, open(part, "wb") as out:
+                # HTTP: one streamed GET from the start (servers without Range requests work too)
+                block = 0 if url.lower().startswith(("http://", "https://")) else _BLOCK
+                with fs.open(path, "rb", block_size=block) as src, open(part, "wb") as out:
                     while block := src.read(_BLOCK):
                         out.write(block)
                         with self._lock:

@@ -143,3 +143,28 @@ def test_a_url_without_a_manifest_is_refused_naming_it(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(quern.SourceError, match="manifest.json does not exist"):
         quern.sources.ArrayRecordSource(f"file://{tmp_path}/empty", cache=ShardCache(tmp_path / "cache"))
+
+
+def test_a_plain_http_server_without_range_requests_or_etags_works(tmp_path):
+    """Python's http.server sends whole files only (no Range, no ETag): size and SHA-256 verify."""
+    import functools
+    import http.server
+
+    root = tmp_path / "www"
+    root.mkdir()
+    data = os.urandom(3 << 20)
+    (root / "shard.bin").write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/shard.bin"
+        cache = ShardCache(tmp_path / "cache")
+        assert open(cache.get(url, len(data), _sha(data)), "rb").read() == data
+        with pytest.raises(quern.SourceError, match="not found"):
+            ShardCache(tmp_path / "cache", retries=0).get(url.replace("shard", "nothing"))
+    finally:
+        server.shutdown()
+        server.server_close()
