@@ -129,6 +129,12 @@ class GlobalIterator:
         """``{"step": next step to be yielded, "fingerprint": ...}``: JSON-serialisable."""
         return self._host.pipe.state_at(self.step)
 
+    def stats(self) -> dict:
+        """The host iterator's :meth:`~quern.pipeline.loader.PipelineIterator.stats` (disk
+        cache, host prefetch, workers) and ``"device_prefetch"``: ``{"ready": global
+        batches whose transfer has started, "depth": the most kept}``."""
+        return {**self._host.stats(), "device_prefetch": {"ready": len(self._ready), "depth": self.device_prefetch}}
+
     def close(self) -> None:
         self._ready.clear()
         self._host.close()

@@ -51,3 +51,13 @@ def test_leaves_that_are_not_row_arrays_get_a_clear_error():
         pytest.raises(ValueError, match="every leaf of a batch must be a numeric array"),
     ):
         next(it)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_stats_show_the_device_and_host_buffers(prefetch):
+    pipe = _pipe(seed=3, num_epochs=1)
+    with quern.sharding.global_iterator(pipe, _mesh(), device_prefetch=prefetch) as it:
+        next(it)
+        stats = it.stats()
+    assert stats["device_prefetch"] == {"ready": prefetch, "depth": prefetch}  # the batches after the one taken
+    assert set(stats["host_prefetch"]) == {"ready", "in_flight"} and stats["workers"] == 0
