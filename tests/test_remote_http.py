@@ -203,3 +203,17 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
         assert pq_remote.identity() == pq_local.identity() and ar_remote.identity() == ar_local.identity()
         assert dump._source_config(ar_remote, "source")["paths"] == [f"{srv.url}/t-{k}.array_record" for k in range(2)]
         assert cache.stats["misses"] == 4
+
+
+def test_worker_processes_read_through_the_shared_cache(folder, tmp_path):
+    root, want = folder
+    with nginx(root) as srv:
+        cache = ShardCache(tmp_path / "cache")
+        src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=cache)
+        pipe = quern.Pipeline.from_source(src, seed=4).shuffle().batch(6)
+        ref = quern.Pipeline.from_source(quern.sources.ArrayRecordSource(str(root / "prep")), seed=4).shuffle().batch(6)
+        with pipe.iterator(num_workers=2) as it:
+            got = [list(next(it)) for _ in range(10)]
+        assert got == [list(ref.batch_at(s)) for s in range(10)]
+        gets = _shard_gets(srv)
+    assert len(gets) == len(set(gets)) == len(src.paths)  # one download per shard for the parent and 2 workers
