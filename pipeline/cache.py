@@ -164,7 +164,7 @@ class ShardCache:
             for attempt in (1, 2):
                 part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
                 try:
-                    server_size, _ = self._fetch(url, part, size)
+                    server_size, _ = self._fetch(url, part, size, check_etag=sha256 is None)
                     why = self._check(part, size if size is not None else server_size, sha256)
                     if why is None:
                         os.replace(part, final)
@@ -181,17 +181,19 @@ class ShardCache:
         with contextlib.suppress(OSError):
             os.utime(path)
 
-    def _fetch(self, url: str, part: str, size: int | None) -> tuple[int | None, str | None]:
-        """Download ``url`` to ``part``, with retries; the server's size and ETag (or ``None``),
-        the ETag checked to be the same after the download (the file did not change meanwhile)."""
+    def _fetch(self, url: str, part: str, size: int | None, check_etag: bool = True) -> tuple[int | None, str | None]:
+        """Download ``url`` to ``part``, with retries; the server's size and ETag (or ``None``).
+        With ``check_etag`` (no checksum to verify against), the ETag is checked to be the
+        same after the download (the file did not change meanwhile); without it and with
+        ``size`` given, no request but the download is made."""
         import fsspec
 
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
                 fs, path = fsspec.core.url_to_fs(url)
-                info = fs.info(path)
-                etag = info.get("ETag") or info.get("etag")
+                info = fs.info(path) if check_etag or size is None else {"size": size}
+                etag = (info.get("ETag") or info.get("etag")) if check_etag else None
                 # HTTP: one streamed GET from the start (servers without Range requests work too)
                 block = 0 if url.lower().startswith(("http://", "https://")) else _BLOCK
                 with fs.open(path, "rb", block_size=block) as src, open(part, "wb") as out:

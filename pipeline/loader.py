@@ -365,6 +365,8 @@ class PipelineIterator:
 
     def _close(self) -> None:
         self._closed = True
+        if self._lookahead is not None:
+            self._lookahead.close()  # queued fetches ahead are dropped
         self._drop_pending()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

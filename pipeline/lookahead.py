@@ -65,6 +65,8 @@ class Lookahead:
     def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, steps: int = LOOKAHEAD) -> None:
         self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
         self.last: int | None = None  # the step of the last hand-over
+        self._thread: Any = None  # the one thread that computes the window's reads
+        self._running: Any = None
         leaf_sources = [_leaf_source(leaf) for leaf in pipe.leaves]
         self.sources = [src for src in leaf_sources if getattr(src, "fetches_ahead", False)]
 
@@ -76,15 +78,34 @@ class Lookahead:
     def advance(self, step: int) -> None:
         """The iterator is at ``step``: tell the sources, and every quarter of the window
         hand them the reads of steps ``step .. step + steps`` (each fetches what fits its
-        cache, in order)."""
+        cache, in order). The plan of the window is computed on a background thread,
+        not in the caller's ``next()``; one at a time (a hand-over still running is
+        not queued again)."""
         for src in self.sources:
             src.now = step  # what was read before this step is not needed any more
         if self.last is not None and self.last <= step < self.last + max(1, self.steps // 4):
             return
+        if self._running is not None and not self._running.done():
+            return
+        if self._thread is None:
+            import concurrent.futures
+
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="quern-lookahead")
+        self.last = step
+        self._running = self._thread.submit(self._hand_over, step)
+
+    def _hand_over(self, step: int) -> None:
         window = range(step, step + self.steps)
         for src, ids, at in records_of_steps(self.pipe, window, self.process_index, self.process_count):
             src.prefetch(ids, at)
-        self.last = step
+
+    def close(self) -> None:
+        """Stop: the hand-over thread ends, and the sources drop their queued fetches."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
+            self._thread = None
+        for src in self.sources:
+            src.stop_prefetch()
 
     def cache_stats(self) -> dict[str, Any]:
         """The disk caches of the sources fetching ahead, added up (see ``PipelineIterator.stats``)."""

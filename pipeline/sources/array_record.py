@@ -197,6 +197,14 @@ class ArrayRecordSource(Source):
         k = int(np.searchsorted(at, self.now))
         return float(at[k]) if k < len(at) else float("inf")
 
+    def stop_prefetch(self) -> None:
+        """Drop the queued fetches ahead and end their threads (a fetch under way finishes)."""
+        with self._fetch_lock:
+            fetcher, self._fetcher = self._fetcher, None
+            self._fetching.clear()
+        if fetcher is not None:
+            fetcher.shutdown(wait=True, cancel_futures=True)
+
     def _fetch_one(self, f: int) -> None:
         try:
             self.local_path(f)
