@@ -85,6 +85,10 @@ def test_a_server_that_stops_is_retried_then_an_error_naming_the_url_and_later_r
         with pytest.raises(quern.SourceError, match="cannot be fetched after 3 tries") as e:
             src.read_many(np.asarray([59]))
         assert src.paths[-1] in str(e.value)
+        pipe = quern.Pipeline.from_source(src, seed=0).batch(60)  # one step reads every shard
+        with pytest.raises(quern.StepError, match="step 0") as e:
+            pipe.batch_at(0)
+        assert "cannot be fetched after 3 tries" in str(e.value) and "/prep/shard-" in str(e.value)
         assert list(src.read_many(np.arange(5))) == first == want[:5]  # the cached shard still reads
         srv.start()
         assert list(src.read_many(np.asarray([59]))) == [want[59]]
