@@ -69,6 +69,7 @@ bench: install
 	$(PY) benchmarks/mixture.py
 	$(PY) benchmarks/packing.py
 	$(PY) benchmarks/prepare.py
+	$(PY) benchmarks/remote.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
