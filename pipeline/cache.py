@@ -17,7 +17,8 @@ opens) is fetched whole into the cache folder (default
   a partial file is never seen under its final name.
 - **Retries**: a connection that fails or breaks is tried again with
   exponential backoff (``retries``, default :data:`RETRIES`, times from
-  ``backoff`` = 0.5 s), then a
+  ``backoff`` = 0.5 s; where the server takes Range requests, a retry
+  continues from the bytes already fetched), then a
   :class:`SourceError` names the URL; a missing file (404) is not retried.
 - **Capped**: after a download, files are evicted until the cache holds at
   most ``capacity`` bytes (more only while the files in use at that moment
@@ -189,18 +190,28 @@ class ShardCache:
         import fsspec
 
         delay = self.backoff
+        http = url.lower().startswith(("http://", "https://"))
+        ranges = True  # until the server shows it has none
+        first_etag: str | None = None
         for attempt in range(self.retries + 1):
+            have = os.path.getsize(part) if attempt and ranges and os.path.exists(part) else 0
             try:
                 fs, path = fsspec.core.url_to_fs(url)
                 info = fs.info(path) if check_etag or size is None else {"size": size}
                 etag = (info.get("ETag") or info.get("etag")) if check_etag else None
-                # HTTP: one streamed GET from the start (servers without Range requests work too)
-                block = 0 if url.lower().startswith(("http://", "https://")) else _BLOCK
-                with fs.open(path, "rb", block_size=block) as src, open(part, "wb") as out:
-                    while block := src.read(_BLOCK):
-                        out.write(block)
+                if have and etag and first_etag and etag != first_etag:
+                    have = 0  # the file changed since the bytes already here: start again
+                first_etag = first_etag or (str(etag) if etag else None)
+                # HTTP: one streamed GET from the start (servers without Range requests work too); a retry
+                # with bytes already here continues them with a Range request (ranged reads)
+                block = _BLOCK if (have or not http) else 0
+                with fs.open(path, "rb", block_size=block) as src, open(part, "ab" if have else "wb") as out:
+                    if have:
+                        src.seek(have)
+                    while chunk := src.read(_BLOCK):
+                        out.write(chunk)
                         with self._lock:
-                            self.stats["bytes_fetched"] += len(block)
+                            self.stats["bytes_fetched"] += len(chunk)
                     out.flush()
                     os.fsync(out.fileno())
                 after = fs.info(path).get("ETag") if etag else None
@@ -210,6 +221,11 @@ class ShardCache:
                     )
                 server_size = info.get("size")
                 return (int(server_size) if server_size is not None else None), (str(etag) if etag else None)
+            except ValueError as e:
+                if have and "range" in str(e).lower():  # no Range requests: the next try starts again
+                    ranges = False
+                elif attempt == self.retries:
+                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
             except FileNotFoundError as e:
                 if not _unreachable(e):
                     raise SourceError(f"{url}: not found on the server (404)") from e

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -221,3 +222,28 @@ def test_worker_processes_read_through_the_shared_cache(folder, tmp_path):
         assert got == [list(ref.batch_at(s)) for s in range(10)]
         gets = _shard_gets(srv)
     assert len(gets) == len(set(gets)) == len(src.paths)  # one download per shard for the parent and 2 workers
+
+
+def test_a_download_cut_by_the_server_continues_with_a_range_request(tmp_path):
+    import threading
+
+    root = tmp_path / "www"
+    root.mkdir()
+    data = os.urandom(6 << 20)
+    (root / "shard.bin").write_bytes(data)
+    with nginx(root, limit_rate="1m") as srv:  # about 4 s for the file (nginx sends its first 2 MiB at once)
+        cache = ShardCache(tmp_path / "cache", retries=6, backoff=0.2)
+        url = f"{srv.url}/shard.bin"
+        got = []
+        t = threading.Thread(target=lambda: got.append(cache.get(url, len(data))))
+        t.start()
+        time.sleep(1.0)
+        srv.stop()  # the connection breaks with part of the file fetched
+        time.sleep(0.3)
+        srv.start()
+        t.join(timeout=60)
+        requests = [r for r in srv.requests() if r.method == "GET"]
+    assert got and open(got[0], "rb").read() == data
+    ranged = [r for r in requests if r.range]
+    assert ranged and ranged[0].range.startswith("bytes=") and not ranged[0].range.startswith("bytes=0-")
+    assert cache.stats["retries"] >= 1 and cache.stats["bytes_fetched"] < 2 * len(data)
