@@ -39,7 +39,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -309,3 +309,44 @@ def _accepts(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def process_on_port(argv: Callable[[int], list[str]], what: str, cwd: str | None = None) -> Iterator[int]:
+    """Start ``argv(port)`` (a server of the tests: moto, the GCS emulator) on a free port of
+    127.0.0.1, wait up to 30 s until the port accepts connections, yield the port; stopped on exit."""
+    port = _free_port()
+    proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{what} did not start") from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def fsspec_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> Iterator[None]:
+    """Set ``env`` (e.g. ``FSSPEC_S3_ENDPOINT_URL``) and reload fsspec's config from the
+    environment, so that file systems opened by URL use it; the config is reloaded on exit."""
+    import fsspec.config
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    fsspec.config.conf.clear()
+    fsspec.config.set_conf_env(fsspec.config.conf)
+    try:
+        yield
+    finally:
+        for k in env:
+            monkeypatch.delenv(k, raising=False)
+        fsspec.config.conf.clear()
+        fsspec.config.set_conf_env(fsspec.config.conf)

@@ -3,13 +3,11 @@
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from servers import fsspec_env, process_on_port
 
 # gcsfs reads this when imported: its default "extended" file system speaks gRPC, which the emulator does not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -24,48 +22,26 @@ if not os.path.exists(SERVER):
     pytest.skip("gcp-storage-emulator is not installed (pip install 'quern[test]')", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def gcs(monkeypatch, tmp_path):
     """A GCS emulator on 127.0.0.1, and the environment that points gcsfs at it (anonymous)."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [SERVER, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
+
+    def argv(port: int) -> list[str]:
+        return [SERVER, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"]
+
+    with process_on_port(argv, "gcp-storage-emulator", cwd=str(tmp_path)) as port:
+        # gcsfs's token and project from fsspec's config from the environment
+        with fsspec_env(
+            monkeypatch,
+            STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{port}",
+            FSSPEC_GS_TOKEN="anon",
+            FSSPEC_GS_PROJECT="test",
+        ):
+            gcsfs.GCSFileSystem.clear_instance_cache()
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("gcp-storage-emulator did not start") from None
-                time.sleep(0.1)
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-        monkeypatch.setenv("FSSPEC_GS_TOKEN", "anon")  # fsspec's config from the environment: gcsfs's token
-        monkeypatch.setenv("FSSPEC_GS_PROJECT", "test")
-        import fsspec.config
-
-        fsspec.config.conf.clear()
-        fsspec.config.set_conf_env(fsspec.config.conf)
-        gcsfs.GCSFileSystem.clear_instance_cache()
-        yield gcsfs.GCSFileSystem(token="anon", project="test")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        import fsspec.config
-
-        fsspec.config.conf.pop("gs", None)
-        gcsfs.GCSFileSystem.clear_instance_cache()
+                yield gcsfs.GCSFileSystem(token="anon", project="test")
+            finally:
+                gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def test_a_prepared_folder_on_gcs_reads_like_the_local_one(gcs, tmp_path):

@@ -3,13 +3,11 @@ mode, on 127.0.0.1), through the local-disk cache: the S3 protocol (s3fs, fsspec
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from servers import fsspec_env, process_on_port
 
 import quern
 from quern.pipeline.cache import ShardCache
@@ -22,48 +20,14 @@ if not os.path.exists(SERVER):
     pytest.skip("moto_server is not installed (pip install 'moto[server]')", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def s3(monkeypatch):
     """A moto S3 server on 127.0.0.1, and the environment that points boto3 and s3fs at it."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [SERVER, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
-        for k, v in {
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "FSSPEC_S3_ENDPOINT_URL": url,  # fsspec's config from the environment: s3fs's endpoint_url
-        }.items():
-            monkeypatch.setenv(k, v)
-        import fsspec.config
-
-        fsspec.config.conf.clear()
-        fsspec.config.set_conf_env(fsspec.config.conf)
-        yield boto3.client("s3", endpoint_url=url)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        import fsspec.config
-
-        fsspec.config.conf.pop("s3", None)
+    with process_on_port(lambda port: [SERVER, "-H", "127.0.0.1", "-p", str(port)], "moto_server") as port:
+        url = f"http://127.0.0.1:{port}"
+        env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+        with fsspec_env(monkeypatch, FSSPEC_S3_ENDPOINT_URL=url, **env):  # s3fs's endpoint_url
+            yield boto3.client("s3", endpoint_url=url)
 
 
 def test_a_prepared_folder_on_s3_reads_like_the_local_one(s3, tmp_path):
