@@ -175,8 +175,11 @@ class ArrayRecordSource(Source):
                 self._fetcher = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="quern-fetch")
                 if self.cache.next_use is None:
                     self.cache.next_use = self._next_use_of
+            pairs = np.unique(np.stack([files, steps], axis=1), axis=0)  # (file, step), sorted by file then step
+            cuts = np.flatnonzero(np.diff(pairs[:, 0])) + 1
             self._next_use = {
-                os.path.basename(self.cache.path(self.urls[f])): np.unique(steps[files == f]) for f in order.tolist()
+                os.path.basename(self.cache.path(self.urls[int(part[0, 0])])): part[:, 1]
+                for part in np.split(pairs, cuts)
             }
             room = None if self.cache.capacity is None else 0.5 * self.cache.capacity
             for f in order.tolist():
