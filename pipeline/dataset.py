@@ -666,11 +666,13 @@ class Pipeline:
         process_index: int = 0,
         process_count: int = 1,
         num_workers: int = 0,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         num_threads: int = 1,
         read_ahead: int | None = None,
         copy_batches: bool = False,
         lookahead: int = 64,
+        prefetch_memory: int = 2 << 30,
+        timings: bool = True,
     ) -> PipelineIterator:
         """An iterator yielding ``batch_at(s)`` for ``s = start_step, start_step+1, ...``.
 
@@ -686,6 +688,8 @@ class Pipeline:
             read_ahead=read_ahead,
             copy_batches=copy_batches,
             lookahead=lookahead,
+            prefetch_memory=prefetch_memory,
+            timings=timings,
         )
 
     def resume(self, state: dict[str, Any], force: bool = False, **iterator_kwargs: Any) -> PipelineIterator:

@@ -13,14 +13,14 @@ fails (:class:`~quern.pipeline.errors.StepError`, the original exception as
 4. the batch transforms, in order (:func:`apply_batch_op`).
 
 :func:`step_results` runs them for a list of steps; ``timings``, a dict, gathers
-the seconds spent per stage (``quern bench`` uses it). Every output depends
+the seconds spent per stage (:mod:`quern.pipeline.timing`; the iterators and
+``quern bench`` use it). Every output depends
 only on (the definition, the step, the host slice): never on which process or
 thread runs it, or on what ran before.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -32,6 +32,7 @@ from .errors import CollateError, StepError
 from .ops import Op, OpKind
 from .plan import Pieces, Segments
 from .sources import Source
+from .timing import Clock
 from .tree import leaves as tree_leaves
 from .tree import map_leaves
 
@@ -321,31 +322,21 @@ def _batch_kind(batch: Any) -> type | None:
     return None
 
 
-class _Clock:
-    """Adds the seconds since the last ``lap`` to ``timings[stage]`` (nothing when ``timings`` is None)."""
-
-    def __init__(self, timings: dict[str, float] | None) -> None:
-        self.timings = timings
-        self.t = time.perf_counter() if timings is not None else 0.0
-
-    def lap(self, stage: str) -> None:
-        if self.timings is not None:
-            now = time.perf_counter()
-            self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
-            self.t = now
-
-
 def _source_of(leaf: Any) -> Source:
     """The source a leaf reads: its own, or the packed pipeline's."""
     return leaf.source if leaf.source is not None else leaf.packing.inner.source
 
 
-def read_segments(pipe: Definition, seg: Segments, where: object) -> list[Any]:
+def read_segments(pipe: Definition, seg: Segments, where: object, clock: Clock | None = None) -> list[Any]:
     """Stage ``read`` for rows from any leaves: one bulk call per leaf, rows in order. The
-    rows of a packed component are left ``None``: it reads its documents itself."""
+    rows of a packed component are left ``None``: it reads its documents itself.
+    ``clock`` laps ``read`` (a mixture: ``read: NAME`` per component)."""
     leaves = pipe.leaves
+    clock = clock or Clock(None)
     if len(leaves) == 1:
-        return list(read(leaves[0], seg.ids, where))
+        records = list(read(leaves[0], seg.ids, where))
+        clock.lap(READ)
+        return records
     out: list[Any] = [None] * len(seg.ids)
     for c in np.unique(seg.component).tolist():
         if leaves[c].packing is not None:
@@ -354,6 +345,7 @@ def read_segments(pipe: Definition, seg: Segments, where: object) -> list[Any]:
         got = read(leaves[c], seg.ids[rows], f"{where}, component {pipe.leaf_names[c]!r}")
         for r, rec in zip(rows.tolist(), got):
             out[r] = rec
+        clock.lap(f"{READ}: {pipe.leaf_names[c]}")
     return out
 
 
@@ -369,7 +361,7 @@ def record_stages(
     the batch transforms. For a mixture: each component's own transforms on its
     rows (at the rows' positions in the component's stream), the check that the
     components agree, then the mixture's transforms (at the mixture's positions)."""
-    clock = _Clock(timings)
+    clock = Clock(timings)
     leaves = pipe.leaves
     if pipe.source is not None:  # a single source: its transforms are the definition's own
         for k, op in enumerate(pipe.record_ops):
@@ -542,7 +534,7 @@ def batch_stages(
     timings: dict[str, float] | None = None,
 ) -> Any:
     """The batch transforms of one step, in order."""
-    clock = _Clock(timings)
+    clock = Clock(timings)
     names = RowNames.of(pipe, seg.ids, seg.component)
     for k, op in enumerate(pipe.batch_ops):
         batch = apply_batch_op(pipe, k, batch, positions, seg.ids, where, names)
@@ -582,14 +574,13 @@ def step_results(
         yield from _packed_results(pipe, steps, positions, wheres, empty, process_index, process_count, timings)
         return
     seg = pipe.segments(np.concatenate(positions))
-    clock = _Clock(timings)
+    clock = Clock(timings)
     all_records, failed = _bulk(
-        lambda where: read_segments(pipe, seg, where), pipe, steps, wheres, process_index, process_count, timings
+        lambda where: read_segments(pipe, seg, where, clock), pipe, steps, wheres, process_index, process_count, timings
     )
     if failed is not None:
         yield from failed
         return
-    clock.lap(READ)
     lo = 0
     for s, pos, where, is_empty in zip(steps, positions, wheres, empty):
         hi = lo + len(pos)
@@ -663,7 +654,7 @@ def _packed_results(
     inner = pipe.packing.inner
     pieces = pipe.pieces(np.concatenate(positions))
     uniq = np.unique(pieces.ids)
-    clock = _Clock(timings)
+    clock = Clock(timings)
     got, failed = _bulk(
         lambda where: read(inner, uniq, where), pipe, steps, wheres, process_index, process_count, timings
     )
@@ -711,13 +702,13 @@ def _rows_of(
     records: Sequence[Any],
     positions: np.ndarray,
     where: object,
-    clock: _Clock | None = None,
+    clock: Clock | None = None,
 ) -> tuple[Sequence[Any], np.ndarray]:
     """Packed rows at ``positions`` of ``leaf``'s stream from the records of its documents
     ``docs``: the transforms before ``pack`` on the records, the rows laid (stage
     ``pack``), then the transforms after it. Also each row's first document, which
     names the row in messages."""
-    clock = clock or _Clock(None)
+    clock = clock or Clock(None)
     inner = leaf.packing.inner
     for k, op in enumerate(inner.record_ops):
         records = apply_record_op(inner, k, records, docs, docs, where)
@@ -821,13 +812,20 @@ def _bulk(
         return None, [StepResult(steps[0], None, e)]
 
 
-def batches_at(pipe: Definition, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:
+def batches_at(
+    pipe: Definition,
+    step: int,
+    count: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    timings: dict[str, float] | None = None,
+) -> list[Any]:
     """``[pipe.batch_at(s) for s in range(step, step + count)]`` with one bulk read;
-    raises the error of the first step that fails."""
+    raises the error of the first step that fails. ``timings``: seconds per stage are added to it."""
     count = _index.check_int(count, "count", 1)
     step = _index.check_int(step, "step", 0)
     out = []
-    for result in step_results(pipe, range(step, step + count), process_index, process_count):
+    for result in step_results(pipe, range(step, step + count), process_index, process_count, timings):
         if result.error is not None:
             raise result.error
         out.append(result.batch)

@@ -20,12 +20,17 @@ from typing import Any
 from . import execute
 from .index import check_int, host_rows
 from .lookahead import LOOKAHEAD, Lookahead
+from .timing import LIVE, StepClock, add, prefetch_window
+from .tree import leaves
 from .workers import WorkerPool, sigint_deferred
 
-__all__ = ["PipelineIterator", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
+__all__ = ["PipelineIterator", "PREFETCH", "PREFETCH_MEMORY", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
 
 THREAD_READ_RECORDS = 4096  # num_workers=0: about this many records per bulk read...
 THREAD_READ_STEPS = 16  # ...but at most this many steps
+PREFETCH = 2  # chunks (threads) or tasks per worker always in flight
+PREFETCH_MEMORY = 2 << 30  # bytes of batches the adaptive prefetch window may hold
+WINDOW_EVERY = 8  # steps between updates of the adaptive prefetch window
 
 
 class PipelineIterator:
@@ -38,6 +43,15 @@ class PipelineIterator:
     call per file, which is several times faster than one call per step.
     ``prefetch`` chunks are computed ahead by ``num_threads`` background threads
     (bulk reads release the GIL for part of their time).
+
+    ``prefetch=None`` (the default) adapts the depth: 2 chunks (or tasks per
+    worker) always, and more while fewer than the prefetch window are ready or in
+    flight, the window being ``max(2 x step time / load time, 5)`` batches
+    (:func:`quern.pipeline.timing.prefetch_window`; step time: the caller's time
+    between ``next()`` calls, load time: the loader's time per batch over its
+    threads or workers), at most ``prefetch_memory`` bytes of batches (default
+    2 GiB). An int fixes the depth at that many chunks or tasks per worker. The
+    depth changes no byte of any batch.
 
     With ``num_workers=W > 0``, W worker processes compute the steps instead
     (step ``s`` on worker ``s % W``), in tasks of ``read_ahead`` of their steps
@@ -60,6 +74,12 @@ class PipelineIterator:
     disk cache, the shards that the next ``lookahead`` steps read are fetched
     ahead in that order, and the cache evicts the one needed furthest ahead
     (see :mod:`quern.pipeline.lookahead`). It changes no byte of a batch.
+
+    ``timings=True`` (the default) measures the seconds per stage (read, each
+    transform, collate, send, handover) in the threads or workers; ``stats()``
+    gives them, with the data wait and bubble rate of the caller's loop (see
+    :meth:`stats`). ``timings=False`` skips the stage clock (the data wait is
+    always measured: two clock reads per ``next()``).
 
     ``.step`` is the next step to be yielded (the step of the batch the next
     ``next()`` returns; after ``next()`` returned the batch of step ``s``, it is
@@ -92,11 +112,13 @@ class PipelineIterator:
         process_index: int = 0,
         process_count: int = 1,
         num_workers: int = 0,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         num_threads: int = 1,
         read_ahead: int | None = None,
         copy_batches: bool = False,
         lookahead: int = LOOKAHEAD,
+        prefetch_memory: int = PREFETCH_MEMORY,
+        timings: bool = True,
     ) -> None:
         self._closed = True
         self._pid = os.getpid()  # the process it belongs to
@@ -107,7 +129,16 @@ class PipelineIterator:
         self.pipe = pipe
         self.step = pipe.check_step(start_step, "start_step", end_ok=True)
         self.num_workers = check_int(num_workers, "num_workers", 0)
-        self.prefetch = check_int(prefetch, "prefetch", 1)
+        self.adaptive = prefetch is None
+        self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
+        self.prefetch_memory = check_int(prefetch_memory, "prefetch_memory", 1)
+        self.timed = bool(timings)
+        self.clock = StepClock()  # the caller's side: data wait, step period
+        self.timings: dict[str, float] = {}  # seconds per stage, over the threads' chunks (workers: the pool's)
+        self._computed = 0  # steps the threads computed (whose stage times are in timings)
+        self._compute_seconds = 0.0  # their wall time in the threads
+        self._batch_bytes: int | None = None  # of the first batch: what the window's memory budget counts
+        self.window = 0  # the adaptive prefetch window, batches (0: not adaptive)
         self.num_threads = check_int(num_threads, "num_threads", 1)
         if self.num_workers and self.num_threads != 1:
             raise ValueError(
@@ -129,7 +160,7 @@ class PipelineIterator:
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self._end = pipe.num_steps
-        self._pending: collections.deque[tuple[int, int, cf.Future[list[Any]]]] = collections.deque()
+        self._pending: collections.deque[tuple[int, int, cf.Future[_Chunk]]] = collections.deque()
         self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
@@ -141,6 +172,8 @@ class PipelineIterator:
                 "delivered_by_worker": [0] * self.num_workers,
                 "computed_in_parent": 0,
                 "worker_restarts": 0,
+                "stages": {},
+                "stage_steps": 0,
             }
         self._pool: cf.ThreadPoolExecutor | None = None
         if self.num_workers and (self._end is None or self.step < self._end):
@@ -153,11 +186,13 @@ class PipelineIterator:
                 self.read_ahead,
                 self._end,
                 copy=bool(copy_batches),
+                timed=self.timed,
             )
         elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         self._closed = False
         _LIVE.add(self)
+        LIVE.add(self)  # quern.metrics reports it
 
     # ------------------------------------------------------------------ protocol
 
@@ -165,7 +200,10 @@ class PipelineIterator:
         return self
 
     def __next__(self) -> Any:
-        return self._holding("next()", self._next)
+        t0 = self.clock.begin()
+        batch = self._holding("next()", self._next)
+        self.clock.end(t0)
+        return batch
 
     def _holding(self, what: str, fn: Any, wait: bool = False) -> Any:
         """``fn()`` with the iterator taken by this thread: a ``RuntimeError`` saying why
@@ -237,6 +275,7 @@ class PipelineIterator:
             self._lookahead.advance(self.step)
         if self._workers is not None:
             batch = self._workers.get(self.step, stop=self._stopping)
+            self._adapt(batch)
             self.step += 1
             return batch
         if not self._ready:
@@ -246,7 +285,10 @@ class PipelineIterator:
             try:
                 while True:  # wait, but give up if the iterator is closed (by another thread) meanwhile
                     try:
-                        batches = fut.result(timeout=0.1)
+                        batches, spent, seconds = fut.result(timeout=0.1)
+                        add(self.timings, spent)
+                        self._computed += count
+                        self._compute_seconds += seconds
                         break
                     except TimeoutError:
                         if fut.done():
@@ -262,21 +304,42 @@ class PipelineIterator:
                 self._careful_until = first + count
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
             self._ready.extend(batches)
-            self._fill()
+        batch = self._ready.popleft()
         self.step += 1
-        return self._ready.popleft()
+        self._adapt(batch)
+        self._fill()
+        return batch
+
+    def _adapt(self, batch: Any) -> None:
+        """With ``prefetch=None``: every few steps, the prefetch window from the step
+        time, the load time and the size of a batch (measured on the first one)."""
+        if not self.adaptive or (self.step % WINDOW_EVERY and self.window):
+            return
+        if self._batch_bytes is None:
+            self._batch_bytes = sum(int(getattr(x, "nbytes", 0)) for _, x in leaves(batch)) or 1
+        if self._workers is not None:
+            done = sum(self._workers.delivered)
+            load = self._workers.compute_seconds / done / self.num_workers if done else None
+        else:
+            load = self._compute_seconds / self._computed / self.num_threads if self._computed else None
+        self.window = prefetch_window(self.clock.step_time(), load, self._batch_bytes, self.prefetch_memory)
+        if self._workers is not None:
+            self._workers.ahead = self.window
 
     def _fill(self) -> None:
-        """Keep ``prefetch`` chunks of steps in flight after the ones already computed."""
+        """Keep ``prefetch`` chunks of steps in flight after the ones already computed,
+        and more while fewer than the adaptive window's batches are ready or in flight."""
         nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
         assert self._pool is not None and self.read_ahead is not None
-        while len(self._pending) < self.prefetch and (self._end is None or nxt < self._end):
+        ahead = len(self._ready) + sum(c for _, c, _ in self._pending)
+        while (len(self._pending) < self.prefetch or ahead < self.window) and (self._end is None or nxt < self._end):
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
-            fut = self._pool.submit(execute.batches_at, self.pipe, nxt, count, self.process_index, self.process_count)
+            fut = self._pool.submit(_compute, self.pipe, nxt, count, self.process_index, self.process_count, self.timed)
             self._pending.append((nxt, count, fut))
             nxt += count
+            ahead += count
 
     def _drop_pending(self) -> None:
         for *_, fut in self._pending:
@@ -310,29 +373,57 @@ class PipelineIterator:
         return True if self._workers is None else self._workers.wait_ready(timeout)
 
     def stats(self) -> dict:
-        """Where the steps came from: ``{"workers": W, "delivered_by_worker": [...],
-        "computed_in_parent": 0, "worker_restarts": k}`` (with workers; counts since the
-        iterator started; kept after the workers stop), or ``{"workers": 0}``.
-        ``computed_in_parent`` is always 0 (no step is ever computed in this process
-        when there are workers); the key is kept for compatibility.
+        """Figures since the iterator started (see :mod:`quern.pipeline.timing`):
 
-        With ``num_workers=0``, ``"host_prefetch"``: ``{"ready": batches computed and
-        waiting, "in_flight": steps being computed}``. For sources read by URL,
-        ``"disk_cache"``: this process's counts of its disk caches (``hits``,
-        ``misses``, ``bytes_fetched``, ``evictions``, ``retries``; with workers, the
-        reads of the worker processes are counted there, not here), the bytes the
-        cache folders hold, their ``capacity`` and the files being fetched ahead."""
-        if self._workers is None:
+        - the caller's loop: ``steps`` (batches returned), ``first_batch_s``;
+          ``data_wait`` (seconds blocked in ``next()``: ``last``, ``mean`` and ``max``
+          over the last 100 steps, ``total``), ``step_period`` (seconds between the
+          returns of two ``next()`` calls: ``last``, ``mean``), ``bubble_rate`` (wait /
+          period over the last 100 steps), ``bubble_rate_total``, and ``health``
+          (``healthy``, ``warning``, ``alarm``: the data wait against the step time,
+          under 50% / above 80%; ``unknown`` before the second step). The first
+          batch is only in ``first_batch_s``.
+        - ``stages``: seconds per stage (``read`` (``read: NAME`` per component of a
+          mixture), each transform by its label, ``collate``; with workers ``send``
+          (a worker writing a batch to shared memory) and ``handover`` (this process
+          taking it)), summed over the threads or workers, for the ``stage_steps``
+          steps computed so far (steps computed ahead included); empty with
+          ``timings=False``.
+        - ``host_prefetch``: ``ready`` (batches computed, not yet returned),
+          ``in_flight`` (steps being computed; with workers, sent and not yet
+          delivered), ``depth`` (the most steps kept ahead now), ``window`` (the
+          adaptive prefetch window in batches; 0 with a fixed ``prefetch``).
+        - with workers: ``"workers": W``, ``delivered_by_worker``, ``worker_restarts``
+          and ``computed_in_parent`` (always 0: no step is ever computed in this
+          process when there are workers; kept for compatibility); the counts are
+          kept after the workers stop. ``{"workers": 0}`` without.
+        - ``disk_cache`` for sources read by URL: this process's counts of its disk
+          caches (``hits``, ``misses``, ``bytes_fetched``, ``evictions``,
+          ``retries``; with workers the reads of the worker processes are counted
+          there, not here), the bytes the cache folders hold, their ``capacity`` and
+          the files being fetched ahead."""
+        pool = self._workers
+        if pool is None:
             out = dict(self._last_stats)
-            if self._pending is not None and self._ready is not None:
-                out["host_prefetch"] = {"ready": len(self._ready), "in_flight": sum(c for _, c, _ in self._pending)}
+            if not self.num_workers:
+                ready, in_flight = len(self._ready), sum(c for _, c, _ in self._pending)
+                depth = max(self.prefetch * (self.read_ahead or 1), self.window)
+                out["stages"], out["stage_steps"] = dict(self.timings), self._computed
+            else:  # the workers have stopped: their last figures
+                ready = in_flight = depth = 0
         else:
+            ready, in_flight = pool.in_flight()
+            depth = self.num_workers * pool.in_flight_limit()
             out = {
                 "workers": self.num_workers,
-                "delivered_by_worker": list(self._workers.delivered),
-                "computed_in_parent": self._workers.in_parent,
-                "worker_restarts": self._workers.restarts,
+                "delivered_by_worker": list(pool.delivered),
+                "computed_in_parent": pool.in_parent,
+                "worker_restarts": pool.restarts,
+                "stages": dict(pool.timings),
+                "stage_steps": sum(pool.delivered),
             }
+        out["host_prefetch"] = {"ready": ready, "in_flight": in_flight, "depth": depth, "window": self.window}
+        out.update(self.clock.figures())
         if self._lookahead is not None:
             out["disk_cache"] = self._lookahead.cache_stats()
         return out
@@ -407,6 +498,18 @@ class PipelineIterator:
 
     def __repr__(self) -> str:
         return f"PipelineIterator(step={self.step}, host={self.process_index}/{self.process_count})"
+
+
+_Chunk = tuple[list[Any], dict[str, float], float]
+
+
+def _compute(pipe: execute.Definition, first: int, count: int, index: int, hosts: int, timed: bool) -> _Chunk:
+    """On a prefetch thread: the batches of ``count`` steps from ``first``, the seconds
+    per stage they took (empty when not ``timed``) and the wall time."""
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
+    return batches, timings, time.perf_counter() - t0
 
 
 _LIVE: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()

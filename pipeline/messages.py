@@ -82,6 +82,7 @@ class Task(NamedTuple):
 
     steps: list[int]
     slots: list[int]
+    timed: bool = True  # send each step's stage timings with its Done
 
 
 class Drop(NamedTuple):
@@ -114,6 +115,8 @@ class Done(NamedTuple):
     data: bytes
     spans: list[Span]
     size: int
+    timings: tuple[tuple[str, float], ...] = ()  # seconds per stage spent on this step (its share of the read)
+    seconds: float = 0.0  # wall time the worker spent on this step since the previous one's Done
 
 
 class ErrorReport(NamedTuple):

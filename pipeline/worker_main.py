@@ -36,6 +36,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from typing import Any, NoReturn
 from . import execute, shm
 from .errors import StepError
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Task
+from .timing import SEND, Clock
 
 __all__ = ["main", "serve"]
 
@@ -148,7 +150,12 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
             continue
         if not isinstance(msg, Task):
             raise RuntimeError(f"unexpected message {type(msg).__name__} from the parent")
-        for (step, batch, error), slot in zip(execute.step_results(pipe, msg.steps, index, count), msg.slots):
+        timings: dict[str, float] | None = {} if msg.timed else None
+        clock = Clock(timings)
+        t0 = time.perf_counter()
+        results = execute.step_results(pipe, msg.steps, index, count, timings)
+        for (step, batch, error), slot in zip(results, msg.slots):
+            clock.t = time.perf_counter()
             if error is None:
                 try:
                     data, buffers = shm.dumps(batch, _pickle_for_parent)
@@ -169,7 +176,13 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
                 slots[slot] = shm.Buffer.create(size)
                 fds = [slots[slot].fd]
             shm.write(slots[slot], buffers, spans)
-            shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
+            clock.lap(SEND)
+            now = time.perf_counter()
+            spent = tuple(timings.items()) if timings is not None else ()
+            shm.send(sock, Done(step, slot, data, spans, slots[slot].size, spent, now - t0), fds)
+            if timings is not None:
+                timings.clear()
+            t0 = now
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
 
 

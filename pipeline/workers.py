@@ -81,6 +81,7 @@ from . import execute, shm
 from .errors import StepError, WorkerError
 from .index import host_rows
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Span, Task
+from .timing import HANDOVER, add
 
 __all__ = ["WorkerPool", "WorkerError", "sigint_deferred"]
 
@@ -358,6 +359,7 @@ class WorkerPool:
         read_ahead: int | None,
         end: int | None,
         copy: bool = False,
+        timed: bool = True,
     ) -> None:
         import cloudpickle  # not needed by a worker, which only unpickles
 
@@ -368,6 +370,7 @@ class WorkerPool:
             lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)
             read_ahead = execute.steps_per_read(hi - lo, TASK_RECORDS, MAX_TASK_STEPS)
         room = _descriptor_room(num_workers * (prefetch * read_ahead + 2))  # one per slot, plus spares
+        self._most_in_flight = max(1, room // num_workers - 2)  # steps per worker the descriptors allow
         if self._auto and room < num_workers * (prefetch * read_ahead + 2):
             read_ahead = max(1, (room // num_workers - 2) // prefetch)
         self.max_read_ahead: int = read_ahead
@@ -390,6 +393,10 @@ class WorkerPool:
         self.delivered = [0] * num_workers  # steps each worker has delivered
         self.in_parent = 0  # steps computed in this process: always 0 (kept for stats())
         self.restarts = 0  # workers replaced after dying
+        self.timed = timed  # workers send each step's stage timings
+        self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
+        self.compute_seconds = 0.0  # wall time the workers spent on the steps delivered
+        self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         self.workers: list[_Worker | None] = [None] * num_workers
         self._server: _Server | None = None
         self._definition: shm.Buffer | None = None
@@ -638,6 +645,8 @@ class WorkerPool:
                 nbytes = msg.spans[-1][0] + msg.spans[-1][1] if msg.spans else 0
                 fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
                 self.read_ahead = max(1, min(self.max_read_ahead, fit))
+            add(self.timings, msg.timings)
+            self.compute_seconds += msg.seconds
             self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans))
         elif isinstance(msg, Failed):
             worker.release(msg.step)  # nothing was written to its slot
@@ -664,7 +673,7 @@ class WorkerPool:
         ``step`` itself. A worker that is still starting gets its tasks too: they
         wait in its socket."""
         W, ra = self.num_workers, self.read_ahead
-        limit = self.prefetch * ra
+        limit = self.in_flight_limit()
         if self._returned:
             self._reclaim(limit)
         for worker in self.workers:
@@ -690,12 +699,24 @@ class WorkerPool:
                 worker.pending.extend(task)
                 self._sent.update(task)
                 try:
-                    shm.send(worker.sock, Task(task, slots))
+                    shm.send(worker.sock, Task(task, slots, self.timed))
                 except (BrokenPipeError, ConnectionResetError):  # it died: _poll will see why
                     break
                 except BaseException:  # Ctrl-C half-way through the message
                     self._on_death(worker, count=False)
                     raise
+
+    def in_flight_limit(self) -> int:
+        """Steps each worker may have in flight (sent or delivered, not yet taken):
+        ``prefetch`` tasks of ``read_ahead`` steps, or ``ahead / num_workers`` when the
+        iterator's window wants more (within the descriptors' room)."""
+        base = self.prefetch * self.read_ahead
+        want = -(-self.ahead // self.num_workers)
+        return max(base, min(want, self._most_in_flight))
+
+    def in_flight(self) -> tuple[int, int]:
+        """``(steps delivered and not yet taken, steps sent to workers and not yet delivered)``."""
+        return len(self._results), len(self._sent)
 
     def _reclaim(self, limit: int) -> None:
         """Take back the slots of lent batches that nobody holds any more; a worker
@@ -737,7 +758,11 @@ class WorkerPool:
         while True:
             self._poll(0)
             if step in self._results:
-                return self._take(step)
+                t0 = time.perf_counter()
+                batch = self._take(step)
+                if self.timed:
+                    self.timings[HANDOVER] = self.timings.get(HANDOVER, 0.0) + time.perf_counter() - t0
+                return batch
             if stop is not None and stop():
                 raise RuntimeError("iterator closed while next() was waiting for its batch")
             self._revive()

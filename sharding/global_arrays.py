@@ -13,11 +13,13 @@ run stopped at step ``k`` on H hosts resumes on H' hosts with the same batches
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any
 
 import numpy as np
 
 from ..pipeline.index import host_rows
+from ..pipeline.timing import DEVICE_PUT, LIVE, StepClock
 
 __all__ = ["global_iterator", "GlobalIterator", "process_rows", "host_slice"]
 
@@ -90,6 +92,10 @@ class GlobalIterator:
         self.step = self._host.step
         self._ready: collections.deque = collections.deque()
         self._jax = jax
+        self.clock = StepClock()  # the training loop's data wait, which includes the device put
+        self._device_put = 0.0  # seconds handing batches to jax
+        LIVE.discard(self._host)  # quern.metrics reports this iterator, not the host one inside it
+        LIVE.add(self)
 
     def _to_global(self, batch: Any) -> Any:
         rows = self.global_batch_size // self.process_count
@@ -111,9 +117,13 @@ class GlobalIterator:
         return self
 
     def __next__(self) -> Any:
+        t0 = self.clock.begin()
         while len(self._ready) <= self.device_prefetch:
             try:
-                self._ready.append(self._to_global(next(self._host)))  # transfers start now, asynchronously
+                batch = next(self._host)
+                t1 = time.perf_counter()
+                self._ready.append(self._to_global(batch))  # transfers start now, asynchronously
+                self._device_put += time.perf_counter() - t1
             except StopIteration:
                 break
             except Exception:
@@ -123,6 +133,7 @@ class GlobalIterator:
         if not self._ready:
             raise StopIteration
         self.step += 1
+        self.clock.end(t0)
         return self._ready.popleft()
 
     def state(self) -> dict:
@@ -131,9 +142,17 @@ class GlobalIterator:
 
     def stats(self) -> dict:
         """The host iterator's :meth:`~quern.pipeline.loader.PipelineIterator.stats` (disk
-        cache, host prefetch, workers) and ``"device_prefetch"``: ``{"ready": global
-        batches whose transfer has started, "depth": the most kept}``."""
-        return {**self._host.stats(), "device_prefetch": {"ready": len(self._ready), "depth": self.device_prefetch}}
+        cache, host prefetch, workers, stages), with the training loop's figures
+        (``steps``, ``data_wait``, ``step_period``, ``bubble_rate``, ``health``...) measured
+        in this iterator's ``next()`` (the device put included), the stage
+        ``device_put`` (seconds handing host batches to jax), and
+        ``"device_prefetch"``: ``{"ready": global batches whose transfer has started,
+        "depth": the most kept}``."""
+        out = self._host.stats()
+        out.update(self.clock.figures())
+        out["stages"] = {**out.get("stages", {}), DEVICE_PUT: self._device_put}
+        out["device_prefetch"] = {"ready": len(self._ready), "depth": self.device_prefetch}
+        return out
 
     def close(self) -> None:
         self._ready.clear()

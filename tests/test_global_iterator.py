@@ -60,4 +60,4 @@ def test_stats_show_the_device_and_host_buffers(prefetch):
         next(it)
         stats = it.stats()
     assert stats["device_prefetch"] == {"ready": prefetch, "depth": prefetch}  # the batches after the one taken
-    assert set(stats["host_prefetch"]) == {"ready", "in_flight"} and stats["workers"] == 0
+    assert set(stats["host_prefetch"]) == {"ready", "in_flight", "depth", "window"} and stats["workers"] == 0

@@ -1,0 +1,186 @@
+"""Where the time goes: stage timings, the training side's data wait, and the
+host prefetch depth that follows from them.
+
+Three small pieces, each a pure accumulator of figures measured elsewhere (no
+figure here ever changes a byte of a batch):
+
+- :class:`Clock` adds the seconds between its laps to a dict of stages
+  (``read``, each transform by its label, ``collate``, ``send``, ``handover``,
+  ``device_put``); the step runner and the iterators use it.
+- :class:`StepClock` sits in an iterator's ``next()``: the **data wait** of a
+  step is the time the caller was blocked in ``next()``, the **step period** the
+  time between the returns of two consecutive ``next()`` calls, and the
+  **bubble rate** their ratio (the share of the period the training loop waited
+  for data). The **health** compares the data wait with the step time (the period
+  less the wait: the training's own work), by the thresholds of the monitoring
+  guide this project grew from: under :data:`HEALTHY` (50%) healthy, above
+  :data:`ALARM` (80%) alarm, warning between.
+- :func:`prefetch_window` is the rule of thumb for the host prefetch depth,
+  ``max(2 x step time / load time, 5)`` batches, within a memory budget.
+
+:data:`LIVE` holds the iterators of this process, for :mod:`quern.metrics`.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+import weakref
+from typing import Any
+
+__all__ = [
+    "ALARM",
+    "DEVICE_PUT",
+    "HANDOVER",
+    "HEALTHY",
+    "SEND",
+    "LIVE",
+    "WINDOW",
+    "Clock",
+    "StepClock",
+    "health",
+    "prefetch_window",
+]
+
+HEALTHY = 0.5  # data wait under this fraction of the step time: healthy
+ALARM = 0.8  # above this fraction: alarm (between the two: warning)
+WINDOW = 100  # steps the recent figures are taken over
+MIN_WINDOW = 5  # the rule's least prefetch depth, in batches
+MAX_WINDOW = 1024  # and the most, whatever the rule and the budget say
+
+SEND = "send"  # a worker pickles a batch into shared memory
+HANDOVER = "handover"  # the parent takes a batch from a worker (or from a prefetch thread)
+DEVICE_PUT = "device_put"  # a global batch is handed to jax (transfers start)
+
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # iterators reporting to quern.metrics (those with .stats())
+
+
+class Clock:
+    """Adds the seconds since the last :meth:`lap` to ``timings[stage]``; does nothing
+    (not even read the clock) when ``timings`` is None."""
+
+    __slots__ = ("timings", "t")
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.t = time.perf_counter() if timings is not None else 0.0
+
+    def lap(self, stage: str) -> None:
+        if self.timings is not None:
+            now = time.perf_counter()
+            self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
+            self.t = now
+
+
+def add(into: dict[str, float], timings: dict[str, float] | Any) -> None:
+    """Add the stage seconds of ``timings`` (a dict, or ``(stage, seconds)`` pairs) to ``into``."""
+    for stage, seconds in timings.items() if isinstance(timings, dict) else timings:
+        into[stage] = into.get(stage, 0.0) + seconds
+
+
+def health(wait: float, period: float) -> str:
+    """``"healthy"``, ``"warning"`` or ``"alarm"`` for a data wait of ``wait`` seconds in a
+    step period of ``period`` seconds: the wait against the step time ``period - wait``
+    (under :data:`HEALTHY` of it healthy, above :data:`ALARM` alarm; a step with no
+    time of its own is all wait: alarm). ``"unknown"`` for no period."""
+    if period <= 0:
+        return "unknown"
+    if wait <= 0:
+        return "healthy"
+    step = period - wait
+    if step <= 0:
+        return "alarm"
+    ratio = wait / step
+    return "healthy" if ratio < HEALTHY else "warning" if ratio <= ALARM else "alarm"
+
+
+class StepClock:
+    """The training side of an iterator, measured in its ``next()``.
+
+    Call :meth:`begin` on entering ``next()`` and :meth:`end` with its result when a
+    batch is returned. The first batch's wait is ``first_batch_s`` (start-up:
+    processes, first reads) and is left out of the other figures; from the second
+    on, each step adds its data wait and period. :meth:`figures` gives them over
+    the last ``window`` steps and since the start."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.steps = 0  # batches returned
+        self.first_batch_s: float | None = None
+        self.wait_total = 0.0  # from the second batch on
+        self.period_total = 0.0
+        self.last_wait = 0.0
+        self.last_period = 0.0
+        self._last_end: float | None = None
+
+    @staticmethod
+    def begin() -> float:
+        return time.perf_counter()
+
+    def end(self, t0: float) -> None:
+        now = time.perf_counter()
+        wait = now - t0
+        self.steps += 1
+        if self._last_end is None:
+            self.first_batch_s = wait
+        else:
+            period = max(now - self._last_end, wait)
+            self.recent.append((wait, period))
+            self.wait_total += wait
+            self.period_total += period
+            self.last_wait, self.last_period = wait, period
+        self._last_end = now
+
+    def step_time(self) -> float | None:
+        """Mean seconds per step outside ``next()`` (the training's own work) over the window."""
+        if not self.recent:
+            return None
+        return max(sum(p - w for w, p in self.recent) / len(self.recent), 0.0)
+
+    def figures(self) -> dict[str, Any]:
+        """``steps``, ``first_batch_s``; ``data_wait`` (``last``, ``mean``, ``max`` over
+        the window, ``total`` since the second batch; seconds), ``step_period``
+        (``last``, ``mean``), ``bubble_rate`` (wait / period over the window),
+        ``bubble_rate_total`` and ``health`` (over the window)."""
+        n = len(self.recent)
+        wait = sum(w for w, _ in self.recent)
+        period = sum(p for _, p in self.recent)
+        return {
+            "steps": self.steps,
+            "first_batch_s": self.first_batch_s,
+            "data_wait": {
+                "last": self.last_wait,
+                "mean": wait / n if n else 0.0,
+                "max": max((w for w, _ in self.recent), default=0.0),
+                "total": self.wait_total,
+            },
+            "step_period": {"last": self.last_period, "mean": period / n if n else 0.0},
+            "bubble_rate": wait / period if period > 0 else 0.0,
+            "bubble_rate_total": self.wait_total / self.period_total if self.period_total > 0 else 0.0,
+            "health": health(wait, period) if n else "unknown",
+        }
+
+
+def prefetch_window(step_s: float | None, load_s: float | None, batch_bytes: int | None, budget: int) -> int:
+    """Host prefetch depth in batches: ``max(ceil(2 * step_s / load_s), 5)``, where
+    ``step_s`` is the training's time per step and ``load_s`` the time the loader
+    takes per batch (with its parallelism), at most ``budget // batch_bytes`` (at
+    least 1) and :data:`MAX_WINDOW`. Unknown figures (``None``, or a load time of 0)
+    give the least depth, 5, or the cap when the loader is free.
+
+    >>> prefetch_window(0.100, 0.010, 1 << 20, 1 << 30)  # a fast loader: 20 batches cover the bursts
+    20
+    >>> prefetch_window(0.010, 0.050, 1 << 20, 1 << 30)  # a slow one: the least, 5
+    5
+    >>> prefetch_window(0.100, 0.001, 64 << 20, 1 << 30)  # 200 wanted, 16 batches of 64 MiB fit 1 GiB
+    16
+    """
+    if step_s is None or load_s is None:
+        want = MIN_WINDOW
+    elif load_s <= 0:
+        want = MAX_WINDOW
+    else:
+        want = max(math.ceil(2 * step_s / load_s - 1e-9), MIN_WINDOW)
+    fit = budget // batch_bytes if batch_bytes else MAX_WINDOW
+    return max(1, min(want, fit, MAX_WINDOW))
