@@ -456,6 +456,7 @@ class PipelineIterator:
 
     def _close(self) -> None:
         self._closed = True
+        LIVE.discard(self)  # no longer reported to quern.metrics
         if self._lookahead is not None:
             self._lookahead.close()  # queued fetches ahead are dropped
         self._drop_pending()

@@ -155,6 +155,7 @@ class GlobalIterator:
         return out
 
     def close(self) -> None:
+        LIVE.discard(self)  # no longer reported to quern.metrics
         self._ready.clear()
         self._host.close()
 

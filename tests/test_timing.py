@@ -5,6 +5,7 @@ The figures are checked against sleeps of known length (lower bounds, which hold
 on any machine) and against a consumer that is clearly faster or slower than the
 loader; no test asserts a throughput."""
 
+import gc
 import time
 
 import numpy as np
@@ -231,12 +232,13 @@ def test_the_global_iterator_times_the_device_put_and_reports_instead_of_its_hos
     assert s["steps"] == 5 and s["stages"]["device_put"] > 0 and "read" in s["stages"]
 
 
-def test_every_iterator_is_registered_until_it_is_gone():
+def test_every_iterator_is_registered_until_it_is_closed_or_gone():
     it = _pipe().iterator()
     assert it in timing.LIVE
     it.close()
+    assert it not in timing.LIVE
+    it = _pipe().iterator()
+    n = len(timing.LIVE)
     del it
-    import gc
-
     gc.collect()
-    assert not any(isinstance(x, quern.PipelineIterator) and not x._closed for x in list(timing.LIVE))
+    assert len(timing.LIVE) == n - 1
