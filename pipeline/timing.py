@@ -134,25 +134,28 @@ class StepClock:
 
     def step_time(self) -> float | None:
         """Mean seconds per step outside ``next()`` (the training's own work) over the window."""
-        if not self.recent:
+        recent = list(self.recent)
+        if not recent:
             return None
-        return max(sum(p - w for w, p in self.recent) / len(self.recent), 0.0)
+        return max(sum(p - w for w, p in recent) / len(recent), 0.0)
 
     def figures(self) -> dict[str, Any]:
         """``steps``, ``first_batch_s``; ``data_wait`` (``last``, ``mean``, ``max`` over
         the window, ``total`` since the second batch; seconds), ``step_period``
         (``last``, ``mean``), ``bubble_rate`` (wait / period over the window),
-        ``bubble_rate_total`` and ``health`` (over the window)."""
-        n = len(self.recent)
-        wait = sum(w for w, _ in self.recent)
-        period = sum(p for _, p in self.recent)
+        ``bubble_rate_total`` and ``health`` (over the window). Safe to call from
+        another thread while ``end`` runs (a scrape during training)."""
+        recent = list(self.recent)  # one C call: safe while another thread's next() appends
+        n = len(recent)
+        wait = sum(w for w, _ in recent)
+        period = sum(p for _, p in recent)
         return {
             "steps": self.steps,
             "first_batch_s": self.first_batch_s,
             "data_wait": {
                 "last": self.last_wait,
                 "mean": wait / n if n else 0.0,
-                "max": max((w for w, _ in self.recent), default=0.0),
+                "max": max((w for w, _ in recent), default=0.0),
                 "total": self.wait_total,
             },
             "step_period": {"last": self.last_period, "mean": period / n if n else 0.0},
