@@ -18,12 +18,16 @@ AdamW.
 Each step takes a global batch of ``jax.Array`` from
 ``quern.sharding.global_iterator`` (sharded over all devices of all processes,
 ``device_prefetch`` batches in flight), runs one jitted step, and logs the
-loss, the step time and the time spent waiting for data. Every
+loss; every ``--log-every`` steps it logs the iterator's own figures
+(``it.stats()``): the data wait per step, the step period, the bubble rate
+(the share of the step the loop waited for data) and the health by the 50% /
+80% thresholds, with where the loader spends its time. Every
 ``--ckpt-every`` steps the parameters, the optax state and the iterator state
 are saved together with orbax; on start the latest checkpoint is restored, so a
 killed run resumes and produces exactly the losses of an uninterrupted one.
 
 Run:  python examples/train_lm.py [--steps 60] [--ckpt-dir DIR] [--ckpt-every 20] [--pack best_fit|concat]
+      [--log-every 10]
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -129,6 +132,19 @@ def train_step(params: dict, opt_state: optax.OptState, batch: dict):
     return optax.apply_updates(params, updates), opt_state, loss, count
 
 
+def data_line(stats: dict) -> str:
+    """One log line from the iterator's figures over its last 100 steps: the data wait
+    per step, the step period, the bubble rate, the health, and the loader's
+    slowest stage (summed over its threads or workers)."""
+    stages = stats["stages"]
+    slowest = max(stages, key=stages.get) if stages else "-"
+    return (
+        f"data: wait {1e3 * stats['data_wait']['mean']:.2f} ms/step, period {1e3 * stats['step_period']['mean']:.1f} "
+        f"ms, bubble rate {100 * stats['bubble_rate']:.1f}%, health {stats['health']}; loader's slowest stage "
+        f"{slowest!r}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="global batch size (packed rows)")
     ap.add_argument("--pack", choices=("best_fit", "concat"), default="best_fit", help="packing mode")
     ap.add_argument("--workers", type=int, default=0, help="quern worker processes per host")
+    ap.add_argument("--log-every", type=int, default=10, help="log the data wait and bubble rate every N steps")
     args = ap.parse_args(argv)
 
     folder, _ = quickstart.build_dataset(args.data)
@@ -168,26 +185,16 @@ def main(argv: list[str] | None = None) -> int:
         start = restored.data["step"]
         print(f"resumed from checkpoint at step {start}", flush=True)
 
-    waits, steps, tokens = [], [], 0
+    tokens, trained = 0, 0
     with quern.sharding.global_iterator(pipe, mesh, start_step=start, num_workers=args.workers) as it:
-        t_prev = time.perf_counter()
         while it.step < args.steps:
-            t0 = time.perf_counter()
             batch = next(it)
-            t1 = time.perf_counter()
             params, opt_state, loss, count = train_step(params, opt_state, batch)
             loss, count = float(loss), int(count)  # waits for the step
-            t2 = time.perf_counter()
-            step = it.step - 1
-            waits.append(t1 - t0)
-            steps.append(t2 - t_prev)
-            tokens += count
-            t_prev = t2
-            print(
-                f"step {step} loss {loss!r} tokens {count} step_ms {1e3 * (t2 - t0):.1f} "
-                f"data_wait_ms {1e3 * (t1 - t0):.2f}",
-                flush=True,
-            )
+            tokens, trained = tokens + count, trained + 1
+            print(f"step {it.step - 1} loss {loss!r} tokens {count}", flush=True)
+            if it.step % args.log_every == 0:
+                print(data_line(it.stats()), flush=True)
             if it.step % args.ckpt_every == 0:
                 mngr.save(
                     it.step,
@@ -197,18 +204,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 mngr.wait_until_finished()
                 print(f"checkpoint saved at step {it.step}", flush=True)
+        stats = it.stats()
     mngr.close()
-    if steps:
+    if trained:
         print(
-            f"trained on {tokens:,} target tokens in {len(steps)} steps: "
-            f"{100 * tokens / (len(steps) * args.batch * CONTEXT):.1f}% of the packed rows' {CONTEXT} targets",
+            f"trained on {tokens:,} target tokens in {trained} steps: "
+            f"{100 * tokens / (trained * args.batch * CONTEXT):.1f}% of the packed rows' {CONTEXT} targets",
             flush=True,
         )
-    if len(steps) > 2:  # the first steps include compilation
-        wait, total = sum(waits[2:]), sum(steps[2:])
+    if stats["steps"] > 1:  # the first batch (start-up) is only in first_batch_s
+        wait = stats["data_wait"]["total"]
         print(
-            f"data wait: {1e3 * wait / len(steps[2:]):.2f} ms per step = {100 * wait / total:.1f}% of step time "
-            f"({1e3 * total / len(steps[2:]):.1f} ms per step, steps {start + 2}..{it.step - 1})",
+            f"data wait over the run: {1e3 * wait / (stats['steps'] - 1):.2f} ms per step, bubble rate "
+            f"{100 * stats['bubble_rate_total']:.1f}% (first batch {stats['first_batch_s']:.2f} s)",
             flush=True,
         )
     return 0

@@ -104,7 +104,15 @@ def test_killed_and_resumed_run_has_the_same_losses(tmp_path):
     values = [float(reference[s]) for s in range(12)]
     assert all(math.isfinite(v) for v in values) and len(set(values)) == 12
     assert max(values[-4:]) < values[0] - 1  # it learns: the batches reach the model
-    assert re.search(r"data wait: .* ms per step = .*% of step time", whole.stdout)
+    # every 10 steps, the iterator's own figures (10 steps of 12: one line), and a summary
+    lines = re.findall(
+        r"^data: wait (\S+) ms/step, period (\S+) ms, bubble rate (\S+)%, health (\w+)", whole.stdout, re.M
+    )
+    assert len(lines) == 1, whole.stdout
+    wait, period, bubble, health = lines[0]
+    assert 0 <= float(wait) <= float(period) and 0 <= float(bubble) <= 100
+    assert health in ("healthy", "warning", "alarm")
+    assert re.search(r"^data wait over the run: \S+ ms per step, bubble rate \S+%", whole.stdout, re.M)
     # packed rows: each row's first token of every document and its padding are no target
     counts = [int(c) for c in re.findall(r"^step \d+ loss \S+ tokens (\d+)", whole.stdout, re.MULTILINE)]
     assert len(counts) == 12 and all(0 < c < 16 * 128 for c in counts)
