@@ -34,15 +34,21 @@ typecheck: install
 test: install lint typecheck
 	$(PY) -m pytest -q
 
-# System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests.
-# .ci/run calls this before `make test`. Installed with apt-get only where the nginx binary is missing
-# (nothing to do, and no apt-get update, when it is there), without starting Debian's nginx service: a
-# policy-rc.d that exits 101 stands in for the install, and the service is stopped and disabled after.
-# Best effort: where it cannot be installed (no apt-get, not root, no network) one line says why and the
-# HTTP tests skip with that reason; this target never fails.
+# System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
+# and prometheus, for the Prometheus tests. .ci/run calls this before `make test`. Each is installed with
+# apt-get only where its binary is missing (nothing to do, and no apt-get update, when both are there; one
+# apt-get update for both otherwise), with --no-install-recommends, without starting Debian's service of
+# it: a policy-rc.d that exits 101 stands in for the install, and the service is stopped and disabled
+# after (a process the package started, found by its pid file and /proc/PID/comm, is killed).
+# Best effort: where one cannot be installed (no apt-get, not root, no network) one line says why and
+# the tests needing it skip with that reason; this target never fails.
 services:
-	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then exit 0; fi; \
-	skip() { echo "make services: nginx is not installed ($$1); the HTTP tests will skip"; exit 0; }; \
+	@want=; command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || want=nginx; \
+	command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || want="$$want prometheus"; \
+	[ -n "$$want" ] || exit 0; \
+	say() { if [ $$1 = nginx ]; then tests="the HTTP tests"; else tests="the Prometheus tests"; fi; \
+		echo "make services: $$1 is not installed ($$2); $$tests will skip"; }; \
+	skip() { for w in $$want; do say $$w "$$1"; done; exit 0; }; \
 	command -v apt-get >/dev/null 2>&1 || skip "apt-get not found"; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
 	else skip "apt-get needs root, and sudo -n is not allowed"; fi; \
@@ -52,15 +58,25 @@ services:
 	if [ -e $$policy ]; then $$sudo mv -f $$policy $$saved || skip "cannot set $$policy"; fi; ours=1; \
 	printf '#!/bin/sh\nexit 101\n' | $$sudo tee $$policy >/dev/null && $$sudo chmod 755 $$policy || skip "cannot set $$policy"; \
 	apt() { $$sudo env DEBIAN_FRONTEND=noninteractive apt-get -qq -y -o DPkg::Lock::Timeout=120 "$$@" >$$log 2>&1 \
-		|| skip "apt-get $$1 failed: $$(grep -v '^\s*$$' $$log | tail -n 1)"; }; \
-	apt update; \
-	pkg=nginx; apt-cache policy nginx 2>/dev/null | grep -q 'Candidate: [0-9]' || pkg=nginx-light; \
-	apt install --no-install-recommends $$pkg; \
-	if [ -d /run/systemd/system ]; then $$sudo systemctl disable --now nginx >/dev/null 2>&1 || true; fi; \
-	pid=$$(cat /run/nginx.pid 2>/dev/null) || true; \
-	if [ -n "$$pid" ] && [ "$$(cat /proc/$$pid/comm 2>/dev/null)" = nginx ]; then $$sudo kill $$pid || true; fi; \
-	[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || skip "apt-get install $$pkg gave no nginx binary"; \
-	echo "make services: installed $$pkg (nginx $$(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||')); its system service is not running"
+		|| { why="apt-get $$1 failed: $$(grep -v '^\s*$$' $$log | tail -n 1)"; return 1; }; }; \
+	halt() { if [ -d /run/systemd/system ]; then $$sudo systemctl disable --now $$1 >/dev/null 2>&1 || true; fi; \
+		pid=$$(cat $$2 2>/dev/null) || true; \
+		if [ -n "$$pid" ] && [ "$$(cat /proc/$$pid/comm 2>/dev/null)" = $$1 ]; then $$sudo kill $$pid || true; fi; }; \
+	apt update || skip "$$why"; \
+	for w in $$want; do \
+	if [ $$w = nginx ]; then \
+		pkg=nginx; apt-cache policy nginx 2>/dev/null | grep -q 'Candidate: [0-9]' || pkg=nginx-light; \
+		apt install --no-install-recommends $$pkg || { say nginx "$$why"; continue; }; \
+		halt nginx /run/nginx.pid; \
+		[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || { say nginx "apt-get install $$pkg gave no nginx binary"; continue; }; \
+		echo "make services: installed $$pkg (nginx $$(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||')); its system service is not running"; \
+	else \
+		apt install --no-install-recommends prometheus || { say prometheus "$$why"; continue; }; \
+		halt prometheus /run/prometheus/prometheus.pid; \
+		[ -x /usr/bin/prometheus ] || { say prometheus "apt-get install prometheus gave no prometheus binary"; continue; }; \
+		echo "make services: installed prometheus (prometheus $$(/usr/bin/prometheus --version 2>&1 | sed -n 's/.*version \([^ ]*\).*/\1/p;q')); its system service is not running"; \
+	fi; \
+	done
 
 bench: install
 	$(PY) benchmarks/vs_grain.py

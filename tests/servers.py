@@ -25,12 +25,31 @@ once, then after each write waits as long as that write takes at the rate: ``n``
 ``n / rate - 1`` seconds (3 MiB at ``"1m"``: 2.0 s). Its clock counts whole seconds, so rarely a
 transfer takes up to a second less: a test may count on no more than ``n / rate - 2``. A stop() in the
 meantime cuts the transfer.
+
+Prometheus (``make services`` installs Debian's with apt-get; without it the tests marked
+``needs_prometheus`` skip, saying so)::
+
+    @needs_prometheus
+    def test_metrics():
+        with prometheus(["127.0.0.1:8000"], scrape_interval="1s") as prom:  # scrapes :8000/metrics
+            prom.wait_for('demo_metric{a="b"}')  # polls until the query has a result: that result
+            prom.query("rate(demo_metric[5s])")  # the HTTP API's data.result, a list of series
+            prom.targets()  # each target's health, last error and labels
+
+Every server has its own configuration (one scrape job, ``job``, of the static ``targets``), TSDB and
+output log in a temporary folder, and is one process run as a child of the test on a free port
+(``.url``), ready (``/-/ready``) when ``prometheus()`` yields; leaving the ``with`` stops it (SIGTERM,
+then SIGKILL) and removes that folder; setpriv as for nginx. Prometheus hands the targets to its
+scrapers no sooner than 5 s after it starts (a throttle of its service discovery that 2.42 cannot
+shorten), so the first scrape, and the first result of ``wait_for``, comes 5 to 6 s after the start
+at ``scrape_interval="1s"``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shutil
@@ -39,8 +58,12 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -53,11 +76,22 @@ def _find_nginx() -> str | None:
     return None
 
 
+def _find_prometheus() -> str | None:
+    for path in (shutil.which("prometheus"), "/usr/bin/prometheus", "/usr/local/bin/prometheus"):
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 NGINX: str | None = _find_nginx()
 NGINX_MISSING = "nginx is not installed (make services installs it with apt-get)"
 needs_nginx = pytest.mark.skipif(NGINX is None, reason=NGINX_MISSING)
 
-START_TIMEOUT = 10.0  # seconds for nginx to accept connections
+PROMETHEUS: str | None = _find_prometheus()
+PROMETHEUS_MISSING = "prometheus is not installed (make services installs it with apt-get)"
+needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason=PROMETHEUS_MISSING)
+
+START_TIMEOUT = 10.0  # seconds for nginx to accept connections, for prometheus to be ready
 STOP_TIMEOUT = 5.0  # seconds after SIGTERM before SIGKILL
 
 _SETPRIV = shutil.which("setpriv")
@@ -223,15 +257,7 @@ class Nginx:
         """Stop nginx (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses connections, and
         transfers under way are cut. Nothing to do when it is not running."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _terminate(proc)
 
     def requests(self) -> list[Request]:
         """The requests answered so far (since the first start), oldest first."""
@@ -277,6 +303,201 @@ def nginx(
     with Nginx(root, limit_rate=limit_rate, port=port) as server:
         server.start()
         yield server
+
+
+class Prometheus:
+    """One private Prometheus scraping ``targets`` (``"127.0.0.1:PORT"``, each at ``/metrics``) every
+    ``scrape_interval`` as the job ``job``; see the module's text. ``start()`` and ``stop()`` may be
+    called any number of times; the port stays the same, and so do the samples scraped."""
+
+    def __init__(self, targets: list[str], scrape_interval: str = "1s", job: str = "quern"):
+        if PROMETHEUS is None:
+            raise RuntimeError(PROMETHEUS_MISSING)
+        if isinstance(targets, str):
+            raise TypeError(f"targets is a list of 'host:port', not a str: {targets!r}")
+        self.scrape_targets = [str(t) for t in targets]
+        self.scrape_interval = scrape_interval
+        self.job = job
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="quern-prometheus-")
+        self.conf = os.path.join(self.dir, "prometheus.yml")
+        self.data = os.path.join(self.dir, "data")
+        self.output = os.path.join(self.dir, "output.log")  # prometheus's stdout and stderr
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The prometheus process's id while it runs, else None."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def config(self) -> str:
+        """The prometheus.yml that start() writes (JSON, which is YAML). The global interval is the
+        job's too, so that the scrape timeout (at most 10 s) is no longer than the interval."""
+        interval = self.scrape_interval
+        job = {"job_name": self.job, "scrape_interval": interval, "static_configs": [{"targets": self.scrape_targets}]}
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "scrape_configs": [job],
+        }
+        return json.dumps(config, indent=2) + "\n"
+
+    def start(self) -> None:
+        """Start prometheus and wait until it is ready (else RuntimeError with its output)."""
+        if self.pid is not None:
+            raise RuntimeError(f"prometheus is already running at {self.url}")
+        for attempt in range(3):
+            try:
+                self._start_once()
+                break
+            except _PortTaken:
+                if self._started or attempt == 2:
+                    raise
+                self.port = _free_port()  # another process took the free port picked: pick another
+        self._started = True
+
+    def _start_once(self) -> None:
+        binary = PROMETHEUS
+        assert binary is not None
+        with open(self.conf, "w") as f:
+            f.write(self.config())
+        log_from = _size(self.output)
+        cmd = [
+            binary,
+            f"--config.file={self.conf}",
+            f"--storage.tsdb.path={self.data}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
+        if _SETPRIV:
+            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
+        with open(self.output, "ab") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self._proc = proc
+        deadline = time.monotonic() + START_TIMEOUT
+        why = None
+        while why is None:
+            if self._ready():
+                return
+            if proc.poll() is not None:
+                if "address already in use" in _read_from(self.output, log_from):
+                    self.stop()
+                    raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
+                why = f"prometheus exited with status {proc.returncode}"
+            elif time.monotonic() > deadline:
+                why = f"prometheus was not ready at {self.url} within {START_TIMEOUT:g} s"
+            else:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(self._failure(why, log_from))
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as e:  # 503 while it starts
+            e.close()
+            return False
+        except OSError:  # refused before it listens
+            return False
+
+    def _failure(self, why: str, log_from: int) -> str:
+        return f"{why} (config {self.conf}, command {PROMETHEUS})\noutput.log:\n{_read_from(self.output, log_from).rstrip()}"
+
+    def stop(self) -> None:
+        """Stop prometheus (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses
+        connections. Nothing to do when it is not running."""
+        proc, self._proc = self._proc, None
+        _terminate(proc)
+
+    def api(self, path: str, **params: str) -> Any:
+        """The ``data`` of an answer of the HTTP API (``path`` such as ``"/api/v1/targets"``); an
+        answer that is not a success raises RuntimeError with it."""
+        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                status, body = r.status, r.read()
+        except urllib.error.HTTPError as e:  # 400 for a query that does not parse, 422 one that fails
+            with e:
+                status, body = e.code, e.read()
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if status != 200 or not isinstance(answer, dict) or answer.get("status") != "success":
+            text = body.decode("utf-8", "replace")
+            raise RuntimeError(f"prometheus answered {path} {params} with HTTP {status}: {text}")
+        return answer["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """The result of the PromQL ``expr`` now (``/api/v1/query``): a list of series, each
+        ``{"metric": {labels}, "value": [time, "value"]}`` for a vector."""
+        return self.api("/api/v1/query", query=expr)["result"]
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The active targets (``/api/v1/targets``), each with its ``health`` ("up", "down" or
+        "unknown" before its first scrape), ``lastError``, ``scrapeUrl`` and ``labels``."""
+        return self.api("/api/v1/targets")["activeTargets"]
+
+    def wait_for(self, expr: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """Query ``expr`` until the result is not empty, and return it; after ``timeout`` s,
+        AssertionError with the last result and the targets' health."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(expr)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        health = [f"{t['scrapeUrl']}: {t['health']} {t['lastError']!r}".rstrip() for t in self.targets()]
+        raise AssertionError(
+            f"prometheus at {self.url} had no result for {expr!r} within {timeout:g} s (last: {result!r}); "
+            f"targets: {'; '.join(health) or 'none yet'}"
+        )
+
+    def close(self) -> None:
+        """stop(), and remove the temporary folder."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Prometheus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.pid is not None else "stopped"
+        return f"<Prometheus {self.url} scraping {self.scrape_targets}, {state}>"
+
+
+@contextlib.contextmanager
+def prometheus(targets: list[str], scrape_interval: str = "1s", job: str = "quern") -> Iterator[Prometheus]:
+    """A private Prometheus at ``.url`` (http://127.0.0.1:PORT, a free port) scraping ``targets``
+    (``"127.0.0.1:PORT"``, at ``/metrics``) every ``scrape_interval`` as the job ``job``, ready, and
+    stopped on exit with no process of it left. Skips the test where prometheus is not installed."""
+    if PROMETHEUS is None:
+        pytest.skip(PROMETHEUS_MISSING)
+    with Prometheus(targets, scrape_interval=scrape_interval, job=job) as server:
+        server.start()
+        yield server
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT s; wait for the process to end."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _size(path: str) -> int:
