@@ -102,6 +102,7 @@ from .errors import (
 )
 from .limits import MAX_BYTES
 from .plan import mixture as _mixture
+from .progress import Bar
 from .sources.prepared import MANIFEST
 from .tree import leaves
 
@@ -156,18 +157,6 @@ def _read_state(path: str) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
         raise ValueError(f"not JSON: {e}") from e
-
-
-def _progress(done: int, total: int, records: int, seconds: float, noun: str = "records") -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    rate = records / seconds if seconds > 0 else 0.0
-    print(
-        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps, {rate:,.0f} {noun}/s",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def _drawn(pipe: Pipeline, counts: np.ndarray, what: str) -> str:
@@ -339,25 +328,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         if pipe.num_steps - start < steps:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
-    t0, records, shown = time.perf_counter(), 0, False
+    t0, records = time.perf_counter(), 0
     noun = "rows" if _packed_rows(pipe) else "records"  # a packed row holds several records
     step_rows: list[int] = []  # of each step, and its real tokens: a bucketed pipeline's padding
     reals: list[int | None] = []
-    try:
+    # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
+    with Bar(steps, "quern run", unit="step", count=noun) as bar:
         with pipe.iterator(start_step=start, num_workers=args.workers) as it:
             for i in range(steps):
                 batch = next(it)
-                records += len(leaves(batch)[0][1])
+                made = len(leaves(batch)[0][1])  # the step's records (rows)
+                records += made
                 if pipe.bucketing is not None:
-                    step_rows.append(len(leaves(batch)[0][1]))
+                    step_rows.append(made)
                     reals.append(_real_tokens(pipe, start + i, batch))
-                if i % 10 == 0 or i == steps - 1:
-                    _progress(i + 1, steps, records, time.perf_counter() - t0, noun)
-                    shown = True
+                bar.update(1, made)
             state = it.state()
-    finally:
-        if shown:  # end the progress line, also before an error message
-            print(file=sys.stderr)
     seconds = time.perf_counter() - t0
     print(
         f"{steps} steps, {records:,} {noun} in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} {noun}/s, "
@@ -602,7 +588,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--process-index", type=_nonneg, default=0, help="this host's index (default 0)")
         p.add_argument("--process-count", type=_positive, default=1, help="number of hosts (default 1)")
 
-    p = with_config("run", "iterate the pipeline, with a progress bar, and print throughput")
+    p = with_config("run", "iterate the pipeline (a progress bar on a terminal) and print throughput")
     p.add_argument("--steps", type=_positive, default=100, help="steps to run (default 100)")
     p.add_argument("--start-step", type=_nonneg, default=0, help="first step (default 0; --state overrides it)")
     p.add_argument("--workers", type=_nonneg, default=0, help="worker processes (default 0)")

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..pipeline.errors import PrepareError
 from ..pipeline.fingerprint import describe_callable, fingerprint_of
+from ..pipeline.progress import Bar
 from ..pipeline.sources import prepared
 from . import inputs as _inputs
 from . import shards as _shards
@@ -99,46 +100,15 @@ def _by_value(fn: Any) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
-def _screen() -> tuple[int, int]:
-    """The terminal's columns and rows on stderr; 100 x 24 where it says 0 (a pseudo-terminal
-    whose size was never set: tqdm would hide its bar) or cannot say."""
-    try:
-        size = os.get_terminal_size(sys.stderr.fileno())
-    except (OSError, ValueError):
-        return 100, 24
-    return size.columns or 100, size.lines or 24
-
-
-class _Progress:
-    """A tqdm bar on stderr when it is a terminal (input bytes, with rates and ETA); quiet otherwise."""
+class _Progress(Bar):
+    """prepare's bar on stderr when it is a terminal (input bytes, with rates and ETA, and the
+    records written and their rate); quiet otherwise. Called with each piece of progress."""
 
     def __init__(self, total: int, shown: bool | None) -> None:
-        from tqdm import tqdm
-
-        self.on = sys.stderr.isatty() if shown is None else shown
-        self.bar = tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc="quern prepare",
-            disable=not self.on,
-            file=sys.stderr,
-            ncols=_screen()[0],
-            nrows=_screen()[1],
-        )
-        self.records = 0
-        self.t0 = time.monotonic()
+        super().__init__(total, "quern prepare", unit="B", scale=1024, count="records", per="rec", shown=shown)
 
     def __call__(self, nbytes: int, records: int) -> None:
-        self.records += records
-        self.bar.update(nbytes)
-        if self.on:
-            rate = self.records / max(time.monotonic() - self.t0, 1e-9)
-            self.bar.set_postfix_str(f"{self.records:,} records, {rate:,.0f} rec/s", refresh=False)
-
-    def close(self) -> None:
-        self.bar.close()
+        self.update(nbytes, records)
 
 
 # --------------------------------------------------------------------------- executors
