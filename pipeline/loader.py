@@ -406,7 +406,8 @@ class PipelineIterator:
         if pool is None:
             out = dict(self._last_stats)
             if not self.num_workers:
-                ready, in_flight = len(self._ready), sum(c for _, c, _ in self._pending)
+                pending = list(self._pending)  # one C call: safe while next() runs in another thread (a scrape)
+                ready, in_flight = len(self._ready), sum(c for _, c, _ in pending)
                 depth = max(self.prefetch * (self.read_ahead or 1), self.window)
                 out["stages"], out["stage_steps"] = dict(self.timings), self._computed
             else:  # the workers have stopped: their last figures
