@@ -3,7 +3,7 @@
     quern run CONFIG [--steps N] [--start-step S] [--workers W] [--state FILE [--force]] [--save-state FILE]
     quern explain CONFIG --step S [--process-index H --process-count N] [--json]
     quern inspect CONFIG --step S [--process-index H --process-count N]
-    quern bench CONFIG [--steps N] [--start-step S]
+    quern bench CONFIG [--steps N] [--start-step S] [--workers W] [--step-ms MS] [--plot OUT.png]
     quern prepare INPUT... --output DIR [--map MODULE:FN] [--workers N] [--shard-size 128MB] [--fields A,B]
                   [--format F] [--field NAME] [--columns A,B] [--include GLOB] [--compression C]
                   [--skip-errors] [--ray [--ray-address A]]
@@ -87,7 +87,7 @@ import numpy as np
 
 from .. import __version__
 from ..prepare import prepare
-from . import execute
+from . import bench
 from .config import load_config
 from .dataset import Pipeline
 from .errors import (
@@ -113,6 +113,13 @@ def _nonneg(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
 
 
@@ -483,37 +490,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("quern: bench --plot needs matplotlib: pip install 'quern[plot]'", file=sys.stderr)
+            return EXIT_USAGE
     pipe = _load(args)
     end = pipe.check_step(args.start_step, "start step") + args.steps  # past the end: main() exits 2
     if pipe.num_steps is not None:
         end = min(end, pipe.num_steps)
-    args.steps = end - args.start_step
-    inner = [] if pipe.packing is None else [op.label(k) for k, op in enumerate(pipe.packing.inner.record_ops)]
-    stages = (
-        [execute.READ]
-        + inner
-        + ([execute.PACK] if pipe.packing is not None else [])
-        + [op.label(k) for k, op in enumerate(pipe.record_ops)]
-        + [execute.COLLATE]
-        + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
-    )
-    times = dict.fromkeys(stages, 0.0)
-    records = 0
-    for s in range(args.start_step, end):  # one read per step, in this process
-        for result in execute.step_results(pipe, [s], timings=times):
-            if result.error is not None:
-                raise result.error
-        records += len(pipe.positions(s))
-    total = sum(times.values())
+    steps = end - args.start_step
     noun = "rows" if _packed_rows(pipe) else "records"  # a packed row holds several records
-    print(
-        f"{args.steps} steps, {records:,} {noun}, one read per step, one process: "
-        f"{records / max(total, 1e-9):,.0f} {noun}/s"
-    )
-    width = max(18, *map(len, stages))
-    for name, dt in times.items():
-        print(f"  {name:{width}s} {1e3 * dt / args.steps:9.3f} ms/step  {dt / max(total, 1e-9):6.1%}")
-    print(f"bound by: {max(times, key=lambda k: times[k])}")
+    prof = bench.profile(pipe, args.start_step, steps)
+    run = bench.loop(pipe, args.start_step, steps, args.workers, args.step_ms / 1e3)
+    diagnosis = bench.diagnose(pipe, run)
+    print("\n".join(bench.report(prof, run, diagnosis, noun)))
+    if args.plot:
+        bench.plot(prof, run, diagnosis, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 
@@ -610,9 +605,21 @@ def _parser() -> argparse.ArgumentParser:
     host(p)
     p.set_defaults(fn=cmd_inspect)
 
-    p = with_config("bench", "time per stage (read, record transforms, collate, batch transforms)")
+    p = with_config(
+        "bench",
+        "time per stage (read, transforms, collate), then a training loop's data wait and bubble rate, and where "
+        "the data waits (device, host memory, local disk, network) with a suggestion",
+    )
     p.add_argument("--steps", type=_positive, default=20, help="steps to time (default 20)")
     p.add_argument("--start-step", type=_nonneg, default=0)
+    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes of the loop (default 0)")
+    p.add_argument(
+        "--step-ms",
+        type=_nonneg_float,
+        default=0.0,
+        help="the training step the loop simulates, in ms (default 0: none)",
+    )
+    p.add_argument("--plot", metavar="OUT.png", help="draw the loop's wait vs compute and the stage times per step")
     p.set_defaults(fn=cmd_bench)
 
     help = "convert inputs to ArrayRecord shards with a manifest and a metadata index (see quern.prepare)"

@@ -88,7 +88,7 @@ def triage(
     more_workers = (
         f"add worker processes (num_workers={min(max(2 * workers, 2), cpus)}; this host has {cpus} cores)"
         if workers < cpus
-        else f"every one of the {cpus} cores already runs a worker: add hosts or cheapen the stage"
+        else f"cheapen the stage or add hosts (each of the {cpus} cores already runs a worker)"
     )
     where = f"; stage {stage!r} takes {share:.0%} of the loader's time"
     if stage == DEVICE_PUT:
@@ -152,7 +152,7 @@ def triage(
             share,
             waits + where + " (a per-record Python transform)",
             f"vectorise this transform: one numpy call over the batch in map_batch instead of a Python call per "
-            f"record; or {more_workers}",
+            f"record{'; or ' + more_workers if workers < cpus else ''}",
         )
     return Diagnosis(HOST_MEMORY, stage, share, waits + where + " (CPU work on the batch)", more_workers)
 

@@ -1,0 +1,193 @@
+"""``quern bench``: where a pipeline's time goes, and where the data waits.
+
+Two measurements of the same steps, then a diagnosis:
+
+1. :func:`profile`: each step computed on its own in this process (one read per
+   step), its seconds per stage (:mod:`quern.pipeline.timing`): what each stage
+   costs, free of any overlap.
+2. :func:`loop`: the real iterator (threads or worker processes, prefetch) fed to
+   a training loop whose step takes ``step_s`` seconds (a sleep: the host is free
+   while an accelerator computes), with the iterator's own figures: the data wait
+   and step period of every step, the bubble rate, the health, the stage seconds
+   of its threads or workers, the disk cache.
+3. :func:`diagnose`: the triage tree (:mod:`quern.pipeline.triage`) over the
+   loop's figures: the level where the data waits, the bounding stage, one
+   suggestion.
+
+:func:`report` turns them into the lines ``quern bench`` prints; :func:`plot`
+draws them (matplotlib, ``pip install 'quern[plot]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, NamedTuple
+
+from . import execute
+from .triage import Diagnosis, SourceFacts, triage
+
+__all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot"]
+
+
+class Profile(NamedTuple):
+    steps: list[int]
+    stages: list[str]  # in pipeline order
+    per_step: list[dict[str, float]]  # seconds per stage of each step
+    rows: int  # rows (records, or packed rows) made
+
+
+class Loop(NamedTuple):
+    steps: list[int]
+    waits: list[float]  # seconds blocked in next() at each step
+    periods: list[float]  # seconds between the returns of next() (0.0 for the first)
+    step_s: float  # the training step the loop simulated
+    workers: int
+    stats: dict[str, Any]  # it.stats() at the end
+
+
+def stage_names(pipe: Any) -> list[str]:
+    """The stages of ``pipe`` in the order they run (a mixture's ``read: NAME`` included when met)."""
+    inner = [] if pipe.packing is None else [op.label(k) for k, op in enumerate(pipe.packing.inner.record_ops)]
+    return (
+        [execute.READ]
+        + inner
+        + (["pack"] if pipe.packing is not None else [])
+        + [op.label(k) for k, op in enumerate(pipe.record_ops)]
+        + [execute.COLLATE]
+        + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
+    )
+
+
+def short(label: str, width: int = 44) -> str:
+    """A stage label cut to ``width`` characters for tables and legends (``map[1] pad(length=16, ...``)."""
+    return label if len(label) <= width else label[: width - 3] + "..."
+
+
+def profile(pipe: Any, start: int, count: int) -> Profile:
+    """Steps ``start .. start + count - 1`` of host 0 of 1, one at a time in this process:
+    seconds per stage of each (raises the first step's error)."""
+    names = stage_names(pipe)
+    per_step, rows = [], 0
+    for s in range(start, start + count):
+        times: dict[str, float] = {}
+        for result in execute.step_results(pipe, [s], timings=times):
+            if result.error is not None:
+                raise result.error
+        for stage in times:
+            if stage not in names:
+                names.insert(1 if stage.startswith(execute.READ) else len(names), stage)
+        per_step.append(times)
+        rows += len(pipe.positions(s))
+    return Profile(list(range(start, start + count)), names, per_step, rows)
+
+
+def loop(pipe: Any, start: int, count: int, workers: int, step_s: float) -> Loop:
+    """``count`` steps from ``start`` through ``pipe.iterator(num_workers=workers)``,
+    each followed by a training step of ``step_s`` seconds (a sleep), with the
+    iterator's data wait and step period of every step and its stats at the end."""
+    waits, periods = [], []
+    with pipe.iterator(start_step=start, num_workers=workers) as it:
+        for _ in range(count):
+            next(it)
+            waits.append(it.clock.last_wait if it.clock.steps > 1 else it.clock.first_batch_s or 0.0)
+            periods.append(it.clock.last_period if it.clock.steps > 1 else 0.0)
+            if step_s:
+                time.sleep(step_s)
+        stats = it.stats()
+    return Loop(list(range(start, start + count)), waits, periods, step_s, workers, stats)
+
+
+def source_facts(pipe: Any) -> list[SourceFacts]:
+    """What the triage needs of each source ``pipe`` reads, named as its read stage names it."""
+    out = []
+    for name, leaf in zip(pipe.leaf_names, pipe.leaves):
+        src = leaf.source if leaf.source is not None else leaf.packing.inner.source
+        definition = leaf if leaf.source is not None else leaf.packing.inner
+        out.append(
+            SourceFacts(
+                name=name,
+                kind=type(src).__name__,
+                remote=getattr(src, "cache", None) is not None,
+                block_size=int(src.block_size()),
+                shuffle=definition.shuffle_mode,
+            )
+        )
+    return out
+
+
+def diagnose(pipe: Any, run: Loop, fallback: dict[str, float] | None = None) -> Diagnosis:
+    """The triage of the loop's figures (its threads' or workers' stage seconds, else ``fallback``)."""
+    s = run.stats
+    cache = s.get("disk_cache") or {}
+    misses = int(cache.get("misses", 0)) + (1 if cache.get("bytes_fetched") else 0)
+    return triage(
+        s.get("stages") or fallback or {},
+        s["health"],
+        s["bubble_rate_total"],
+        source_facts(pipe),
+        workers=run.workers,
+        cpus=os.cpu_count() or 1,
+        cache_misses=misses,
+    )
+
+
+def report(prof: Profile, run: Loop, d: Diagnosis, noun: str = "records") -> list[str]:
+    """The lines ``quern bench`` prints."""
+    totals = {name: sum(t.get(name, 0.0) for t in prof.per_step) for name in prof.stages}
+    total = sum(totals.values())
+    n = len(prof.steps)
+    lines = [
+        f"{n} steps, {prof.rows:,} {noun}, one read per step, one process: {prof.rows / max(total, 1e-9):,.0f} {noun}/s"
+    ]
+    width = max(18, *(len(short(name)) for name in prof.stages))
+    for name, dt in totals.items():
+        lines.append(f"  {short(name):{width}s} {1e3 * dt / n:9.3f} ms/step  {dt / max(total, 1e-9):6.1%}")
+    lines.append(f"bound by: {short(max(totals, key=lambda k: totals[k]), 200)}")
+    s = run.stats
+    lines.append(
+        f"loop: {len(run.steps)} steps, {run.workers} workers, a training step of {1e3 * run.step_s:.1f} ms: "
+        f"data wait {1e3 * s['data_wait']['mean']:.2f} ms/step, step period {1e3 * s['step_period']['mean']:.2f} ms, "
+        f"bubble rate {s['bubble_rate_total']:.1%}, health {s['health']} (first batch {s['first_batch_s'] or 0:.2f} s)"
+    )
+    lines.append(f"where the data waits: {d.level}: {d.reason}")
+    lines.append(f"suggestion: {d.suggestion}")
+    return lines
+
+
+def plot(prof: Profile, run: Loop, d: Diagnosis, path: str) -> None:
+    """A PNG at ``path``: per step of the loop, the data wait against the training's
+    own time; per step of the profile, the stage times. Needs matplotlib."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("quern bench --plot needs matplotlib: pip install 'quern[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), constrained_layout=True)
+    steps = run.steps[1:]  # the first is start-up
+    waits = [1e3 * w for w in run.waits[1:]]
+    own = [1e3 * max(p - w, 0.0) for w, p in zip(run.waits[1:], run.periods[1:])]
+    top.bar(steps, own, color="#4477aa", label="training step (outside next())")
+    top.bar(steps, waits, bottom=own, color="#cc3311", label="data wait (inside next())")
+    s = run.stats
+    top.set_title(
+        f"the loop ({run.workers} workers): bubble rate {s['bubble_rate_total']:.1%}, health {s['health']}; "
+        f"data waits at: {d.level}"
+    )
+    top.set_xlabel("step")
+    top.set_ylabel("ms")
+    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    bottom_of = [0.0] * len(prof.steps)
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(prof.stages):
+        ms = [1e3 * t.get(name, 0.0) for t in prof.per_step]
+        bottom.bar(prof.steps, ms, bottom=bottom_of, color=colours(i % 10), label=short(name))
+        bottom_of = [a + b for a, b in zip(bottom_of, ms)]
+    bottom.set_title(f"stages per step (one process, one read per step); the loader is bound by {short(d.stage)}")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("ms")
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
