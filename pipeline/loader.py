@@ -318,7 +318,7 @@ class PipelineIterator:
         if self._batch_bytes is None:
             self._batch_bytes = sum(int(getattr(x, "nbytes", 0)) for _, x in leaves(batch)) or 1
         if self._workers is not None:
-            done = sum(self._workers.delivered)
+            done = self._workers.timed_steps
             load = self._workers.compute_seconds / done / self.num_workers if done else None
         else:
             load = self._compute_seconds / self._computed / self.num_threads if self._computed else None
@@ -421,7 +421,7 @@ class PipelineIterator:
                 "computed_in_parent": pool.in_parent,
                 "worker_restarts": pool.restarts,
                 "stages": dict(pool.timings),
-                "stage_steps": sum(pool.delivered),
+                "stage_steps": pool.timed_steps,
             }
         out["host_prefetch"] = {"ready": ready, "in_flight": in_flight, "depth": depth, "window": self.window}
         out.update(self.clock.figures())

@@ -82,7 +82,7 @@ class Task(NamedTuple):
 
     steps: list[int]
     slots: list[int]
-    timed: bool = True  # send each step's stage timings with its Done
+    timed: bool = True  # send the task's stage timings with its last Done
 
 
 class Drop(NamedTuple):
@@ -115,8 +115,9 @@ class Done(NamedTuple):
     data: bytes
     spans: list[Span]
     size: int
-    timings: tuple[tuple[str, float], ...] = ()  # seconds per stage spent on this step (its share of the read)
-    seconds: float = 0.0  # wall time the worker spent on this step since the previous one's Done
+    timings: tuple[tuple[str, float], ...] = ()  # the last step of a task: seconds per stage of the whole task
+    seconds: float = 0.0  # and the wall time the worker spent on the task
+    task_steps: int = 0  # and its number of steps (0 on the other steps of the task)
 
 
 class ErrorReport(NamedTuple):

@@ -154,6 +154,7 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
         clock = Clock(timings)
         t0 = time.perf_counter()
         results = execute.step_results(pipe, msg.steps, index, count, timings)
+        last = msg.steps[-1]
         for (step, batch, error), slot in zip(results, msg.slots):
             clock.t = time.perf_counter()
             if error is None:
@@ -177,12 +178,12 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
                 fds = [slots[slot].fd]
             shm.write(slots[slot], buffers, spans)
             clock.lap(SEND)
-            now = time.perf_counter()
-            spent = tuple(timings.items()) if timings is not None else ()
-            shm.send(sock, Done(step, slot, data, spans, slots[slot].size, spent, now - t0), fds)
-            if timings is not None:
-                timings.clear()
-            t0 = now
+            if step == last:  # the task's figures travel with its last batch: one small tuple per task
+                spent = tuple(timings.items()) if timings is not None else ()
+                seconds = time.perf_counter() - t0
+                shm.send(sock, Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps)), fds)
+            else:
+                shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
 
 

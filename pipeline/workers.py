@@ -395,7 +395,8 @@ class WorkerPool:
         self.restarts = 0  # workers replaced after dying
         self.timed = timed  # workers send each step's stage timings
         self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
-        self.compute_seconds = 0.0  # wall time the workers spent on the steps delivered
+        self.compute_seconds = 0.0  # wall time the workers spent on the tasks delivered whole
+        self.timed_steps = 0  # the steps of those tasks (whose stage seconds are in timings)
         self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         self.workers: list[_Worker | None] = [None] * num_workers
         self._server: _Server | None = None
@@ -647,6 +648,7 @@ class WorkerPool:
                 self.read_ahead = max(1, min(self.max_read_ahead, fit))
             add(self.timings, msg.timings)
             self.compute_seconds += msg.seconds
+            self.timed_steps += msg.task_steps
             self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans))
         elif isinstance(msg, Failed):
             worker.release(msg.step)  # nothing was written to its slot

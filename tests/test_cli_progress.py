@@ -56,7 +56,7 @@ def _env(tmp_path):
     return env
 
 
-def _on_a_terminal(command, env, status=0) -> str:
+def on_a_terminal(command, env=None, status=0) -> str:
     """What ``command`` wrote on a pseudo-terminal (its stdout and stderr), after it exits ``status``."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
@@ -77,7 +77,7 @@ def _on_a_terminal(command, env, status=0) -> str:
 
 
 def test_the_bar_is_drawn_on_a_terminal_with_steps_and_rates(config, tmp_path):
-    text = _on_a_terminal(_command(config), _env(tmp_path))
+    text = on_a_terminal(_command(config), _env(tmp_path))
     assert "quern run" in text and "100%" in text and "30/30" in text, text  # the bar, at its end
     assert "step/s" in text and "240 records" in text and "records/s" in text, text  # steps/s, records and their rate
     assert "30 steps, 240 records in " in text, text  # the summary, after the bar's line
@@ -86,7 +86,7 @@ def test_the_bar_is_drawn_on_a_terminal_with_steps_and_rates(config, tmp_path):
 
 
 def test_a_packed_pipelines_bar_counts_rows(packed, tmp_path):
-    text = _on_a_terminal(_command(packed, steps=3), _env(tmp_path))
+    text = on_a_terminal(_command(packed, steps=3), _env(tmp_path))
     assert "quern run" in text and "100%" in text and "3/3" in text, text
     assert "24 rows" in text and "rows/s" in text and "records/s" not in text, text
     assert "3 steps, 24 rows in " in text, text
@@ -116,7 +116,7 @@ def test_an_error_comes_after_the_bar_on_its_own_line(config, tmp_path):
     cfg = yaml.safe_load(config.read_text())
     cfg["batch_transforms"] = [{"fn": "boom:boom"}]
     config.write_text(yaml.safe_dump(cfg))
-    text = _on_a_terminal(_command(config), _env(tmp_path), status=1)
+    text = on_a_terminal(_command(config), _env(tmp_path), status=1)
     assert "Traceback" not in text, text
     lines = text.replace("\r\n", "\n").split("\n")
     message = [line for line in lines if "quern: step " in line]

@@ -1,11 +1,10 @@
 """``quern prepare`` draws a progress bar (bytes, rates, ETA) on a terminal, and nothing otherwise."""
 
-import os
-import pty
 import subprocess
 import sys
 
 import pytest
+from test_cli_progress import on_a_terminal
 
 
 def _input(tmp_path):
@@ -22,21 +21,7 @@ def _command(docs, out):
 
 def test_the_bar_is_drawn_on_a_terminal_with_rates_and_eta(tmp_path):
     docs = _input(tmp_path)
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(_command(docs, tmp_path / "out"), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # the other end closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=120) == 0
-    text = b"".join(chunks).decode(errors="replace")
+    text = on_a_terminal(_command(docs, tmp_path / "out"))
     assert "quern prepare" in text and "100%" in text, text
     assert "rec/s" in text and "B/s" in text, text  # records/s and bytes/s
     assert "300 records" in text and "<" in text, text  # the count, and tqdm's "elapsed<remaining"
