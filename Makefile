@@ -86,6 +86,7 @@ bench: install
 	$(PY) benchmarks/packing.py
 	$(PY) benchmarks/prepare.py
 	$(PY) benchmarks/remote.py
+	$(PY) benchmarks/observability.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
