@@ -177,7 +177,7 @@ def test_a_dataset_four_times_the_cache_streams_through_it_each_shard_fetched_on
     disk = stats["disk_cache"]  # the iterator reports the cache level
     assert disk["capacity"] == total // 4 and disk["bytes_held"] <= total // 4 + shard
     assert disk["misses"] == len(gets) and disk["bytes_fetched"] == sum(manifest["shards"][0]["bytes"] for _ in gets)
-    assert set(stats["host_prefetch"]) == {"ready", "in_flight"}
+    assert set(stats["host_prefetch"]) == {"ready", "in_flight", "depth", "window"}
 
 
 def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_local_ones(tmp_path):
