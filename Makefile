@@ -31,8 +31,9 @@ typecheck: install
 	ln -sfn $(CURDIR) $(VENV)/typecheck/quern
 	cd $(VENV)/typecheck && MYPYPATH=. $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml -p quern
 
+# The suite runs in 2 processes (pytest-xdist): most tests wait on subprocesses, servers and sleeps
 test: install lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
 # and prometheus, for the Prometheus tests. .ci/run calls this before `make test`. Each is installed with

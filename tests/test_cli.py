@@ -19,6 +19,7 @@ from test_config import (
     _good,
     _set,
     _transforms_module,
+    case_ids,
     doubled_prefixes,
     write_parquets,
     write_shards,
@@ -123,7 +124,7 @@ def test_help(command):
     assert out.stdout.startswith("usage: quern " + command)
 
 
-@pytest.mark.parametrize("path,value,fragment", BAD, ids=[f"{p}={v!r}"[:40] for p, v, _ in BAD])
+@pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_config_exits_2_with_the_message(tmp_path, config, path, value, fragment):
     cfg = _set(yaml.safe_load(config.read_text()), path, value)
     bad = tmp_path / "bad.yaml"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import sys
 import uuid
 from uuid import uuid4  # noqa: F401 (re-exported from here: a config may not name it as test_config:uuid4)
@@ -29,6 +30,12 @@ def allow_test_config(monkeypatch):
 def shift(batch, by=1):
     """A module-level batch transform with a keyword argument (for ``fn`` configs)."""
     return {**batch, "shifted": np.roll(batch["tokens"], -by, axis=1)}
+
+
+def case_ids(cases, width: int = 40) -> list[str]:
+    """Test ids ``path=value`` for bad-config cases, cut to ``width``, with no object address
+    (``<object object at 0x...>`` differs between processes: pytest-xdist needs equal ids)."""
+    return [re.sub(r" at 0x[0-9a-f]+", "", f"{p}={v!r}")[:width] for p, v, _ in cases]
 
 
 def write_shards(d, seed: int = 0) -> None:
@@ -222,7 +229,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("path,value,fragment", BAD, ids=[f"{p}={v!r}"[:40] for p, v, _ in BAD])
+@pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_configs_name_the_key_the_value_and_the_expectation(files, path, value, fragment):
     cfg = _set(_good(files), path, value)
     with pytest.raises(quern.ConfigError) as info:

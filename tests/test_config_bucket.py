@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 import yaml
-from test_config import docs_folder, doubled_prefixes
+from test_config import case_ids, docs_folder, doubled_prefixes
 
 import quern
 from quern.pipeline.cli import main
@@ -240,7 +240,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("path,value,fragment", BAD, ids=[f"{p}={v!r}"[:40] for p, v, _ in BAD])
+@pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_bucket_configs_name_the_key(folder, path, value, fragment):
     d, _ = folder
     cfg = _good(d)
@@ -468,7 +468,7 @@ PACKED_BAD = [
 ]
 
 
-@pytest.mark.parametrize("path,value,fragment", PACKED_BAD, ids=[f"{p}={v!r}"[:50] for p, v, _ in PACKED_BAD])
+@pytest.mark.parametrize("path,value,fragment", PACKED_BAD, ids=case_ids(PACKED_BAD, 50))
 def test_bad_packed_components_name_the_key(folder, path, value, fragment):
     d, _ = folder
     src = {"type": "parquet", "paths": str(d / "docs.parquet"), "columns": ["tokens"]}

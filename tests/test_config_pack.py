@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 import yaml
-from test_config import docs_folder, doubled_prefixes
+from test_config import case_ids, docs_folder, doubled_prefixes
 
 import quern
 from quern.pipeline.cli import main
@@ -206,7 +206,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("path,value,fragment", BAD, ids=[f"{p}={v!r}"[:40] for p, v, _ in BAD])
+@pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_pack_configs_name_the_key(folder, path, value, fragment):
     d, _ = folder
     cfg = _good(d)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 from test_cli import quern_cmd
-from test_config import doubled_prefixes, write_shards
+from test_config import case_ids, doubled_prefixes, write_shards
 
 import quern
 from quern.pipeline.cli import main
@@ -306,7 +306,7 @@ BAD_MIX = [
 ]
 
 
-@pytest.mark.parametrize("path,value,fragment", BAD_MIX, ids=[f"{p}={v!r}"[:40] for p, v, _ in BAD_MIX])
+@pytest.mark.parametrize("path,value,fragment", BAD_MIX, ids=case_ids(BAD_MIX))
 def test_bad_mixture_configs_name_the_key(folder, tmp_path, path, value, fragment):
     d, h = folder
     value = json.loads(json.dumps(value).replace("HELPERS", h.__name__)) if value is not _DELETE else value

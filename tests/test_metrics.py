@@ -141,7 +141,9 @@ def test_two_iterators_have_two_label_sets_and_a_closed_one_leaves_the_next_scra
         assert got.value(workers, "quern_data_wait_seconds_total") > 0
         assert got.value(workers, "quern_workers") == 2 and got.value(workers, "quern_worker_restarts_total") == 0
         delivered = {lab["worker"]: v for lab, v in got.of(workers, "quern_worker_delivered_steps_total")}
-        assert set(delivered) == {"0", "1"} and sum(delivered.values()) == got.value(workers, "quern_stage_steps_total")
+        assert set(delivered) == {"0", "1"}
+        # a worker sends a task's stage seconds with its last step: the first tasks (one step each) are in
+        assert 2 <= got.value(workers, "quern_stage_steps_total") <= sum(delivered.values())
         assert {"read", "collate", "send", "handover"} <= {
             lab["stage"] for lab, _ in got.of(workers, "quern_stage_seconds_total")
         }
