@@ -23,7 +23,6 @@ import selectors
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from .errors import ScanError, StepError
 from .ops import OpKind
 from .plan import indexfile
 from .plan import survivors as _survivors
+from .progress import Bar
 
 __all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "record_lengths", "survivors", "metadata_survivors", "lengths"]
 
@@ -140,28 +140,8 @@ def record_lengths(prefix: Any, ids: np.ndarray, key: str | None = None, progres
     return _measure(prefix, ids, "lengths", key, progress)
 
 
-class _Bar:
-    """``quern filter scan: done/total records`` on stderr when it is a terminal."""
-
-    def __init__(self, total: int, what: str = "filter") -> None:
-        self.total, self.done, self.what = total, 0, what
-        self.on = sys.stderr.isatty()
-        self.last = 0.0
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.on and (now - self.last > 0.2 or self.done >= self.total):
-            self.last = now
-            pct = 100.0 * self.done / max(1, self.total)
-            sys.stderr.write(f"\rquern {self.what} scan: {self.done:,}/{self.total:,} records ({pct:5.1f}%)")
-            if self.done >= self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
 def _scan_in_processes(
-    prefix: Any, candidates: np.ndarray, workers: int, bar: _Bar, what: str = "filter", key: str | None = None
+    prefix: Any, candidates: np.ndarray, workers: int, bar: Bar, what: str = "filter", key: str | None = None
 ) -> np.ndarray:
     """:func:`_measure` over ``candidates`` in ``workers`` fresh interpreters (never a fork
     of this process), each over a contiguous range; progress comes back on stdout."""
@@ -197,7 +177,7 @@ def _scan_in_processes(
                         sel.unregister(ready.fileobj)
                         open_pipes -= 1
                     elif line.strip().isdigit():
-                        bar(int(line))
+                        bar.update(int(line))
             masks = []
             for p, out in procs:
                 err = p.stderr.read().decode(errors="replace") if p.stderr else ""
@@ -251,12 +231,12 @@ def survivors(
     if why != "not built yet":
         print(f"quern: the filter cache {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
-    bar = _Bar(len(cand))
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    if workers > 1 and len(cand) >= PROCESS_MIN:
-        mask = _scan_in_processes(prefix, cand, workers, bar)
-    else:
-        mask = keep_mask(prefix, cand, bar)
+    with Bar(len(cand), "quern filter scan", unit="record") as bar:
+        if workers > 1 and len(cand) >= PROCESS_MIN:
+            mask = _scan_in_processes(prefix, cand, workers, bar)
+        else:
+            mask = keep_mask(prefix, cand, bar.update)
     kept = cand[mask]
     if not kept.size:
         label = prefix.record_ops[-1].label(len(prefix.record_ops) - 1)
@@ -322,12 +302,12 @@ def lengths(
     if why != "not built yet":
         print(f"quern: the length index {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
-    bar = _Bar(len(cand), "length")
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    if workers > 1 and len(cand) >= PROCESS_MIN:
-        got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
-    else:
-        got = record_lengths(prefix, cand, length_key, bar)
+    with Bar(len(cand), "quern length scan", unit="record") as bar:
+        if workers > 1 and len(cand) >= PROCESS_MIN:
+            got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
+        else:
+            got = record_lengths(prefix, cand, length_key, bar.update)
     out = np.full(n, -1, dtype=np.int64)
     out[cand] = got
     try:
