@@ -63,7 +63,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -137,10 +137,137 @@ class Request:
     range: str | None  # the Range header, None without one
 
 
-class Nginx:
+class _PortTaken(RuntimeError):
+    pass
+
+
+class _ServerProcess:
+    """What Nginx and Prometheus share: a temporary folder (``dir``) with the configuration (``conf``)
+    and the process's stdout and stderr (``output``), a port on 127.0.0.1 (``url``), and one child
+    process that ``start()`` runs until it is ready and ``stop()`` ends, any number of times; the port
+    stays the same. Where the first start finds the free port it picked taken meanwhile, it picks
+    another (up to 3 tries); a ``port`` given is never changed. ``close()``, or leaving the ``with``,
+    stops it and removes the folder. A subclass gives ``name``, ``config()``, ``_command()``,
+    ``_not_ready()`` and ``_port_taken()``, and may add logs to ``_logs``."""
+
+    name = ""  # "nginx": in messages and the temporary folder's name
+    _poll_s = 0.01  # seconds between the checks of a start
+
+    def __init__(self, binary: str, conf_name: str, port: int | None = None):
+        self._binary = binary
+        self._fixed_port = port is not None
+        self.port = port if port is not None else _free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"quern-{self.name}-")
+        self.conf = os.path.join(self.dir, conf_name)
+        self.output = os.path.join(self.dir, "output.log")  # the process's stdout and stderr
+        self._logs = [self.output]  # what a start that fails shows, from where that start began
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The process's id while it runs, else None."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def config(self) -> str:
+        """The configuration that start() writes to ``conf``."""
+        raise NotImplementedError
+
+    def _command(self) -> list[str]:
+        """The command line of a start, made just before it runs (``conf`` written)."""
+        raise NotImplementedError
+
+    def _not_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        """None once the process started is ready, else why not, for a message after ``name``: "did
+        not accept connections on port 8080"."""
+        raise NotImplementedError
+
+    def _port_taken(self, logs: str, exited: bool) -> bool:
+        """Whether the logs of this start (``exited``: the process ended) say that the port is taken."""
+        raise NotImplementedError
+
+    def _about(self) -> str:
+        """What a failed start's message says of the server before its config and command."""
+        return ""
+
+    def start(self) -> None:
+        """Start the process and wait until it is ready (else RuntimeError with its logs)."""
+        if self.pid is not None:
+            raise RuntimeError(f"{self.name} is already running at {self.url}")
+        for attempt in range(3):
+            try:
+                self._start_once()
+                break
+            except _PortTaken:
+                if self._fixed_port or self._started or attempt == 2:
+                    raise
+                self.port = _free_port()  # another process took the free port picked: pick another
+        self._started = True
+
+    def _start_once(self) -> None:
+        with open(self.conf, "w") as f:
+            f.write(self.config())
+        cmd = self._command()
+        log_from = {p: _size(p) for p in self._logs}
+        if _SETPRIV:
+            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
+        with open(self.output, "ab") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self._proc = proc
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            not_yet = self._not_ready(proc)
+            if not_yet is None:
+                return
+            exited = proc.poll() is not None
+            if self._port_taken("".join(_read_from(p, n) for p, n in log_from.items()), exited):
+                self.stop()
+                raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
+            if exited:
+                why = f"{self.name} exited with status {proc.returncode}"
+                break
+            if time.monotonic() > deadline:
+                why = f"{self.name} {not_yet} within {START_TIMEOUT:g} s"
+                break
+            time.sleep(self._poll_s)
+        self.stop()
+        raise RuntimeError(self._failure(why, log_from))
+
+    def _failure(self, why: str, log_from: dict[str, int]) -> str:
+        logs = "\n".join(f"{os.path.basename(p)}:\n{_read_from(p, n).rstrip()}" for p, n in log_from.items())
+        return f"{why} ({self._about()}config {self.conf}, command {self._binary})\n{logs}"
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses connections,
+        and transfers under way are cut. Nothing to do when it is not running."""
+        proc, self._proc = self._proc, None
+        _terminate(proc)
+
+    def close(self) -> None:
+        """stop(), and remove the temporary folder."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _state(self) -> str:
+        return f"pid {self.pid}" if self.pid is not None else "stopped"
+
+
+class Nginx(_ServerProcess):
     """One private nginx serving ``root``; see the module's text. ``start()`` and ``stop()`` may be
     called any number of times; the port stays the same. ``limit_rate`` may be changed between a
     ``stop()`` and a ``start()``."""
+
+    name = "nginx"
 
     def __init__(self, root: str | os.PathLike[str], limit_rate: int | str | None = None, port: int | None = None):
         if NGINX is None:
@@ -151,30 +278,15 @@ class Nginx:
         _quote(self.root)  # a '$' in it: ValueError now, not at start()
         self.limit_rate = limit_rate
         _rate(limit_rate)
-        self._fixed_port = port is not None
-        self.port = port if port is not None else _free_port()
-        self.dir = tempfile.mkdtemp(prefix="quern-nginx-")
-        self.conf = os.path.join(self.dir, "nginx.conf")
+        super().__init__(NGINX, "nginx.conf", port)
         self.pid_file = os.path.join(self.dir, "nginx.pid")
         self.error_log = os.path.join(self.dir, "error.log")
         self.access_log = os.path.join(self.dir, "access.log")
-        self.output = os.path.join(self.dir, "output.log")  # nginx's stdout and stderr
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._started = False
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The nginx process's id while it runs, else None."""
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+        self._logs = [self.error_log, self.output]
 
     def config(self) -> str:
         """The nginx.conf that start() writes."""
-        assert NGINX is not None
-        build = _nginx_build(NGINX)[1]
+        build = _nginx_build(self._binary)[1]
         temp = [f"client_body_temp_path {_quote(os.path.join(self.dir, 'client_body'))};"]
         for module in ("proxy", "fastcgi", "uwsgi", "scgi"):  # the modules nginx was built without have no directive
             if f"--without-http_{module}_module" not in build:
@@ -201,63 +313,24 @@ class Nginx:
         ]
         return "\n".join(lines) + "\n"
 
-    def start(self) -> None:
-        """Start nginx and wait until its port accepts connections (else RuntimeError with its error log)."""
-        if self.pid is not None:
-            raise RuntimeError(f"nginx is already running at {self.url}")
-        for attempt in range(3):
-            try:
-                self._start_once()
-                break
-            except _PortTaken:
-                if self._fixed_port or self._started or attempt == 2:
-                    raise
-                self.port = _free_port()  # another process took the free port picked: pick another
-        self._started = True
-
-    def _start_once(self) -> None:
-        nginx = NGINX
-        assert nginx is not None
-        with open(self.conf, "w") as f:
-            f.write(self.config())
+    def _command(self) -> list[str]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.pid_file)  # left by a SIGKILL; nginx writes it once it listens
-        log_from = {p: _size(p) for p in (self.error_log, self.output)}
-        cmd = [nginx, "-p", self.dir + os.sep, "-c", self.conf]
-        if _nginx_build(nginx)[0] >= (1, 19, 5):
+        cmd = [self._binary, "-p", self.dir + os.sep, "-c", self.conf]
+        if _nginx_build(self._binary)[0] >= (1, 19, 5):
             cmd += ["-e", self.error_log]  # before the config is read too, not the built-in /var/log/nginx
-        if _SETPRIV:
-            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
-        with open(self.output, "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        self._proc = proc
-        deadline = time.monotonic() + START_TIMEOUT
-        why = None
-        while why is None:
-            if _read_pid(self.pid_file) == proc.pid and _accepts(self.port):
-                return
-            logs = "".join(_read_from(p, n) for p, n in log_from.items())
-            if "Address already in use" in logs:
-                self.stop()
-                raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
-            if proc.poll() is not None:
-                why = f"nginx exited with status {proc.returncode}"
-            elif time.monotonic() > deadline:
-                why = f"nginx did not accept connections on port {self.port} within {START_TIMEOUT:g} s"
-            else:
-                time.sleep(0.01)
-        self.stop()
-        raise RuntimeError(self._failure(why, log_from))
+        return cmd
 
-    def _failure(self, why: str, log_from: dict[str, int]) -> str:
-        logs = "\n".join(f"{os.path.basename(p)}:\n{_read_from(p, n).rstrip()}" for p, n in log_from.items())
-        return f"{why} (serving {self.root}; config {self.conf}, command {NGINX})\n{logs}"
+    def _not_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        if _read_pid(self.pid_file) == proc.pid and _accepts(self.port):
+            return None
+        return f"did not accept connections on port {self.port}"
 
-    def stop(self) -> None:
-        """Stop nginx (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses connections, and
-        transfers under way are cut. Nothing to do when it is not running."""
-        proc, self._proc = self._proc, None
-        _terminate(proc)
+    def _port_taken(self, logs: str, exited: bool) -> bool:
+        return "Address already in use" in logs  # nginx retries binding for 2.5 s before it exits: not that long
+
+    def _about(self) -> str:
+        return f"serving {self.root}; "
 
     def requests(self) -> list[Request]:
         """The requests answered so far (since the first start), oldest first."""
@@ -271,24 +344,8 @@ class Nginx:
             pass
         return found
 
-    def close(self) -> None:
-        """stop(), and remove the temporary folder."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Nginx:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = f"pid {self.pid}" if self.pid is not None else "stopped"
-        return f"<Nginx {self.url} serving {self.root}, {state}>"
-
-
-class _PortTaken(RuntimeError):
-    pass
+        return f"<Nginx {self.url} serving {self.root}, {self._state()}>"
 
 
 @contextlib.contextmanager
@@ -305,10 +362,13 @@ def nginx(
         yield server
 
 
-class Prometheus:
+class Prometheus(_ServerProcess):
     """One private Prometheus scraping ``targets`` (``"127.0.0.1:PORT"``, each at ``/metrics``) every
     ``scrape_interval`` as the job ``job``; see the module's text. ``start()`` and ``stop()`` may be
     called any number of times; the port stays the same, and so do the samples scraped."""
+
+    name = "prometheus"
+    _poll_s = 0.02
 
     def __init__(self, targets: list[str], scrape_interval: str = "1s", job: str = "quern"):
         if PROMETHEUS is None:
@@ -318,22 +378,8 @@ class Prometheus:
         self.scrape_targets = [str(t) for t in targets]
         self.scrape_interval = scrape_interval
         self.job = job
-        self.port = _free_port()
-        self.dir = tempfile.mkdtemp(prefix="quern-prometheus-")
-        self.conf = os.path.join(self.dir, "prometheus.yml")
+        super().__init__(PROMETHEUS, "prometheus.yml")
         self.data = os.path.join(self.dir, "data")
-        self.output = os.path.join(self.dir, "output.log")  # prometheus's stdout and stderr
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._started = False
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The prometheus process's id while it runs, else None."""
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def config(self) -> str:
         """The prometheus.yml that start() writes (JSON, which is YAML). The global interval is the
@@ -346,73 +392,28 @@ class Prometheus:
         }
         return json.dumps(config, indent=2) + "\n"
 
-    def start(self) -> None:
-        """Start prometheus and wait until it is ready (else RuntimeError with its output)."""
-        if self.pid is not None:
-            raise RuntimeError(f"prometheus is already running at {self.url}")
-        for attempt in range(3):
-            try:
-                self._start_once()
-                break
-            except _PortTaken:
-                if self._started or attempt == 2:
-                    raise
-                self.port = _free_port()  # another process took the free port picked: pick another
-        self._started = True
-
-    def _start_once(self) -> None:
-        binary = PROMETHEUS
-        assert binary is not None
-        with open(self.conf, "w") as f:
-            f.write(self.config())
-        log_from = _size(self.output)
-        cmd = [
-            binary,
+    def _command(self) -> list[str]:
+        return [
+            self._binary,
             f"--config.file={self.conf}",
             f"--storage.tsdb.path={self.data}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--log.level=warn",
         ]
-        if _SETPRIV:
-            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
-        with open(self.output, "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        self._proc = proc
-        deadline = time.monotonic() + START_TIMEOUT
-        why = None
-        while why is None:
-            if self._ready():
-                return
-            if proc.poll() is not None:
-                if "address already in use" in _read_from(self.output, log_from):
-                    self.stop()
-                    raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
-                why = f"prometheus exited with status {proc.returncode}"
-            elif time.monotonic() > deadline:
-                why = f"prometheus was not ready at {self.url} within {START_TIMEOUT:g} s"
-            else:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(self._failure(why, log_from))
 
-    def _ready(self) -> bool:
+    def _not_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        not_yet = f"was not ready at {self.url}"
         try:
             with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                return r.status == 200
+                return None if r.status == 200 else not_yet
         except urllib.error.HTTPError as e:  # 503 while it starts
             e.close()
-            return False
+            return not_yet
         except OSError:  # refused before it listens
-            return False
+            return not_yet
 
-    def _failure(self, why: str, log_from: int) -> str:
-        return f"{why} (config {self.conf}, command {PROMETHEUS})\noutput.log:\n{_read_from(self.output, log_from).rstrip()}"
-
-    def stop(self) -> None:
-        """Stop prometheus (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses
-        connections. Nothing to do when it is not running."""
-        proc, self._proc = self._proc, None
-        _terminate(proc)
+    def _port_taken(self, logs: str, exited: bool) -> bool:
+        return exited and "address already in use" in logs
 
     def api(self, path: str, **params: str) -> Any:
         """The ``data`` of an answer of the HTTP API (``path`` such as ``"/api/v1/targets"``); an
@@ -460,20 +461,8 @@ class Prometheus:
             f"targets: {'; '.join(health) or 'none yet'}"
         )
 
-    def close(self) -> None:
-        """stop(), and remove the temporary folder."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Prometheus:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = f"pid {self.pid}" if self.pid is not None else "stopped"
-        return f"<Prometheus {self.url} scraping {self.scrape_targets}, {state}>"
+        return f"<Prometheus {self.url} scraping {self.scrape_targets}, {self._state()}>"
 
 
 @contextlib.contextmanager
