@@ -119,6 +119,8 @@ def source_facts(pipe: Any) -> list[SourceFacts]:
 def diagnose(pipe: Any, run: Loop, fallback: dict[str, float] | None = None) -> Diagnosis:
     """The triage of the loop's figures (its threads' or workers' stage seconds, else ``fallback``)."""
     s = run.stats
+    if s["steps"] < 3:  # the first batch is start-up: fewer than 2 steps after it say nothing of the loop
+        return Diagnosis("unknown", "", 0.0, "too few steps to measure the loop", "run more steps (--steps 20)")
     cache = s.get("disk_cache") or {}
     misses = int(cache.get("misses", 0)) + (1 if cache.get("bytes_fetched") else 0)
     return triage(
@@ -150,6 +152,11 @@ def report(prof: Profile, run: Loop, d: Diagnosis, noun: str = "records") -> lis
         f"data wait {1e3 * s['data_wait']['mean']:.2f} ms/step, step period {1e3 * s['step_period']['mean']:.2f} ms, "
         f"bubble rate {s['bubble_rate_total']:.1%}, health {s['health']} (first batch {s['first_batch_s'] or 0:.2f} s)"
     )
+    if run.step_s == 0 and d.level != "unknown":
+        lines.append(
+            f"note: no training step (--step-ms 0): the loop waits by design; the loader gives a batch every "
+            f"{1e3 * s['step_period']['mean']:.2f} ms, so a shorter training step would wait, at this level"
+        )
     lines.append(f"where the data waits: {d.level}: {d.reason}")
     lines.append(f"suggestion: {d.suggestion}")
     return lines

@@ -668,6 +668,7 @@ def _packed_results(
         a, b = np.searchsorted(pieces.row, [lo, hi], side="left")
         mine = Pieces(pieces.row[a:b] - lo, pieces.ids[a:b], pieces.start[a:b], pieces.length[a:b])
         lo = hi
+        clock = Clock(timings)  # each step's own: the previous step's batch stages and send are not in it
         try:
             docs = np.unique(mine.ids)
             records = [got[i] for i in np.searchsorted(uniq, docs).tolist()]

@@ -20,8 +20,7 @@ from typing import Any
 from . import execute
 from .index import check_int, host_rows
 from .lookahead import LOOKAHEAD, Lookahead
-from .timing import LIVE, StepClock, add, prefetch_window
-from .tree import leaves
+from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
 from .workers import WorkerPool, sigint_deferred
 
 __all__ = ["PipelineIterator", "PREFETCH", "PREFETCH_MEMORY", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
@@ -49,9 +48,11 @@ class PipelineIterator:
     flight, the window being ``max(2 x step time / load time, 5)`` batches
     (:func:`quern.pipeline.timing.prefetch_window`; step time: the caller's time
     between ``next()`` calls, load time: the loader's time per batch over its
-    threads or workers), at most ``prefetch_memory`` bytes of batches (default
-    2 GiB). An int fixes the depth at that many chunks or tasks per worker. The
-    depth changes no byte of any batch.
+    threads or workers, a moving average), at most ``prefetch_memory`` bytes of
+    batches (default 2 GiB; a batch's size is that of the largest measured, every
+    few steps: :func:`quern.pipeline.timing.batch_nbytes`). The 2 chunks or tasks
+    always in flight are not counted against it. An int fixes the depth at that
+    many chunks or tasks per worker. The depth changes no byte of any batch.
 
     With ``num_workers=W > 0``, W worker processes compute the steps instead
     (step ``s`` on worker ``s % W``), in tasks of ``read_ahead`` of their steps
@@ -62,7 +63,9 @@ class PipelineIterator:
     you until no array of the batch is alive, so a batch you hold is never
     overwritten (copy what you keep for long: one kept array keeps its whole
     batch's slot). Shared memory: at most ``W * prefetch * read_ahead`` batches
-    in flight, plus the ones you hold. The stream's
+    in flight (with ``prefetch=None``, more while the adaptive window below asks
+    for more: within ``prefetch_memory`` and half the file descriptors this
+    process has free), plus the ones you hold. The stream's
     end frees the workers; see :mod:`quern.pipeline.workers` for start-up,
     faults and shutdown.
 
@@ -136,8 +139,8 @@ class PipelineIterator:
         self.clock = StepClock()  # the caller's side: data wait, step period
         self.timings: dict[str, float] = {}  # seconds per stage, over the threads' chunks (workers: the pool's)
         self._computed = 0  # steps the threads computed (whose stage times are in timings)
-        self._compute_seconds = 0.0  # their wall time in the threads
-        self._batch_bytes: int | None = None  # of the first batch: what the window's memory budget counts
+        self._load: float | None = None  # the threads' seconds per batch over their number (a moving average)
+        self._batch_bytes: int | None = None  # the largest batch measured: what the window's budget counts
         self.window = 0  # the adaptive prefetch window, batches (0: not adaptive)
         self.num_threads = check_int(num_threads, "num_threads", 1)
         if self.num_workers and self.num_threads != 1:
@@ -288,7 +291,7 @@ class PipelineIterator:
                         batches, spent, seconds = fut.result(timeout=0.1)
                         add(self.timings, spent)
                         self._computed += count
-                        self._compute_seconds += seconds
+                        self._load = ema(self._load, seconds / count / self.num_threads)
                         break
                     except TimeoutError:
                         if fut.done():
@@ -304,24 +307,18 @@ class PipelineIterator:
                 self._careful_until = first + count
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
             self._ready.extend(batches)
-        batch = self._ready.popleft()
-        self.step += 1
-        self._adapt(batch)
+        self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
         self._fill()
-        return batch
+        self.step += 1
+        return self._ready.popleft()
 
     def _adapt(self, batch: Any) -> None:
         """With ``prefetch=None``: every few steps, the prefetch window from the step
-        time, the load time and the size of a batch (measured on the first one)."""
+        time, the load time and the largest batch measured so far (``batch`` is measured)."""
         if not self.adaptive or (self.step % WINDOW_EVERY and self.window):
             return
-        if self._batch_bytes is None:
-            self._batch_bytes = sum(int(getattr(x, "nbytes", 0)) for _, x in leaves(batch)) or 1
-        if self._workers is not None:
-            done = self._workers.timed_steps
-            load = self._workers.compute_seconds / done / self.num_workers if done else None
-        else:
-            load = self._compute_seconds / self._computed / self.num_threads if self._computed else None
+        self._batch_bytes = max(self._batch_bytes or 1, batch_nbytes(batch))
+        load = self._workers.load if self._workers is not None else self._load
         self.window = prefetch_window(self.clock.step_time(), load, self._batch_bytes, self.prefetch_memory)
         if self._workers is not None:
             self._workers.ahead = self.window
@@ -336,8 +333,11 @@ class PipelineIterator:
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
-            fut = self._pool.submit(_compute, self.pipe, nxt, count, self.process_index, self.process_count, self.timed)
-            self._pending.append((nxt, count, fut))
+            with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
+                fut = self._pool.submit(
+                    _compute, self.pipe, nxt, count, self.process_index, self.process_count, self.timed
+                )
+                self._pending.append((nxt, count, fut))
             nxt += count
             ahead += count
 

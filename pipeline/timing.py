@@ -25,19 +25,27 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 import time
 import weakref
 from typing import Any
+
+import numpy as np
+
+from .tree import leaves
 
 __all__ = [
     "ALARM",
     "DEVICE_PUT",
     "HANDOVER",
     "HEALTHY",
+    "MAX_WINDOW",
     "SEND",
     "LIVE",
     "WINDOW",
     "Clock",
+    "batch_nbytes",
+    "ema",
     "StepClock",
     "health",
     "prefetch_window",
@@ -77,6 +85,30 @@ def add(into: dict[str, float], timings: dict[str, float] | Any) -> None:
     """Add the stage seconds of ``timings`` (a dict, or ``(stage, seconds)`` pairs) to ``into``."""
     for stage, seconds in timings.items() if isinstance(timings, dict) else timings:
         into[stage] = into.get(stage, 0.0) + seconds
+
+
+def ema(average: float | None, value: float, weight: float = 0.2) -> float:
+    """A moving average: ``value`` at first, then ``weight`` of each new value."""
+    return value if average is None else average + weight * (value - average)
+
+
+def batch_nbytes(batch: Any, sample: int = 64) -> int:
+    """About the bytes a batch holds: ``nbytes`` of its arrays; for arrays of objects
+    (strings, bytes) the sizes of up to ``sample`` elements, scaled to all of them;
+    ``len`` of bytes and str leaves; ``sys.getsizeof`` of anything else. At least 1."""
+    total = 0
+    for _, x in leaves(batch):
+        if isinstance(x, np.ndarray) and x.dtype == object and x.size:
+            flat = x.reshape(-1)
+            some = flat[: min(sample, flat.size)]
+            total += x.nbytes + sum(sys.getsizeof(v) for v in some) * flat.size // len(some)
+        elif hasattr(x, "nbytes"):
+            total += int(x.nbytes)
+        elif isinstance(x, (bytes, str)):
+            total += len(x)
+        else:
+            total += sys.getsizeof(x)
+    return max(total, 1)
 
 
 def health(wait: float, period: float) -> str:

@@ -81,7 +81,7 @@ from . import execute, shm
 from .errors import StepError, WorkerError
 from .index import host_rows
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Span, Task
-from .timing import HANDOVER, add
+from .timing import HANDOVER, MAX_WINDOW, add, ema
 
 __all__ = ["WorkerPool", "WorkerError", "sigint_deferred"]
 
@@ -369,9 +369,11 @@ class WorkerPool:
         if read_ahead is None:
             lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)
             read_ahead = execute.steps_per_read(hi - lo, TASK_RECORDS, MAX_TASK_STEPS)
-        room = _descriptor_room(num_workers * (prefetch * read_ahead + 2))  # one per slot, plus spares
-        self._most_in_flight = max(1, room // num_workers - 2)  # steps per worker the descriptors allow
-        if self._auto and room < num_workers * (prefetch * read_ahead + 2):
+        wanted = num_workers * (prefetch * read_ahead + 2)  # one descriptor per slot, plus spares
+        room = _descriptor_room(wanted + MAX_WINDOW)  # and room for an adaptive prefetch window
+        # steps per worker in flight: the prefetch tasks, and at most half the descriptors left for a window
+        self._most_in_flight = prefetch * read_ahead + max(0, room - wanted) // 2 // num_workers
+        if self._auto and room < wanted:
             read_ahead = max(1, (room // num_workers - 2) // prefetch)
         self.max_read_ahead: int = read_ahead
         self.read_ahead: int = 1 if self._auto else read_ahead  # until the size of a batch is known
@@ -395,8 +397,8 @@ class WorkerPool:
         self.restarts = 0  # workers replaced after dying
         self.timed = timed  # workers send each step's stage timings
         self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
-        self.compute_seconds = 0.0  # wall time the workers spent on the tasks delivered whole
-        self.timed_steps = 0  # the steps of those tasks (whose stage seconds are in timings)
+        self.timed_steps = 0  # the steps of the tasks delivered whole (whose stage seconds are in timings)
+        self.load: float | None = None  # the workers' seconds per batch over their number (a moving average)
         self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         self.workers: list[_Worker | None] = [None] * num_workers
         self._server: _Server | None = None
@@ -647,8 +649,9 @@ class WorkerPool:
                 fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
                 self.read_ahead = max(1, min(self.max_read_ahead, fit))
             add(self.timings, msg.timings)
-            self.compute_seconds += msg.seconds
-            self.timed_steps += msg.task_steps
+            if msg.task_steps:
+                self.timed_steps += msg.task_steps
+                self.load = ema(self.load, msg.seconds / msg.task_steps / self.num_workers)
             self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans))
         elif isinstance(msg, Failed):
             worker.release(msg.step)  # nothing was written to its slot

@@ -94,6 +94,7 @@ class GlobalIterator:
         self._jax = jax
         self.clock = StepClock()  # the training loop's data wait, which includes the device put
         self._device_put = 0.0  # seconds handing batches to jax
+        self._held: Any = None  # the host's batch of the next step not yet handed to jax (its handing failed)
         LIVE.discard(self._host)  # quern.metrics reports this iterator, not the host one inside it
         LIVE.add(self)
 
@@ -120,16 +121,18 @@ class GlobalIterator:
         t0 = self.clock.begin()
         while len(self._ready) <= self.device_prefetch:
             try:
-                batch = next(self._host)
+                if self._held is None:
+                    self._held = next(self._host)
                 t1 = time.perf_counter()
-                self._ready.append(self._to_global(batch))  # transfers start now, asynchronously
+                self._ready.append(self._to_global(self._held))  # transfers start now, asynchronously
+                self._held = None
                 self._device_put += time.perf_counter() - t1
             except StopIteration:
                 break
             except Exception:
                 if self._ready:  # yield the good steps first; the failing one is retried when reached
                     break
-                raise
+                raise  # a host batch that jax refused stays held: asked again, it is tried again
         if not self._ready:
             raise StopIteration
         self.step += 1
@@ -157,6 +160,7 @@ class GlobalIterator:
     def close(self) -> None:
         LIVE.discard(self)  # no longer reported to quern.metrics
         self._ready.clear()
+        self._held = None
         self._host.close()
 
     def __enter__(self) -> GlobalIterator:

@@ -115,7 +115,7 @@ def test_bench_times_each_stage(config):
     for stage in ["read", "map[0] decode", "map[1] pad", "collate", "map_batch[0]"]:  # one line per stage
         assert any(line.startswith(f"  {stage}") and "ms/step" in line for line in lines), (stage, out)
     assert any(line.startswith("bound by: ") for line in lines)
-    assert [line.split(":")[0] for line in lines[-3:]] == ["loop", "where the data waits", "suggestion"]
+    assert [line.split(":")[0] for line in lines[-4:]] == ["loop", "note", "where the data waits", "suggestion"]
 
 
 @pytest.mark.parametrize("command", ["run", "explain", "inspect", "bench"])

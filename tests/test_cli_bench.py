@@ -63,9 +63,17 @@ def test_a_slow_record_transform_is_named_with_its_level_and_a_suggestion(config
     assert "vectorise this transform" in _line(out, "suggestion: ")
 
 
+def test_no_training_step_says_the_loop_waits_by_design_and_one_step_says_too_few(configs):
+    out = _bench(configs[1], "--steps", 10).stdout
+    assert "note: no training step (--step-ms 0): the loop waits by design" in out
+    out = _bench(configs[1], "--steps", 2).stdout
+    assert _line(out, "where the data waits: ") == "where the data waits: unknown: too few steps to measure the loop"
+    assert "note:" not in out
+
+
 def test_a_slow_training_step_leaves_the_data_on_time(configs):
     out = _bench(configs[1], "--steps", 15, "--step-ms", 30).stdout
-    assert "health healthy" in _line(out, "loop: ")
+    assert "health healthy" in _line(out, "loop: ") and "note:" not in out
     assert _line(out, "where the data waits: ").startswith(f"where the data waits: {DEVICE}: ")
     assert "training step bounds the loop" in _line(out, "suggestion: ")
 

@@ -53,6 +53,23 @@ def test_leaves_that_are_not_row_arrays_get_a_clear_error():
         next(it)
 
 
+def _strings_at_thirty(batch):
+    """Step 3's batch (records 30..39, unshuffled) gets a leaf jax cannot take."""
+    return {**batch, "name": np.array(["a"] * 10)} if int(batch["x"][0]) == 30 else batch
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_batch_jax_refuses_is_not_skipped_when_asked_again(prefetch):
+    pipe = _pipe().map_batch(_strings_at_thirty)
+    with quern.sharding.global_iterator(pipe, _mesh(), device_prefetch=prefetch) as it:
+        got = [int(np.asarray(next(it)["x"])[0]) for _ in range(3)]
+        for _ in range(2):  # the same step each time, never the one after it
+            with pytest.raises(ValueError, match="every leaf of a batch must be a numeric array"):
+                next(it)
+            assert it.step == 3
+    assert got == [0, 10, 20]
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_stats_show_the_device_and_host_buffers(prefetch):
     pipe = _pipe(seed=3, num_epochs=1)

@@ -241,3 +241,98 @@ def test_every_iterator_is_registered_until_it_is_closed_or_gone():
     del it
     gc.collect()
     assert len(timing.LIVE) == n - 1
+
+
+# -------------------------------------------------------------------- review fixes
+
+
+def test_a_ctrl_c_in_the_prefetch_bookkeeping_loses_no_step():
+    pipe = _pipe(n=2000, batch=8)
+    it = pipe.iterator(read_ahead=2)
+    calls = {"n": 0}
+    fill = it._fill
+
+    def interrupted_fill():
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        fill()
+
+    it._fill = interrupted_fill
+    got = []
+    with it:
+        while len(got) < 12:
+            try:
+                got.append(next(it)["x"])
+            except KeyboardInterrupt:
+                assert it.step == len(got)  # the step the interrupted call was making is made again
+    for s, x in enumerate(got):
+        np.testing.assert_array_equal(x, pipe.batch_at(s)["x"])
+
+
+def test_the_packed_read_clock_starts_again_at_each_step():
+    class Docs:
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            return {"tokens": np.arange(1 + int(i) % 7, dtype=np.int32)}
+
+    def nap(b):
+        time.sleep(0.01)
+        return b
+
+    pipe = quern.Pipeline.from_source(Docs(), seed=3).pack(16, key="tokens", lengths=[1 + i % 7 for i in range(400)])
+    pipe = pipe.batch(4).map_batch(nap)
+    with pipe.iterator(read_ahead=8) as it:
+        for _ in range(16):
+            next(it)
+        stages = it.stats()["stages"]
+    # the 10 ms nap of each step is its own stage, not also the next step's pack
+    assert stages["pack"] < 0.3 * _stage(stages, "nap"), stages
+
+
+def test_batch_nbytes_counts_what_object_arrays_point_to():
+    strings = np.array(["x" * 1000] * 10, dtype=object)
+    assert timing.batch_nbytes({"s": strings}) >= 10 * 1000
+    assert timing.batch_nbytes({"a": np.zeros(100, np.int64), "b": b"12345"}) == 805
+    assert timing.batch_nbytes({}) == 1
+
+
+def test_the_budget_follows_the_largest_batch_measured():
+    def grow(b):  # batches of strings: the first ones small, then large
+        n = 10 if int(b["x"][0]) < 80 else 100_000
+        return {"s": np.array(["y" * n] * len(b["x"]), dtype=object)}
+
+    pipe = _pipe(n=100_000, batch=8).map_batch(grow)
+    with pipe.iterator(read_ahead=1, prefetch=None, prefetch_memory=8 * 100_000 * 4) as it:
+        for _ in range(40):
+            next(it)
+            time.sleep(0.005)
+        window = it.stats()["host_prefetch"]["window"]
+    assert window <= 4  # 4 batches of 8 x 100 kB fit the budget; the small first batches do not decide it
+
+
+WINDOW_FDS = """
+import resource, sys, time, os
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+import numpy as np, quern
+pipe = quern.Pipeline.from_source({"x": np.arange(100_000, dtype=np.int64)}, seed=1).batch(8)
+with pipe.iterator(num_workers=2, read_ahead=1) as it:
+    for _ in range(80):
+        next(it)
+        time.sleep(0.02)  # a slow step over a fast loader: the window asks for many batches
+    window = it.stats()["host_prefetch"]["window"]
+    files = [open(os.devnull) for _ in range(90)]  # the process can still open files: half its room at least
+    print(window, len(os.listdir("/proc/self/fd")))
+"""
+
+
+def test_the_window_leaves_the_process_file_descriptors():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WINDOW_FDS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    window, fds = map(int, out.stdout.split())
+    assert window > 20 and fds < 200
