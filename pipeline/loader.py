@@ -308,7 +308,7 @@ class PipelineIterator:
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
             self._ready.extend(batches)
         self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
-        self._fill()
+        self._fill(taking=1)
         self.step += 1
         return self._ready.popleft()
 
@@ -323,12 +323,13 @@ class PipelineIterator:
         if self._workers is not None:
             self._workers.ahead = self.window
 
-    def _fill(self) -> None:
+    def _fill(self, taking: int = 0) -> None:
         """Keep ``prefetch`` chunks of steps in flight after the ones already computed,
-        and more while fewer than the adaptive window's batches are ready or in flight."""
+        and more while fewer than the adaptive window's batches are ready or in flight
+        (``taking``: of the ready ones, those about to be returned, which do not count)."""
         nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
         assert self._pool is not None and self.read_ahead is not None
-        ahead = len(self._ready) + sum(c for _, c, _ in self._pending)
+        ahead = len(self._ready) - taking + sum(c for _, c, _ in self._pending)
         while (len(self._pending) < self.prefetch or ahead < self.window) and (self._end is None or nxt < self._end):
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
