@@ -252,11 +252,11 @@ def test_a_ctrl_c_in_the_prefetch_bookkeeping_loses_no_step():
     calls = {"n": 0}
     fill = it._fill
 
-    def interrupted_fill():
+    def interrupted_fill(**kw):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
-        fill()
+        fill(**kw)
 
     it._fill = interrupted_fill
     got = []
