@@ -388,7 +388,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000, help="records of the in-memory source")
     ap.add_argument("--seconds", type=float, default=0.5, help="timed seconds per throughput run (default 0.5)")
     ap.add_argument("--rounds", type=int, default=8, help="on/off rounds per throughput case (default 8)")
-    ap.add_argument("--chunks", type=int, default=100, help="chunks of the compute-path measure (default 100)")
+    ap.add_argument("--chunks", type=int, default=400, help="chunks of the compute-path measure (default 400)")
     ap.add_argument("--no-arrayrecord", action="store_true", help="skip the ArrayRecord pipeline of part 1")
     ap.add_argument("--steps", type=int, default=400, help="steps per trace run (default 400)")
     ap.add_argument("--step-ms", type=float, default=12.0, help="a training step (default 12)")
