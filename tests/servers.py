@@ -332,8 +332,23 @@ class Nginx(_ServerProcess):
     def _about(self) -> str:
         return f"serving {self.root}; "
 
-    def requests(self) -> list[Request]:
-        """The requests answered so far (since the first start), oldest first."""
+    def requests(self, at_least: int = 0, timeout: float = 5.0, settle: float = 0.05) -> list[Request]:
+        """The requests answered so far (since the first start), oldest first. nginx logs a
+        request just after its response is sent, so a client can have its answer before the
+        line is written: the log is read once it has not grown for ``settle`` seconds, and
+        with at least ``at_least`` lines (waiting up to ``timeout`` seconds for them)."""
+        deadline = time.monotonic() + timeout
+        size = _size(self.access_log)
+        while True:
+            time.sleep(settle)
+            now = _size(self.access_log)
+            if now == size:
+                found = self._read_log()
+                if len(found) >= at_least or time.monotonic() > deadline:
+                    return found
+            size = now
+
+    def _read_log(self) -> list[Request]:
         found = []
         try:
             with open(self.access_log, encoding="utf-8", errors="replace") as f:
