@@ -5,16 +5,13 @@ import os
 import shutil
 import sys
 
-import numpy as np
 import pytest
+from remote_folder import check_reads_like_local, prepared_folder
 from servers import fsspec_env, process_on_port
 
 # gcsfs reads this when imported: its default "extended" file system speaks gRPC, which the emulator does not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-import quern  # noqa: E402
-from quern.pipeline.cache import ShardCache  # noqa: E402
-from quern.prepare import prepare  # noqa: E402
 
 gcsfs = pytest.importorskip("gcsfs", reason="gcsfs is not installed (pip install 'quern[gs]')")
 SERVER = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
@@ -45,24 +42,10 @@ def gcs(monkeypatch, tmp_path):
 
 
 def test_a_prepared_folder_on_gcs_reads_like_the_local_one(gcs, tmp_path):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    want = [b"gcs document %d " % i * (30 + 11 * i) for i in range(30)]
-    for i, d in enumerate(want):
-        (docs / f"{i:02d}.txt").write_bytes(d)
-    prepare(docs, tmp_path / "prep", shard_size="8KB", workers=0, progress=False)
+    folder, want = prepared_folder(tmp_path, b"gcs")
     gcs.mkdir("data")
-    for d, _, names in os.walk(tmp_path / "prep"):
+    for d, _, names in os.walk(folder):
         for n in names:
-            rel = os.path.relpath(os.path.join(d, n), tmp_path / "prep")
+            rel = os.path.relpath(os.path.join(d, n), folder)
             gcs.pipe(f"data/prep/{rel}", open(os.path.join(d, n), "rb").read())
-    cache = ShardCache(tmp_path / "cache")
-    src = quern.sources.ArrayRecordSource("gs://data/prep", cache=cache)
-    local = quern.sources.ArrayRecordSource(str(tmp_path / "prep"))
-    assert len(src) == 30 and len(src.paths) > 2 and src.identity()["files"] == local.identity()["files"]
-    ids = np.random.default_rng(0).permutation(30)
-    assert list(src.read_many(ids)) == [want[i] for i in ids]
-    assert cache.stats["misses"] == len(src.paths)  # each shard fetched once, verified
-    np.testing.assert_array_equal(src.metadata["length"], [len(d) for d in want])
-    with pytest.raises(quern.SourceError, match="not found"):
-        ShardCache(tmp_path / "cache2", retries=0).get("gs://data/prep/no-such-shard.array_record")
+    check_reads_like_local("gs://data/prep", folder, want, tmp_path)
