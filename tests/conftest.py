@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -18,3 +19,11 @@ def _quern_cache_dir(tmp_path_factory):
         os.environ.pop("QUERN_CACHE_DIR", None)
     else:
         os.environ["QUERN_CACHE_DIR"] = old
+
+
+def pytest_collection_modifyitems(config, items):
+    """Test ids must be the same in every process (pytest-xdist compares them): none may
+    hold an object's address (``<object at 0x...>``), which differs between processes."""
+    bad = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]", item.nodeid)]
+    if bad:
+        raise pytest.UsageError("test ids holding an object address (give them ids=): " + ", ".join(bad[:5]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -345,7 +346,7 @@ def _gen():
         (lambda i: {"a": np.zeros(2, np.float32)}, {"a": np.zeros(2)}, "batch['a']: row 2 has dtype float64"),
         (lambda i: {"a": (i, np.zeros(2))}, {"a": (1, np.zeros(3))}, "batch['a'][1]: row 2 has shape (3,)"),
     ],
-    ids=lambda v: None if callable(v) else repr(v)[:30],
+    ids=lambda v: None if callable(v) else re.sub(r" at 0x[0-9a-f]+", "", repr(v))[:30],
 )
 def test_collate_refuses_rows_that_differ_naming_row_record_and_stage(values, odd, said):
     msg = _batch_error(_rows(values, 6, odd))  # step 1 of batches of 4: record 6 is row 2
