@@ -235,23 +235,36 @@ def _on_ray(
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
         job_ref = ray.put(job)
-        pending = {task.remote(job_ref, i): i for i in todo}
-        out = []
-        while pending:
+        # A bounded number of tasks in flight, and never ray.cancel: cancelling a task as it completes crashes the
+        # driver in Ray's core worker ("Tried to complete task that was not pending", ray-project/ray#54846). On a
+        # task's error no new task starts, those running finish (their shards are kept, as in a local run), then
+        # the first error is raised.
+        limit = max(2 * int(ray.cluster_resources().get("CPU", 1)), 2)
+        waiting = list(reversed(todo))
+        pending: dict[Any, int] = {}
+        out: list[dict[str, Any]] = []
+        error: BaseException | None = None
+        while waiting or pending:
+            while waiting and error is None and len(pending) < limit:
+                i = waiting.pop()
+                pending[task.remote(job_ref, i)] = i
+            if not pending:
+                break
             done, _ = ray.wait(list(pending), num_returns=1)
+            del pending[done[0]]
             try:
                 side = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
-                for ref in pending:
-                    ray.cancel(ref)
-                cause = getattr(e, "cause", None)  # the task's own exception, without Ray's traceback text
-                if isinstance(cause, PrepareError):
-                    raise PrepareError(str(cause)) from e
-                raise PrepareError(f"prepare on Ray: {type(cause).__name__}: {cause}") from e
-            del pending[done[0]]
+                error = error or e
+                continue
             a, b = job.shards[side_index(job, side)]
             progress(sum(it.size for it in job.items[a:b]), side["records"])
             out.append(side)
+        if error is not None:
+            cause = getattr(error, "cause", None)  # the task's own exception, without Ray's traceback text
+            if isinstance(cause, PrepareError):
+                raise PrepareError(str(cause)) from error
+            raise PrepareError(f"prepare on Ray: {type(cause).__name__}: {cause}") from error
         return out
     finally:
         if started:

@@ -378,7 +378,7 @@ def test_ray_map_error_names_the_file(bad_corpus, ray_head, tmp_path):
     expected = f"quern: prepare: {os.path.join('docs', BAD_FILE)}: the map raised ValueError: this record is bad"
     assert _error_line(local.stderr) == expected
     assert on_ray.returncode == 1, on_ray.stderr
-    assert os.path.join("docs", BAD_FILE) in on_ray.stderr and "this record is bad" in on_ray.stderr
+    assert os.path.join("docs", BAD_FILE) in on_ray.stderr and "this record is bad" in on_ray.stderr, on_ray.stderr
     assert _error_line(on_ray.stderr) == expected, f"not the local run's one message; stderr:\n{on_ray.stderr}"
     assert not os.path.exists(tmp_path / "ray" / "manifest.json")
 
