@@ -19,7 +19,7 @@ from typing import Any
 
 from . import execute
 from .index import check_int, host_rows
-from .lookahead import LOOKAHEAD, Lookahead
+from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
 from .workers import WorkerPool, sigint_deferred
 
@@ -193,6 +193,8 @@ class PipelineIterator:
             )
         elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
+        # the workers' disk-cache counters (kept after they stop)
+        self._worker_cache: dict[str, int] = self._workers.cache_counts if self._workers is not None else {}
         self._closed = False
         _LIVE.add(self)
         LIVE.add(self)  # quern.metrics reports it
@@ -398,11 +400,11 @@ class PipelineIterator:
           and ``computed_in_parent`` (always 0: no step is ever computed in this
           process when there are workers; kept for compatibility); the counts are
           kept after the workers stop. ``{"workers": 0}`` without.
-        - ``disk_cache`` for sources read by URL: this process's counts of its disk
-          caches (``hits``, ``misses``, ``bytes_fetched``, ``evictions``,
-          ``retries``; with workers the reads of the worker processes are counted
-          there, not here), the bytes the cache folders hold, their ``capacity`` and
-          the files being fetched ahead."""
+        - ``disk_cache`` for sources read by URL: the counts of their disk caches
+          (``hits``, ``misses``, ``bytes_fetched``, ``evictions``, ``retries``) in
+          this process and, with workers, in the worker processes (each reports with
+          the last batch of a task), and, with ``lookahead``, the bytes the cache
+          folders hold, their ``capacity`` and the files being fetched ahead."""
         pool = self._workers
         if pool is None:
             out = dict(self._last_stats)
@@ -426,8 +428,13 @@ class PipelineIterator:
             }
         out["host_prefetch"] = {"ready": ready, "in_flight": in_flight, "depth": depth, "window": self.window}
         out.update(self.clock.figures())
-        if self._lookahead is not None:
-            out["disk_cache"] = self._lookahead.cache_stats()
+        cache = self._lookahead.cache_stats() if self._lookahead is not None else None
+        if self._worker_cache:  # the worker processes' reads and fetches
+            cache = cache if cache is not None else dict.fromkeys(CACHE_COUNTS, 0)
+            for k, v in list(self._worker_cache.items()):
+                cache[k] += v
+        if cache is not None:
+            out["disk_cache"] = cache
         return out
 
     @property

@@ -16,9 +16,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOOKAHEAD", "Lookahead", "records_of_steps"]
+__all__ = ["CACHE_COUNTS", "LOOKAHEAD", "Lookahead", "cache_counts", "records_of_steps"]
 
 LOOKAHEAD = 64  # steps
+CACHE_COUNTS = ("hits", "misses", "bytes_fetched", "evictions", "retries")  # a disk cache's counters
+
+
+def _caches(sources: Any) -> list[Any]:
+    """The distinct disk caches of ``sources`` (several sources may share one)."""
+    found = {id(c): c for c in (getattr(src, "cache", None) for src in sources) if c is not None}
+    return list(found.values())
+
+
+def cache_counts(pipe: Any) -> dict[str, int]:
+    """This process's counters (:data:`CACHE_COUNTS`) of the disk caches of ``pipe``'s
+    sources, added up: a worker process reports them to the parent."""
+    caches = _caches(_leaf_source(leaf) for leaf in pipe.leaves)
+    return {k: sum(c.stats.get(k, 0) for c in caches) for k in CACHE_COUNTS}
 
 
 def _leaf_source(leaf: Any) -> Any:
@@ -109,13 +123,10 @@ class Lookahead:
 
     def cache_stats(self) -> dict[str, Any]:
         """The disk caches of the sources fetching ahead, added up (see ``PipelineIterator.stats``)."""
-        caches = {id(src.cache): src.cache for src in self.sources if getattr(src, "cache", None) is not None}
-        out: dict[str, Any] = {"hits": 0, "misses": 0, "bytes_fetched": 0, "evictions": 0, "retries": 0}
-        for c in caches.values():
-            for k in out:
-                out[k] += c.stats.get(k, 0)
-        out["bytes_held"] = sum(c.size() for c in caches.values())
-        caps = [c.capacity for c in caches.values()]
+        caches = _caches(self.sources)
+        out: dict[str, Any] = {k: sum(c.stats.get(k, 0) for c in caches) for k in CACHE_COUNTS}
+        out["bytes_held"] = sum(c.size() for c in caches)
+        caps = [c.capacity for c in caches]
         out["capacity"] = None if not caps or None in caps else sum(caps)
         out["fetching"] = sum(len(getattr(src, "_fetching", ())) for src in self.sources)
         return out

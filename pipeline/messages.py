@@ -118,6 +118,7 @@ class Done(NamedTuple):
     timings: tuple[tuple[str, float], ...] = ()  # the last step of a task: seconds per stage of the whole task
     seconds: float = 0.0  # and the wall time the worker spent on the task
     task_steps: int = 0  # and its number of steps (0 on the other steps of the task)
+    cache: tuple[tuple[str, int], ...] = ()  # and the disk caches' counters that grew since the worker's last report
 
 
 class ErrorReport(NamedTuple):

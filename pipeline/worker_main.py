@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 from . import execute, shm
 from .errors import StepError
+from .lookahead import cache_counts
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Task
 from .timing import SEND, Clock
 
@@ -141,6 +142,7 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
     """Say the worker is ready, then compute the tasks the parent sends, until end of file."""
     shm.send(sock, Ready(os.getpid()))
     slots: dict[int, shm.Buffer] = {}
+    reported = cache_counts(pipe)  # the disk caches' counters the parent has (its own reads are not ours)
     while True:
         msg, _ = shm.recv(sock)
         if isinstance(msg, Drop):  # slots the parent no longer needs
@@ -181,7 +183,11 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
             if step == last:  # the task's figures travel with its last batch: one small tuple per task
                 spent = tuple(timings.items()) if timings is not None else ()
                 seconds = time.perf_counter() - t0
-                shm.send(sock, Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps)), fds)
+                now = cache_counts(pipe)
+                grew = tuple((k, v - reported[k]) for k, v in now.items() if v != reported[k])
+                reported = now
+                done = Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps), grew)
+                shm.send(sock, done, fds)
             else:
                 shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs

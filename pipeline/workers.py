@@ -398,6 +398,7 @@ class WorkerPool:
         self.timed = timed  # workers send each step's stage timings
         self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
         self.timed_steps = 0  # the steps of the tasks delivered whole (whose stage seconds are in timings)
+        self.cache_counts: dict[str, int] = {}  # the workers' disk-cache counters, added up (lookahead.CACHE_COUNTS)
         self.load: float | None = None  # the workers' seconds per batch over their number (a moving average)
         self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         self.workers: list[_Worker | None] = [None] * num_workers
@@ -649,6 +650,8 @@ class WorkerPool:
                 fit = SHARED_MEMORY_BUDGET // (self.num_workers * self.prefetch * max(nbytes, 1))
                 self.read_ahead = max(1, min(self.max_read_ahead, fit))
             add(self.timings, msg.timings)
+            for k, v in msg.cache:
+                self.cache_counts[k] = self.cache_counts.get(k, 0) + v
             if msg.task_steps:
                 self.timed_steps += msg.task_steps
                 self.load = ema(self.load, msg.seconds / msg.task_steps / self.num_workers)

@@ -210,18 +210,32 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
         assert cache.stats["misses"] == 4
 
 
-def test_worker_processes_read_through_the_shared_cache(folder, tmp_path):
+@pytest.mark.parametrize("lookahead", [64, 0])
+def test_worker_processes_read_through_the_shared_cache(folder, tmp_path, lookahead):
+    """2 workers and the parent share one cache folder: each shard is downloaded once; the workers' reads are
+    counted in the parent's ``stats()`` (hits and misses: the parent itself reads nothing), also once closed."""
     root, want = folder
     with nginx(root) as srv:
         cache = ShardCache(tmp_path / "cache")
         src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=cache)
         pipe = quern.Pipeline.from_source(src, seed=4).shuffle().batch(6)
         ref = quern.Pipeline.from_source(quern.sources.ArrayRecordSource(str(root / "prep")), seed=4).shuffle().batch(6)
-        with pipe.iterator(num_workers=2) as it:
+        with pipe.iterator(num_workers=2, lookahead=lookahead) as it:
             got = [list(next(it)) for _ in range(10)]
+            live = it.stats()["disk_cache"]
+        closed = it.stats()["disk_cache"]
         assert got == [list(ref.batch_at(s)) for s in range(10)]
         gets = _shard_gets(srv)
     assert len(gets) == len(set(gets)) == len(src.paths)  # one download per shard for the parent and 2 workers
+    total = sum(s["bytes"] for s in src.manifest["shards"])
+    assert cache.stats["hits"] == 0  # this process read no record (its fetches ahead count as misses): the workers did
+    own = cache.stats["hits"] + cache.stats["misses"]  # this process's: its fetches ahead (final: it is closed)
+    assert closed["hits"] + closed["misses"] - own >= 2, (closed, cache.stats)  # the workers' reads, 1+ each
+    for disk in (live, closed):
+        assert 0 < disk["bytes_fetched"] <= total and disk["misses"] <= len(gets), disk
+    if not lookahead:  # nothing fetched ahead: every download is a worker's miss
+        assert 0 < live["misses"] <= closed["misses"], (live, closed)
+    assert closed["hits"] + closed["misses"] >= live["hits"] + live["misses"]
 
 
 def test_a_download_cut_by_the_server_continues_with_a_range_request(tmp_path):
