@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -76,16 +77,19 @@ class _Model(BaseModel):
         return data
 
 
+def _first_bad(bad: list, message: str, others: str) -> ValueError:
+    """The error ``message`` (about ``bad[0]``), with the count of ``bad`` when there are
+    several (``"(3 items are not strings)"``): one error instead of one per item."""
+    return ValueError(message + (f" ({len(bad):,} {others})" if len(bad) > 1 else ""))
+
+
 def _strings(value: Any) -> Any:
     """A list of strings as it is; otherwise an error naming the first item that is not one
     (pydantic would report each: as many errors as items)."""
     if isinstance(value, list):
         bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
         if bad:
-            raise ValueError(
-                f"item {bad[0]} is not a string: {show(value[bad[0]])}"
-                + (f" ({len(bad):,} items are not strings)" if len(bad) > 1 else "")
-            )
+            raise _first_bad(bad, f"item {bad[0]} is not a string: {show(value[bad[0]])}", "items are not strings")
     return value
 
 
@@ -94,11 +98,19 @@ def _string_keys(value: Any) -> Any:
     if isinstance(value, dict):
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
-            raise ValueError(
-                f"keys must be strings, got {show(bad[0])}"
-                + (f" ({len(bad):,} keys are not strings)" if len(bad) > 1 else "")
-            )
+            raise _first_bad(bad, f"keys must be strings, got {show(bad[0])}", "keys are not strings")
     return value
+
+
+def _null(why: str) -> Callable[[Any], Any]:
+    """A validator: ``None`` as it is; any other value is an error saying ``why`` it must be null."""
+
+    def check(value: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"must be null, got {show(value)}: {why}")
+        return value
+
+    return check
 
 
 class ArrayRecordConfig(_Model):
@@ -202,10 +214,7 @@ def _positive_ints(value: Any) -> Any:
     if isinstance(value, list):
         bad = [i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
-            raise ValueError(
-                f"item {bad[0]} is not an integer >= 1: {show(value[bad[0]])}"
-                + (f" ({len(bad):,} items are not)" if len(bad) > 1 else "")
-            )
+            raise _first_bad(bad, f"item {bad[0]} is not an integer >= 1: {show(value[bad[0]])}", "items are not")
     return value
 
 
@@ -274,15 +283,9 @@ class BucketPipelineConfig(_Model):
     bucket: BucketConfig
     batch_transforms: Stages = []
 
-    @field_validator("num_epochs", mode="before")
-    @classmethod
-    def _endless(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                f"must be null, got {show(value)}: a bucketed stream is endless "
-                "(each bucket repeats and reshuffles its records on its own epochs)"
-            )
-        return value
+    _endless = field_validator("num_epochs", mode="before")(
+        _null("a bucketed stream is endless (each bucket repeats and reshuffles its records on its own epochs)")
+    )
 
 
 _NOT_WITH_BUCKET = {
@@ -309,9 +312,10 @@ def _numbers(value: Any) -> Any:
     if isinstance(value, dict):
         bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int | float)]
         if bad:
-            raise ValueError(
-                f"the weight of {show(bad[0])} must be a number, got {show(value[bad[0]])}"
-                + (f" ({len(bad):,} weights are not numbers)" if len(bad) > 1 else "")
+            raise _first_bad(
+                bad,
+                f"the weight of {show(bad[0])} must be a number, got {show(value[bad[0]])}",
+                "weights are not numbers",
             )
     return value
 
@@ -327,15 +331,9 @@ class ComponentConfig(_Model):
     pack: Pack | None = None
     row_transforms: Stages = []
 
-    @field_validator("num_epochs", mode="before")
-    @classmethod
-    def _endless(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                f"must be null, got {show(value)}: the components of a mixture are endless "
-                "(each repeats and reshuffles on its own epochs)"
-            )
-        return value
+    _endless = field_validator("num_epochs", mode="before")(
+        _null("the components of a mixture are endless (each repeats and reshuffles on its own epochs)")
+    )
 
 
 class StageConfig(_Model):
