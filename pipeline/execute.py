@@ -41,6 +41,7 @@ __all__ = [
     "Where",
     "RowNames",
     "StepResult",
+    "LengthCheck",
     "READ",
     "COLLATE",
     "read",
@@ -55,6 +56,7 @@ __all__ = [
     "step_results",
     "batches_at",
     "steps_per_read",
+    "check_hosts",
 ]
 
 READ = "read"
@@ -156,6 +158,58 @@ class RowNames(NamedTuple):
             return f"{self.tags[0]} {shown}{'...' if len(self.ids) > 8 else ''}"
         parts = [f"{self.tags[int(c)]} {int(i)}" for c, i in zip(self.component[:8], self.ids[:8])]
         return ", ".join(parts) + ("..." if len(self.ids) > 8 else "")
+
+
+class LengthCheck(NamedTuple):
+    """A bucket's check of its records against the length index it was bucketed by:
+    before record transform ``at`` (the bucket's ``pad``), every record's tokens
+    (``len(record[key])``) must be what ``lengths`` (one value per source record) says,
+    else the record could be cut to the bucket's bound or be in another bucket."""
+
+    lengths: np.ndarray
+    key: str | None
+    at: int
+
+
+def _token_count(record: Any, key: str | None) -> int | None:
+    """The tokens of a record as the length index counts them, or ``None`` when the record
+    has no 1-D tokens there (the next transform then says what is wrong)."""
+    value = record if key is None else record.get(key) if isinstance(record, Mapping) else None
+    if isinstance(value, np.ndarray):
+        return int(value.shape[0]) if value.ndim else None
+    if value is None or isinstance(value, (str, bytes, Mapping)):
+        return None
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def _check_lengths(
+    pipe: Definition, check: LengthCheck, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames
+) -> None:
+    """``StepError`` naming the first record whose tokens differ from the length index
+    (:class:`LengthCheck`): the step, the stage it came to, the record and both lengths."""
+    want = np.asarray(check.lengths)[ids]
+    for i, rec in enumerate(records):
+        n = _token_count(rec, check.key)
+        if n is not None and n != int(want[i]):
+            raise StepError(
+                f"{where}, stage {pipe.record_ops[check.at].label(check.at)}, row {names.step_row(i)} = "
+                f"{names.row(i)}: it has {n} tokens but the length index says {int(want[i])}: the index was "
+                "made for other data or transforms: rebuild it, or pass the right lengths="
+            )
+
+
+def check_hosts(pipe: Any, process_count: int) -> None:
+    """That every batch of ``pipe`` splits over ``process_count`` hosts: for a bucketed
+    pipeline, every bucket's batch size (:meth:`~quern.pipeline.streams.Bucketing.check_hosts`,
+    once per host count), so a bad host count is refused before the first step rather than
+    at the first step of the bucket it does not fit. Other pipelines have one batch size,
+    checked with the host slice."""
+    bk = getattr(pipe, "bucketing", None)
+    if bk is not None:
+        bk.check_hosts(process_count)
 
 
 def steps_per_read(rows_per_step: int, target_records: int, max_steps: int) -> int:
@@ -356,15 +410,20 @@ def record_stages(
     seg: Segments,
     where: object,
     timings: dict[str, float] | None = None,
+    check: LengthCheck | None = None,
 ) -> Any:
     """The record transforms and ``collate`` of one step's records: its batch before
     the batch transforms. For a mixture: each component's own transforms on its
     rows (at the rows' positions in the component's stream), the check that the
-    components agree, then the mixture's transforms (at the mixture's positions)."""
+    components agree, then the mixture's transforms (at the mixture's positions).
+    ``check``: a single source's records are checked against a length index first
+    (a bucket's, :class:`LengthCheck`)."""
     clock = Clock(timings)
     leaves = pipe.leaves
     if pipe.source is not None:  # a single source: its transforms are the definition's own
         for k, op in enumerate(pipe.record_ops):
+            if check is not None and k == check.at:
+                _check_lengths(pipe, check, records, seg.ids, where, RowNames.of(pipe, seg.ids))
             records = apply_record_op(pipe, k, records, positions, seg.ids, where)
             clock.lap(op.label(k))
         batch = collate_rows(pipe, records, seg.ids, where)
@@ -548,6 +607,7 @@ def step_results(
     process_index: int = 0,
     process_count: int = 1,
     timings: dict[str, float] | None = None,
+    check: LengthCheck | None = None,
 ) -> Iterator[StepResult]:
     """Yield a :class:`StepResult` for each of ``steps`` in order (any steps, not
     necessarily consecutive): its batch, bit-identical to ``pipe.batch_at(step)``,
@@ -557,7 +617,8 @@ def step_results(
     the steps are read with one bulk ``read_many`` call per leaf; if that read
     fails, each step is read on its own, so that a read error is reported at its
     own step and the other steps still succeed. A failing step does not stop the
-    later ones. ``timings``: seconds per stage are added to it."""
+    later ones. ``timings``: seconds per stage are added to it. ``check``: the records
+    are checked against a length index (a bucket's, :class:`LengthCheck`)."""
     steps = [_index.check_int(s, "step", 0) for s in steps]
     if not steps:
         return
@@ -576,7 +637,14 @@ def step_results(
     seg = pipe.segments(np.concatenate(positions))
     clock = Clock(timings)
     all_records, failed = _bulk(
-        lambda where: read_segments(pipe, seg, where, clock), pipe, steps, wheres, process_index, process_count, timings
+        lambda where: read_segments(pipe, seg, where, clock),
+        pipe,
+        steps,
+        wheres,
+        process_index,
+        process_count,
+        timings,
+        check,
     )
     if failed is not None:
         yield from failed
@@ -588,10 +656,10 @@ def step_results(
         lo = hi
         try:
             if is_empty:  # the structure of the probed row, with no rows
-                batch = take(record_stages(pipe, records, pos, rows, f"step {s}", timings), slice(0, 0))
+                batch = take(record_stages(pipe, records, pos, rows, f"step {s}", timings, check), slice(0, 0))
                 batch = batch_stages(pipe, batch, pos[:0], rows.take(slice(0, 0)), f"step {s}", timings)
             else:
-                batch = record_stages(pipe, records, pos, rows, where, timings)
+                batch = record_stages(pipe, records, pos, rows, where, timings, check)
                 batch = batch_stages(pipe, batch, pos, rows, where, timings)
         except Exception as e:
             yield StepResult(s, None, e)
@@ -604,8 +672,11 @@ def _bucketed_results(
 ) -> Iterator[StepResult]:
     """:func:`step_results` of a bucketed pipeline: each step is step ``k`` of one bucket's
     batched pipeline (the plan's assignment), then the bucketed pipeline's own batch
-    transforms (keys from the step and row). Steps of one bucket are computed together."""
+    transforms (keys from the step and row). Steps of one bucket are computed together.
+    Every bucket's batch must split over the hosts (checked once per host count), and
+    every record must have the tokens the length index says (:class:`LengthCheck`)."""
     bk = pipe.bucketing
+    bk.check_hosts(process_count)
     for s in steps:
         pipe.check_step(s)
     comp, within = bk.assign(np.asarray(steps, dtype=np.int64))
@@ -613,7 +684,9 @@ def _bucketed_results(
     for c in np.unique(comp).tolist():
         sel = np.flatnonzero(comp == c)
         part = bk.components[c]
-        for i, r in zip(sel.tolist(), step_results(part, within[sel].tolist(), process_index, process_count, timings)):
+        check = None if bk.lengths is None else LengthCheck(bk.lengths, bk.key, len(part.record_ops) - 1)  # its pad
+        results = step_results(part, within[sel].tolist(), process_index, process_count, timings, check)
+        for i, r in zip(sel.tolist(), results):
             s = steps[i]
             if r.error is not None:
                 error = StepError(f"step {s}, bucket {bk.names[c]!r} (its step {int(within[i])}): {r.error}")
@@ -801,15 +874,18 @@ def _bulk(
     process_index: int,
     process_count: int,
     timings: dict[str, float] | None,
+    check: LengthCheck | None = None,
 ) -> tuple[Any, list[StepResult] | None]:
     """The records of all ``steps`` in one bulk read (``read_all(where)``), or, if it
     fails, the steps' results computed one step at a time, so that a read error is
-    reported at its own step and the other steps still succeed."""
+    reported at its own step and the other steps still succeed (``check`` as there)."""
     try:
         return read_all(wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"), None
     except StepError as e:
         if len(steps) > 1:
-            return None, [r for s in steps for r in step_results(pipe, [s], process_index, process_count, timings)]
+            return None, [
+                r for s in steps for r in step_results(pipe, [s], process_index, process_count, timings, check)
+            ]
         return None, [StepResult(steps[0], None, e)]
 
 

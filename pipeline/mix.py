@@ -83,7 +83,11 @@ def mix(
     component is position ``k`` of that component's own stream, so each
     component has its own epochs. The batches before a stage's start are the same
     with or without that stage: a state saved at step ``k`` resumes on a
-    pipeline whose schedule differs only in stages starting at ``k`` or later.
+    pipeline whose schedule differs only in stages starting at ``k`` or later, or
+    that adds (or drops) a component whose weight is zero in every stage starting
+    before ``k``, as long as the block size stays the same (it is raised to the
+    number of components squared: an edit that raises it changes the earlier
+    batches and is refused).
 
     Chain ``.map(...)`` (transforms of the mixed records) and ``.batch(B)``;
     ``shuffle`` and ``filter`` belong to the components. ``explain`` names the

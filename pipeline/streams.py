@@ -36,15 +36,23 @@ class Mixture:
     block: int
 
     def describe(self, until_step: int | None = None) -> dict[str, Any]:
-        """JSON-able; with ``until_step``, only the stages that start before it (at
-        least the first): what the steps before ``until_step`` depend on."""
-        stages = self.stages
+        """JSON-able; with ``until_step``, what the steps before ``until_step`` depend on:
+        only the stages that start before it (at least the first), and only the
+        components with a weight above zero in one of them, in their order. A component
+        zero in all those stages takes no slot of their blocks, and its index moves no
+        other component's slots or quantized weight, so the steps before
+        ``until_step`` are the same with or without it, wherever it is among the
+        components, as long as the block size is the same (it is in the description:
+        it grows with the number of components, see
+        :func:`~quern.pipeline.plan.mixture.block_size`)."""
+        stages, live = self.stages, list(range(len(self.names)))
         if until_step is not None:
             stages = tuple(st for st in stages if st.start_step < max(1, until_step))
+            live = [c for c in live if any(st.weights[c] for st in stages)]
         return {
-            "names": list(self.names),
-            "components": [c.describe() for c in self.components],
-            "schedule": [[st.start_step, list(st.weights)] for st in stages],
+            "names": [self.names[c] for c in live],
+            "components": [self.components[c].describe() for c in live],
+            "schedule": [[st.start_step, [st.weights[c] for c in live]] for st in stages],
             "seed": self.seed,
             "block": self.block,
         }
@@ -145,16 +153,22 @@ class Packing:
         return fingerprint_of({"file": os.path.basename(self._rows_path()), "rows_per_epoch": rows})
 
     def _store_rows(self, rows: int) -> None:
-        """Write the count atomically (a temporary file renamed); a cache that cannot be written is skipped."""
+        """Write the count atomically (a temporary file renamed); a cache that cannot be
+        written (read-only, full) is skipped, and the temporary file removed."""
         path = self._rows_path()
+        tmp = None
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump({"rows_per_epoch": rows, "check": self._check(rows)}, f)
             os.replace(tmp, path)
         except OSError:
-            pass
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The epoch of each row position and the row's index within its epoch."""
@@ -204,6 +218,26 @@ class Bucketing:
             "block": self.block,
             "lengths": self.lengths_digest,
         }
+
+    def check_hosts(self, process_count: int) -> None:
+        """That every bucket's batch splits over ``process_count`` hosts (each host takes
+        ``batch_size / process_count`` rows of every step of the bucket): a ``ValueError``
+        naming the first bucket whose batch size is not a multiple of the host count.
+        Checked once per host count (by the iterator when it is created, by ``batch_at``
+        and ``explain``), so it fails before the first step, not at the first step of that
+        bucket."""
+        n = _index.check_int(process_count, "process_count", 1)
+        done = self.__dict__.setdefault("_host_counts", set())
+        if n in done:
+            return
+        for bound, size in zip(self.boundaries, self.batch_sizes):
+            if size % n:
+                raise ValueError(
+                    f"bucket 'len<={bound}' has batch size {size}, which is not divisible by the host count "
+                    f"(process_count) {n}: each host takes batch_size / process_count rows of every step of a "
+                    f"bucket; give every bucket a batch size that is a multiple of {n}"
+                )
+        done.add(n)
 
     def assign(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The bucket (an index into ``components``) of each step and the step within that bucket's stream."""
