@@ -60,7 +60,7 @@ def stage_names(pipe: Any) -> list[str]:
 
 
 def short(label: str, width: int = 44) -> str:
-    """A stage label cut to ``width`` characters for tables and legends (``map[1] pad(length=16, ...``)."""
+    """A stage label cut to ``width`` characters for tables and legends (``map[1] partial(tokenize)``)."""
     return label if len(label) <= width else label[: width - 3] + "..."
 
 

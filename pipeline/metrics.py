@@ -7,9 +7,14 @@ closed or garbage collected::
 
     import quern, quern.metrics
 
-    quern.metrics.start_http_server(9400)  # Prometheus scrapes http://this-host:9400/metrics
+    quern.metrics.start_http_server(9400)  # http://127.0.0.1:9400/metrics, this host only
     for batch in pipe.iterator(num_workers=8):
         train_step(batch)
+
+The server listens on the loopback address ``127.0.0.1`` unless ``addr`` says
+otherwise: for a Prometheus on another machine, give the address of the interface
+it reaches (or ``addr="0.0.0.0"``, every interface, where the network is trusted:
+the endpoint has no authentication).
 
 Nothing runs between scrapes: at each scrape the collector (:class:`QuernCollector`)
 reads ``stats()`` of every iterator in :data:`quern.pipeline.timing.LIVE` (see
@@ -72,7 +77,9 @@ Which series appear: the device prefetch only for a global iterator; the worker
 series with ``num_workers > 0`` (``quern_workers`` always); the disk cache only for
 sources read by URL, and with workers it counts this process's reads only (the
 workers' reads are counted in the workers). The stages (``stage`` label) are
-``read`` (``read: NAME`` per component of a mixture), each transform by its label,
+``read`` (``read: NAME`` per component of a mixture), each transform by its label
+(its kind, index and name, ``map[0] decode``, ``map[1] partial(tokenize)``: never
+its arguments nor an object address, see :func:`quern.pipeline.ops.stage_name`),
 ``collate``; with workers ``send`` and ``handover``; for a global iterator
 ``device_put``; none with ``timings=False``. :data:`METRICS` lists the names as
 they are scraped (and queried in PromQL).
@@ -125,6 +132,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+LOOPBACK = "127.0.0.1"  # where start_http_server listens unless told otherwise
 LABELS = ("host", "process", "iterator")  # on every series
 HEALTH_STATES = ("healthy", "warning", "alarm", "unknown")
 
@@ -390,14 +398,24 @@ def register(registry: CollectorRegistry | None = None) -> QuernCollector:
 
 
 def start_http_server(
-    port: int, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None
+    port: int, addr: str = LOOPBACK, registry: CollectorRegistry | None = None
 ) -> tuple[Any, threading.Thread]:
     """Serve the metrics of every iterator of this process on ``http://addr:port/metrics``
     (``prometheus_client.start_http_server`` on a daemon thread), registering the
     collector in ``registry`` (default ``prometheus_client.REGISTRY``) if it is not yet.
     Calling it again (another port, say) starts another server of the same metrics.
-    Port 0 takes a free port: ``server.server_port``. Returns ``(server, thread)``;
-    ``server.shutdown()`` stops it."""
+
+    Args:
+        port: the TCP port; 0 takes a free one (``server.server_port``).
+        addr: the address to listen on. The default, ``127.0.0.1``, serves this
+            host only; give an interface's address for a Prometheus elsewhere, or
+            ``"0.0.0.0"`` (``"::"``) for every interface, where the network is
+            trusted (the endpoint has no authentication).
+        registry: the registry to serve.
+
+    Returns:
+        ``(server, thread)``; ``server.shutdown()`` stops it.
+    """
     registry = REGISTRY if registry is None else registry
     register(registry)
     server, thread = _start_http_server(port, addr, registry=registry)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import re
+import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS"]
+__all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS", "stage_name"]
 
 
 class OpKind(enum.StrEnum):
@@ -43,13 +46,63 @@ class Op:
 
     @property
     def name(self) -> str:
-        """The callable's qualified name, for messages."""
-        n = getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", None)
-        if isinstance(n, str):
-            return n
-        text = repr(self.fn)
-        return text if len(text) <= 200 else text[:197] + "..."
+        """The callable's name, for labels, metrics and messages: :func:`stage_name` (never its arguments)."""
+        return stage_name(self.fn)
 
     def label(self, k: int) -> str:
         """``"map[0] decode"``: the stage's kind, index among its level's stages, and name."""
         return f"{self.kind.value}[{k}] {self.name}"
+
+
+_NAME = re.compile(r"[\w.<>]{1,200}")  # a qualified name: decode, Tokenizer.encode, make.<locals>.<lambda>
+_NAMED = (  # callables whose __qualname__ is the name of their code
+    type,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.MethodWrapperType,
+    types.WrapperDescriptorType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+_MAX_DEPTH = 8  # wrappers of wrappers
+
+
+def stage_name(fn: Any) -> str:
+    """The name of the transform ``fn`` in stage labels (``map[0] decode``), in
+    ``it.stats()``, the metrics' ``stage`` label, ``quern bench`` and messages: what
+    it is, never what it holds, and the same in every process. (Its ``repr`` would
+    put argument values, such as a ``token=`` of a ``functools.partial``, into
+    metrics labels, and an object address that makes a new series at every restart.)
+
+    Args:
+        fn: the transform.
+
+    Returns:
+        A function's, class's, builtin's or bound method's ``__qualname__``
+        (``decode``, ``Tokenizer.encode``, ``make.<locals>.<lambda>``); for a
+        ``functools.partial``, ``partial(NAME)`` of its function; for a wrapper with
+        ``__wrapped__`` (``jax.jit``, a ``functools.wraps`` decorator object), the
+        name of what it wraps; for any other callable (an instance with
+        ``__call__``), its class's ``__qualname__`` (``pad``).
+    """
+    return _stage_name(fn, 0)
+
+
+def _stage_name(fn: Any, depth: int) -> str:
+    if depth < _MAX_DEPTH and isinstance(fn, functools.partial):
+        return f"partial({_stage_name(fn.func, depth + 1)})"
+    if isinstance(fn, _NAMED) or type(fn).__name__ == "ufunc":  # numpy's ufuncs: np.sqrt
+        for attribute in ("__qualname__", "__name__"):
+            name = getattr(fn, attribute, None)
+            if isinstance(name, str) and _NAME.fullmatch(name):
+                return name
+    elif depth < _MAX_DEPTH:
+        try:
+            wrapped = getattr(fn, "__wrapped__", None)
+        except Exception:  # a __getattr__ that fails
+            wrapped = None
+        if wrapped is not None and wrapped is not fn and callable(wrapped):
+            return _stage_name(wrapped, depth + 1)
+    name = type(fn).__qualname__
+    return name if _NAME.fullmatch(name) else type(fn).__name__

@@ -8,7 +8,15 @@ its author merely names. An ``fn`` entry may name
    ``fn: "mypkg.sub:f"`` with a package folder ``mypkg/`` (with
    ``__init__.py``) beside it. Whoever can put a ``.py`` file in that folder is
    trusted like the config's author (keep configs you did not write out of
-   folders that hold Python files, such as a downloads folder). The module's
+   folders that hold Python files, such as a downloads folder). Only Python
+   source counts: a module there that is a compiled file (``sneaky.pyc``, an
+   extension module ``.so``, a package whose ``__init__`` is one) is refused
+   with a :class:`ConfigError` naming it and nothing of it runs, a
+   ``__pycache__/*.pyc`` without its ``.py`` is not a module, and the modules of
+   the folder (those the named one imports while the config loads included) are
+   compiled from their ``.py`` source, never from ``__pycache__`` (whose files a
+   reader does not inspect: an unchecked hash-based ``.pyc`` would run whatever
+   the ``.py`` says). The module's
    top-level name must not also name a module of the standard library or any
    other importable or imported module (``os.py``, ``numpy.py`` beside a config
    would shadow it): such a file is refused, rename it. A dict config has no
@@ -146,9 +154,9 @@ class Policy:
         self.prefixes = tuple(prefixes)
         self.folder = folder
 
-    def _in_folder(self, module: str) -> str | None:
-        """The file or package folder that ``module``'s top-level name has directly in
-        the config's folder, or ``None``. Found without importing anything."""
+    def _spec_in_folder(self, module: str) -> importlib.machinery.ModuleSpec | None:
+        """The spec of ``module``'s top-level name directly in the config's folder, or
+        ``None``. Found without importing anything."""
         if self.folder is None:
             return None
         top = module.partition(".")[0]
@@ -157,7 +165,12 @@ class Policy:
         except (ImportError, ValueError, OSError):
             return None
         origin = _origin(spec)
-        return origin if origin is not None and _inside(origin, self.folder) else None
+        return spec if origin is not None and _inside(origin, self.folder) else None
+
+    def _in_folder(self, module: str) -> str | None:
+        """The file or package folder that ``module``'s top-level name has directly in
+        the config's folder, or ``None``. Found without importing anything."""
+        return _origin(self._spec_in_folder(module))
 
     def how_to_allow(self, module: str) -> str:
         """What a config may name, and how to allow ``module`` (a sentence for messages)."""
@@ -183,9 +196,14 @@ class Policy:
         if _under(module, self.prefixes):
             return True
         top = module.partition(".")[0]
-        origin = self._in_folder(module)
-        if origin is None:
-            raise ConfigError(f"module {module!r} is not allowed: {self.how_to_allow(module)}")
+        spec = self._spec_in_folder(module)
+        origin = _origin(spec)
+        if spec is None or origin is None:
+            raise ConfigError(
+                f"module {module!r} is not allowed: {self._compiled_only(top)}{self.how_to_allow(module)}"
+            )
+        if not _is_source(spec):
+            raise ConfigError(_not_source(module, str(spec.origin), self.folder))
         if top in sys.stdlib_module_names or top in sys.builtin_module_names:
             raise ConfigError(
                 f"{os.path.basename(origin)} in the config's folder has the name of the standard library's "
@@ -202,6 +220,23 @@ class Policy:
                 f"({elsewhere}): it is refused (one name, two modules); rename it"
             )
         return False
+
+    def _compiled_only(self, top: str) -> str:
+        """What the config's folder holds of ``top`` that is not a module (compiled files
+        in ``__pycache__`` without their ``.py``), as the start of a message, or ``""``."""
+        if self.folder is None:
+            return ""
+        cache = os.path.join(self.folder, "__pycache__")
+        try:
+            found = sorted(n for n in os.listdir(cache) if n.startswith(top + ".") and n.endswith(".pyc"))
+        except OSError:
+            return ""
+        if not found:
+            return ""
+        return (
+            f"the config's folder has only compiled code of it ({os.path.join('__pycache__', found[0])}), "
+            "which is not trusted: only .py source files (and package folders with an __init__.py) are; "
+        )
 
     def trusted(self, module: Any) -> bool:
         """Whether code defined in the module named ``module`` (an object's ``__module__``) is trusted."""
@@ -227,7 +262,7 @@ class Policy:
         module_name, _, qualname = spec.partition(":")
         allowed = self.check_module(module_name)
         folders = ([self.folder] if self.folder else []) + ([os.getcwd()] if allowed else [])
-        obj = import_object(module_name, folders)
+        obj = import_object(module_name, folders, source_only=[self.folder] if self.folder else [])
         if not allowed and not self.trusted(module_name):  # imported from elsewhere after all (a race)
             raise ConfigError(f"module {module_name!r} was not imported from the config's folder")
         for part in qualname.split("."):
@@ -253,11 +288,75 @@ class Policy:
             raise ConfigError(f"{spec!r} is defined in {name}, which is not allowed (only imported there): {hint}")
 
 
-def import_object(module_name: str, folders: Sequence[str]) -> Any:
+def _is_source(spec: importlib.machinery.ModuleSpec) -> bool:
+    """Whether ``spec`` loads a ``.py`` source file (a module, or a package's ``__init__.py``)."""
+    return (
+        isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+        and isinstance(spec.origin, str)
+        and spec.origin.endswith(".py")
+    )
+
+
+def _not_source(module: str, file: str, folder: str | None) -> str:
+    """The message refusing ``module``, found as the compiled ``file`` in the config's folder."""
+    shown = os.path.relpath(file, folder) if folder else file
+    return (
+        f"module {module!r} is {shown} in the config's folder, which is not Python source: only .py files "
+        "(and package folders with an __init__.py) are trusted modules, compiled code (.pyc, .so, ...) is "
+        "refused and not run; put its .py source there, or install it and allow it (quern --allow)"
+    )
+
+
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the ``.py`` file itself: never reads nor writes ``__pycache__``."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+class _SourceOnlyFinder:
+    """On ``sys.meta_path`` (before the ``PathFinder``) while :func:`import_object` runs:
+    a module whose top-level module or package lies directly in one of ``folders``
+    is loaded by :class:`_SourceOnlyLoader` from its ``.py`` file, and refused with a
+    :class:`ConfigError` when it is compiled code. Other modules are left to the
+    finders after it."""
+
+    def __init__(self, folders: Sequence[str]) -> None:
+        self.folders = [os.path.abspath(f) for f in folders]
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.has_location or not isinstance(spec.origin, str):
+            return None
+        top = fullname.partition(".")[0]
+        folder = next((f for f in self.folders if _top_lies_in(spec.origin, f, top)), None)
+        if folder is None:
+            return None
+        if not _is_source(spec):
+            raise ConfigError(_not_source(fullname, spec.origin, folder))
+        spec.loader = _SourceOnlyLoader(fullname, spec.origin)
+        return spec
+
+
+def _top_lies_in(file: str, folder: str, top: str) -> bool:
+    """Whether ``file`` is the module ``top`` in ``folder`` (``top.py``, ``top.*.so``) or lies in its package folder."""
+    if not _inside(file, folder):
+        return False
+    first = os.path.relpath(os.path.abspath(file), folder).split(os.sep)[0]
+    return first == top or first.partition(".")[0] == top
+
+
+def import_object(module_name: str, folders: Sequence[str], source_only: Sequence[str] = ()) -> Any:
     """The module ``module_name``, imported as usual except that ``folders`` are
     searched first: those not already on ``sys.path`` are put at its front while
     the import runs and taken off again, so the process's ``sys.path`` is left as
-    it was. Modules that the import loaded from such a folder are registered with
+    it was. Modules whose top-level module or package lies directly in a folder of
+    ``source_only`` (the config's) are compiled from their ``.py`` source only,
+    never from ``__pycache__``, and compiled code there is refused with a
+    :class:`ConfigError`. Modules that the import loaded from such a folder are registered with
     ``cloudpickle.register_pickle_by_value``: worker processes, which start with
     the parent's ``sys.path`` and could not import them, receive their code with
     the pipeline. A module that is already imported is used as it is. Not
@@ -265,12 +364,18 @@ def import_object(module_name: str, folders: Sequence[str]) -> Any:
     imports code, and only after :meth:`Policy.check_module` allowed it."""
     added = [f for f in dict.fromkeys(os.path.abspath(f) for f in folders) if not _on_sys_path(f)]
     before = set(sys.modules)
+    finder = _SourceOnlyFinder(source_only)
+    at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path))
     sys.path[:0] = added
+    if source_only:
+        sys.meta_path.insert(at, finder)
     try:
         module = importlib.import_module(module_name)
     finally:
         for folder in added:
             sys.path.remove(folder)
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
     for name in set(sys.modules) - before:
         file = getattr(sys.modules[name], "__file__", None)
         if file and any(_inside(file, f) for f in added):
