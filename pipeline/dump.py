@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import sources
+from .ops import stage_name
 from .plan.mixture import QUANTUM, quantize
 from .registry import REGISTRY
 from .tree import to_plain
@@ -64,7 +65,7 @@ def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or not qualname or module == "__main__" or "<" in qualname:
         raise ValueError(
-            f"{where}: {fn!r} is not a registered transform or an importable module-level function, "
+            f"{where}: {stage_name(fn)} is not a registered transform or an importable module-level function, "
             "so it cannot be written as a config"
         )
     return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": to_plain(kwargs)}
