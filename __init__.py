@@ -38,6 +38,10 @@ def __getattr__(name: str) -> object:
         from quern.pipeline import config
 
         return getattr(config, name)
+    if name == "prepare":  # the subpackage quern.prepare (prepare, verify), imported on first use too
+        import importlib
+
+        return importlib.import_module("quern.prepare")
     raise AttributeError(f"module 'quern' has no attribute {name!r}")
 
 

@@ -2,8 +2,16 @@
 
 **Record order** (documented, and what every run reproduces): the inputs in the
 order given; a directory's files sorted by their path relative to it (POSIX
-form, compared as strings), a glob's matches sorted; within a file, its records
-in file order (JSON lines top to bottom, Parquet rows, ArrayRecord records).
+form, compared as strings; links to files and folders are followed, a linked
+folder's files listed under the link's path, and a link back to a folder above
+it, a loop, is not), a glob's matches sorted; within a file, its records in file
+order (JSON lines top to bottom, Parquet rows, ArrayRecord records).
+
+**Changes.** Each file is listed with its size, modification time and inode
+(:class:`Seen`); a file that is no longer so once read fails the run, named
+(:func:`check_unchanged`), so a file rewritten while prepare reads it never
+gives records of two versions or pieces of lines. An input that is not a
+regular file or a folder (a FIFO, a device) is refused, named.
 
 **Kinds** (``format``; ``None`` picks by name): a directory is a tree of small
 files (one record per file: its bytes), unless it is a folder written by
@@ -34,10 +42,23 @@ import numpy as np
 
 from ..pipeline.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
+from ..pipeline.sources.base import host_name
 
-__all__ = ["CHUNK", "FORMATS", "Item", "Rec", "describe_inputs", "list_items", "read_item"]
+__all__ = [
+    "CHUNK",
+    "FORMATS",
+    "Item",
+    "Rec",
+    "Seen",
+    "check_unchanged",
+    "describe_files",
+    "describe_inputs",
+    "list_items",
+    "read_item",
+]
 
 CHUNK = 4 << 20  # bytes per item of a JSON-lines or ArrayRecord file
+_HOST = host_name()  # this process's machine (imported again on each Ray node)
 FORMATS = ("files", "jsonl", "parquet", "array_record")
 _BY_SUFFIX = {
     ".jsonl": "jsonl",
@@ -49,12 +70,48 @@ _BY_SUFFIX = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seen:
+    """An input file as it was listed: ``(size, mtime_ns, inode, device)`` and the
+    machine that took them. Every file is checked against it once all are read (one
+    ``stat`` each, :func:`check_unchanged`), and so is every read of a file of several
+    items (JSON lines, Parquet row groups, runs of ArrayRecord records: the failure
+    comes early): a file changed during the run (rewritten, truncated, replaced)
+    fails the run, named, and nothing is published, instead of records of two
+    versions or line fragments. On another machine (a Ray node, where inodes
+    and times differ) only the size is compared. Not seen, as for the sources'
+    ``FileStats``: a same-size rewrite within one tick of the file system's clock."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+    host: str
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Seen:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, _HOST)
+
+    def changed(self, st: os.stat_result) -> str | None:
+        """How the file ``st`` describes differs from this one, or ``None``."""
+        if st.st_size != self.size:
+            return f"its size went from {self.size} to {st.st_size} bytes"
+        if self.host != _HOST:
+            return None
+        if (st.st_ino, st.st_dev) != (self.inode, self.device):
+            return "it was replaced by another file"
+        if st.st_mtime_ns != self.mtime_ns:
+            return "it was modified"
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Item:
     """Records ``[lo, hi)`` of one input file, in the file's own units: a small file
     ``(0, size)``; JSON lines: byte offsets of whole lines; Parquet: row groups;
     ArrayRecord: record numbers. ``size`` is the estimated input bytes, ``name``
-    the file as messages and the manifest show it (relative to its input)."""
+    the file as messages and the manifest show it (relative to its input);
+    ``seen`` the file as it was listed (see :class:`Seen`)."""
 
     kind: str
     path: str
@@ -62,6 +119,41 @@ class Item:
     lo: int
     hi: int
     size: int
+    seen: Seen | None = None
+
+
+def _changed_error(name: str, path: str, how: str) -> PrepareError:
+    return PrepareError(
+        f"prepare: the input {name!r} ({path}) changed during the run ({how}): what was read of it may mix two "
+        "versions, so nothing was published; run prepare again once it no longer changes"
+    )
+
+
+def _check_read(item: Item, fd: int | None = None) -> None:
+    """Raise :class:`PrepareError` naming ``item``'s file if it is not the file that was
+    listed (``fd``: the file as opened, else its path is stat'ed)."""
+    if item.seen is None:
+        return
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(item.path)
+    except FileNotFoundError:
+        return  # removed once read (or before: then reading it failed, named, or it was skipped): no mixture
+    except OSError as e:
+        raise _changed_error(item.name, item.path, f"it cannot be stat'ed: {e}") from e
+    how = item.seen.changed(st)
+    if how is not None:
+        raise _changed_error(item.name, item.path, how)
+
+
+def check_unchanged(items: Sequence[Item]) -> None:
+    """Raise :class:`PrepareError` naming the first input file of ``items`` that is no
+    longer as it was listed (one ``stat`` per file): run after every item was read. A
+    file removed is not one changed (reading it failed, or what was read is whole)."""
+    done: set[str] = set()
+    for it in items:
+        if it.seen is not None and it.path not in done:
+            done.add(it.path)
+            _check_read(it)
 
 
 @dataclasses.dataclass
@@ -88,18 +180,46 @@ def _kind(path: str, fmt: str | None) -> str:
     return "files"
 
 
-def _walk(root: str, include: Sequence[str], skip: str | None) -> list[tuple[str, int]]:
-    """Regular files under ``root`` (following links), as (relative POSIX path, size),
-    sorted by path, matching one of ``include`` (all when empty), outside ``skip`` (the
-    output folder). One ``stat`` per file."""
+def _walk(root: str, include: Sequence[str], skip: str | None) -> list[tuple[str, os.stat_result]]:
+    """Regular files under ``root``, as (relative POSIX path, stat), sorted by path,
+    matching one of ``include`` (all when empty), outside ``skip`` (the output
+    folder). Links are followed, to files and to folders (a linked folder's files
+    are listed under the link's path); a link to the folder holding it or to one of
+    its ancestors (a loop) adds no file and is not followed again. FIFOs, sockets,
+    devices and dangling links are no files: not listed. One ``stat`` per file and
+    per folder. Raises :class:`PrepareError` naming a folder that cannot be listed."""
     out = []
     cut = len(root.rstrip(os.sep)) + 1
-    for d, dirs, names in os.walk(root):
-        if skip is not None and os.path.abspath(d) == skip:
-            dirs[:] = []
-            continue
-        for n in names:
-            full = os.path.join(d, n)
+
+    def key(path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    skip_key = key(skip) if skip is not None else None
+    top = key(root)
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(root, frozenset([top] if top else []))]
+    while stack:
+        d, above = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as e:
+            raise PrepareError(f"prepare: cannot list the folder {d!r}: {e}") from e
+        for entry in entries:
+            full = entry.path
+            try:
+                is_dir = entry.is_dir()  # follows a link
+            except OSError:
+                is_dir = False
+            if is_dir:
+                k = key(full)
+                if k is None or k in above or k == skip_key or (skip is not None and os.path.abspath(full) == skip):
+                    continue  # a loop (the folder is this one or above it), or the output folder
+                stack.append((full, above | {k}))
+                continue
             rel = full[cut:] if os.sep == "/" else full[cut:].replace(os.sep, "/")
             if include and not any(fnmatch.fnmatchcase(rel, p) for p in include):
                 continue
@@ -108,8 +228,8 @@ def _walk(root: str, include: Sequence[str], skip: str | None) -> list[tuple[str
             except OSError:
                 continue  # a dangling link: no file there
             if stat.S_ISREG(st.st_mode):
-                out.append((rel, st.st_size))
-    return sorted(out)
+                out.append((rel, st))
+    return sorted(out, key=lambda x: x[0])
 
 
 def _line_start(f: Any, offset: int) -> int:
@@ -130,15 +250,18 @@ def _line_start(f: Any, offset: int) -> int:
 
 def _file_items(kind: str, path: str, name: str, columns: Sequence[str], chunk: int = CHUNK) -> list[Item]:
     try:
-        size = os.path.getsize(path)
+        st = os.stat(path)
     except OSError as e:
         raise PrepareError(f"prepare: cannot read {name!r}: {e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise PrepareError(f"prepare: the input {name!r} ({path}) is not a regular file ({_what(st)})")
+    size, seen = st.st_size, Seen.of(st)
     if kind == "files":
-        return [Item("file", path, name, 0, size, size)]
+        return [Item("file", path, name, 0, size, size, seen)]
     if kind == "jsonl":
         with open(path, "rb") as f:
             bounds = sorted({_line_start(f, o) for o in range(0, size, chunk)} | {size})
-        return [Item("jsonl", path, name, a, b, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [Item("jsonl", path, name, a, b, b - a, seen) for a, b in zip(bounds, bounds[1:]) if b > a]
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -151,7 +274,7 @@ def _file_items(kind: str, path: str, name: str, columns: Sequence[str], chunk: 
             if c not in names:
                 raise PrepareError(f"prepare: {name!r} has no column {c!r} (it has {sorted(names)})")
         return [
-            Item("parquet", path, name, g, g + 1, meta.row_group(g).total_byte_size)
+            Item("parquet", path, name, g, g + 1, meta.row_group(g).total_byte_size, seen)
             for g in range(meta.num_row_groups)
             if meta.row_group(g).num_rows
         ]
@@ -166,7 +289,7 @@ def _file_items(kind: str, path: str, name: str, columns: Sequence[str], chunk: 
             raise PrepareError(f"prepare: {name!r} is not a readable ArrayRecord file: {e}") from e
         per = max(1, int(n * chunk // max(size, 1)))
         return [
-            Item("array_record", path, name, a, min(a + per, n), size * (min(a + per, n) - a) // n)
+            Item("array_record", path, name, a, min(a + per, n), size * (min(a + per, n) - a) // n, seen)
             for a in range(0, n, per)
         ]
     raise ValueError(f"prepare: unknown input format {kind!r}; one of {FORMATS}")
@@ -213,16 +336,22 @@ def list_items(
                 name, files = base, len(m["shards"])
             else:
                 found = _walk(root, include, output)
-                for rel, size in found:
+                for rel, st in found:
                     p, what = os.path.join(root, rel), f"{base}/{rel}"
                     if fmt in (None, "files"):  # the common case, 100,000s of files: no second stat
-                        items.append(Item("file", p, what, 0, size, size))
+                        items.append(Item("file", p, what, 0, st.st_size, st.st_size, Seen.of(st)))
                     else:
                         items += _file_items(fmt, p, what, columns, chunk)
                 name, files = base, len(found)
         elif os.path.isfile(given):
             items += _file_items(_kind(given, fmt), os.path.abspath(given), os.path.basename(given), columns, chunk)
             name, files = os.path.basename(given), 1
+        elif os.path.lexists(given):
+            try:
+                what = _what(os.stat(given))
+            except OSError as e:
+                what = f"a link to nothing: {e}"
+            raise PrepareError(f"prepare: the input {given!r} is not a regular file or a folder ({what})")
         else:
             raise PrepareError(f"prepare: input {given!r} does not exist")
         kinds_seen = sorted({"files" if it.kind == "file" else it.kind for it in items[start:]}) or [fmt or "files"]
@@ -233,11 +362,41 @@ def list_items(
     return items, described
 
 
+def _what(st: os.stat_result) -> str:
+    """What a file that is not a regular file or a folder is, in words."""
+    mode = st.st_mode
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ):
+        if test(mode):
+            return name
+    return f"file mode {stat.filemode(mode)}"
+
+
 def describe_inputs(items: Sequence[Item]) -> str:
     """A hash of the items (kind, name, range, size): what a rerun must find again."""
     h = hashlib.sha256()
     for it in items:
         h.update(f"{it.kind}\0{it.name}\0{it.lo}\0{it.hi}\0{it.size}\n".encode())
+    return h.hexdigest()
+
+
+def describe_files(items: Sequence[Item]) -> str:
+    """A hash of the input files as listed (path, size, modification time, inode,
+    device): an unfinished prepare keeps its finished shards only for the very same
+    files (the job's hash, :func:`describe_inputs`, leaves times and inodes out, so
+    that a copied input gives the same manifest)."""
+    h = hashlib.sha256()
+    done: set[str] = set()
+    for it in items:
+        if it.path not in done:
+            done.add(it.path)
+            s = it.seen
+            h.update(f"{it.path}\0{s and (s.size, s.mtime_ns, s.inode, s.device)}\n".encode())
     return h.hexdigest()
 
 
@@ -275,13 +434,14 @@ def read_item(
     :class:`RecordError` (and a file that cannot be read as one for the whole item)."""
     try:
         if item.kind == "file":
-            with open(item.path, "rb") as f:
+            with open(item.path, "rb") as f:  # checked once all are read (check_unchanged): one stat
                 data = f.read()
             yield Rec(data, None, None, item.name, len(data))
         elif item.kind == "jsonl":
             with open(item.path, "rb") as f:
                 f.seek(item.lo)
                 data = f.read(item.hi - item.lo)
+                _check_read(item, f.fileno())
             yield from _jsonl(item, data, jsonl_field)
         elif item.kind == "parquet":
             import pyarrow.parquet as pq
@@ -290,6 +450,7 @@ def read_item(
             have = set(pf.schema_arrow.names)  # fields may also come from the map's dict, not from a column
             want = list(dict.fromkeys([*columns, *(f for f in fields if f in have)])) if columns else None
             table = pf.read_row_group(item.lo, columns=want)
+            _check_read(item)
             cols = {c: _values(table.column(c)) for c in table.column_names}
             chosen = list(columns) or [c for c in table.column_names if c not in fields]
             per = item.size // max(table.num_rows, 1)
@@ -303,10 +464,13 @@ def read_item(
             r = array_record_module.ArrayRecordReader(item.path, "readahead_buffer_size:0")
             records = r.read(list(range(item.lo, item.hi)))
             r.close()
+            _check_read(item)
             for k, rec in enumerate(records):
                 yield Rec(rec, None, None, f"{item.name} record {item.lo + k}", len(rec))
         else:  # pragma: no cover - listed kinds only
             raise ValueError(item.kind)
+    except PrepareError:
+        raise  # the file changed during the run: never a record to skip
     except (OSError, ValueError, RuntimeError) as e:
         what = {"file": "", "jsonl": f" bytes {item.lo}-{item.hi}", "parquet": f" row group {item.lo}"}
         span = what.get(item.kind, f" records {item.lo}-{item.hi}")

@@ -7,30 +7,41 @@ and ``tmp/`` (files being written). Nothing has its final name before it is
 complete: a shard is written to ``tmp/`` and renamed; the metadata files and
 ``manifest.json`` are written last, each to a temporary name and renamed, the
 manifest after everything it names. A run that finds ``plan.json`` of the same
-job removes ``tmp/``, keeps each finished shard whose checksum still matches its
-sidecar (it is not written again), removes the others and writes what is left:
-the folder ends byte-identical to an uninterrupted run's. A run that finds a
-manifest of the same job verifies every checksum, removes what a kill after the
-manifest left (the staging folder, temporaries) and returns it. A manifest of
-another job (other input, map or options) is refused; an unfinished prepare of
-another job is removed (its shards, metadata and staging folder, and nothing
-else: a folder that also holds other files is refused) and the new one starts;
-a non-empty folder that is neither is refused.
+job and of the same input files (sizes, modification times, inodes) removes
+``tmp/``, keeps each finished shard whose checksum still matches its sidecar (it
+is not written again), removes the others and writes what is left: the folder
+ends byte-identical to an uninterrupted run's. A run that finds a manifest of
+the same job verifies every checksum, removes what a kill after the manifest
+left (the staging folder, temporaries) and returns it. A manifest of another job
+(other input, map or options) is refused; an unfinished prepare of another job,
+or of input files changed since, is removed (its shards, metadata and staging
+folder, and nothing else: a folder that also holds other files is refused) and
+the new one starts;
+a non-empty folder that is neither is refused, and so is an output that is a
+file. A full disk is said, naming the output folder (the finished shards are
+kept for the rerun).
+
+**Processes.** Worker processes end when the prepare that started them dies
+(even by SIGKILL: ``PR_SET_PDEATHSIG``), and with them the pool's resource
+tracker. A child a map forks that returns into prepare is ended (it would take
+the tasks of its parent).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
 import os
 import queue
 import shutil
+import signal
 import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -115,11 +126,35 @@ class _Progress(Bar):
 
 _JOB: _shards.Job | None = None
 _QUEUE: Any = None
+_PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
 
 
-def _pool_init(job_bytes: bytes, q: Any) -> None:
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` (the prepare that started it) dies, even by
+    SIGKILL: Linux sends it SIGKILL then (``PR_SET_PDEATHSIG``); elsewhere a daemon
+    thread looks every second. Once the workers are gone, the pool's resource tracker
+    (whose pipe they and the parent held) sees its end of file and exits too."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no libc prctl (not Linux): look for the parent instead
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="quern-prepare-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(1)
+
+
+def _pool_init(job_bytes: bytes, q: Any, parent: int) -> None:
     import pickle
 
+    _die_with(parent)
     global _JOB, _QUEUE
     _JOB, _QUEUE = pickle.loads(job_bytes), q
 
@@ -182,7 +217,7 @@ def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Pr
             max_workers=min(workers, len(todo)),
             mp_context=ctx,
             initializer=_pool_init,
-            initargs=(cloudpickle.dumps(job), q),
+            initargs=(cloudpickle.dumps(job), q, os.getpid()),
         ) as pool:
             futures = [pool.submit(_pool_task, i) for i in todo]
             try:
@@ -280,11 +315,40 @@ def side_index(job: _shards.Job, side: dict[str, Any]) -> int:
 
 def _atomic_write(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):  # written in part (a full disk): never left behind
+            os.remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _full_disk_said(output: str) -> Iterator[None]:
+    """A full disk under ``output`` raised as a :class:`PrepareError` that says so."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        full = _shards.disk_full(output, e)
+        if full is None:
+            raise
+        raise full from e
+
+
+def _check_output(output: str) -> None:
+    """Raise ``ValueError`` if ``output`` (absolute), or the nearest of its folders that
+    exists, is not a folder."""
+    path = output
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        what = "a file" if os.path.isfile(path) else "a link to nothing, a FIFO or a device"
+        where = f"the output {output!r}" if path == output else f"{path!r}, a folder of the output {output!r},"
+        raise ValueError(f"prepare: {where} is {what}, not a folder; choose a new or empty folder for --output")
 
 
 def _resume(output: str, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -426,6 +490,7 @@ def prepare(
     ``uncompressed``; ``snappy`` and ``uncompressed`` read faster, ``zstd`` is smaller).
     ``progress``: draw a bar (default: when stderr is a terminal). See :mod:`quern.prepare.run` for restarts."""
     output = os.path.abspath(os.fspath(output))
+    _check_output(output)
     given = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
     if not given:
         raise ValueError("prepare: no input given")
@@ -474,6 +539,7 @@ def prepare(
     }
     manifest_path = os.path.join(output, prepared.MANIFEST)
     plan_path = os.path.join(output, prepared.STAGING, "plan.json")
+    files_key = _inputs.describe_files(items)  # a rerun keeps finished shards only of the very same files
     if os.path.exists(manifest_path):
         m = prepared.open_manifest(output)
         if m.get("job") != job_key:
@@ -493,11 +559,12 @@ def prepare(
                 plan = json.load(f)
         except (OSError, ValueError):
             plan = {}
-        if plan.get("job") == job_key:
+        if plan.get("job") == job_key and plan.get("files") == files_key:
             job.shards = [(int(a), int(b)) for a, b in plan["shards"]]
             job.names = _shards.shard_names(len(job.shards))
             kept = _resume(output, job.names)
-        else:  # an unfinished prepare of other input, map or options: its files go, the new one starts
+        else:  # an unfinished prepare of other input, map or options, or of inputs changed since (its shards hold
+            # what they were): its files go, the new one starts
             theirs = {*_shards.shard_names(len(plan.get("shards", []))), prepared.STAGING, "metadata"}
             others = [n for n in os.listdir(output) if n not in theirs and not n.endswith(".tmp")]
             if others:
@@ -505,7 +572,8 @@ def prepare(
                     f"prepare: the output folder {output!r} holds an unfinished prepare of another job and other "
                     f"files ({sorted(others)[:5]}); choose a new or empty folder"
                 )
-            print(f"quern prepare: {output} holds an unfinished prepare of another job; starting over", file=sys.stderr)
+            why = "of inputs changed since" if plan.get("job") == job_key else "of another job"
+            print(f"quern prepare: {output} holds an unfinished prepare {why}; starting over", file=sys.stderr)
             _remove_temporaries(output)
             for name in _shards.shard_names(len(plan.get("shards", []))):
                 if os.path.exists(os.path.join(output, name)):
@@ -521,8 +589,10 @@ def prepare(
         ratio = _shards.expansion(job)
         job.shards = _shards.plan_shards([it.size for it in items], size, ratio)
         job.names = _shards.shard_names(len(job.shards))
-        os.makedirs(os.path.join(output, prepared.STAGING), exist_ok=True)
-        _atomic_write(plan_path, json.dumps({"job": job_key, "shards": job.shards, "ratio": ratio}).encode())
+        with _full_disk_said(output):
+            os.makedirs(os.path.join(output, prepared.STAGING), exist_ok=True)
+            plan = {"job": job_key, "files": files_key, "shards": job.shards, "ratio": ratio}
+            _atomic_write(plan_path, json.dumps(plan).encode())
     if fn is not None:
         _by_value(fn)
     todo = [i for i, n in enumerate(job.names) if n not in kept]
@@ -530,7 +600,7 @@ def prepare(
     for n, side in kept.items():
         a, b = job.shards[job.names.index(n)]
         bar(sum(it.size for it in items[a:b]), side["records"])
-    try:
+    try:  # a full disk is said by write_shard, here and in worker processes or Ray tasks
         n_workers = (os.cpu_count() or 1) if workers is None else workers
         if not todo:
             done: list[dict[str, Any]] = []
@@ -542,8 +612,10 @@ def prepare(
             done = _in_processes(job, todo, n_workers, bar)
     finally:
         bar.close()
+    _inputs.check_unchanged(items)  # every input is still the file listed: nothing read of it mixes two versions
     by_name = {**kept, **{s["file"]: s for s in done}}
-    manifest = _assemble(job, [by_name[n] for n in job.names], head)
+    with _full_disk_said(output):
+        manifest = _assemble(job, [by_name[n] for n in job.names], head)
     shutil.rmtree(os.path.join(output, prepared.STAGING), ignore_errors=True)
     return manifest
 

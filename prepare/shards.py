@@ -9,10 +9,12 @@ its items and the map, so any process may write any shard, in any order.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +24,16 @@ from ..pipeline.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
 from .inputs import Item, Rec, as_record, read_item, where_of
 
-__all__ = ["Job", "expansion", "plan_shards", "write_shard", "shard_names", "sidecar_path", "tmp_dir"]
+__all__ = [
+    "Job",
+    "disk_full",
+    "expansion",
+    "plan_shards",
+    "write_shard",
+    "shard_names",
+    "sidecar_path",
+    "tmp_dir",
+]
 
 WRITER_OPTIONS = "group_size:1,max_parallelism:1"  # one record per chunk: random access reads one record
 COMPRESSION = "zstd:1"  # measured on stdlib text: 2.4x zstd:3's writes, 1.1x its reads, 1.07x its size
@@ -72,6 +83,42 @@ def sidecar_path(output: str, name: str) -> str:
     return os.path.join(output, prepared.STAGING, "done", name + ".json")
 
 
+_FULL = tuple(os.strerror(n) for n in (errno.ENOSPC, errno.EDQUOT))  # how the ArrayRecord writer says it
+
+
+def disk_full(output: str, e: BaseException) -> PrepareError | None:
+    """The error to raise for ``e`` if it says the disk (or quota) holding ``output``
+    is full: an ``OSError`` with ``ENOSPC``/``EDQUOT``, or the ArrayRecord writer's
+    ``RuntimeError`` quoting one; ``None`` for any other error."""
+    if isinstance(e, PrepareError):
+        return None
+    if isinstance(e, OSError):
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    else:
+        full = isinstance(e, RuntimeError) and any(text in str(e) for text in _FULL)
+    if not full:
+        return None
+    cause = e.strerror if isinstance(e, OSError) and e.strerror else next(t for t in _FULL if t in str(e))
+    return PrepareError(
+        f"prepare: the disk holding the output folder {output!r} is full ({cause}): free space there (or choose "
+        "another --output) and run the same prepare again; the shards it finished are kept"
+    )
+
+
+def _forked_child(pid: int) -> None:
+    """End this process if it is not ``pid``: the map forked, and its child returned into
+    prepare (which would write shards and take tasks beside its parent)."""
+    if os.getpid() != pid:
+        print(
+            f"quern prepare: the map forked, and its child (pid {os.getpid()}) returned into quern prepare: it is "
+            "ended (a process a map forks must end with os._exit, or be started with subprocess or "
+            "multiprocessing)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(70)
+
+
 def _convert(job: Job, item: Item, rec: Rec) -> list[tuple[bytes, str, int, dict[str, Any]]]:
     """``rec`` through the map, as ``[(record bytes, type, length, fields)]``: one
     record, or one per element when the map returns a list (a document cut into
@@ -79,10 +126,13 @@ def _convert(job: Job, item: Item, rec: Rec) -> list[tuple[bytes, str, int, dict
     :class:`RecordError` naming the record."""
     out = rec.value if job.map_fn is None else None
     if job.map_fn is not None:
+        pid = os.getpid()
         try:
             out = job.map_fn(rec.value)
         except Exception as e:
+            _forked_child(pid)
             raise RecordError(where_of(item, rec), f"the map raised {type(e).__name__}: {e}") from e
+        _forked_child(pid)
     elif rec.raw is not None:
         out = rec.raw
     return [_one(job, item, rec, o) for o in (out if isinstance(out, list) and job.map_fn is not None else [out])]
@@ -156,11 +206,15 @@ def plan_shards(sizes: Sequence[int], shard_size: int, ratio: float) -> list[tup
 
 def _atomic_json(path: str, value: Any) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(value, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # written in part (a full disk): never left behind
+            os.remove(tmp)
 
 
 def write_shard(job: Job, index: int, report: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -168,14 +222,25 @@ def write_shard(job: Job, index: int, report: Callable[[int, int], None] | None 
     its final name once complete, then its sidecar (the commit: a shard without
     one is unfinished). Returns the sidecar: ``file``, ``records``, ``bytes``,
     ``sha256``, ``type``, ``lengths``, ``fields``, ``skipped``, ``input_sha256``.
-    ``report(input_bytes, records)`` is called as items are done."""
+    ``report(input_bytes, records)`` is called as items are done. A full disk raises
+    :class:`PrepareError` saying so (see :func:`disk_full`)."""
+    tmp = os.path.join(tmp_dir(job.output), f"{job.names[index]}.{os.getpid()}.tmp")
+    try:
+        os.makedirs(tmp_dir(job.output), exist_ok=True)
+        return _write_shard(job, index, tmp, report)
+    except (OSError, RuntimeError) as e:
+        full = disk_full(job.output, e)
+        if full is not None:
+            raise full from e
+        raise
+
+
+def _write_shard(job: Job, index: int, tmp: str, report: Callable[[int, int], None] | None) -> dict[str, Any]:
     from array_record.python import array_record_module
 
     name = job.names[index]
     a, b = job.shards[index]
     final = os.path.join(job.output, name)
-    os.makedirs(tmp_dir(job.output), exist_ok=True)
-    tmp = os.path.join(tmp_dir(job.output), f"{name}.{os.getpid()}.tmp")
     writer = array_record_module.ArrayRecordWriter(tmp, job.writer_options)
     if not writer.ok():
         raise PrepareError(f"prepare: cannot create {tmp!r}")

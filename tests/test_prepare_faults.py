@@ -34,12 +34,13 @@ pytestmark = pytest.mark.timeout(120)
 
 STAGING = ".quern-prepare"
 SLOW_MAP = """\
-import os
+import pathlib
 import time
 
 
 def f(x):
-    time.sleep(float(os.environ.get("SLOW_SLEEP", "0")))
+    wait = pathlib.Path("faults_slow.sleep")  # seconds per record (a file: a map may not read the environment)
+    time.sleep(float(wait.read_text()) if wait.exists() else 0.0)
     return x
 """
 # the kill test's command (the input and the map are relative to the folder it runs in)
@@ -52,8 +53,12 @@ ARGS = ["IN", "--map", "faults_slow:f", "--shard-size", "8KB", "--workers", "0"]
 def quern_prepare(*args, cwd, sleep=0.0, timeout=60) -> subprocess.CompletedProcess:
     """``python -m quern prepare ARGS`` in ``cwd`` (the map sleeps ``sleep`` s per record)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["SLOW_SLEEP"] = str(sleep)
-    return run_prepare(*args, cwd=cwd, env=env, timeout=timeout)
+    wait = Path(cwd) / "faults_slow.sleep"
+    wait.write_text(str(sleep))
+    try:
+        return run_prepare(*args, cwd=cwd, env=env, timeout=timeout)
+    finally:
+        wait.unlink()
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
@@ -142,7 +147,9 @@ def killed(tmp_path_factory):
 
     out = base / "OUT"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["SLOW_SLEEP"] = "0.05"  # 6 records a shard: 0.3 s a shard, ~2.5 s for the 8 (and the sample)
+    (base / "faults_slow.sleep").write_text(
+        "0.05"
+    )  # 6 records a shard: 0.3 s a shard, ~2.5 s for the 8 (and the sample)
     with open(base / "killed.err", "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "quern", "prepare", *ARGS, "--output", str(out)],
@@ -163,6 +170,7 @@ def killed(tmp_path_factory):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+    (base / "faults_slow.sleep").unlink()
     assert rc == -signal.SIGKILL, f"the run ended by itself (exit {rc}) before it could be killed: too fast"
     shutil.copytree(out, base / "KILLED", symlinks=True)
     yield base
@@ -646,17 +654,18 @@ def test_a_worker_process_that_dies_is_a_clear_error_and_a_rerun_completes(tmp_p
         (docs / f"{i:02d}.txt").write_bytes(b"record %d " % i * 200)
     (tmp_path / "dies.py").write_text(
         "import multiprocessing, os\n\ndef f(b):  # dies in a worker (the parent maps a sample first)\n"
-        "    if b.startswith(b'record 17 ') and os.environ.get('DIE') == '1' and multiprocessing.parent_process():\n"
+        "    if b.startswith(b'record 17 ') and os.path.exists('DIE') and multiprocessing.parent_process():\n"
         "        os._exit(3)\n    return b\n"
     )
-    env = dict(os.environ, DIE="1")
+    (tmp_path / "DIE").write_text("")  # the map dies while this file exists (it may not read the environment)
     out = tmp_path / "out"
     args = (docs, "--output", out, "--map", "dies:f", "--workers", "2", "--shard-size", "8KB")
-    died = run_prepare(*args, cwd=tmp_path, env=env, timeout=120)
+    died = run_prepare(*args, cwd=tmp_path, timeout=120)
     assert died.returncode == 1, died.stderr
     assert "a worker process died" in died.stderr and "run the same prepare again" in died.stderr
     assert not (out / "manifest.json").exists()
-    again = run_prepare(*args, cwd=tmp_path, env=dict(os.environ, DIE="0"), timeout=120)
+    (tmp_path / "DIE").unlink()
+    again = run_prepare(*args, cwd=tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
     src = ArrayRecordSource(str(out))
     assert [bytes(r) for r in src.read_many(np.arange(len(src)))] == [b"record %d " % i * 200 for i in range(30)]

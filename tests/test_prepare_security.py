@@ -1,0 +1,356 @@
+"""``quern prepare`` against inputs that change under it, links, special files, a full
+disk, a kill -9 and a map that forks (issue 21, points 6 and 11).
+
+Every input is written here with its own library; the runs that must be another process
+(a kill, a fork, a rewrite while workers read) are ``python -m quern prepare`` subprocesses
+with timeouts, the others ``quern.pipeline.cli.main`` or ``prepare`` in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_prepare import run_prepare
+from test_prepare_faults import cli, records, sidecars, write_files
+
+from quern.prepare import PrepareError, prepare
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """``tmp_path`` as the current directory (``--map`` modules are imported from it); ``sys.path``
+    and the map modules imported are restored after the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+def _age(*paths: Path, seconds: float = 60.0) -> None:
+    """Set the modification time of ``paths`` ``seconds`` back: a rewrite gets another one, whatever
+    the file system clock's tick."""
+    t = time.time_ns() - int(seconds * 1e9)
+    for p in paths:
+        os.utime(p, ns=(t, t))
+
+
+def _digits(i: int, width: int, salt: int = 0) -> str:
+    """A number of ``width`` digits 1-9 (no 0: any piece of it is a valid JSON number too)."""
+    out, n = [], i * 7919 + salt
+    for _ in range(width):
+        out.append("123456789"[n % 9])
+        n //= 9
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- inputs changed during the run
+
+REWRITE_MAP = """\
+import os
+import shutil
+
+TRIGGER = {trigger}
+
+
+def f(x):
+    if x == TRIGGER and not os.path.exists("rewritten"):  # once, while the shards are written
+        open("rewritten", "w").close()
+        shutil.copyfile("new.jsonl", "data.jsonl")  # in place: the same inode, another content
+    return str(x)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("rewrite", ["same-size", "longer-lines"])
+def test_jsonl_rewritten_during_the_run_fails_naming_it(tmp_path, workers, rewrite):
+    """A JSON-lines file of 20,000 numbers (420 KB, 7 shards), rewritten in place by the map
+    when it meets line 5,000 (never in the plan's sample: the first 8 lines of an item). The
+    records after it would be of the new file: other numbers with the same line lengths, or
+    pieces of longer lines (pieces of a number are numbers: valid JSON). The run fails
+    naming the file and publishes nothing; run again, it starts over (the finished shards
+    hold the old file) and gives the new file's records."""
+    n = 20_000
+    old = [_digits(i, 20) for i in range(n)]
+    new = [_digits(i, 20, salt=1) for i in range(n)] if rewrite == "same-size" else [_digits(i, 29) for i in range(n)]
+    (tmp_path / "data.jsonl").write_text("".join(f"{v}\n" for v in old))
+    (tmp_path / "new.jsonl").write_text("".join(f"{v}\n" for v in new))
+    _age(tmp_path / "data.jsonl")
+    (tmp_path / "rewrites.py").write_text(REWRITE_MAP.format(trigger=int(old[5000])))
+    args = ("data.jsonl", "--output", "OUT", "--map", "rewrites:f", "--shard-size", "64KB", "--workers", workers)
+
+    run = run_prepare(*args, cwd=tmp_path, timeout=120)
+    assert (tmp_path / "rewritten").exists(), run.stderr  # the map did rewrite it, during the run
+    assert run.returncode == 1, (run.returncode, run.stdout, run.stderr[-2000:])
+    assert "'data.jsonl'" in run.stderr and "changed during the run" in run.stderr, run.stderr
+    assert not (tmp_path / "OUT" / "manifest.json").exists()
+
+    again = run_prepare(*args, cwd=tmp_path, timeout=120)
+    assert again.returncode == 0, again.stderr
+    if rewrite == "same-size":  # the same items: the same job, but of another file
+        assert "inputs changed since" in again.stderr, again.stderr
+    assert records(tmp_path / "OUT") == [v.encode() for v in new]
+
+
+REWRITE_LAST_MAP = """\
+import os
+
+LAST = b"zeta"
+
+
+def f(x):
+    if x == LAST:  # the last record: every file was read when it comes the second time
+        if os.path.exists("sampled"):
+            {rewrite}
+        open("sampled", "w").close()
+    return x
+"""
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        'open("IN/a.txt", "wb").write(b"ALPHA")',  # in place, the same size: only the time differs
+        'open("new.txt", "wb").write(b"alpha"); os.replace("new.txt", "IN/a.txt")',  # another file, same bytes
+        'open("IN/a.txt", "ab").write(b"!")',
+    ],
+    ids=["same-size", "replaced", "appended"],
+)
+def test_a_file_changed_after_it_was_read_fails_the_run(workdir, rewrite):
+    """The map changes ``IN/a.txt`` after it was read (when it maps ``IN/z.txt``, the last
+    record): no read sees the change, the check of every input at the end does."""
+    write_files(workdir, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta", "IN/z.txt": b"zeta"})
+    _age(*(workdir / "IN").iterdir())
+    (workdir / "changes_last.py").write_text(REWRITE_LAST_MAP.format(rewrite=rewrite))
+    with pytest.raises(PrepareError, match=r"'IN/a\.txt'.*changed during the run"):
+        prepare("IN", workdir / "OUT", map="changes_last:f", workers=0, progress=False)
+    assert not (workdir / "OUT" / "manifest.json").exists()
+
+
+REWRITE_PARQUET_MAP = """\
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def f(x):
+    if x == "row 0" and os.path.exists("sampled"):  # the second time: writing the shard, not the plan's sample
+        pq.write_table(pa.table({"text": [f"other {i}" for i in range(200)]}), "data.parquet", row_group_size=100)
+    open("sampled", "w").close()
+    return x
+"""
+
+
+def test_parquet_file_rewritten_between_its_row_groups_fails_naming_it(workdir):
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(200)]}), workdir / "data.parquet", row_group_size=100)
+    _age(workdir / "data.parquet")
+    (workdir / "changes_parquet.py").write_text(REWRITE_PARQUET_MAP)
+    with pytest.raises(PrepareError, match=r"'data\.parquet'.*changed during the run"):
+        prepare("data.parquet", workdir / "OUT", map="changes_parquet:f", columns=["text"], workers=0, progress=False)
+    assert not (workdir / "OUT" / "manifest.json").exists()
+
+
+# --------------------------------------------------------------------------- links and special files
+
+
+def test_linked_folders_are_followed_and_loops_are_not(tmp_path):
+    """``IN/linked`` links to a folder outside the tree: its files are records, under the
+    link's path, in path order. ``IN/real/up`` (to ``IN``) and ``IN/self`` (to ``IN``
+    itself) are loops: followed once each would never end; they add no file."""
+    write_files(tmp_path, {"IN/real/a.txt": b"alpha", "other/b.txt": b"beta", "other/sub/c.txt": b"gamma"})
+    os.symlink("../other", tmp_path / "IN" / "linked")
+    os.symlink("..", tmp_path / "IN" / "real" / "up")
+    os.symlink(".", tmp_path / "IN" / "self")
+    m = prepare(tmp_path / "IN", tmp_path / "OUT", workers=0, progress=False)
+    assert records(tmp_path / "OUT") == [b"beta", b"gamma", b"alpha"]  # linked/b.txt, linked/sub/c.txt, real/a.txt
+    assert m["input"]["inputs"][0]["files"] == 3
+
+
+def test_a_fifo_input_is_named_as_not_a_regular_file(workdir, capsys):
+    os.mkfifo(workdir / "in.jsonl")
+    rc, _, err = cli(capsys, "in.jsonl", "--output", "OUT")
+    assert rc == 1
+    assert "'in.jsonl' is not a regular file" in err and "FIFO" in err, err
+    assert "does not exist" not in err
+    assert not (workdir / "OUT").exists()
+
+
+@pytest.mark.parametrize("under", ["", "/sub/deeper"])
+def test_an_output_that_is_a_file_is_named(workdir, capsys, under):
+    write_files(workdir, {"IN/a.txt": b"alpha", "taken.txt": b"mine"})
+    rc, _, err = cli(capsys, "IN", "--output", f"taken.txt{under}", "--workers", "0")
+    assert rc == 2
+    assert f"'{workdir / 'taken.txt'}'" in err and "is a file, not a folder" in err, err
+    assert "NotADirectoryError" not in err
+    assert (workdir / "taken.txt").read_bytes() == b"mine"
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs mounted for the test (root only; skipped where mounting is not allowed)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill the disk needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True, timeout=30
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, timeout=30)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_full_disk_is_said_naming_the_output_and_a_rerun_with_room_completes(workdir, capsys, small_disk, workers):
+    rng = random.Random(2)
+    files = {f"IN/{i:02d}.bin": rng.randbytes(30_000) for i in range(40)}  # 1.2 MB that zstd cannot shrink
+    write_files(workdir, files)
+    out = small_disk / "OUT"
+    args = ("IN", "--output", out, "--workers", workers, "--shard-size", "128KB")
+    rc, _, err = cli(capsys, *args)
+    assert rc == 1, err
+    assert f"the disk holding the output folder '{out}' is full" in err and "No space left on device" in err, err
+    assert "unexpected error" not in err and "RuntimeError" not in err
+    assert not (out / "manifest.json").exists()
+    assert [p.name for p in out.rglob("*") if p.name.endswith(".tmp")] == []  # no half-written file is left
+
+    remount = ["mount", "-o", "remount,size=8m", str(small_disk)]
+    assert subprocess.run(remount, capture_output=True, timeout=30).returncode == 0
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0, err
+    assert records(out) == [files[k] for k in sorted(files)]
+
+
+# --------------------------------------------------------------------------- processes
+
+
+SLEEPY_MAP = """\
+import time
+
+
+def f(x):
+    time.sleep(0.05)
+    return x
+"""
+
+
+def test_kill_9_of_prepare_leaves_no_process_behind(tmp_path):
+    """``quern prepare --workers 2`` SIGKILLed while its pool writes shards: its workers and
+    the pool's resource tracker end within 10 s (they stayed for minutes)."""
+    write_files(tmp_path, {f"IN/{i:03d}.bin": b"%d " % i * 1000 for i in range(200)})
+    (tmp_path / "sleepy.py").write_text(SLEEPY_MAP)
+    cmd = [sys.executable, "-m", "quern", "prepare", "IN", "--output", "OUT", "--map", "sleepy:f"]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2", "--shard-size", "8KB"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    kids: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            if len(kids) >= 3 and sidecars(tmp_path / "OUT"):  # two workers and the tracker; a shard written
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "prepare ended before it could be killed: too fast"
+        assert len(kids) >= 3, [k.cmdline() for k in kids]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(kids, timeout=10)
+        assert alive == [], [(p.pid, " ".join(p.cmdline())[-80:]) for p in alive]
+    finally:
+        for p in kids:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert not (tmp_path / "OUT" / "manifest.json").exists()
+
+
+FORKING_MAP = """\
+import multiprocessing
+import os
+
+forked = []
+
+
+def f(x):
+    if not forked and multiprocessing.parent_process() is not None:  # in a pool worker, once
+        forked.append(os.fork())  # the child returns too, into quern prepare
+    return x
+"""
+
+
+def test_a_map_that_forks_in_a_worker_neither_hangs_nor_changes_the_output(tmp_path):
+    """The child of a fork in the map returns into the worker's loop, where it would take
+    tasks and pool messages meant for its parent (the run hung): it is ended, said on
+    stderr, and the output is every record once."""
+    files = {f"IN/{i:02d}.bin": b"record %d " % i * 300 for i in range(40)}
+    write_files(tmp_path, files)
+    (tmp_path / "forking.py").write_text(FORKING_MAP)
+    cmd = [sys.executable, "-m", "quern", "prepare", "IN", "--output", "OUT", "--map", "forking:f"]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2", "--shard-size", "8KB"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:  # a hung run: its processes go too
+        if proc.poll() is None:
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                p.kill()
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err
+    assert "the map forked" in err, err
+    assert records(tmp_path / "OUT") == [files[k] for k in sorted(files)]
+
+
+def test_quern_prepare_is_reachable_after_import_quern_alone(tmp_path):
+    code = (
+        "import sys, quern\n"
+        "assert 'quern.prepare' not in sys.modules  # not imported before it is used\n"
+        "print(quern.prepare.verify.__module__, quern.prepare.prepare.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["quern.pipeline.sources.prepared", "prepare"]
+
+
+def test_prepared_records_match_when_nothing_changes(tmp_path):
+    """The checks add no failure where nothing changes: a tree, JSON lines and Parquet, with
+    links followed, give their records (a control for the tests above)."""
+    write_files(tmp_path, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta"})
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"t": i}) + "\n" for i in range(1000)))
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(300)]}), tmp_path / "d.parquet", row_group_size=100)
+    m = prepare([tmp_path / "IN", tmp_path / "d.jsonl"], tmp_path / "OUT", shard_size="8KB", workers=2, progress=False)
+    assert m["records"]["count"] == 1002
+    got = records(tmp_path / "OUT")
+    assert got[:2] == [b"alpha", b"beta"] and got[2:] == [json.dumps({"t": i}).encode() for i in range(1000)]
+    prepare(tmp_path / "d.parquet", tmp_path / "P", columns=["text"], workers=0, progress=False)
+    assert records(tmp_path / "P") == [f"row {i}".encode() for i in range(300)]
