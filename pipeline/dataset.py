@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from . import execute, scan
+from . import execute, samedef, scan
 from . import index as _index
 from . import lengths as _lengths
 from .digest import digest
 from .dump import to_config
+from .errors import FingerprintError
 from .fingerprint import describe_callable, fingerprint_of
 from .loader import PipelineIterator
 from .ops import Op, OpKind
@@ -64,6 +65,8 @@ class Pipeline:
     host_lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see balance_hosts
     host_lengths_digest: str | None = None  # the lengths' content: equality and fingerprint alike
     survivors: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # see filter
+    # per record op, the description a filter had when its survivors were found (None: describe it now)
+    filter_descriptions: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
     mixture: Mixture | None = None  # see quern.mix
     packing: Packing | None = None  # see pack
     bucketing: Bucketing | None = None  # see bucket
@@ -88,6 +91,12 @@ class Pipeline:
 
     def _replace(self, **kw: Any) -> Pipeline:
         return dataclasses.replace(self, **kw)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The pickled state carries this process's definition of the pipeline
+        (:func:`quern.pipeline.samedef.sendable`), so that a fresh process that loads it can
+        check it sees the same (:func:`quern.pipeline.samedef.check_sent`)."""
+        return {**self.__dict__, samedef.SENT: samedef.sendable(self)}
 
     def shuffle(self, mode: str = "global", block: int | None = None, window: int = 8) -> Pipeline:
         """Shuffle records with a new permutation each epoch.
@@ -167,7 +176,23 @@ class Pipeline:
 
         ``pred`` must not depend on the stream position, so a ``random_map`` before
         it is refused; a filter on a mixture is refused too (filter its
-        components)."""
+        components).
+
+        The survivors are fixed when ``filter()`` runs, and so is the
+        predicate's description: the fingerprint of the pipeline (and the key
+        of its cache file) is the one the survivors were computed with, even if
+        a global it reads changes later. ``pred`` must depend only on the record
+        and on what its description covers (its code, arguments, closure,
+        defaults, attributes and the module globals it reads by name; see
+        :mod:`quern.pipeline.fingerprint`). It must not read the environment
+        (``os.environ``, ``os.getenv``) or look names up at run time
+        (``globals()``, ``vars()``): both are detected and refused with a
+        :class:`~quern.pipeline.errors.FingerprintError`. Not detected, and
+        not allowed either: another module's attributes (``mycfg.THR``), files,
+        the clock. A global changed at run time is in the fingerprint, but a scan
+        process imports the module again: it sees the value set at import, and
+        refuses to scan (a ``ScanError`` naming the global) rather than keep
+        other records."""
         if not callable(pred):
             raise TypeError(f"filter() needs a callable, got {pred!r}")
         self._need_no_batch("filter", "map_batch(fn) to drop rows yourself")
@@ -182,12 +207,42 @@ class Pipeline:
             )
         assert self.source is not None
         prefix = self._replace(record_ops=self.record_ops + (Op(OpKind.FILTER, pred),))
+        k = len(self.record_ops)
         if hasattr(pred, "keep_metadata"):  # e.g. transforms.metadata_range: from the index, no record read
-            label = prefix.record_ops[-1].label(len(self.record_ops))
-            return prefix._replace(survivors=scan.metadata_survivors(self.source, pred, self.survivors, label))
-        key = prefix._records_key()
+            label = prefix.record_ops[-1].label(k)
+            kept = scan.metadata_survivors(self.source, pred, self.survivors, label)
+            try:
+                frozen = prefix._frozen_with(k, describe_callable(pred, label))
+            except FingerprintError:  # described (and refused) when a fingerprint is asked for, as before
+                frozen = self.filter_descriptions
+            return prefix._replace(survivors=kept, filter_descriptions=frozen)
+        ops = prefix._record_ops_description()
+        key = prefix._records_key(ops=ops)
         kept = scan.survivors(prefix, key, self.survivors, len(self.source), cache_dir, workers)
-        return prefix._replace(survivors=kept)
+        return prefix._replace(survivors=kept, filter_descriptions=prefix._frozen_with(k, ops[k][1]))
+
+    def _frozen_with(self, k: int, description: Any) -> tuple[Any, ...]:
+        """:attr:`filter_descriptions` with record op ``k``'s set to ``description``."""
+        done = self.filter_descriptions
+        frozen = list(done) + [None] * (len(self.record_ops) - len(done))
+        frozen[k] = description
+        return tuple(frozen)
+
+    def _op_description(self, k: int, op: Op) -> Any:
+        """Record op ``k``'s description: the one frozen by :meth:`filter`, else described now."""
+        frozen = self.filter_descriptions[k] if k < len(self.filter_descriptions) else None
+        if frozen is not None:
+            return copy.deepcopy(frozen)
+        return describe_callable(op.fn, op.label(k), shown=samedef.active())
+
+    def _record_ops_description(self) -> list[list[Any]]:
+        return [[op.kind.value, self._op_description(k, op)] for k, op in enumerate(self.record_ops)]
+
+    def _batch_ops_description(self) -> list[list[Any]]:
+        active = samedef.active()
+        return [
+            [op.kind.value, describe_callable(op.fn, op.label(k), shown=active)] for k, op in enumerate(self.batch_ops)
+        ]
 
     def length_index(
         self,
@@ -288,26 +343,35 @@ class Pipeline:
         the bucket's upper bound (few static shapes, one per bucket).
 
         Bucket ``b`` holds the records whose length (:meth:`length_index`, ``key``
-        as there) is in ``(boundaries[b-1], boundaries[b]]`` (the first from 1;
-        records longer than the last bound go to the last bucket and are
-        truncated to it); its batches have ``batch_sizes[b]`` rows, each record
-        padded with ``pad_value`` (:func:`quern.transforms.pad`: ``{"tokens",
-        "length"}``, other fields kept). Each bucket is a stream of its own (the
-        pipeline's shuffle over its records, its own epochs); steps are assigned
-        to buckets by a mixture at step granularity (exact counts per block of
-        ``block`` steps, :mod:`quern.pipeline.plan.mixture`) with weights
+        as there) is in ``(boundaries[b-1], boundaries[b]]`` (the first from 0, so
+        it also holds empty records; records longer than the last bound go to the
+        last bucket and are truncated to it); its batches have ``batch_sizes[b]``
+        rows, each record padded with ``pad_value`` (:func:`quern.transforms.pad`:
+        ``{"tokens", "length"}``, other fields kept). Each bucket is a stream of
+        its own (the pipeline's shuffle over its records, its own epochs); steps
+        are assigned to buckets by a mixture at step granularity (exact counts per
+        block of ``block`` steps, :mod:`quern.pipeline.plan.mixture`) with weights
         ``records in the bucket / its batch size``, so every bucket goes through
         its records at the same pace. Step-addressable, the same for any worker or
-        host count; the stream is endless. Chain batch transforms after it."""
+        host count; the stream is endless. Chain batch transforms after it.
+
+        A step measures its records again: one whose tokens differ from the length
+        index (made for other data or transforms) is a :class:`~quern.StepError`
+        naming the step, the record and both lengths, never cut silently to a
+        bound. Every bucket's batch size must be a multiple of the host count:
+        checked for all buckets when an iterator is created and at the first
+        ``batch_at`` or ``explain`` with that ``process_count`` (a ``ValueError``
+        naming the bucket)."""
         return _lengths.bucket(self, boundaries, batch_sizes, key, pad_value, lengths, cache_dir, workers, block)
 
-    def _records_key(self, **extra: Any) -> str:
+    def _records_key(self, ops: list[list[Any]] | None = None, **extra: Any) -> str:
         """The fingerprint of what this pipeline's records are (the data order's version,
-        the source's identity, the record transforms) and ``extra``: the key of a
-        filter's survivors and of a length index, which do not depend on the seed,
-        shuffle or batch."""
+        the source's identity, the record transforms: ``ops``, their description, when
+        given) and ``extra``: the key of a filter's survivors and of a length index, which
+        do not depend on the seed, shuffle or batch."""
         assert self.source is not None
-        ops = [[op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)]
+        if ops is None:
+            ops = self._record_ops_description()
         return fingerprint_of(
             {"index_format": _index.INDEX_FORMAT_VERSION, "source": self.source.identity(), "record_ops": ops, **extra}
         )
@@ -425,6 +489,7 @@ class Pipeline:
         pipeline, the positions in the stream of the step's bucket."""
         step = self.check_step(step)
         if self.bucketing is not None:
+            self.bucketing.check_hosts(process_count)  # every bucket's batch size, at the first call per count
             comp, k = self.bucketing.assign(np.asarray([step]))
             return self.bucketing.components[int(comp[0])].positions(int(k[0]), process_index, process_count)
         b = self._need_batch("positions")
@@ -535,6 +600,7 @@ class Pipeline:
         the component's key (the record index is then in that component's source).
         O(batch) time; reads nothing."""
         if self.bucketing is not None:
+            self.bucketing.check_hosts(process_count)  # every bucket's batch size, at the first call per count
             comp, k = self.bucketing.assign(np.asarray([self.check_step(step)]))
             return self.bucketing.components[int(comp[0])].explain(int(k[0]), process_index, process_count)
         positions = self.positions(step, process_index, process_count)
@@ -589,7 +655,10 @@ class Pipeline:
         and the ``balance_hosts`` lengths. Raises
         :class:`~quern.pipeline.errors.FingerprintError` naming a value it cannot
         describe. A mixture is described by its components' descriptions, its
-        schedule, seed and block size. Computed once per pipeline object."""
+        schedule, seed and block size. A filter is described as it was when its
+        survivors were found. Computed once per pipeline object."""
+        if samedef.active():  # the definition to compare (see quern.pipeline.samedef): afresh, no identity
+            return self.describe_until(None)
         d = self.__dict__.get("_description")
         if d is None:
             d = self.describe_until(None)
@@ -601,13 +670,9 @@ class Pipeline:
         for a mixture, only the schedule stages that start before ``step`` (at least
         the first), which are all that those steps depend on."""
         ops = {
-            "record_ops": [
-                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
-            ],
+            "record_ops": self._record_ops_description(),
             "batch": [self.batch_size, self.drop_remainder],
-            "batch_ops": [
-                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.batch_ops)
-            ],
+            "batch_ops": self._batch_ops_description(),
         }
         if self.mixture is not None:
             return {"index_format": _index.INDEX_FORMAT_VERSION, "mixture": self.mixture.describe(step), **ops}
@@ -618,17 +683,11 @@ class Pipeline:
         assert self.source is not None
         return {
             "index_format": _index.INDEX_FORMAT_VERSION,
-            "source": self.source.identity(),
+            "source": samedef.IDENTITY if samedef.active() else self.source.identity(),
             "seed": self.seed,
             "num_epochs": self.num_epochs,
             "shuffle": [self.shuffle_mode, self.block, self.window],
-            "record_ops": [
-                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.record_ops)
-            ],
-            "batch": [self.batch_size, self.drop_remainder],
-            "batch_ops": [
-                [op.kind.value, describe_callable(op.fn, op.label(k))] for k, op in enumerate(self.batch_ops)
-            ],
+            **ops,
             "balance_hosts": self.host_lengths_digest,
         }
 

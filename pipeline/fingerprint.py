@@ -21,10 +21,35 @@ A value it cannot describe by content raises
 :class:`~quern.pipeline.errors.FingerprintError` naming the transform and the
 value, and saying how to declare it; nothing is ever hashed by its type name.
 
-Not covered (documented limits): code of other modules that a transform calls
-through a module attribute (``mylib.helper(x)`` is described as "uses module
-mylib"), and library versions (numpy's, say): upgrading a library that a
-transform calls does not change the fingerprint.
+A user function's own attributes (``keep.threshold = 5``, read inside ``keep``
+as ``keep.threshold``) are described with it, by content.
+
+**Reads a transform must not depend on.** The description sees what a
+transform's code names; a value it reaches by another road is not in the
+fingerprint, so a cached filter, a resumed run or a worker process would use
+another value without notice. These are detected in user code (the functions
+of modules outside the standard library and the libraries in
+``_LIBRARY_ROOTS``), and refused with a
+:class:`~quern.pipeline.errors.FingerprintError` naming the transform and
+saying to pass the value as an argument:
+
+* the environment: ``os.environ``, ``os.environb``, ``os.getenv``,
+  ``os.getenvb`` (through ``os.``, an ``import os`` inside the function, or a
+  global bound to one of them), except in the methods that build an object
+  (``__init__``, ``__new__``, ``__post_init__``, classmethods): what they read
+  is kept in the object's state, which is described;
+* names looked up at run time: a call of the builtin ``globals()`` or
+  ``vars()`` (``locals()`` is allowed: it reads only the call's own variables).
+
+Not detected, and so not allowed either (documented limits): values read
+through another module's attribute (``mycfg.THR`` or ``mylib.helper(x)`` is
+described as "uses module mycfg"), ``getattr`` with a computed name, files,
+the clock, ``sys.modules``, and library versions (numpy's, say): upgrading a
+library that a transform calls does not change the fingerprint. A module global
+read by name *is* described by its value, but a fresh interpreter (a scan or
+worker process) imports the module again and sees the value set at import: each
+such process compares the definition it loaded with the parent's and refuses
+one that differs (:mod:`quern.pipeline.samedef`).
 
 :func:`fingerprint_of` hashes a pipeline description (a JSON-able dict) into the
 32-hex-digit fingerprint.
@@ -37,14 +62,17 @@ import functools
 import hashlib
 import inspect
 import json
+import os
+import reprlib
 import sys
 import types
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from .digest import HOW_TO_DECLARE, digest
 from .errors import FingerprintError
 
-__all__ = ["describe_callable", "describe_value", "fingerprint_of"]
+__all__ = ["describe_callable", "describe_value", "fingerprint_of", "Shown"]
 
 _MAX_DEPTH = 200
 
@@ -59,12 +87,15 @@ def fingerprint_of(description: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def describe_callable(fn: Any, where: str = "transform") -> Any:
+def describe_callable(fn: Any, where: str = "transform", shown: bool = False) -> Any:
     """A JSON-able description of what ``fn`` computes (see the module docstring).
 
     ``where`` names ``fn`` in errors (e.g. ``"map[0] double"``). Depends only on
-    ``fn``'s code, arguments and the values it reads: the same in every process."""
-    return _Describer(where).callable(fn, 0)
+    ``fn``'s code, arguments and the values it reads: the same in every process.
+    ``shown``: each value's digest is a :class:`Shown`, which also keeps a short
+    text of the value (for messages that say what differs; equal descriptions
+    stay equal)."""
+    return _Describer(where, shown).callable(fn, 0)
 
 
 def describe_value(value: Any, where: str = "value") -> Any:
@@ -73,12 +104,31 @@ def describe_value(value: Any, where: str = "value") -> Any:
     return _Describer(where).value(value, where, 0)
 
 
+class Shown(str):
+    """A digest (it compares, hashes and serialises as the digest's text) that keeps, in
+    ``shown``, a short text of the value it was computed from, for messages."""
+
+    shown: str = ""
+
+
+def _shown(d: str, value: Any) -> Shown:
+    out = Shown(d)
+    try:
+        text = reprlib.repr(value)
+    except Exception:
+        text = f"a {type(value).__qualname__}"
+    out.shown = text if len(text) <= 80 else text[:77] + "..."
+    return out
+
+
 class _Describer:
     """Describes a callable and what it reads; ``seen`` breaks cycles (recursive functions,
-    self-referencing containers). ``depth`` counts nesting, bounded by :data:`_MAX_DEPTH`."""
+    self-referencing containers). ``depth`` counts nesting, bounded by :data:`_MAX_DEPTH`.
+    ``shown``: digests are :class:`Shown` (see :func:`describe_callable`)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, shown: bool = False) -> None:
         self.where = where
+        self.shown = shown
         self.seen: dict[int, str] = {}
         self.active: set[int] = set()  # containers being described (a cycle is an error)
 
@@ -106,11 +156,12 @@ class _Describer:
             finally:
                 self.active.discard(id(value))
         try:
-            return digest(value, where)
+            d = digest(value, where)
         except FingerprintError:
             if callable(value):
                 return self.callable(value, depth + 1)
             raise self.cannot(value, where) from None
+        return _shown(d, value) if self.shown else d
 
     def container(self, value: Any, where: str, depth: int) -> Any:
         if isinstance(value, (list, tuple)):
@@ -130,7 +181,8 @@ class _Describer:
             raise FingerprintError(f"{self.where}: functions nested more than {_MAX_DEPTH} levels deep")
         fp = getattr(fn, "fingerprint", None)
         if callable(fp) and not isinstance(fn, type):
-            return {"fingerprint": digest(fn, self.where)}
+            d = digest(fn, self.where)
+            return {"fingerprint": _shown(d, fn) if self.shown else d}
         if isinstance(fn, functools.partial):
             return {
                 "partial": self.callable(fn.func, depth + 1),
@@ -160,12 +212,17 @@ class _Describer:
             return {"class": self.cls(type(fn), depth + 1), "state": self.state(fn, depth + 1)}
         raise FingerprintError(f"{self.where}: {fn!r} is not callable")
 
-    def function(self, fn: types.FunctionType, depth: int) -> Any:
+    def function(self, fn: types.FunctionType, depth: int, runs_later: bool = True) -> Any:
+        """A user function by its code and what it reads. ``runs_later=False``: a method that
+        builds an object (``__init__``, a classmethod), whose reads end up in the object's
+        state (described): it may read the environment."""
         if not _is_user_module(getattr(fn, "__module__", None) or ""):
             return f"function {fn.__module__}.{fn.__qualname__}"  # the standard library's, numpy's...: by name
         key = id(fn)
         if key in self.seen:  # recursion: the description is being built further up
             return {"recursive": self.seen[key]}
+        if runs_later:
+            _refuse_hidden_reads(fn, self.where)
         h = hashlib.blake2b(digest_size=16)
         names = _hash_code(fn.__code__, h, self.where)
         code = h.hexdigest()
@@ -184,7 +241,19 @@ class _Describer:
         kwdefaults = {
             k: self.value(v, f"default {k!r}", depth + 1) for k, v in sorted((fn.__kwdefaults__ or {}).items())
         }
-        return {"code": code, "globals": used, "closure": closure, "defaults": defaults, "kwdefaults": kwdefaults}
+        out: dict[str, Any] = {
+            "code": code,
+            "globals": used,
+            "closure": closure,
+            "defaults": defaults,
+            "kwdefaults": kwdefaults,
+        }
+        attrs = {k: v for k, v in vars(fn).items() if not (k.startswith("__") and k.endswith("__"))}
+        if attrs:  # keep.threshold = 5: state its code may read (only then a key: other descriptions stay as they were)
+            out["attrs"] = {
+                k: self.value(v, f"attribute {fn.__qualname__}.{k}", depth + 1) for k, v in sorted(attrs.items())
+            }
+        return out
 
     def cls(self, cls: type, depth: int) -> Any:
         """A class by its methods' code and plain class attributes; library classes by name."""
@@ -196,12 +265,13 @@ class _Describer:
         self.seen[key] = cls.__qualname__
         attrs: dict[str, Any] = {}
         for name, attr in sorted(vars(cls).items()):
+            builds = name in _BUILDERS or isinstance(attr, classmethod)
             if isinstance(attr, (staticmethod, classmethod)):
                 attr = attr.__func__
             if isinstance(attr, property):
                 attr = attr.fget
             if isinstance(attr, types.FunctionType):
-                attrs[name] = self.function(attr, depth + 1)
+                attrs[name] = self.function(attr, depth + 1, runs_later=not builds)
             elif (name.startswith("__") and name.endswith("__")) or name.startswith("_abc_"):
                 continue  # __dict__, __doc__, __module__, dataclass fields, ABC caches: not behaviour
             elif hasattr(type(attr), "__get__") and not callable(attr):
@@ -278,10 +348,76 @@ def _hash_code(code: types.CodeType, h: Any, where: str) -> set[str]:
     h.update(
         json.dumps([code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, code.co_flags]).encode()
     )
-    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
+    names = set(_scan_code(code).names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _hash_code(c, h, where)
         else:
             h.update(digest(c, f"{where}: a constant of its code").encode())
     return names
+
+
+_BUILDERS = frozenset({"__init__", "__new__", "__post_init__", "__init_subclass__"})  # what they read is state
+_ENV_NAMES = frozenset({"environ", "environb", "getenv", "getenvb"})
+_LOOKUP_BUILTINS = ("globals", "vars")
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_LOAD_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+class _CodeFacts(NamedTuple):
+    names: frozenset[str]  # the global names it reads or writes (not attribute names)
+    loads: frozenset[tuple[str, str | None]]  # (global name loaded, the attribute read from it next, if any)
+    imports_env: bool  # an ``import os`` with an environment name among its attribute names
+
+
+@functools.lru_cache(maxsize=8192)
+def _scan_code(code: types.CodeType) -> _CodeFacts:
+    """What the fingerprint needs from one code object's instructions (not its nested
+    code's), computed once per code (disassembling is most of what describing costs)."""
+    ins = list(dis.get_instructions(code))
+    names = frozenset(x.argval for x in ins if x.opname in _GLOBAL_OPS)
+    loads = frozenset(
+        (x.argval, ins[i + 1].argval if i + 1 < len(ins) and ins[i + 1].opname in _ATTR_OPS else None)
+        for i, x in enumerate(ins)
+        if x.opname in _LOAD_OPS
+    )
+    imports_os = any(x.opname == "IMPORT_NAME" and x.argval == "os" for x in ins)
+    return _CodeFacts(names, loads, imports_os and bool(_ENV_NAMES & set(code.co_names)))
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and the code of the functions, lambdas and comprehensions nested in it."""
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _codes(c)
+
+
+def _refuse_hidden_reads(fn: types.FunctionType, where: str) -> None:
+    """Raise :class:`FingerprintError` if ``fn``'s code reads the environment or looks
+    names up at run time (``globals()``, ``vars()``): values its description cannot see."""
+    glb = fn.__globals__
+    env_values = [os.environ, os.getenv, getattr(os, "environb", None), getattr(os, "getenvb", None)]
+    for code in _codes(fn.__code__):
+        facts = _scan_code(code)
+        if facts.imports_env:
+            raise _env_error(fn, where)
+        for name, attr in facts.loads:
+            if name in _LOOKUP_BUILTINS and name not in glb:
+                raise FingerprintError(
+                    f"{where}: {fn.__qualname__} calls {name}(), which looks values up by a name computed at "
+                    "run time: the fingerprint cannot see what it reads (and another process would read "
+                    "another value); pass the value to the transform as an argument (functools.partial, a "
+                    "dataclass field) instead"
+                )
+            value = glb.get(name)
+            if any(value is v for v in env_values if v is not None) or (value is os and attr in _ENV_NAMES):
+                raise _env_error(fn, where)
+
+
+def _env_error(fn: types.FunctionType, where: str) -> FingerprintError:
+    return FingerprintError(
+        f"{where}: {fn.__qualname__} reads the environment (os.environ): the fingerprint cannot see the value "
+        "it reads, so a cached filter, a resumed run or a worker process would silently use another one; "
+        "pass the value to the transform as an argument (functools.partial, a dataclass field) instead"
+    )

@@ -7,12 +7,20 @@ earlier filter) for which the predicate (``prefix.record_ops[-1]``, a
 (``prefix.record_ops[:-1]``). The result depends only on the source's records,
 those transforms and the predicate, so it is cached on disk keyed by the
 fingerprint of ``prefix`` (see :mod:`quern.pipeline.plan.survivors`): a verified
-cache file is used as is, a missing, partial or damaged one is rebuilt.
+cache file made for that key is used as is, a missing, partial or damaged one,
+or one made for another key, is rebuilt.
 
 Records are read in bulk chunks of :data:`CHUNK` ids. With at least
 :data:`PROCESS_MIN` candidates the scan runs in ``workers`` fresh interpreter
 processes (default: the CPU count), each over a contiguous range of candidates;
-a progress bar is drawn on a terminal.
+a progress bar is drawn on a terminal. Each process first checks that the
+definition it loaded is the parent's (:mod:`quern.pipeline.samedef`: a module
+global changed at run time is seen there with its value at import) and fails,
+naming what differs, if it is not: the parent raises :class:`ScanError` with
+that message, and nothing is cached.
+
+A cache file records the key it was built for, and is used only under that
+key (:mod:`quern.pipeline.plan.indexfile`).
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from . import execute
-from .errors import ScanError, StepError
+from . import execute, samedef
+from .errors import FingerprintError, ScanError, StepError
 from .ops import OpKind
 from .plan import indexfile
 from .plan import survivors as _survivors
@@ -199,6 +207,11 @@ def _child() -> None:
     job, ids_path, lo, hi, out = sys.argv[1:6]
     with open(job, "rb") as f:
         prefix, what, key = pickle.load(f)
+    try:  # the pipeline carries the parent's definition: refuse to scan another
+        samedef.check_sent(prefix, f"a {'filter' if what == 'filter' else 'length'} scan process")
+    except FingerprintError as e:
+        sys.stderr.write(" ".join(str(e).split()) + "\n")  # one line: the parent shows the last one
+        sys.exit(1)
     ids = np.load(ids_path, mmap_mode="r")[int(lo) : int(hi)]
 
     def report(n: int) -> None:
@@ -225,7 +238,7 @@ def survivors(
     (``None``: all ``n`` records), from the verified cache file of ``key`` or a scan
     (which then writes it). ``ValueError`` if it keeps nothing."""
     path = _survivors.path_for(key, cache_dir)
-    ids, why = _survivors.load(path, n)
+    ids, why = _survivors.load(path, n, key)
     if ids is not None:
         return ids
     if why != "not built yet":
@@ -245,11 +258,11 @@ def survivors(
             "the stream would be empty"
         )
     try:
-        _survivors.store(path, kept, n)
+        _survivors.store(path, kept, n, key)
     except OSError as e:  # a read-only cache folder: the scan's result is still right
         print(f"quern: cannot write the filter cache {path} ({e}); it is kept in memory only", file=sys.stderr)
         return kept
-    ids, why = _survivors.load(path, n)
+    ids, why = _survivors.load(path, n, key)
     return ids if ids is not None else kept
 
 
@@ -296,7 +309,7 @@ def lengths(
     ``candidates`` (``None``: all ``n``); from the verified cache file of ``key`` or a
     scan (which then writes it). A read-only int64 array of ``n`` values."""
     path = indexfile.path_for(key, cache_dir, indexfile.LENGTHS)
-    found, why = indexfile.load(path, n, indexfile.LENGTHS)
+    found, why = indexfile.load(path, n, indexfile.LENGTHS, key)
     if found is not None:
         return found
     if why != "not built yet":
@@ -311,10 +324,10 @@ def lengths(
     out = np.full(n, -1, dtype=np.int64)
     out[cand] = got
     try:
-        indexfile.store(path, out, n, indexfile.LENGTHS)
+        indexfile.store(path, out, n, indexfile.LENGTHS, key)
     except OSError as e:
         print(f"quern: cannot write the length index {path} ({e}); it is kept in memory only", file=sys.stderr)
         out.setflags(write=False)
         return out
-    found, why = indexfile.load(path, n, indexfile.LENGTHS)
+    found, why = indexfile.load(path, n, indexfile.LENGTHS, key)
     return found if found is not None else out

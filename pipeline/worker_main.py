@@ -9,7 +9,11 @@ parent asks (at start-up, and to replace one that died), reaps them and
 reports how each one ended. It computes nothing itself. It forks only while it
 has no thread besides those of the modules it imported before loading the
 pipeline (numpy's BLAS threads, pyarrow's allocator thread, which handle
-``fork``); if loading the pipeline started a thread (a transform's module, say),
+``fork``), and checks that it is the parent's definition (a module global changed
+at run time in the parent is seen here with its value at import: the server then
+reports a :class:`Fatal` error naming it, which the parent raises, instead of
+computing other batches; see :mod:`quern.pipeline.samedef`); if loading the
+pipeline started a thread (a transform's module, say),
 each worker is started as a fresh interpreter instead (:func:`main`), which is
 slower but never forks a multi-threaded process. When the parent closes its
 socket (or dies), the server kills and reaps every worker, then exits; a
@@ -42,7 +46,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from . import execute, shm
+from . import execute, samedef, shm
 from .errors import StepError
 from .lookahead import cache_counts
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Task
@@ -72,13 +76,18 @@ def _flush() -> None:
             pass
 
 
-def _load(init: Init, fds: list[int]) -> tuple[shm.Buffer, Any]:
+def _load(init: Init, fds: list[int], where: str) -> tuple[shm.Buffer, Any]:
     """The shared buffer of the pipeline (mapped copy-on-write: its arrays are
     writable here, and nobody else sees the writes) and the pipeline loaded from it:
-    its pickle is the buffer's first span, its large arrays the others."""
+    its pickle is the buffer's first span, its large arrays the others. The pipeline
+    is checked to be the parent's definition (:func:`quern.pipeline.samedef.check_sent`:
+    ``FingerprintError`` naming what differs, sent to the parent as :class:`Fatal`);
+    ``where`` names this process in that message."""
     definition = shm.Buffer(fds[0], init.size, private=True, keep_fd=True)
     (start, n), spans = init.spans[0], init.spans[1:]
-    return definition, shm.loads(definition.view(start, n), definition, spans, copy=False)
+    pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
+    samedef.check_sent(pipe, where)
+    return definition, pipe
 
 
 # --------------------------------------------------------------------------- a worker started as a fresh interpreter
@@ -99,7 +108,7 @@ def main(fd: int, init_fd: int) -> None:
         if not isinstance(init, Init):
             raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
         try:
-            definition, pipe = _load(init, fds)
+            definition, pipe = _load(init, fds, "the worker (a fresh interpreter)")
             definition.drop_fd()
         except BaseException as e:
             shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
@@ -263,7 +272,7 @@ class _ForkServer:
             except Exception:  # pragma: no cover - no libc prctl: workers still end with their socket
                 self.prctl = None
             self.threads = _thread_count()
-            self.definition, self.pipe = _load(init, fds)
+            self.definition, self.pipe = _load(init, fds, "the fork server")
         except BaseException as e:
             shm.send(self.sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
             return

@@ -281,7 +281,7 @@ def test_survivors_are_a_read_only_int64_memmap_of_the_cache_file(tmp_path):
     with pytest.raises(ValueError):
         ids[0] = 1
     assert os.path.samefile(ids.filename, path)
-    assert path.stat().st_size == 64 + 8 * len(_kept_plus_one_div3())  # 8 bytes per survivor
+    assert path.stat().st_size == 128 + 8 * len(_kept_plus_one_div3())  # 8 bytes per survivor
     np.testing.assert_array_equal(ids, _kept_plus_one_div3())
 
 
@@ -367,10 +367,10 @@ def test_survivors_file_format(tmp_path):
     path = tmp_path / "f.survivors"
     sv.store(str(path), ids, 1000)
     raw = path.read_bytes()
-    magic, m, n, digest, pad = struct.unpack("<8sQQ32s8s", raw[:64])
-    assert (magic, m, n, pad) == (b"QUERNSV1", 4, 1000, bytes(8))
-    assert raw[64:] == ids.astype("<i8").tobytes()
-    assert digest == hashlib.sha256(raw[64:]).digest()
+    magic, m, n, digest, key, pad = struct.unpack("<8sQQ32s32s40s", raw[:128])
+    assert (magic, m, n, key, pad) == (b"QUERNSV2", 4, 1000, b"f".ljust(32, b"\0"), bytes(40))
+    assert raw[128:] == ids.astype("<i8").tobytes()
+    assert digest == hashlib.sha256(key + raw[128:]).digest()
     got, why = sv.load(str(path), 1000)
     assert why == "verified" and got.tolist() == [3, 7, 8, 900]
     assert sv.load(str(path), 999)[0] is None  # made for another candidate count
@@ -380,7 +380,9 @@ def test_survivors_file_format(tmp_path):
 def test_load_refuses_ids_out_of_order_or_range_even_with_a_good_checksum(tmp_path, bad):
     body = np.asarray(bad, dtype="<i8").tobytes()
     path = tmp_path / "f.survivors"
-    path.write_bytes(struct.pack("<8sQQ32s8x", b"QUERNSV1", len(bad), 1000, hashlib.sha256(body).digest()) + body)
+    key = b"f".ljust(32, b"\0")
+    head = struct.pack("<8sQQ32s32s40x", b"QUERNSV2", len(bad), 1000, hashlib.sha256(key + body).digest(), key)
+    path.write_bytes(head + body)
     ids, why = sv.load(str(path), 1000)
     assert ids is None and "strictly increasing" in why
 

@@ -6,18 +6,22 @@ the cache folder (``cache_dir()``: ``~/.cache/quern`` unless the
 ``QUERN_CACHE_DIR`` environment variable or an argument says otherwise), keyed
 by the fingerprint of what they depend on.
 
-File format (little-endian): an 8-byte magic (``b"QUERNSV1"`` for survivors,
-``b"QUERNLN1"`` for lengths), the number of values ``M`` and the number of
-records ``N`` they were made for (uint64 each), the SHA-256 of the value bytes
-(32 bytes), 8 bytes of zero padding (a 64-byte header), then ``M`` int64 values.
-The values are memory-mapped read-only (8 bytes each, no Python object per
-value).
+File format, version 2 (little-endian): an 8-byte magic (``b"QUERNSV2"`` for
+survivors, ``b"QUERNLN2"`` for lengths), the number of values ``M`` and the
+number of records ``N`` they were made for (uint64 each), the SHA-256 (32
+bytes) of the key field followed by the value bytes, the key field (32 bytes:
+the key the file was built for, ASCII, zero-padded; keys are 32-hex-digit
+fingerprints), 40 bytes of zero padding (a 128-byte header), then ``M`` int64
+values. The values are memory-mapped read-only (8 bytes each, no Python object
+per value).
 
-A file is used only after it is verified: its size, header, checksum and the
-kind's own check (survivors: strictly increasing within ``[0, N)``; lengths:
-``>= -1``). Anything else (a partial write, a flipped bit, a truncation) is
-reported by :func:`load` as ``None`` with the reason, and the caller rebuilds
-it. Writers write a temporary file in the same folder and rename it into
+A file is used only after it is verified: its size, header, the key it was
+built for (the key asked for: a file copied or renamed from another filter's
+or index's, or written by hand for another key, is refused), its checksum and
+the kind's own check (survivors: strictly increasing within ``[0, N)``;
+lengths: ``>= -1``). Anything else (a partial write, a flipped bit, a
+truncation, a version-1 file, which holds no key) is reported by :func:`load`
+as ``None`` with the reason, and the caller rebuilds it. Writers write a temporary file in the same folder and rename it into
 place, so a reader never sees a partial file, and two processes building the
 same file at once both succeed (the last rename wins; the contents are the
 same).
@@ -34,10 +38,12 @@ import numpy as np
 
 __all__ = ["SURVIVORS", "LENGTHS", "cache_dir", "path_for", "store", "load"]
 
-SURVIVORS = b"QUERNSV1"
-LENGTHS = b"QUERNLN1"
+SURVIVORS = b"QUERNSV2"
+LENGTHS = b"QUERNLN2"
 _FOLDERS = {SURVIVORS: ("filters", ".survivors"), LENGTHS: ("lengths", ".lengths")}
-_HEADER = struct.Struct("<8sQQ32s8x")  # 64 bytes
+_OLD = {SURVIVORS: b"QUERNSV1", LENGTHS: b"QUERNLN1"}  # version 1: no key
+_HEADER = struct.Struct("<8sQQ32s32s40x")  # 128 bytes
+_KEY_BYTES = 32
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> str:
@@ -54,19 +60,36 @@ def path_for(key: str, override: str | os.PathLike | None = None, kind: bytes = 
     return os.path.join(cache_dir(override), folder, f"{key}{suffix}")
 
 
-def _checksum(ids: np.ndarray) -> bytes:
-    return hashlib.sha256(np.ascontiguousarray(ids, dtype="<i8").data).digest()
+def _key_field(key: str) -> bytes:
+    raw = key.encode("ascii")
+    if len(raw) > _KEY_BYTES:
+        raise ValueError(f"an index file key has at most {_KEY_BYTES} ASCII characters, got {key!r}")
+    return raw.ljust(_KEY_BYTES, b"\0")
 
 
-def store(path: str, ids: np.ndarray, n: int, kind: bytes = SURVIVORS) -> None:
-    """Write ``ids`` (the values of ``kind`` made for ``n`` records) to ``path`` atomically."""
+def _checksum(key: bytes, ids: np.ndarray) -> bytes:
+    h = hashlib.sha256(key)
+    h.update(np.ascontiguousarray(ids, dtype="<i8").data)
+    return h.digest()
+
+
+def _key_of(path: str, key: str | None) -> str:
+    """``key``, or by default the one ``path`` is named for (:func:`path_for`: ``<key>.survivors``)."""
+    return os.path.basename(path).partition(".")[0] if key is None else key
+
+
+def store(path: str, ids: np.ndarray, n: int, kind: bytes = SURVIVORS, key: str | None = None) -> None:
+    """Write ``ids`` (the values of ``kind`` made for ``n`` records, under ``key``: the
+    fingerprint they were built for; default: the key ``path`` is named for) to ``path``
+    atomically."""
+    field = _key_field(_key_of(path, key))
     ids = np.ascontiguousarray(ids, dtype="<i8")
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(kind, len(ids), n, _checksum(ids)))
+            f.write(_HEADER.pack(kind, len(ids), n, _checksum(field, ids), field))
             f.write(ids.view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
@@ -79,12 +102,15 @@ def store(path: str, ids: np.ndarray, n: int, kind: bytes = SURVIVORS) -> None:
         raise
 
 
-def load(path: str, n: int, kind: bytes = SURVIVORS) -> tuple[np.ndarray | None, str]:
+def load(path: str, n: int, kind: bytes = SURVIVORS, key: str | None = None) -> tuple[np.ndarray | None, str]:
     """The verified values in ``path`` (a read-only memory map), or ``None`` and why
-    not: missing, too short, wrong magic, made for another record count, a size
-    that does not match, a checksum that does not match, or values that fail the
-    kind's check (survivors: strictly increasing within ``[0, n)``, at least one;
-    lengths: ``n`` values ``>= -1``)."""
+    not: missing, too short, wrong magic (or version 1, without a key), made for
+    another key or record count, a size that does not match, a checksum that does
+    not match, or values that fail the kind's check (survivors: strictly increasing
+    within ``[0, n)``, at least one; lengths: ``n`` values ``>= -1``). ``key``: the key
+    the file must have been built for (default: the one ``path`` is named for)."""
+    key = _key_of(path, key)
+    field = _key_field(key)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -93,11 +119,16 @@ def load(path: str, n: int, kind: bytes = SURVIVORS) -> tuple[np.ndarray | None,
         return None, "not built yet"
     except OSError as e:
         return None, f"cannot read it ({e})"
+    if head[:8] == _OLD[kind]:
+        return None, "an old format (version 1) file, which does not record the key it was built for"
     if len(head) < _HEADER.size:
         return None, f"{size} bytes, shorter than its header"
-    magic, m, n_file, digest = _HEADER.unpack(head)
+    magic, m, n_file, digest, made_for = _HEADER.unpack(head)
     if magic != kind:
         return None, f"not a {_FOLDERS[kind][1][1:]} file (wrong magic)"
+    if made_for != field:
+        shown = made_for.rstrip(b"\0").decode("ascii", "replace")
+        return None, f"built for key {shown!r}, not {key!r} (copied or renamed from another cache file?)"
     if n_file != n:
         return None, f"made for {n_file} records, not {n}"
     if size != _HEADER.size + 8 * m:
@@ -105,7 +136,7 @@ def load(path: str, n: int, kind: bytes = SURVIVORS) -> tuple[np.ndarray | None,
     if m == 0:
         return None, "holds no value"
     ids = np.memmap(path, dtype="<i8", mode="r", offset=_HEADER.size, shape=(m,))
-    if _checksum(ids) != digest:
+    if _checksum(field, ids) != digest:
         return None, "its checksum does not match (damaged)"
     if kind == SURVIVORS:
         if ids[0] < 0 or ids[-1] >= n or (m > 1 and not bool(np.all(ids[1:] > ids[:-1]))):

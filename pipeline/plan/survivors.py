@@ -1,5 +1,6 @@
 """The survivors of a filter: the sorted record ids it keeps, in a verified index file
-(:mod:`.indexfile`, magic ``b"QUERNSV1"``, under ``cache_dir()/filters/``)."""
+(:mod:`.indexfile`, magic ``b"QUERNSV2"``, under ``cache_dir()/filters/``) that
+records the key (the filter's fingerprint) it was built for."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ def path_for(key: str, override: str | os.PathLike | None = None) -> str:
     return indexfile.path_for(key, override, MAGIC)
 
 
-def store(path: str, ids: np.ndarray, n: int) -> None:
-    """Write ``ids`` (sorted survivors among ``n`` candidates) to ``path`` atomically."""
-    indexfile.store(path, ids, n, MAGIC)
+def store(path: str, ids: np.ndarray, n: int, key: str | None = None) -> None:
+    """Write ``ids`` (sorted survivors among ``n`` candidates, found for the filter whose
+    fingerprint is ``key``; default: the key ``path`` is named for) to ``path`` atomically."""
+    indexfile.store(path, ids, n, MAGIC, key)
 
 
-def load(path: str, n: int) -> tuple[np.ndarray | None, str]:
-    """The verified survivors in ``path`` (read-only memory map), or ``None`` and why not."""
-    return indexfile.load(path, n, MAGIC)
+def load(path: str, n: int, key: str | None = None) -> tuple[np.ndarray | None, str]:
+    """The verified survivors in ``path`` (read-only memory map) if it was built for
+    ``key`` (default: the key ``path`` is named for), or ``None`` and why not."""
+    return indexfile.load(path, n, MAGIC, key)
