@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..pipeline import samedef
 from ..pipeline.errors import PrepareError
 from ..pipeline.fingerprint import describe_callable, fingerprint_of
 from ..pipeline.progress import Bar
@@ -183,6 +184,7 @@ class _Batched:
 
 def _pool_task(index: int) -> dict[str, Any]:
     assert _JOB is not None
+    _shards.check_map(_JOB, "a quern prepare worker process")
     report = _Batched(_QUEUE)
     try:
         return _shards.write_shard(_JOB, index, report)
@@ -249,6 +251,7 @@ def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Pr
 
 
 def _ray_task(job: _shards.Job, index: int) -> dict[str, Any]:
+    _shards.check_map(job, "a quern prepare Ray task")
     return _shards.write_shard(job, index)
 
 
@@ -552,6 +555,8 @@ def prepare(
         _remove_temporaries(output)
         return m
     job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors), options_text)
+    if fn is not None:  # what the worker processes and Ray tasks check they loaded (samedef)
+        job.map_definition = samedef.definition(fn, f"map {name}")
     kept: dict[str, dict[str, Any]] = {}
     if os.path.exists(plan_path):
         try:

@@ -67,6 +67,29 @@ class Job:
     columns: tuple[str, ...]
     skip_errors: bool
     writer_options: str = f"{WRITER_OPTIONS},{COMPRESSION}"
+    map_definition: Any = None  # the parent's samedef.definition of map_fn (None: not compared)
+
+
+_CHECKED: set[int] = set()  # the jobs whose map this process has checked (by id: a worker holds one job)
+
+
+def check_map(job: Job, where: str) -> None:
+    """Refuse to write shards in this process (a pool worker, a Ray task) with a map that
+    differs from the parent's (:func:`quern.pipeline.samedef.check`: a module global changed
+    at run time is lost where the module is imported again). Once per job and process.
+
+    Raises:
+        PrepareError: naming the first difference (the global, closure variable, default...)."""
+    if job.map_fn is None or job.map_definition is None or id(job) in _CHECKED:
+        return
+    from ..pipeline import samedef
+    from ..pipeline.errors import FingerprintError
+
+    try:
+        samedef.check(job.map_definition, job.map_fn, where)
+    except FingerprintError as e:
+        raise PrepareError(f"prepare: {e}") from e
+    _CHECKED.add(id(job))
 
 
 def shard_names(count: int) -> list[str]:

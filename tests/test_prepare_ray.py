@@ -398,3 +398,39 @@ def test_ray_skip_errors_same_bytes_as_local(bad_corpus, ray_head, tmp_path):
     assert m["skipped"]["first"][0]["where"] == f"docs/{BAD_FILE}"
     assert "this record is bad" in m["skipped"]["first"][0]["error"]
     assert m["records"]["count"] == 39 and len(m["shards"]) > 1
+
+
+def test_ray_task_refuses_a_map_whose_global_changed_at_run_time(ray_head, tmp_path):
+    """A Ray task imports an installed map's module again (a fresh process) and would see its global's import-time
+    value: it refuses, naming the global, and prepare fails with that message instead of writing other records."""
+    import sysconfig
+    import uuid
+
+    name = f"quern_test_raymap_{uuid.uuid4().hex[:12]}"
+    module = os.path.join(sysconfig.get_paths()["purelib"], f"{name}.py")  # installed: imported by name there
+    with open(module, "w") as f:
+        f.write("THR = 0\n\n\ndef cut(rec):\n    return rec[:THR] if THR else rec\n")
+    docs = _make_input(tmp_path, 20, seed=2)
+    script = f"""
+import {name} as mod
+from quern.prepare import PrepareError, prepare
+mod.THR = 50  # after import: the driver's definition has 50, a Ray worker's fresh import 0
+try:
+    prepare({docs!r}, {str(tmp_path / "out")!r}, map=mod.cut, shard_size="16KB", ray=True,
+            ray_address={ray_head["address"]!r}, progress=False)
+    print("NO ERROR")
+except PrepareError as e:
+    print("ERROR", e)
+"""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=ray_head["env"], capture_output=True, text=True, timeout=TIMEOUT
+        )
+    finally:
+        os.remove(module)
+    assert out.returncode == 0, out.stderr[-4000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith(("ERROR", "NO ERROR"))]
+    assert line and line[0].startswith("ERROR"), out.stdout + out.stderr[-4000:]
+    assert f"global `{name}.THR` is 0 here and 50 in the parent" in line[0]
+    assert "Ray task" in line[0]
+    assert not os.path.exists(tmp_path / "out" / "manifest.json")

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +24,7 @@ import pytest
 from test_prepare import run_prepare
 from test_prepare_faults import cli, records, sidecars, write_files
 
+import quern
 from quern.prepare import PrepareError, prepare
 
 pytestmark = pytest.mark.timeout(180)
@@ -354,3 +356,58 @@ def test_prepared_records_match_when_nothing_changes(tmp_path):
     assert got[:2] == [b"alpha", b"beta"] and got[2:] == [json.dumps({"t": i}).encode() for i in range(1000)]
     prepare(tmp_path / "d.parquet", tmp_path / "P", columns=["text"], workers=0, progress=False)
     assert records(tmp_path / "P") == [f"row {i}".encode() for i in range(300)]
+
+
+# --------------------------------------------------------------------------- the map in fresh processes
+
+
+@pytest.fixture
+def installed_module(workdir):
+    """A module written into this environment's site-packages (as an installed package's would be:
+    prepare sends a module of the current folder by value, with its globals, but one installed is
+    imported again by name in each worker), removed after the test. Yields a function that writes
+    one and imports it."""
+    import importlib
+    import sysconfig
+    import uuid
+
+    written = []
+
+    def make(source: str):
+        name = f"quern_test_map_{uuid.uuid4().hex[:12]}"
+        path = Path(sysconfig.get_paths()["purelib"]) / f"{name}.py"
+        path.write_text(source)
+        written.append(path)
+        importlib.invalidate_caches()
+        return importlib.import_module(name)
+
+    yield make
+    for path in written:
+        path.unlink(missing_ok=True)
+
+
+def test_a_map_global_changed_at_run_time_is_refused_by_the_worker_processes(workdir, installed_module):
+    """A pool worker is a fresh interpreter: it imports an installed map's module again and would see
+    THR's import-time value, writing other records than the parent's definition says. It refuses,
+    naming the global."""
+    mod = installed_module("THR = 0\n\n\ndef cut(rec):\n    return rec[:THR] if THR else rec\n")
+    name = mod.__name__
+    inputs = write_files(workdir / "IN", {f"f{i:03d}.bin": bytes([i]) * 900 for i in range(40)})
+    mod.THR = 500  # changed after import: the parent's definition has 500, a fresh import 0
+    with pytest.raises(PrepareError, match=rf"global `{name}\.THR` is 0 here and 500 in the parent"):
+        prepare(inputs, workdir / "OUT", map=mod.cut, shard_size="4KB", workers=2, progress=False)
+    assert not (workdir / "OUT" / "manifest.json").exists()
+    # the same map in this process: nothing to compare, the records are cut as the parent's THR says
+    m = prepare(inputs, workdir / "OUT0", map=mod.cut, shard_size="4KB", workers=0, progress=False)
+    assert m["records"]["count"] == 40
+    src = quern.sources.ArrayRecordSource(str(workdir / "OUT0"))
+    assert {len(r) for r in src.read_many(np.arange(40))} == {500}
+
+
+def test_a_map_global_set_at_import_runs_in_the_worker_processes(workdir, installed_module):
+    mod = installed_module("THR = 500\n\n\ndef cut(rec):\n    return rec[:THR]\n")
+    inputs = write_files(workdir / "IN", {f"f{i:03d}.bin": bytes([i]) * 900 for i in range(40)})
+    a = prepare(inputs, workdir / "A", map=mod.cut, shard_size="4KB", workers=2, progress=False)
+    b = prepare(inputs, workdir / "B", map=mod.cut, shard_size="4KB", workers=0, progress=False)
+    assert len(a["shards"]) > 1
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
