@@ -4,34 +4,66 @@ A remote file (``http(s)://``, ``s3://``, ``gs://``, ``file://``: anything fsspe
 opens) is fetched whole into the cache folder (default
 ``$QUERN_CACHE_DIR/remote`` or ``~/.cache/quern/remote``) and read from there.
 
+- **Keyed by content**: a file whose SHA-256 the caller knows (a prepared
+  folder's manifest) is cached under that digest
+  (``<sha256>-shard-00000-of-00009.array_record``), so a folder prepared again
+  behind the same URL (other bytes, whatever their size) is fetched again, and
+  the same bytes are one entry whatever their URL. A file fetched by URL alone
+  (ArrayRecord or Parquet files by URL) is keyed by its URL, the server's size
+  and its ETag (else its Last-Modified time; S3's ETag, GCS's etag, a local
+  file's modification time): one ``HEAD`` (fsspec ``info``) per ``get``, and a
+  file changed on the server is fetched again. A server that gives neither an
+  ETag nor a modification time cannot say whether its file changed: such a file
+  is fetched again at every ``get`` (each time a source opens it).
+- **Checked on every hit**: each entry has a sidecar ``NAME.ok`` written once
+  the download was verified, holding its key, size, modification time (ns),
+  inode and device. A hit compares them with the file (one ``stat`` and one
+  read of about 200 bytes: a few microseconds), so a cached file replaced,
+  rewritten, renamed or swapped with another entry on disk is never used: an
+  entry keyed by SHA-256 is hashed again (kept if its bytes are still right),
+  another is fetched again. Not seen: a same-size rewrite in place that also
+  restores the modification time and inode (deliberate forgery of the cache;
+  :meth:`ShardCache.verify` hashes every entry). Hashing every shard on every
+  hit instead would cost a full read of it (about 0.5 s per GiB) per process.
 - **One download per file**, however many processes and threads want it at once:
   the download holds an exclusive ``flock`` on the file's lock file; the others
   wait for it, then find the file there.
-- **Atomic and verified**: the bytes go to ``NAME.PID.part`` and are renamed to
+- **Atomic and verified**: the bytes go to ``NAME.PID.THREAD.part`` and are renamed to
   ``NAME`` only after their size (from the caller, e.g. a manifest, or the
   server's Content-Length) and their SHA-256 (when the caller knows it) or the
-  server's ETag (the same before and after the download) are checked. A file
-  that fails the check is fetched once more, then a :class:`SourceError` names
-  the URL. A process killed mid-download leaves only a ``.part`` file, which
-  is removed when the cache is next opened (or by the next download of it);
-  a partial file is never seen under its final name.
-- **Retries**: a connection that fails or breaks is tried again with
+  server's ETag or modification time (the same before and after the download)
+  are checked. A file that fails the check is fetched once more, then a
+  :class:`SourceError` names the URL. A process killed mid-download leaves only
+  a ``.part`` file, which is removed when the cache is next opened (or by the
+  next download of it); a partial file is never seen under its final name.
+- **Timeouts**: an HTTP(S) or GCS connection must be made within
+  ``connect_timeout`` seconds (default 30) and a byte must come at least every
+  ``read_timeout`` seconds (default 60) (aiohttp's ``ClientTimeout``; S3:
+  botocore's ``connect_timeout`` and ``read_timeout``); a try that exceeds them
+  fails and is retried (fsspec asks an HTTP server for a file's size with a
+  HEAD, then a GET: for a file fetched by URL alone, whose size is asked
+  first, a server that never answers costs two timeouts per try). Other file
+  systems take their own settings from fsspec's configuration.
+- **Retries**: a connection that fails, breaks or times out is tried again with
   exponential backoff (``retries``, default :data:`RETRIES`, times from
   ``backoff`` = 0.5 s; where the server takes Range requests, a retry
   continues from the bytes already fetched), then a
-  :class:`SourceError` names the URL; a missing file (404) is not retried.
+  :class:`SourceError` names the URL and the cause (the error's type and
+  message, or the timeout that expired); a missing file (404) is not retried.
 - **Capped**: after a download, files are evicted until the cache holds at
   most ``capacity`` bytes (more only while the files in use at that moment
   leave no other choice: a file in use is never evicted): by default the least recently used first, or by the
   caller's ``next_use(name)`` (Belady's rule: the file needed furthest in the
   future first). A file in use is never evicted: a reader holds a shared
-  ``flock`` on its ``.use`` file (:meth:`ShardCache.pin`, :meth:`ShardCache.use`),
-  and eviction takes that lock without waiting or leaves the file. (Downloads
-  lock another file, ``.lock``: a file pinned before it is fetched is fetched.)
+  ``flock`` on its ``.use`` file (:meth:`ShardCache.pin`, :meth:`ShardCache.use`,
+  :meth:`ShardCache.get_pinned`), and eviction takes that lock without waiting
+  or leaves the file. (Downloads lock another file, ``.lock``: a file pinned
+  before it is fetched is fetched.) Folders in the cache folder (an older
+  quern's ``metadata-<job>/``) are never evicted nor counted.
 
-Files are named by a hash of their URL and their base name
-(``0123abcd...-shard-00000-of-00009.array_record``), so the same URL is the
-same cache entry in every process.
+Every cache path is a hex digest and a sanitised base name joined to the
+cache folder, checked to lie inside it before anything is written: no name a
+manifest or a server gives can lead a write elsewhere.
 """
 
 from __future__ import annotations
@@ -40,11 +72,14 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
+import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import SourceError
 
@@ -52,7 +87,13 @@ __all__ = ["CACHE_VARIABLE", "RETRIES", "ShardCache", "default_folder", "is_url"
 
 CACHE_VARIABLE = "QUERN_CACHE_DIR"
 RETRIES = 4
+CONNECT_TIMEOUT = 30.0
+READ_TIMEOUT = 60.0
 _BLOCK = 8 << 20
+_AUX = (".lock", ".use", ".part", ".ok")  # the suffixes of the files beside each entry
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # a lock or use file planted as a link is never followed
+_T = TypeVar("_T")
 
 
 def is_url(path: Any) -> bool:
@@ -66,15 +107,27 @@ def default_folder() -> str:
     return os.path.join(base, "remote")
 
 
-def _name(url: str) -> str:
+def _base(url: str) -> str:
+    """The URL's base name, made a safe file name (letters, digits, ``-_.``; at most 80)."""
     base = url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or "file"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
-    return f"{hashlib.sha256(url.encode()).hexdigest()[:32]}-{safe}"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
+
+
+def _version(info: dict[str, Any]) -> str | None:
+    """What tells one version of a remote file from another in its ``info``: the ETag,
+    else the modification time (``None``: the server gives neither)."""
+    for k in ("ETag", "etag"):
+        if info.get(k):
+            return f"etag {info[k]}"
+    for k in ("generation", "Last-Modified", "LastModified", "last_modified", "updated", "mtime"):
+        if info.get(k) is not None:
+            return f"{k} {info[k]}"
+    return None
 
 
 @contextlib.contextmanager
 def _flock(path: str, mode: int) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, _LOCK_FLAGS, 0o644)
     try:
         fcntl.flock(fd, mode)
         yield fd
@@ -84,7 +137,18 @@ def _flock(path: str, mode: int) -> Iterator[int]:
 
 class ShardCache:
     """Remote files fetched whole into ``folder`` (see the module docstring), at most
-    ``capacity`` bytes (``None``: no cap) kept."""
+    ``capacity`` bytes (``None``: no cap) kept.
+
+    Args:
+        folder: the cache folder (default :func:`default_folder`).
+        capacity: the most bytes kept, or ``None``.
+        next_use: ``next_use(name)``, the time (step) at which entry ``name`` is next
+            needed (``inf``: never); evicts by Belady's rule when given.
+        retries: how many times a failed fetch is tried again.
+        backoff: seconds before the first retry (doubled at each).
+        connect_timeout: seconds to make a connection (HTTP(S), GCS, S3).
+        read_timeout: the most seconds without a byte from the server (HTTP(S), GCS, S3).
+    """
 
     def __init__(
         self,
@@ -93,16 +157,23 @@ class ShardCache:
         next_use: Callable[[str], float] | None = None,
         retries: int = RETRIES,
         backoff: float = 0.5,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.folder = os.path.abspath(os.fspath(folder)) if folder is not None else default_folder()
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"ShardCache: capacity must be a positive number of bytes or None, got {capacity!r}")
+        for what, t in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+                raise ValueError(f"ShardCache: {what} must be a positive number of seconds, got {t!r}")
         self.capacity = capacity
         self.next_use = next_use
         self.retries, self.backoff = int(retries), float(backoff)
+        self.connect_timeout, self.read_timeout = float(connect_timeout), float(read_timeout)
         self.stats = {"hits": 0, "misses": 0, "bytes_fetched": 0, "evictions": 0, "retries": 0}
         self._lock = threading.Lock()
         self._ready = False
+        self._sealed: dict[str, dict[str, Any]] = {}  # entry -> the sidecar this process found right for it
 
     def _open(self) -> None:
         with self._lock:
@@ -116,6 +187,12 @@ class ShardCache:
                 if n.endswith(".part"):
                     self._remove_part(os.path.join(self.folder, n))
             self._ready = True
+
+    def _make_folder(self) -> None:
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as e:
+            raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
 
     def _remove_part(self, part: str) -> None:
         """Remove ``part`` (``NAME.PID.THREAD.part``) unless its download may still run:
@@ -137,116 +214,374 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             os.remove(part)
 
-    def path(self, url: str) -> str:
-        """Where ``url`` is (or will be) in the cache."""
-        return os.path.join(self.folder, _name(url))
+    # -- names -----------------------------------------------------------------------------------------------
+
+    def filesystem(self, url: str) -> tuple[Any, str]:
+        """fsspec's file system for ``url`` and the path in it, with this cache's timeouts
+        (HTTP(S) and GCS: an aiohttp ``ClientTimeout``; S3: botocore's ``connect_timeout`` and
+        ``read_timeout``), merged over fsspec's configuration of that protocol."""
+        import fsspec
+        import fsspec.config
+
+        protocol = url.split("://", 1)[0].lower()
+        options: dict[str, Any] = {}
+        if protocol in ("http", "https", "gs", "gcs"):
+            import aiohttp
+
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=self.connect_timeout, sock_connect=self.connect_timeout, sock_read=self.read_timeout
+            )
+            if protocol.startswith("http"):
+                conf = {
+                    k: v
+                    for p in ("http", "https")
+                    for k, v in (fsspec.config.conf.get(p, {}).get("client_kwargs") or {}).items()
+                }
+                options["client_kwargs"] = {**conf, "timeout": timeout}
+            else:
+                options["requests_timeout"] = timeout  # gcsfs passes it to every request
+        elif protocol in ("s3", "s3a"):
+            conf = fsspec.config.conf.get("s3", {}).get("config_kwargs") or {}
+            options["config_kwargs"] = {
+                **conf,
+                "connect_timeout": self.connect_timeout,
+                "read_timeout": self.read_timeout,
+            }
+        return fsspec.core.url_to_fs(url, **options)
+
+    def _entry(self, name: str) -> str:
+        """``folder/name``, checked to lie inside the cache folder (``name`` is a digest and a
+        sanitised base name: it always does, unless the folder itself holds a link)."""
+        path = os.path.join(self.folder, name)
+        if os.path.dirname(path) != self.folder or not name or name in (".", ".."):
+            raise SourceError(f"cache entry {name!r} is not a file name inside the cache folder {self.folder!r}")
+        return path
+
+    def _inside(self, path: str) -> None:
+        """Raise :class:`SourceError` unless ``path`` resolves (links followed) to a file inside the cache folder."""
+        root = os.path.realpath(self.folder)
+        real = os.path.realpath(path)
+        if os.path.dirname(real) != root:
+            raise SourceError(
+                f"cache entry {path!r} leads outside the cache folder {self.folder!r} (to {real!r}): nothing is "
+                "written there"
+            )
+
+    def path(self, url: str, sha256: str | None = None) -> str:
+        """Where ``url``'s bytes are (or will be) in the cache: named by ``sha256`` when it is
+        given (no request), else by the URL and the server's size and version (one request)."""
+        if sha256 is not None:
+            return self._entry(self._digest_name(url, sha256))
+        return self._url_entry(url)[0]
+
+    def _digest_name(self, url: str, sha256: str) -> str:
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise SourceError(f"{url}: {sha256!r} is not a SHA-256 hex digest (64 lowercase hex digits)")
+        return f"{sha256}-{_base(url)}"
+
+    def _url_entry(self, url: str) -> tuple[str, str, int | None, bool]:
+        """``(path, key, server size, refetch)`` of a file fetched by URL alone: keyed by the URL,
+        the server's size and version (``refetch``: the server gives no version)."""
+        info = self._attempts(url, lambda _attempt: self._info(url))
+        size = info.get("size")
+        version = _version(info)
+        key = f"url {url}\nsize {size}\n{version}"
+        name = f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{_base(url)}"
+        return self._entry(name), key, (int(size) if size is not None else None), version is None
+
+    def read(self, url: str) -> bytes:
+        """The bytes of the small file ``url`` (a manifest), read once (not cached, not retried) with
+        this cache's timeouts. Raises ``FileNotFoundError`` where the server says it is missing,
+        :class:`SourceError` naming the URL and the cause for any other failure."""
+        try:
+            fs, path = self.filesystem(url)
+            return bytes(fs.cat_file(path))
+        except FileNotFoundError as e:
+            if not _unreachable(e):
+                raise
+            raise SourceError(f"{url}: cannot be read: {self.reason(e)}") from e
+        except Exception as e:
+            raise SourceError(f"{url}: cannot be read: {self.reason(e)}") from e
+
+    def _info(self, url: str) -> dict[str, Any]:
+        fs, path = self.filesystem(url)
+        return dict(fs.info(path))
+
+    def _resolve(self, url_or_path: str, sha256: str | None) -> str:
+        """The entry path of a URL (see :meth:`path`), or ``url_or_path`` itself when it is one."""
+        if not is_url(url_or_path) and os.path.dirname(os.path.abspath(url_or_path)) == self.folder:
+            return os.path.abspath(url_or_path)
+        return self.path(url_or_path, sha256)
+
+    # -- get -------------------------------------------------------------------------------------------------
 
     def get(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
-        """The local path of ``url``'s bytes, fetched first if missing (see the module docstring)."""
+        """The local path of ``url``'s bytes, fetched first if missing or no longer right
+        (see the module docstring). ``size`` and ``sha256``: what the caller knows of them
+        (a manifest); with ``sha256`` the entry is keyed by it, without it by the URL and the
+        server's size and version (one request)."""
+        return self._get(url, size, sha256, pin=False)[0]
+
+    def get_pinned(self, url: str, size: int | None = None, sha256: str | None = None) -> tuple[str, Any]:
+        """:meth:`get`, and the entry held in use (never evicted) from before it is looked at
+        until the returned pin's ``close()``. With ``sha256``, the pin is taken, then :meth:`get`
+        called (a subclass's ``get`` sees every read of a shard)."""
+        if sha256 is None:
+            path, pin = self._get(url, size, sha256, pin=True)  # one request names the entry: made once
+            assert pin is not None
+            return path, pin
         self._open()
-        final = self.path(url)
-        if os.path.exists(final):
-            self._touch(final)
-            with self._lock:
-                self.stats["hits"] += 1
-            return final
+        pin = self._pin_path(self.path(url, sha256))
         try:
-            os.makedirs(self.folder, exist_ok=True)  # deleted while running: made again
-        except OSError as e:
-            raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
-        with _flock(final + ".lock", fcntl.LOCK_EX):
-            if os.path.exists(final):  # another process fetched it while this one waited
-                self._touch(final)
+            return self.get(url, size, sha256), pin
+        except BaseException:
+            pin.close()
+            raise
+
+    def _get(self, url: str, size: int | None, sha256: str | None, pin: bool) -> tuple[str, Any]:
+        self._open()
+        expect: str | None = None  # the version the entry is keyed by (files by URL alone)
+        refetch = False
+        if sha256 is not None:
+            final = self._entry(self._digest_name(url, sha256))
+            key = f"sha256 {sha256}"
+        else:
+            final, key, server_size, refetch = self._url_entry(url)
+            expect = key
+            if size is None:
+                size = server_size
+        held = self._pin_path(final) if pin else None
+        try:
+            if not refetch and (st := self._valid(final, key, size)) is not None:
+                self._hit(final, st)
+                return final, held
+            self._make_folder()  # deleted while running: made again
+            self._inside(final)
+            with _flock(final + ".lock", fcntl.LOCK_EX):
+                if not refetch and (st := self._valid(final, key, size)) is not None:  # fetched meanwhile
+                    self._hit(final, st)
+                    return final, held
+                if sha256 is not None and not refetch and self._still_right(final, key, size, sha256):
+                    self._hit(final, None)  # its sidecar was lost or stale, its bytes are right
+                    return final, held
+                self._discard(final)  # stale, damaged or swapped: never used
                 with self._lock:
-                    self.stats["hits"] += 1
-                return final
-            with self._lock:
-                self.stats["misses"] += 1
-            for attempt in (1, 2):
-                part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
-                try:
-                    server_size, _ = self._fetch(url, part, size, check_etag=sha256 is None)
-                    why = self._check(part, size if size is not None else server_size, sha256)
-                    if why is None:
-                        os.replace(part, final)
-                        break
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(part)
-                if attempt == 2:
-                    raise SourceError(f"{url}: the downloaded file {why}, twice; the server's copy is damaged")
-        self._evict(keep=final)
-        return final
+                    self.stats["misses"] += 1
+                self._download(url, final, key, size, sha256, expect)
+            self._evict(keep=final)
+            return final, held
+        except BaseException:
+            if held is not None:
+                held.close()
+            raise
 
-    def _touch(self, path: str) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(path)
+    def _hit(self, final: str, st: os.stat_result | None) -> None:
+        self._touch(final, st)
+        with self._lock:
+            self.stats["hits"] += 1
 
-    def _fetch(self, url: str, part: str, size: int | None, check_etag: bool = True) -> tuple[int | None, str | None]:
-        """Download ``url`` to ``part``, with retries; the server's size and ETag (or ``None``).
-        With ``check_etag`` (no checksum to verify against), the ETag is checked to be the
-        same after the download (the file did not change meanwhile); without it and with
-        ``size`` given, no request but the download is made."""
-        import fsspec
-
-        delay = self.backoff
-        http = url.lower().startswith(("http://", "https://"))
-        ranges = True  # until the server shows it has none
-        first_etag: str | None = None
-        for attempt in range(self.retries + 1):
-            have = os.path.getsize(part) if attempt and ranges and os.path.exists(part) else 0
+    def _download(
+        self, url: str, final: str, key: str, size: int | None, sha256: str | None, expect: str | None
+    ) -> None:
+        for attempt in (1, 2):
+            part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
             try:
-                fs, path = fsspec.core.url_to_fs(url)
-                info = fs.info(path) if check_etag or size is None else {"size": size}
-                etag = (info.get("ETag") or info.get("etag")) if check_etag else None
-                if have and etag and first_etag and etag != first_etag:
-                    have = 0  # the file changed since the bytes already here: start again
-                first_etag = first_etag or (str(etag) if etag else None)
-                # HTTP: one streamed GET from the start (servers without Range requests work too); a retry
-                # with bytes already here continues them with a Range request (ranged reads)
-                block = _BLOCK if (have or not http) else 0
-                with fs.open(path, "rb", block_size=block) as src, open(part, "ab" if have else "wb") as out:
-                    if have:
-                        src.seek(have)
-                    while chunk := src.read(_BLOCK):
-                        out.write(chunk)
-                        with self._lock:
-                            self.stats["bytes_fetched"] += len(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
-                after = fs.info(path).get("ETag") if etag else None
-                if etag and after != etag:
-                    raise ConnectionError(
-                        f"the file changed on the server during the download (ETag {etag} -> {after})"
-                    )
-                server_size = info.get("size")
-                return (int(server_size) if server_size is not None else None), (str(etag) if etag else None)
-            except ValueError as e:
-                if have and "range" in str(e).lower():  # no Range requests: the next try starts again
-                    ranges = False
-                elif attempt == self.retries:
-                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
+                self._fetch(url, part, size, expect)
+                why = self._check(part, size, sha256)
+                if why is None:
+                    os.replace(part, final)
+                    self._seal(final, key)
+                    return
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(part)
+            if attempt == 2:
+                raise SourceError(f"{url}: the downloaded file {why}, twice; the server's copy is damaged")
+
+    # -- the sidecar -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _record(key: str, st: os.stat_result) -> dict[str, Any]:
+        return {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+
+    def _valid(self, final: str, key: str, size: int | None) -> os.stat_result | None:
+        """``final``'s stat if the entry is there, of ``size`` (when known), and is the file its sidecar
+        was written for, under ``key`` (one ``stat`` and one small read); else ``None``."""
+        try:
+            st = os.stat(final)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
+            return None
+        record = self._record(key, st)
+        if self._sealed.get(final) == record:  # this process read that sidecar for this very file
+            return st
+        try:
+            with open(final + ".ok", "rb") as f:
+                sealed = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            return None
+        if sealed != record:
+            return None
+        self._sealed[final] = record
+        return st
+
+    def _seal(self, final: str, key: str) -> None:
+        """Write ``final``'s sidecar (atomically); a cache that cannot take it re-checks the entry at the next hit."""
+        tmp = f"{final}.ok.{os.getpid()}.{threading.get_ident()}.part"
+        try:
+            st = os.stat(final)
+            with open(tmp, "w") as f:
+                f.write(json.dumps(self._record(key, st)))
+            os.replace(tmp, final + ".ok")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+    def _still_right(self, final: str, key: str, size: int | None, sha256: str) -> bool:
+        """Whether the entry ``final`` (keyed by ``sha256``) holds those bytes although its sidecar
+        is missing or stale: hashed once, and sealed again when right."""
+        try:
+            st = os.stat(final)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or os.path.islink(final):
+            return False
+        if self._check(final, size, sha256) is not None:
+            return False
+        self._seal(final, key)
+        return True
+
+    def _discard(self, final: str) -> None:
+        for p in (final + ".ok", final):
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.isdir(p) and not os.path.islink(p):
+                    raise SourceError(f"cache entry {p!r} is a folder: remove it")
+                os.remove(p)
+
+    def verify(self) -> list[str]:
+        """Hash every entry keyed by SHA-256 and remove those whose bytes differ; the names removed."""
+        removed: list[str] = []
+        if not os.path.isdir(self.folder):
+            return removed
+        for n in sorted(os.listdir(self.folder)):
+            p = os.path.join(self.folder, n)
+            if n.endswith(_AUX) or not _SHA256.fullmatch(n[:64]) or not os.path.isfile(p):
+                continue
+            with _flock(p + ".lock", fcntl.LOCK_EX):
+                if self._check(p, None, n[:64]) is not None:
+                    self._discard(p)
+                    removed.append(n)
+        return removed
+
+    def _touch(self, path: str, st: os.stat_result | None = None) -> None:
+        """Mark ``path`` used now (its access time: its modification time is part of its sidecar)."""
+        with contextlib.suppress(OSError):
+            os.utime(path, ns=(time.time_ns(), (st or os.stat(path)).st_mtime_ns))
+
+    # -- fetching --------------------------------------------------------------------------------------------
+
+    def _attempts(self, url: str, once: Callable[[int], _T]) -> _T:
+        """``once(attempt)`` until it succeeds, at most ``retries + 1`` times with exponential backoff;
+        a missing file, a full cache folder or a :class:`SourceError` ends the tries at once."""
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return once(attempt)
+            except SourceError:
+                raise
             except FileNotFoundError as e:
                 if not _unreachable(e):
                     raise SourceError(f"{url}: not found on the server (404)") from e
-                if attempt == self.retries:
-                    reason = e.__cause__ or e.__context__
-                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {reason}") from e
+                err: BaseException = e
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     raise SourceError(f"{url}: the cache folder {self.folder!r} is full: {e}") from e
-                if attempt == self.retries:
-                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
+                err = e
             except Exception as e:  # aiohttp's and the server's errors
                 if "404" in str(e) or "Not Found" in str(e):
                     raise SourceError(f"{url}: not found on the server (404)") from e
-                if attempt == self.retries:
-                    raise SourceError(f"{url}: cannot be fetched after {self.retries + 1} tries: {e}") from e
+                err = e
+            if attempt == self.retries:
+                raise SourceError(
+                    f"{url}: cannot be fetched after {self.retries + 1} tries: {self.reason(err)}"
+                ) from err
             with self._lock:
                 self.stats["retries"] += 1
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def reason(self, e: BaseException) -> str:
+        """What went wrong in ``e``, for a message: the timeout that expired (with this cache's
+        settings), else the type and message of the first error of its chain that has a message."""
+        chain: list[BaseException] = []
+        x: BaseException | None = e
+        while x is not None and all(x is not c for c in chain):
+            chain.append(x)
+            x = x.__cause__ or x.__context__
+        timeouts = [c for c in chain if isinstance(c, TimeoutError)]
+        if timeouts:
+            shown = next((c for c in timeouts if str(c)), timeouts[-1])  # fsspec's FSTimeoutError() has no text
+            name, text = type(shown).__name__, str(shown)
+            if any("connect" in (type(c).__name__ + str(c)).lower() for c in timeouts):
+                what = f"no connection within {self.connect_timeout:g} s (connect_timeout)"
+            else:
+                what = f"no byte for {self.read_timeout:g} s (read_timeout)"
+            return f"{name}: {what}" + (f" ({text})" if text else "")
+        for c in chain:
+            text = str(c)
+            if text and not (is_url(text) and len(chain) > 1):  # fsspec's FileNotFoundError(url): its cause says why
+                return f"{type(c).__name__}: {text}"
+        return type(chain[-1]).__name__
+
+    def _fetch(self, url: str, part: str, size: int | None, expect: str | None) -> None:
+        """Download ``url`` to ``part``, with retries. ``expect``: the version (:func:`_version`) of
+        the file the entry is keyed by, checked before a retry and after the download (the file did
+        not change meanwhile); ``None`` (a file verified by its SHA-256): no request but the download."""
+        http = url.lower().startswith(("http://", "https://"))
+        state = {"ranges": True}  # until the server shows it has none
+
+        def stream(fs: Any, path: str, have: int) -> None:
+            # HTTP: one streamed GET from the start (servers without Range requests work too); a retry
+            # with bytes already here continues them with a Range request (ranged reads)
+            block = _BLOCK if (have or not http) else 0
+            known = {"size": size} if http and size else {}  # else fsspec asks first (HEAD, then GET)
+            with fs.open(path, "rb", block_size=block, **known) as src, open(part, "ab" if have else "wb") as out:
+                if have:
+                    src.seek(have)
+                while chunk := src.read(_BLOCK):
+                    out.write(chunk)
+                    with self._lock:
+                        self.stats["bytes_fetched"] += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+
+        def once(attempt: int) -> None:
+            have = os.path.getsize(part) if attempt and state["ranges"] and os.path.exists(part) else 0
+            fs, path = self.filesystem(url)
+            if expect is not None and attempt:
+                self._same(url, fs, path, expect)
+            try:
+                stream(fs, path, have)
+            except ValueError as e:
+                if not (have and "range" in str(e).lower()):
+                    raise
+                state["ranges"] = False  # no Range requests: this try starts again from the first byte
+                stream(fs, path, 0)
+            if expect is not None:
+                self._same(url, fs, path, expect)
+
+        self._attempts(url, once)
+
+    def _same(self, url: str, fs: Any, path: str, expect: str) -> None:
+        info = fs.info(path)
+        now = f"url {url}\nsize {info.get('size')}\n{_version(info)}"
+        if now != expect:
+            was, became = expect.split("\n", 1)[1].replace("\n", ", "), now.split("\n", 1)[1].replace("\n", ", ")
+            raise SourceError(
+                f"{url}: the file changed on the server while it was fetched ({was} -> {became}); open the source again"
+            )
 
     def _check(self, part: str, size: int | None, sha256: str | None) -> str | None:
         """Why the file at ``part`` is not the one wanted (``None``: it is)."""
@@ -262,51 +597,67 @@ class ShardCache:
                 return "does not match its SHA-256"
         return None
 
-    def pin(self, url: str) -> Any:
-        """Hold ``url``'s cache entry in use (never evicted) until the returned object's
-        ``close()``: a shared ``flock`` on its lock file."""
+    # -- in use ----------------------------------------------------------------------------------------------
+
+    def pin(self, url: str, sha256: str | None = None) -> Any:
+        """Hold an entry in use (never evicted) until the returned object's ``close()``: a
+        shared ``flock`` on its lock file. ``url``: the entry's URL (with ``sha256`` when it is
+        keyed by it; see :meth:`path`), or its path in the cache."""
         self._open()
-        fd = os.open(self.path(url) + ".use", os.O_RDWR | os.O_CREAT, 0o644)
+        return self._pin_path(self._resolve(url, sha256))
+
+    def _pin_path(self, final: str) -> _Pin:
+        try:
+            fd = os.open(final + ".use", _LOCK_FLAGS, 0o644)
+        except FileNotFoundError:  # the cache folder was deleted while running: made again
+            self._make_folder()
+            fd = os.open(final + ".use", _LOCK_FLAGS, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return _Pin(fd)
 
     def __getstate__(self) -> dict:
-        keys = ("folder", "capacity", "next_use", "retries", "backoff")
+        keys = ("folder", "capacity", "next_use", "retries", "backoff", "connect_timeout", "read_timeout")
         return {k: getattr(self, k) for k in keys}
 
     def __setstate__(self, d: dict) -> None:
         ShardCache.__init__(self, **d)
 
     @contextlib.contextmanager
-    def use(self, url: str) -> Iterator[str]:
-        """``url``'s local path, held in use (never evicted) until the block ends."""
-        final = self.path(url)
+    def use(self, url: str, sha256: str | None = None) -> Iterator[str]:
+        """An entry's local path (see :meth:`pin`), held in use (never evicted) until the block ends."""
         self._open()
+        final = self._resolve(url, sha256)
         with _flock(final + ".use", fcntl.LOCK_SH):
             yield final
 
+    # -- size and eviction -----------------------------------------------------------------------------------
+
+    def _entries(self, keep: str | None = None) -> list[tuple[str, str, int, int]]:
+        """``(name, path, bytes, last use in ns)`` of the entries (regular files, not their lock,
+        use, part or sidecar files, nor ``keep``)."""
+        out: list[tuple[str, str, int, int]] = []
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return out
+        for n in names:
+            p = os.path.join(self.folder, n)
+            if n.endswith(_AUX) or p == keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode):  # never a folder (an older quern's metadata-<job>/) or a link
+                    out.append((n, p, st.st_size, max(st.st_atime_ns, st.st_mtime_ns)))
+        return out
+
     def size(self) -> int:
         """Bytes of the files in the cache."""
-        total = 0
-        if not os.path.isdir(self.folder):
-            return 0
-        for n in os.listdir(self.folder):
-            if not n.endswith((".lock", ".use", ".part")):
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.path.getsize(os.path.join(self.folder, n))
-        return total
+        return sum(e[2] for e in self._entries())
 
     def _evict(self, keep: str) -> None:
         if self.capacity is None:
             return
-        entries = []
-        for n in os.listdir(self.folder):
-            p = os.path.join(self.folder, n)
-            if n.endswith((".lock", ".use", ".part")) or p == keep:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(p)
-                entries.append((n, p, st.st_size, st.st_mtime))
+        entries = self._entries(keep)
         total = sum(e[2] for e in entries) + (os.path.getsize(keep) if os.path.exists(keep) else 0)
         if total <= self.capacity:
             return
@@ -319,7 +670,7 @@ class ShardCache:
             if total <= self.capacity:
                 break
             try:
-                fd = os.open(p + ".use", os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(p + ".use", _LOCK_FLAGS, 0o644)
             except OSError:
                 continue
             try:
@@ -332,13 +683,15 @@ class ShardCache:
                     total -= nbytes
                     with self._lock:
                         self.stats["evictions"] += 1
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(p + ".ok")
             finally:
                 os.close(fd)
 
 
 def _unreachable(e: BaseException) -> bool:
     """Whether fsspec's ``FileNotFoundError`` hides a connection that failed (fsspec's HTTP
-    file system reports a refused or broken connection as a missing file)."""
+    file system reports a refused, broken or timed-out connection as a missing file)."""
     cause = e.__cause__ or e.__context__
     return cause is not None and (
         isinstance(cause, (ConnectionError, TimeoutError)) or "Connect" in type(cause).__name__

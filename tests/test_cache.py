@@ -37,7 +37,7 @@ def test_a_file_is_fetched_once_verified_and_then_a_hit(served, tmp_path):
     url, data = next(iter(files.items()))
     path = cache.get(url, len(data), _sha(data))
     assert open(path, "rb").read() == data
-    assert cache.get(url) == path
+    assert cache.get(url, sha256=_sha(data)) == path  # keyed by the digest
     assert cache.stats["misses"] == 1 and cache.stats["hits"] == 1 and cache.stats["bytes_fetched"] == len(data)
 
 
@@ -62,7 +62,8 @@ def test_a_wrong_checksum_is_fetched_again_once_then_an_error_naming_the_url(ser
         cache.get(url, len(data), _sha(b"other bytes"))
     assert url in str(e.value)
     assert cache.stats["bytes_fetched"] == 2 * len(data)
-    assert not os.path.exists(cache.path(url))  # nothing unverified under the final name
+    assert not os.path.exists(cache.path(url, _sha(b"other bytes")))  # nothing unverified under the final name
+    assert not os.path.exists(cache.path(url))
     assert not [n for n in os.listdir(cache.folder) if n.endswith(".part")]
     with pytest.raises(quern.SourceError, match="bytes, not"):
         cache.get(url, len(data) + 1)

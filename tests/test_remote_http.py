@@ -125,7 +125,7 @@ def test_damaged_bytes_on_the_server_are_fetched_again_once_then_an_error(folder
             src.read_many(np.asarray([0]))
         assert manifest["shards"][0]["file"] in str(e.value)
         assert len(_shard_gets(srv)) == 2  # fetched again once
-    assert not os.path.exists(cache.path(src.paths[0]))  # nothing damaged kept under its name
+    assert not os.path.exists(cache.path(src.paths[0], manifest["shards"][0]["sha256"]))  # nothing damaged kept
 
 
 def test_the_cache_folder_deleted_while_reading_is_made_again(folder, tmp_path):

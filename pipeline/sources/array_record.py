@@ -47,6 +47,25 @@ class ArrayRecordSource(Source):
     name, and the identity holds the manifest's SHA-256 checksums of the shards
     (exact, and free) instead of sampled hashes.
 
+    What is checked when a prepared folder opens (see
+    :mod:`~quern.pipeline.sources.prepared`): the manifest's form (names,
+    digests, types, counts that add up, at most one record per byte), each
+    local shard's size and its record count (from its footer), and that no
+    shard is a link leading outside the folder. A remote shard is checked when
+    it is read: its size and SHA-256 (when fetched) and its record count
+    against the manifest's (a :class:`SourceError` naming the shard: no record
+    of it is read under a wrong count; counts that are wrong but add up are
+    found at the first read of a wrong shard, as the other shards are not
+    fetched to open the folder). Not checked at open: a local
+    shard replaced by another of the same size and record count (other bytes):
+    only :func:`~quern.pipeline.sources.prepared.verify` (every byte against the
+    manifest's SHA-256) catches that, and until then the source reads the
+    other shard's records under the manifest's identity.
+
+    Files given by URL (``.array_record`` URLs) are fetched whole into the
+    cache when the source opens, keyed by their URL, size and ETag (or
+    modification time), so a file changed on the server is fetched again.
+
     The files must not change while the source is in use: an open reader of a
     file truncated or rewritten under it returns empty or stale records without
     an error. So each file's size, modification time (ns), inode and device are
@@ -90,8 +109,9 @@ class ArrayRecordSource(Source):
         if given and all(is_url(p) for p in given):  # files by URL: fetched whole at open, held in the cache
             self.cache = cache if cache is not None else ShardCache()
             self._file_urls = given
-            self.paths = [self.cache.get(u) for u in given]
-            self._pins = [self.cache.pin(u) for u in given]
+            held = [self.cache.get_pinned(u) for u in given]  # keyed by URL, size and ETag: a changed file is new
+            self.paths = [path for path, _ in held]
+            self._pins = [pin for _, pin in held]
             default = given[0].rstrip("/").rsplit("/", 1)[-1].split("-")[0].split(".")[0] or "array_record"
         elif one is not None and os.path.isdir(one):
             self.folder = os.path.abspath(one)
@@ -125,21 +145,22 @@ class ArrayRecordSource(Source):
         read (not cached), the shards are fetched into ``cache`` when first read."""
         import json
 
-        import fsspec
-
         base = url[: -len(prepared.MANIFEST)].rstrip("/") if url.endswith("/" + prepared.MANIFEST) else url.rstrip("/")
         murl = f"{base}/{prepared.MANIFEST}"
+        self.cache = cache if cache is not None else ShardCache()
         try:
-            with fsspec.open(murl, "rb") as f:
-                self.manifest = prepared.check_manifest(json.loads(f.read()), murl)
+            text = self.cache.read(murl)  # not cached; with the cache's connect and read timeouts
         except FileNotFoundError as e:
             raise SourceError(
                 f"ArrayRecordSource: {murl} does not exist: {base} is not a folder written by quern prepare, or its prepare did not finish"
             ) from e
-        except (OSError, ValueError) as e:
+        except SourceError as e:
+            raise SourceError(f"ArrayRecordSource: {e}") from e
+        try:
+            self.manifest = prepared.check_manifest(json.loads(text), murl)
+        except ValueError as e:
             raise SourceError(f"ArrayRecordSource: cannot read {murl}: {e}") from e
         self.folder = base
-        self.cache = cache if cache is not None else ShardCache()
         self.urls = [f"{base}/{s['file']}" for s in self.manifest["shards"]]
         self.paths = list(self.urls)
         self.name = name or base.rsplit("/", 1)[-1] or "prepared"
@@ -178,8 +199,7 @@ class ArrayRecordSource(Source):
             pairs = np.unique(np.stack([files, steps], axis=1), axis=0)  # (file, step), sorted by file then step
             cuts = np.flatnonzero(np.diff(pairs[:, 0])) + 1
             self._next_use = {
-                os.path.basename(self.cache.path(self.urls[int(part[0, 0])])): part[:, 1]
-                for part in np.split(pairs, cuts)
+                os.path.basename(self._cache_path(int(part[0, 0]))): part[:, 1] for part in np.split(pairs, cuts)
             }
             room = None if self.cache.capacity is None else 0.5 * self.cache.capacity
             for f in order.tolist():
@@ -187,7 +207,7 @@ class ArrayRecordSource(Source):
                     room -= self.manifest["shards"][f]["bytes"]
                     if room < 0:
                         break  # what would not fit would evict what is needed sooner
-                if f in self._fetching or os.path.exists(self.cache.path(self.urls[f])):
+                if f in self._fetching or os.path.exists(self._cache_path(f)):
                     continue
                 self._fetching.add(f)
                 self._fetcher.submit(self._fetch_one, f)
@@ -224,6 +244,11 @@ class ArrayRecordSource(Source):
             return self.paths[file_index]
         s = self.manifest["shards"][file_index]
         return self.cache.get(self.urls[file_index], s["bytes"], s["sha256"])
+
+    def _cache_path(self, file_index: int) -> str:
+        """Where remote shard ``file_index`` is (or will be) in the cache: named by its SHA-256."""
+        assert self.urls is not None and self.cache is not None and self.manifest is not None
+        return self.cache.path(self.urls[file_index], self.manifest["shards"][file_index]["sha256"])
 
     def _reader(self, file_index: int) -> Any:
         """A reader of file ``file_index`` for this thread's exclusive use; give it back to ``self._pool``."""
@@ -264,14 +289,25 @@ class ArrayRecordSource(Source):
     def _remote_reader(self, file_index: int) -> Any:
         from array_record.python import array_record_module
 
-        assert self.cache is not None
-        path = self.local_path(file_index)
-        pin = self.cache.pin(self.urls[file_index])  # type: ignore[index]
+        assert self.cache is not None and self.urls is not None and self.manifest is not None
+        s = self.manifest["shards"][file_index]
+        path, pin = self.cache.get_pinned(self.urls[file_index], s["bytes"], s["sha256"])  # in use before it is read
         try:
             r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
+            if not r.ok():
+                r.read([0])  # the reader keeps the failure status: reading raises it
+                raise SourceError("reader is not ok")
         except Exception as e:
             pin.close()
             raise SourceError(f"ArrayRecordSource: cannot open the cached copy of {self.paths[file_index]}: {e}") from e
+        if r.num_records() != s["records"]:  # the bytes are the manifest's, its count is not theirs
+            got = r.num_records()
+            r.close()
+            pin.close()
+            raise SourceError(
+                f"ArrayRecordSource: {self.folder}: shard {s['file']!r} holds {got} records; its manifest says "
+                f"{s['records']}: the manifest is wrong (its record ids would map to other records)"
+            )
         return _Pinned(r, pin)
 
     def __len__(self) -> int:
@@ -311,16 +347,16 @@ class ArrayRecordSource(Source):
                 f"ArrayRecordSource {self.name!r} has no metadata: it reads files, not a folder written by quern prepare"
             )
         if self._metadata is None and self.urls is not None and self.cache is not None:  # remote: via the cache
-            folder = os.path.join(self.cache.folder, "metadata-" + self.manifest["job"])
-            os.makedirs(os.path.join(folder, "metadata"), exist_ok=True)
-            for spec in self.manifest["metadata"].values():
-                local = self.cache.get(f"{self.folder}/{spec['file']}", sha256=spec["sha256"])
-                target = os.path.join(folder, spec["file"])
-                if not os.path.exists(target):  # the metadata folder's layout, linked to the cached files
-                    tmp = f"{target}.{os.getpid()}.tmp"
-                    os.link(local, tmp)
-                    os.replace(tmp, target)
-            self._metadata = prepared.load_metadata(folder, self.manifest)
+            pins = []
+            try:
+                files = {}  # each read from its cache entry (named by its SHA-256), held in use while it loads
+                for field, spec in self.manifest["metadata"].items():
+                    files[field], pin = self.cache.get_pinned(f"{self.folder}/{spec['file']}", sha256=spec["sha256"])
+                    pins.append(pin)
+                self._metadata = prepared.load_metadata(self.folder, self.manifest, files)
+            finally:
+                for pin in pins:
+                    pin.close()
         if self._metadata is None:
             self._metadata = prepared.load_metadata(self.folder, self.manifest)
         return self._metadata

@@ -241,8 +241,9 @@ class ParquetSource(Source):
         if given and all(is_url(p) for p in given):  # fetched whole into the disk cache, held there while open
             self.cache = cache if cache is not None else ShardCache()
             self.urls = given
-            self.paths = [self.cache.get(u) for u in given]
-            self._pins = [self.cache.pin(u) for u in given]
+            held = [self.cache.get_pinned(u) for u in given]  # keyed by URL, size and ETag: a changed file is new
+            self.paths = [path for path, _ in held]
+            self._pins = [pin for _, pin in held]
         else:
             self.paths = expand_paths(paths, "ParquetSource")
         self._files = FileStats("ParquetSource", self.paths)  # before reading them

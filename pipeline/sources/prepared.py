@@ -24,10 +24,22 @@ no timestamp, host name or absolute path, so the folder can be copied or moved:
   ``skipped`` (records skipped with ``--skip-errors``: a count and the first
   errors).
 
-:func:`open_manifest` reads a manifest and checks that every shard it names is
-there with its size (a stat per shard); :func:`verify` also checks every byte
-against the checksums; :func:`load_metadata` checks the metadata files'
-checksums as it loads them.
+:func:`check_manifest` checks a manifest's form, whoever wrote it (a server
+may be hostile): every key there and of its type, ``job`` a hex digest, every
+``sha256`` one, every shard a plain file name in the folder (``shard-...``)
+and every metadata file ``metadata/<plain name>`` (no ``..``, no ``/`` or
+``\\`` inside a name, no NUL or control character), record counts that add up
+to ``records.count`` and at most one record per byte of each shard (prepare
+writes one chunk per record). :func:`open_manifest` also checks that every
+shard it names is there with its size (a stat per shard) and that no shard or
+metadata file is a link that leads outside the folder; the ArrayRecord source
+then checks each shard's record count against its footer.
+
+What only :func:`verify` (or :func:`load_metadata`, for the metadata files)
+catches: a shard replaced by another of the same size and record count (the
+manifest's SHA-256 checksums are the folder's identity, and hashing every
+shard at every open would read the whole folder); the source then reads the
+other shard's records under the manifest's identity.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -58,6 +71,8 @@ STAGING = ".quern-prepare"  # where an unfinished prepare keeps its plan, finish
 FORMAT = "quern-prepared"
 VERSION = 1
 _KEYS = ("format", "version", "shards", "records", "metadata", "input", "map", "options", "job", "skipped")
+_HEX = re.compile(r"[0-9a-f]{16,64}")  # job: what prepare writes is 32 hex digits
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def file_sha256(path: str, chunk: int = 8 << 20) -> str:
@@ -75,12 +90,39 @@ def is_prepared(path: str | os.PathLike) -> bool:
     return os.path.isdir(p) and (os.path.exists(os.path.join(p, MANIFEST)) or os.path.exists(os.path.join(p, STAGING)))
 
 
-def _inside(folder: str, name: Any, what: str, manifest: str | None = None) -> str:
-    """``folder/name`` for a manifest's relative file name; anything that leaves the folder is refused."""
-    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
-        where = manifest or os.path.join(folder, MANIFEST)
-        raise SourceError(f"{where!r}: {what} {name!r} is not a file name inside the folder")
-    return os.path.join(folder, name)
+def _plain(name: Any) -> bool:
+    """Whether ``name`` is one plain file name: not empty, ``.`` or ``..``, no ``/``, ``\\``, NUL or
+    control character, at most 255 bytes."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name)
+        and len(name.encode("utf-8", "surrogatepass")) <= 255
+    )
+
+
+def _form(name: Any, metadata: bool) -> bool:
+    """Whether ``name`` has the form prepare writes: a plain name (a shard), ``metadata/<plain name>``."""
+    if not metadata:
+        return _plain(name)
+    return isinstance(name, str) and name.startswith("metadata/") and _plain(name[len("metadata/") :])
+
+
+def _inside(folder: str, name: Any, what: str, manifest: str | None = None, metadata: bool = False) -> str:
+    """``folder/name`` for a manifest's relative file name: anything not of the form prepare writes
+    (:func:`_form`) is refused, and so is a path that resolves (links followed) outside ``folder``."""
+    where = manifest or os.path.join(folder, MANIFEST)
+    if not _form(name, metadata):
+        form = "'metadata/<name>'" if metadata else "a plain file name"
+        raise SourceError(f"{where!r}: {what} {name!r} is not a file name inside the folder ({form})")
+    path = os.path.join(folder, name)
+    if folder:
+        root, real = os.path.realpath(folder), os.path.realpath(path)
+        if os.path.commonpath([root, real]) != root or real == root:
+            raise SourceError(
+                f"{where!r}: {what} {name!r} is a link that leads outside the folder (to {real!r}): refused"
+            )
+    return path
 
 
 def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
@@ -103,7 +145,10 @@ def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise SourceError(f"{path!r}: cannot read the manifest: {e}") from e
     for s in m["shards"]:
-        file = _inside(folder, s.get("file"), "shard")
+        file = os.path.join(folder, s["file"])
+        if not os.path.lexists(file):
+            raise SourceError(f"{folder!r}: shard {s['file']!r} named by the manifest is missing")
+        _inside(folder, s["file"], "shard")
         if not os.path.exists(file):
             raise SourceError(f"{folder!r}: shard {s['file']!r} named by the manifest is missing")
         size = os.path.getsize(file)
@@ -113,16 +158,21 @@ def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
                 "(truncated or replaced)"
             )
     for field, spec in m["metadata"].items():
-        file = _inside(folder, spec.get("file"), f"metadata field {field!r}")
+        file = os.path.join(folder, spec["file"])
+        if os.path.lexists(file):
+            _inside(folder, spec["file"], f"metadata field {field!r}", metadata=True)
         if not os.path.exists(file):
             raise SourceError(f"{folder!r}: metadata file {spec['file']!r} (field {field!r}) is missing")
     return m
 
 
 def check_manifest(m: Any, path: str) -> dict[str, Any]:
-    """``m`` (a parsed manifest read from ``path``, a file or a URL) checked for its form:
-    format, version, every key, shards and metadata files named inside the folder.
-    Raises :class:`SourceError` naming what is wrong."""
+    """``m`` (a parsed manifest read from ``path``, a file or a URL) checked for its form
+    (see the module docstring): format, version, every key and its type, names and digests.
+
+    Raises:
+        SourceError: naming ``path`` and the key or file that is wrong.
+    """
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise SourceError(f"{path!r} is not a quern prepare manifest (format {FORMAT!r})")
     if m.get("version") != VERSION:
@@ -130,14 +180,56 @@ def check_manifest(m: Any, path: str) -> dict[str, Any]:
     missing = [k for k in _KEYS if k not in m]
     if missing:
         raise SourceError(f"{path!r} is incomplete: it lacks {missing}")
-    if not m["shards"]:
+
+    def wrong(key: str, value: Any, want: str) -> SourceError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return SourceError(f"{path!r}: {key} is {shown} ({type(value).__name__}); a manifest has {want} there")
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(m["job"], str) or not _HEX.fullmatch(m["job"]):
+        raise wrong("'job'", m["job"], "the hex digest of the prepare job")
+    shards, records, metadata = m["shards"], m["records"], m["metadata"]
+    if not isinstance(shards, list):
+        raise wrong("'shards'", shards, "a list of {file, records, bytes, sha256}")
+    if not shards:
         raise SourceError(f"{path!r} names no shard")
-    for s in m["shards"]:
+    if not isinstance(records, dict):
+        raise wrong("'records'", records, "{count, type}")
+    if not count(records.get("count")):
+        raise wrong("'records.count'", records.get("count"), "a record count")
+    if records.get("type") not in ("bytes", "array") or (
+        records["type"] == "array" and not isinstance(records.get("dtype"), str)
+    ):
+        raise wrong("'records.type'", records.get("type"), "'bytes', or 'array' with a 'dtype'")
+    if not isinstance(metadata, dict):
+        raise wrong("'metadata'", metadata, "{field: {file, dtype, sha256}}")
+    for k, s in enumerate(shards):
+        if not isinstance(s, dict):
+            raise wrong(f"'shards[{k}]'", s, "{file, records, bytes, sha256}")
         _inside("", s.get("file"), "shard", path)
-        if not isinstance(s.get("bytes"), int) or not isinstance(s.get("records"), int) or "sha256" not in s:
+        if not count(s.get("bytes")) or not count(s.get("records")) or "sha256" not in s:
             raise SourceError(f"{path!r}: shard {s.get('file')!r} lacks its bytes, records or sha256")
-    for field, spec in m["metadata"].items():
-        _inside("", spec.get("file"), f"metadata field {field!r}", path)
+        if not isinstance(s["sha256"], str) or not _SHA256.fullmatch(s["sha256"]):
+            raise wrong(f"the sha256 of shard {s['file']!r}", s["sha256"], "64 lowercase hex digits")
+        if s["records"] > s["bytes"]:  # prepare writes one chunk (tens of bytes) per record
+            raise SourceError(
+                f"{path!r}: shard {s['file']!r} claims {s['records']} records in {s['bytes']} bytes: a prepared "
+                "shard holds at least one byte per record"
+            )
+    total = sum(s["records"] for s in shards)
+    if total != records["count"]:
+        raise SourceError(f"{path!r}: its shards hold {total} records in all; 'records.count' says {records['count']}")
+    for field, spec in metadata.items():
+        if not isinstance(spec, dict):
+            raise wrong(f"'metadata[{field!r}]'", spec, "{file, dtype, sha256}")
+        _inside("", spec.get("file"), f"metadata field {field!r}", path, metadata=True)
+        if not isinstance(spec.get("dtype"), str):
+            raise wrong(f"the dtype of metadata field {field!r}", spec.get("dtype"), "a NumPy dtype name")
+        if not isinstance(spec.get("sha256"), str) or not _SHA256.fullmatch(spec["sha256"]):
+            raise wrong(f"the sha256 of metadata field {field!r}", spec.get("sha256"), "64 lowercase hex digits")
     return m
 
 
@@ -148,8 +240,8 @@ def verify(folder: str | os.PathLike, manifest: dict[str, Any] | None = None) ->
     m = manifest if manifest is not None else open_manifest(folder)
     files = [(s["file"], s["sha256"]) for s in m["shards"]]
     files += [(spec["file"], spec["sha256"]) for spec in m["metadata"].values()]
-    for name, want in files:
-        got = file_sha256(_inside(folder, name, "file"))
+    for k, (name, want) in enumerate(files):
+        got = file_sha256(_inside(folder, name, "file", metadata=k >= len(m["shards"])))
         if got != want:
             raise SourceError(
                 f"{folder!r}: {name!r} does not match its checksum in the manifest (sha256 {got[:16]}..., "
@@ -157,21 +249,36 @@ def verify(folder: str | os.PathLike, manifest: dict[str, Any] | None = None) ->
             )
 
 
-def load_metadata(folder: str | os.PathLike, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+def load_metadata(
+    folder: str | os.PathLike, manifest: dict[str, Any], files: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
     """The metadata index of a prepared folder: ``{field: read-only array}`` with one
-    value per record, each file checked against its checksum."""
+    value per record, each file checked against its checksum.
+
+    Args:
+        folder: the prepared folder (or its URL, with ``files``).
+        manifest: its manifest, checked (:func:`check_manifest`).
+        files: where each field's file is read from instead of ``folder/<file>`` (a remote
+            folder's copies in the disk cache); errors name ``folder/<file>``.
+    """
     folder = os.fspath(folder)
     out: dict[str, np.ndarray] = {}
     count = manifest["records"]["count"]
     for field, spec in sorted(manifest["metadata"].items()):
-        path = _inside(folder, spec["file"], f"metadata field {field!r}")
+        if files is None:
+            path = shown = _inside(folder, spec["file"], f"metadata field {field!r}", metadata=True)
+        else:
+            path, shown = files[field], f"{folder}/{spec['file']}"
         if file_sha256(path) != spec["sha256"]:
-            raise SourceError(f"{path!r} (metadata field {field!r}) does not match its checksum in the manifest")
-        arr = np.load(path, allow_pickle=False)
-        if arr.shape != (count,) or str(arr.dtype) != spec["dtype"]:
+            raise SourceError(f"{shown!r} (metadata field {field!r}) does not match its checksum in the manifest")
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise SourceError(f"{shown!r}: metadata field {field!r} is not a NumPy array file: {e}") from e
+        if not isinstance(arr, np.ndarray) or arr.shape != (count,) or str(arr.dtype) != spec["dtype"]:
             raise SourceError(
-                f"{path!r}: metadata field {field!r} has shape {arr.shape} and dtype {arr.dtype}; the manifest "
-                f"says ({count},) and {spec['dtype']}"
+                f"{shown!r}: metadata field {field!r} has shape {getattr(arr, 'shape', None)} and dtype "
+                f"{getattr(arr, 'dtype', None)}; the manifest says ({count},) and {spec['dtype']}"
             )
         arr.setflags(write=False)
         out[field] = arr
