@@ -501,6 +501,11 @@ def prepare(
     fields = tuple(fields)
     if "length" in fields or "record" in fields:
         raise ValueError("prepare: 'length' is always in the metadata, and 'record' names the record: not fields")
+    bad = [
+        f for f in fields if not isinstance(f, str) or f in ("", ".", "..") or any(c in "/\\" or ord(c) < 32 for c in f)
+    ]
+    if bad:  # each field is the file metadata/<field>.npy: one plain file name (readers refuse any other)
+        raise ValueError(f"prepare: field name {bad[0]!r} is not a plain file name (no '/', '\\' or control character)")
     if workers is not None and (not isinstance(workers, int) or workers < 0):
         raise ValueError(f"prepare: workers must be an int >= 0, got {workers!r}")
     options_text = _shards.writer_options(compression)

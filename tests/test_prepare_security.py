@@ -411,3 +411,14 @@ def test_a_map_global_set_at_import_runs_in_the_worker_processes(workdir, instal
     b = prepare(inputs, workdir / "B", map=mod.cut, shard_size="4KB", workers=0, progress=False)
     assert len(a["shards"]) > 1
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+
+
+@pytest.mark.parametrize("field", ["../x", "a/b", "a\\b", "", "..", "x\ny"])
+def test_a_field_name_that_is_not_a_plain_file_name_is_refused(workdir, field):
+    """A field is the file ``metadata/<field>.npy``: a name with a separator would write elsewhere, and a
+    reader refuses such a manifest; prepare refuses it first, naming it, before writing anything."""
+    inputs = write_files(workdir / "IN", {"a.bin": b"x" * 10})
+    with pytest.raises(ValueError, match="is not a plain file name") as e:
+        prepare(inputs, workdir / "OUT", fields=[field], progress=False)
+    assert repr(field) in str(e.value)
+    assert not (workdir / "OUT").exists()
