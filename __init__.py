@@ -23,6 +23,7 @@ from quern.pipeline.errors import (
     ScanError,
     SourceError,
     StepError,
+    StepTimeoutError,
     WorkerError,
 )
 from quern.pipeline.loader import PipelineIterator
@@ -51,6 +52,7 @@ __all__ = [
     "mix",
     "ScanError",
     "StepError",
+    "StepTimeoutError",
     "SourceError",
     "WorkerError",
     "CollateError",

@@ -732,6 +732,7 @@ class Pipeline:
         lookahead: int = 64,
         prefetch_memory: int = 2 << 30,
         timings: bool = True,
+        step_timeout: float | None = None,
     ) -> PipelineIterator:
         """An iterator yielding ``batch_at(s)`` for ``s = start_step, start_step+1, ...``.
 
@@ -749,6 +750,7 @@ class Pipeline:
             lookahead=lookahead,
             prefetch_memory=prefetch_memory,
             timings=timings,
+            step_timeout=step_timeout,
         )
 
     def resume(self, state: dict[str, Any], force: bool = False, **iterator_kwargs: Any) -> PipelineIterator:

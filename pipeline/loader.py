@@ -11,16 +11,20 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures as cf
+import math
+import numbers
 import os
+import sys
 import threading
 import time
 import weakref
 from typing import Any
 
 from . import execute
+from .errors import StepTimeoutError, exit_if_forked
 from .index import check_int, host_rows
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
-from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
+from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window, stage_now
 from .workers import WorkerPool, sigint_deferred
 
 __all__ = ["PipelineIterator", "PREFETCH", "PREFETCH_MEMORY", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
@@ -78,6 +82,25 @@ class PipelineIterator:
     ahead in that order, and the cache evicts the one needed furthest ahead
     (see :mod:`quern.pipeline.lookahead`). It changes no byte of a batch.
 
+    ``step_timeout`` (seconds, default ``None``: no deadline): when ``next()`` has
+    waited that long for its step's batch, it raises :class:`quern.StepTimeoutError`
+    (a ``StepError`` and a ``TimeoutError``) naming the step, host slice, stage and
+    timeout. What is measured: from the moment ``next()`` begins waiting for step
+    ``s`` (so a step computed ahead has had longer), not counting the time a worker
+    process spends starting; with the threads, the clock starts again whenever the
+    thread computing the chunk moves on to another step. The wait can include the
+    bulk read of the records of the steps computed together with ``s`` (a chunk or
+    task of up to ``read_ahead`` steps, or a remote shard's fetch): allow for that,
+    or pass a smaller ``read_ahead``. With workers, the worker computing ``s`` is
+    asked which stage it is in, killed, and a new one started in its place; the
+    iterator stays usable: ``next()`` again computes step ``s`` again. With
+    ``num_workers=0`` the thread computing it cannot be stopped (Python cannot kill a
+    thread): it is left running (each chunk then runs on a daemon thread of its own,
+    so a stuck one never keeps the process from exiting, nor ``close()`` from
+    returning), and the iterator cannot go on: ``next()`` raises ``RuntimeError``
+    saying so; close it, and make a new one to retry. The deadline never changes a
+    byte of a batch.
+
     ``timings=True`` (the default) measures the seconds per stage (read, each
     transform, collate, send, handover) in the threads or workers; ``stats()``
     gives them, with the data wait and bubble rate of the caller's loop (see
@@ -122,6 +145,7 @@ class PipelineIterator:
         lookahead: int = LOOKAHEAD,
         prefetch_memory: int = PREFETCH_MEMORY,
         timings: bool = True,
+        step_timeout: float | None = None,
     ) -> None:
         self._closed = True
         self._pid = os.getpid()  # the process it belongs to
@@ -136,6 +160,10 @@ class PipelineIterator:
         self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
         self.prefetch_memory = check_int(prefetch_memory, "prefetch_memory", 1)
         self.timed = bool(timings)
+        self.step_timeout = _check_step_timeout(step_timeout)
+        self._failed: StepTimeoutError | None = None  # num_workers=0: a step timed out, its thread left running
+        self._abandon = threading.Event()  # ...and the prefetch threads stop waiting for the stuck chunk
+        self._computing: dict[int, threading.Thread] = {}  # with step_timeout: first step -> thread computing it
         self.clock = StepClock()  # the caller's side: data wait, step period
         self.timings: dict[str, float] = {}  # seconds per stage, over the threads' chunks (workers: the pool's)
         self._computed = 0  # steps the threads computed (whose stage times are in timings)
@@ -148,6 +176,7 @@ class PipelineIterator:
                 f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
                 "each worker process computes its steps on one thread"
             )
+        execute.check_hosts(pipe, process_count)  # every bucket's batch size, before the first step
         lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
         # remote sources: fetch the files of the next steps ahead, in the order they are read
         lookahead = check_int(lookahead, "lookahead", 0)
@@ -273,13 +302,18 @@ class PipelineIterator:
     def _next(self) -> Any:
         if self._closed:
             raise RuntimeError("iterator is closed")
+        if self._failed is not None:
+            raise RuntimeError(
+                f"this iterator cannot go on: {self._failed.args[0]}\n(close it; to retry, make a new one with "
+                f"pipe.iterator(start_step={self.step}, ...))"
+            )
         if self._end is not None and self.step >= self._end:
             self._stop_workers()  # the stream is over: free the processes now
             raise StopIteration
         if self._lookahead is not None:
             self._lookahead.advance(self.step)
         if self._workers is not None:
-            batch = self._workers.get(self.step, stop=self._stopping)
+            batch = self._workers.get(self.step, stop=self._stopping, timeout=self.step_timeout)
             self._adapt(batch)
             self.step += 1
             return batch
@@ -287,6 +321,8 @@ class PipelineIterator:
             self._fill()
             first, count, fut = self._pending.popleft()
             assert first == self.step
+            moved: object = None  # with step_timeout: the step the chunk's thread was last seen in...
+            since = time.monotonic()  # ...since then
             try:
                 while True:  # wait, but give up if the iterator is closed (by another thread) meanwhile
                     try:
@@ -300,9 +336,16 @@ class PipelineIterator:
                             raise
                         if self._stop_waiting:
                             raise RuntimeError("iterator closed while next() was waiting for its batch") from None
+                    if self.step_timeout is not None:
+                        thread = self._computing.get(first)
+                        now = stage_now(_frame_of(thread))
+                        if now.where != moved:  # it moved on to another step: the clock starts again
+                            moved, since = now.where, time.monotonic()
+                        elif time.monotonic() - since >= self.step_timeout:
+                            self._time_out(first, count, thread, str(now))
             except BaseException as e:
                 self._drop_pending()  # failed steps are recomputed if next() is called again
-                if count == 1 or not isinstance(e, Exception) or self._stop_waiting:
+                if count == 1 or not isinstance(e, Exception) or self._stop_waiting or e is self._failed:
                     raise
                 # the chunk failed at one of its steps: redo them one at a time so that an
                 # error surfaces at exactly its own step and the good steps before it are yielded
@@ -313,6 +356,21 @@ class PipelineIterator:
         self._fill(taking=1)
         self.step += 1
         return self._ready.popleft()
+
+    def _time_out(self, first: int, count: int, thread: threading.Thread | None, where: str) -> None:
+        """Step ``self.step`` has not come within ``step_timeout``: raise :class:`StepTimeoutError`
+        and stop the iterator, leaving the thread that computes the chunk running."""
+        steps = f"step {first}" if count == 1 else f"steps {first}..{first + count - 1}"
+        name = f" ({thread.name})" if thread is not None else ""
+        self._failed = StepTimeoutError(
+            f"step {self.step} (host {self.process_index} of {self.process_count}): no batch within step_timeout="
+            f"{self.step_timeout:g} s; the thread computing {steps}{name} is stuck {where}. Python cannot stop a "
+            "thread: it is left running (a daemon thread, which does not keep the process from exiting), and this "
+            "iterator cannot go on: close it (with num_workers > 0 a stuck worker process is killed and replaced "
+            "instead, and the iterator goes on)"
+        )
+        self._abandon.set()  # the prefetch threads stop waiting for their chunks: close() never waits for it
+        raise self._failed
 
     def _adapt(self, batch: Any) -> None:
         """With ``prefetch=None``: every few steps, the prefetch window from the step
@@ -336,10 +394,12 @@ class PipelineIterator:
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
+            args = (self.pipe, nxt, count, self.process_index, self.process_count, self.timed, self._pid)
             with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
-                fut = self._pool.submit(
-                    _compute, self.pipe, nxt, count, self.process_index, self.process_count, self.timed
-                )
+                if self.step_timeout is None:
+                    fut = self._pool.submit(_compute, *args)
+                else:
+                    fut = self._pool.submit(_compute_on_own_thread, self._abandon, self._computing, *args)
                 self._pending.append((nxt, count, fut))
             nxt += count
             ahead += count
@@ -513,13 +573,69 @@ class PipelineIterator:
 _Chunk = tuple[list[Any], dict[str, float], float]
 
 
-def _compute(pipe: execute.Definition, first: int, count: int, index: int, hosts: int, timed: bool) -> _Chunk:
+def _compute(
+    pipe: execute.Definition, first: int, count: int, index: int, hosts: int, timed: bool, owner: int
+) -> _Chunk:
     """On a prefetch thread: the batches of ``count`` steps from ``first``, the seconds
-    per stage they took (empty when not ``timed``) and the wall time."""
+    per stage they took (empty when not ``timed``) and the wall time. In a process
+    that a transform forked from ``owner`` (the iterator's process) and that came back
+    here, it ends that process instead (:func:`~quern.pipeline.errors.exit_if_forked`):
+    a copy with none of the other threads would wait for them forever."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
+    exit_if_forked(owner, "the iterator's process")
     return batches, timings, time.perf_counter() - t0
+
+
+def _compute_on_own_thread(
+    abandon: threading.Event, computing: dict[int, threading.Thread], pipe: execute.Definition, first: int, *args: Any
+) -> _Chunk:
+    """On a prefetch thread, with ``step_timeout``: :func:`_compute` on a daemon thread of
+    its own (recorded in ``computing`` while it runs, so the iterator can see its stage),
+    waited for here until it ends or ``abandon`` is set (a step timed out): then this
+    prefetch thread is free (``close()`` and interpreter exit can join it) and the
+    daemon thread is left running."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append((True, _compute(pipe, first, *args)))
+        except BaseException as e:
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name=f"quern-step-{first}", daemon=True)
+    computing[first] = thread
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            if abandon.is_set() and thread.is_alive():
+                raise RuntimeError(f"the iterator gave up on steps from {first} (step_timeout)")
+    finally:
+        computing.pop(first, None)
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _frame_of(thread: threading.Thread | None) -> Any:
+    """The innermost frame of ``thread`` (``None`` when it is not running)."""
+    ident = thread.ident if thread is not None else None
+    return sys._current_frames().get(ident) if ident is not None else None
+
+
+def _check_step_timeout(value: object) -> float | None:
+    """``step_timeout``: ``None`` or a finite number of seconds above 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"step_timeout must be a number of seconds or None, got {value!r} ({type(value).__name__})")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"step_timeout must be a finite number of seconds above 0, or None; got {value!r}")
+    return seconds
 
 
 _LIVE: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()

@@ -17,6 +17,9 @@ figure here ever changes a byte of a batch):
   :data:`ALARM` (80%) alarm, warning between.
 - :func:`prefetch_window` is the rule of thumb for the host prefetch depth,
   ``max(2 x step time / load time, 5)`` batches, within a memory budget.
+- :func:`stage_now` says which step and stage a thread is in, from its frames
+  (the iterators' ``step_timeout``); :func:`report_stage_on_signal` makes a worker
+  process answer that question when the parent signals it.
 
 :data:`LIVE` holds the iterators of this process, for :mod:`quern.metrics`.
 """
@@ -25,10 +28,13 @@ from __future__ import annotations
 
 import collections
 import math
+import os
+import signal
 import sys
 import time
 import weakref
-from typing import Any
+from types import FrameType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +55,11 @@ __all__ = [
     "StepClock",
     "health",
     "prefetch_window",
+    "STAGE_FD_ENV",
+    "STAGE_SIGNAL",
+    "StageNow",
+    "report_stage_on_signal",
+    "stage_now",
 ]
 
 HEALTHY = 0.5  # data wait under this fraction of the step time: healthy
@@ -219,3 +230,90 @@ def prefetch_window(step_s: float | None, load_s: float | None, batch_bytes: int
         want = max(math.ceil(2 * step_s / load_s - 1e-9), MIN_WINDOW)
     fit = budget // batch_bytes if batch_bytes else MAX_WINDOW
     return max(1, min(want, fit, MAX_WINDOW))
+
+
+# --------------------------------------------------------------------------- where a step is now
+
+STAGE_SIGNAL = signal.SIGUSR1  # the parent asks a worker where it is (step_timeout)
+STAGE_FD_ENV = "QUERN_STAGE_FD"  # in a worker pool's processes: the datagram socket the answers go to
+# the step runner's functions, one per stage: the innermost one on a thread's stack is its stage
+_STAGE_FUNCTIONS = frozenset({"read", "apply_record_op", "collate_rows", "apply_batch_op", "_lay_rows"})
+_RUNNER = "quern.pipeline.execute"
+
+
+class StageNow(NamedTuple):
+    """Where a thread computing steps is: ``where`` the step(s) and host slice (``""``
+    when it is in no stage), ``stage`` the stage (and row), ``at`` the innermost
+    Python function and line it is running."""
+
+    where: str
+    stage: str
+    at: str
+
+    def __str__(self) -> str:
+        if not self.where:
+            return f"in no stage of a step, {self.at}"
+        return f"in {self.where}, {self.stage}, {self.at}"
+
+
+def stage_now(frame: FrameType | None) -> StageNow:
+    """Where the thread whose innermost frame is ``frame`` is: the innermost frame of one
+    of the step runner's stage functions (:mod:`quern.pipeline.execute`) names the step
+    and the stage (``read``, ``map[k] NAME`` with its row, ``collate``, a batch
+    transform, ``pack``), from its local variables. Reads the frames only (safe on
+    another thread's frames, or in a signal handler); never raises."""
+    at = "at an unknown place"
+    try:
+        if frame is not None:
+            code = frame.f_code
+            at = f"at {code.co_qualname} ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
+        f = frame
+        while f is not None:
+            if f.f_code.co_name in _STAGE_FUNCTIONS and f.f_globals.get("__name__") == _RUNNER:
+                return StageNow(str(f.f_locals.get("where", "a step")), _stage_text(f), at)
+            f = f.f_back
+    except Exception:
+        pass
+    return StageNow("", "", at)
+
+
+def _stage_text(f: FrameType) -> str:
+    """The stage that the step runner's frame ``f`` runs (see :func:`stage_now`)."""
+    name, local = f.f_code.co_name, f.f_locals
+    try:
+        if name == "read":
+            return f"stage 'read' of source {local['src'].name!r}"
+        if name == "collate_rows":
+            return "stage 'collate'"
+        if name == "_lay_rows":
+            return "stage 'pack'"
+        if name == "apply_batch_op":
+            return f"stage {local['op'].label(local['k'])}"
+        text = f"stage {local.get('stage') or local['op'].label(local['k'])}"
+        if "i" in local and local.get("many") is None:  # one record at a time: its row
+            i, names = local["i"], local["names"]
+            text += f", row {names.step_row(i)} = {names.row(i)} (position {int(local['positions'][i])})"
+        return text
+    except Exception:
+        return f"stage unknown ({name})"
+
+
+def report_stage_on_signal() -> None:
+    """In a worker process of a pool made with ``step_timeout``: answer
+    :data:`STAGE_SIGNAL` with one datagram, ``b"<pid>\\0<where>"`` (:func:`stage_now` of
+    the main thread), on the socket whose descriptor is in the environment
+    (:data:`STAGE_FD_ENV`). Does nothing without one. The handler only reads and
+    sends; it never disturbs the step being computed."""
+    try:
+        fd = int(os.environ.get(STAGE_FD_ENV, ""))
+        os.fstat(fd)
+    except (ValueError, OSError):
+        return
+
+    def answer(signum: int, frame: FrameType | None) -> None:
+        try:
+            os.write(fd, f"{os.getpid()}\0{stage_now(frame)}".encode(errors="replace")[:8192])
+        except Exception:
+            pass  # nobody listens any more, or the socket is full: the parent says "no answer"
+
+    signal.signal(STAGE_SIGNAL, answer)

@@ -47,10 +47,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from . import execute, samedef, shm
-from .errors import StepError
+from .errors import StepError, exit_if_forked
 from .lookahead import cache_counts
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Task
-from .timing import SEND, Clock
+from .timing import SEND, Clock, report_stage_on_signal
 
 __all__ = ["main", "serve"]
 
@@ -149,7 +149,9 @@ def _exit_status(e: SystemExit) -> int:
 
 def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
     """Say the worker is ready, then compute the tasks the parent sends, until end of file."""
-    shm.send(sock, Ready(os.getpid()))
+    me = os.getpid()
+    report_stage_on_signal()  # step_timeout: the parent may ask where a stuck step is
+    shm.send(sock, Ready(me))
     slots: dict[int, shm.Buffer] = {}
     reported = cache_counts(pipe)  # the disk caches' counters the parent has (its own reads are not ours)
     while True:
@@ -167,6 +169,7 @@ def _serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None
         results = execute.step_results(pipe, msg.steps, index, count, timings)
         last = msg.steps[-1]
         for (step, batch, error), slot in zip(results, msg.slots):
+            exit_if_forked(me, "worker process")  # a transform's forked child came back here: it must not answer
             clock.t = time.perf_counter()
             if error is None:
                 try:

@@ -52,7 +52,23 @@ when the iterator reaches that step. The server and workers ignore SIGINT (the
 parent handles Ctrl-C and closes them). When the parent closes the pool the
 server kills and reaps every worker and exits; when the parent dies, the server
 and the workers see their sockets close and exit (and a forked worker dies with
-its server).
+its server). A worker that the fork server reports ended is replaced even
+while its socket stays open (a process that a transform forked holds a copy of
+it); a process that a transform forked and that comes back from the transform
+into the worker's code ends at once, saying so on stderr
+(:func:`quern.pipeline.errors.exit_if_forked`), so that it never computes or
+answers in the worker's place.
+
+Deadlines (``pipe.iterator(step_timeout=T)``): when :meth:`WorkerPool.get` has
+waited ``T`` seconds for a step (not counting the time its worker spent
+starting), the worker is sent :data:`~quern.pipeline.timing.STAGE_SIGNAL`; its
+handler answers with the step and stage its main thread is in (read from the
+frames, :func:`quern.pipeline.timing.stage_now`) on a datagram socket that every
+process of the pool inherits, without disturbing it. The worker is then killed
+(through the fork server) and replaced, and :class:`StepTimeoutError` names the
+step, host slice, stage (or that the worker did not answer within
+:data:`_STAGE_GRACE` seconds: native code that holds the GIL) and timeout; its
+undelivered steps go to the new worker, so asking for the step again retries it.
 
 Processes: a pool belongs to the process that made it. In a process forked
 from that one (``os.fork``, multiprocessing's "fork"), :meth:`WorkerPool.forget`
@@ -78,10 +94,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import execute, shm
-from .errors import StepError, WorkerError
+from .errors import StepError, StepTimeoutError, WorkerError
 from .index import host_rows
 from .messages import Done, Drop, ErrorReport, Exited, Failed, Fatal, Fork, Forked, Init, Kill, Ready, Span, Task
-from .timing import HANDOVER, MAX_WINDOW, add, ema
+from .timing import HANDOVER, MAX_WINDOW, STAGE_FD_ENV, STAGE_SIGNAL, add, ema
 
 __all__ = ["WorkerPool", "WorkerError", "sigint_deferred"]
 
@@ -99,6 +115,7 @@ READERS = {
 }
 _EXIT_GRACE = 1.0  # seconds a worker whose socket closed has to end by itself before it is killed
 _SERVER_STOP = 10.0  # seconds the fork server has to stop its workers and exit before it is killed
+_STAGE_GRACE = 2.0  # step_timeout: seconds a stuck worker has to say where it is before it is killed
 
 
 class _SigintDeferred:
@@ -187,21 +204,32 @@ class _Server:
 
     def __init__(self) -> None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # where a stuck worker says it is (step_timeout): datagrams, which never mix, from any worker
+        stages, their_stages = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        stages.setblocking(False)
+        their_stages.setblocking(False)  # a worker's answer never blocks it (the flag is shared with its copies)
         code = (
             f"import sys; sys.path[:] = {sys.path!r}; "
             f"from quern.pipeline.worker_main import serve; serve({child_sock.fileno()})"
         )
         env = dict(os.environ, JAX_PLATFORMS="cpu")
+        env[STAGE_FD_ENV] = str(their_stages.fileno())
         try:  # its own process group (which its workers share): a Ctrl-C at the terminal goes to the parent only
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code], pass_fds=[child_sock.fileno()], env=env, process_group=0
+                [sys.executable, "-c", code],
+                pass_fds=[child_sock.fileno(), their_stages.fileno()],
+                env=env,
+                process_group=0,
             )
         except BaseException:
             parent_sock.close()
+            stages.close()
             raise
         finally:
             child_sock.close()
+            their_stages.close()
         self.sock = parent_sock
+        self.stages = stages
         self.ready = False  # it has loaded the pipeline
         self.dead = False  # its socket reached end of file
         self.serial = 0  # workers asked of it
@@ -242,6 +270,7 @@ class _Server:
             self.ready = True
         elif isinstance(msg, Forked):
             self.pids[msg.serial] = msg.pid
+            self.exits.pop(msg.pid, None)  # an earlier worker's pid, now reused: that one was reaped before
             if msg.serial in self.orphans:
                 self.orphans.discard(msg.serial)
                 self.send(Kill(msg.pid))
@@ -254,6 +283,7 @@ class _Server:
     def close(self) -> None:
         """Stop the server, which first kills and reaps its workers. Idempotent."""
         self.sock.close()
+        self.stages.close()
         if self.proc.returncode is not None:
             return
         if not self.ready:  # still loading the pipeline, so no worker forked yet: no need to wait for it
@@ -265,8 +295,9 @@ class _Server:
             self.proc.wait()
 
     def forget(self) -> None:
-        """This copy, in a forked child of the parent: close its descriptor, nothing else."""
+        """This copy, in a forked child of the parent: close its descriptors, nothing else."""
         self.sock.close()
+        self.stages.close()
         self.proc.returncode = 0  # not this process's child: never waited for (nor warned about) here
 
 
@@ -286,6 +317,7 @@ class _Worker:
             child_sock.close()  # the server has it now (or will never: then this end reads end of file)
         self.sock = parent_sock
         self.ready = False
+        self.ready_at = 0.0  # when it said it was ready (time.monotonic()): a step's deadline runs from then
         self.slots: dict[int, shm.Buffer] = {}  # slot id -> this process's mapping of it
         self.slot_of: dict[int, int] = {}  # step -> slot, for steps sent and not yet taken
         self.free: list[int] = []  # slot ids not in use
@@ -633,6 +665,7 @@ class WorkerPool:
     def _handle(self, worker: _Worker, msg: object, fds: list[int]) -> None:
         if isinstance(msg, Ready):
             worker.ready = True
+            worker.ready_at = time.monotonic()
             worker.server.pids.setdefault(worker.serial, msg.pid)  # the server's Forked may come later
         elif isinstance(msg, Fatal):  # a fresh-interpreter worker cannot load the pipeline: stop for good
             self._fatal = WorkerError(
@@ -663,6 +696,13 @@ class WorkerPool:
             raise WorkerError(f"worker {worker.index} (pid {worker.pid}) sent an unknown message {type(msg).__name__}")
 
     def _deliver(self, worker: _Worker, step: int, result: _Result) -> None:
+        if step not in worker.pending:  # raised out of _poll, which replaces the worker
+            raise WorkerError(
+                f"worker {worker.index} (pid {worker.pid}) sent the batch of step {step}, which it was not "
+                f"computing (its steps in progress: {worker.pending[:8] or 'none'}): another process writes on its "
+                "socket, most likely one that a transform forked (os.fork) and that came back into the worker's code "
+                "instead of ending with os._exit(); the worker is replaced and its steps are computed again"
+            )
         worker.pending.remove(step)
         self._sent.discard(step)
         self._results[step] = result
@@ -757,12 +797,19 @@ class WorkerPool:
         if broken:
             raise self._broken.pop(broken[0])
 
-    def get(self, step: int, stop: Callable[[], bool] | None = None) -> Any:
+    def get(self, step: int, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
         """The batch of ``step``; steps must be asked for in order. A step delivered
         is returned even if its worker has failed since; otherwise the failure that
         stops its worker is raised here. ``stop()`` true: give up waiting
-        (``RuntimeError``); :meth:`wake` makes a waiting ``get`` look at once."""
+        (``RuntimeError``); :meth:`wake` makes a waiting ``get`` look at once.
+
+        ``timeout`` (seconds): when the step has not come that long after this call
+        (or after its worker said it was ready, if later: start-up is not counted),
+        the worker computing it is asked where it is (:data:`_STAGE_GRACE` seconds to
+        answer), killed and replaced, and :class:`StepTimeoutError` is raised; asking
+        for the step again computes it again on the new worker."""
         w = step % self.num_workers
+        began = time.monotonic()
         while True:
             self._poll(0)
             if step in self._results:
@@ -775,10 +822,77 @@ class WorkerPool:
                 raise RuntimeError("iterator closed while next() was waiting for its batch")
             self._revive()
             self._raise_failures(w)
+            self._reap_exited()
             if self.workers[w] is None:  # given up on after repeated deaths: try again
                 self._start(w)
             self._dispatch(step)
-            self._poll(1.0)
+            wait = 1.0
+            worker = self.workers[w]
+            if timeout is not None and worker is not None and worker.ready:
+                left = max(began, worker.ready_at) + timeout - time.monotonic()
+                if left <= 0:
+                    self._time_out(worker, step, timeout)
+                wait = min(wait, left)
+            self._poll(wait)
+
+    def _reap_exited(self) -> None:
+        """Replace the workers that the fork server says have ended: their socket's end
+        of file may never come while a process that a transform forked holds a copy of it."""
+        for worker in list(self.workers):
+            if worker is not None and worker.exit_code is not None and self.workers[worker.index] is worker:
+                self._on_death(worker)
+
+    def _time_out(self, worker: _Worker, step: int, timeout: float) -> None:
+        """``step`` has not come within ``timeout`` seconds: ask ``worker`` where it is,
+        kill it, start another in its place and raise :class:`StepTimeoutError`."""
+        where = self._stage_report(worker)
+        pid = worker.pid
+        self._on_death(worker, count=False)  # killed through the fork server; its steps are sent again
+        self._await_exit(worker, _SERVER_STOP)
+        if where is None:
+            where = (
+                f"not answering (it ran no Python code within {_STAGE_GRACE:g} s of being asked where it was: "
+                "stuck in native code?)"
+            )
+        else:
+            where = f"stuck {where}"
+        killed = "killed" if worker.exit_code is not None else "being killed"
+        raise StepTimeoutError(
+            f"step {step} (host {self.process_index} of {self.process_count}): no batch within step_timeout="
+            f"{timeout:g} s; worker {worker.index} (pid {pid}) computing it was {where}; that worker was {killed} "
+            "and a new one started in its place: next() again computes the step again (a transform that never "
+            "returns will time out again), or close the iterator"
+        )
+
+    def _stage_report(self, worker: _Worker) -> str | None:
+        """Where ``worker`` is (:func:`quern.pipeline.timing.stage_now` of its main
+        thread), as it answers :data:`~quern.pipeline.timing.STAGE_SIGNAL` within
+        :data:`_STAGE_GRACE` seconds; ``None`` when it does not."""
+        server = worker.server
+        if not server.dead and _readable(server.sock):
+            self._pump_server(server)  # has it ended meanwhile (then its pid may not be its any more)?
+        pid = worker.pid
+        if pid is None or worker.exit_code is not None or server.dead:
+            return None
+        try:
+            while server.stages.recv(65536):  # answers that came too late for an earlier question
+                pass
+        except OSError:
+            pass
+        try:
+            os.kill(pid, STAGE_SIGNAL)
+        except OSError:
+            return None
+        deadline = time.monotonic() + _STAGE_GRACE
+        while (left := deadline - time.monotonic()) > 0 and _readable(server.stages, left):
+            try:
+                answer = server.stages.recv(65536)
+            except OSError:
+                continue
+            who, _, where = answer.partition(b"\0")
+            if who == str(pid).encode():
+                return where.decode(errors="replace")
+        return None
 
     def wake(self) -> None:
         """Make a :meth:`get` waiting in another thread look at its ``stop`` at once. Thread-safe."""
