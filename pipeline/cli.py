@@ -123,6 +123,13 @@ def _nonneg_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -341,7 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     reals: list[int | None] = []
     # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
     with Bar(steps, "quern run", unit="step", count=noun) as bar:
-        with pipe.iterator(start_step=start, num_workers=args.workers) as it:
+        with pipe.iterator(start_step=start, num_workers=args.workers, step_timeout=args.step_timeout) as it:
             for i in range(steps):
                 batch = next(it)
                 made = len(leaves(batch)[0][1])  # the step's records (rows)
@@ -587,6 +594,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive, default=100, help="steps to run (default 100)")
     p.add_argument("--start-step", type=_nonneg, default=0, help="first step (default 0; --state overrides it)")
     p.add_argument("--workers", type=_nonneg, default=0, help="worker processes (default 0)")
+    p.add_argument(
+        "--step-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="fail (exit 1) naming the step and stage when a step takes longer (default: no deadline)",
+    )
     p.add_argument("--state", help="resume from this saved state (JSON); refused if the data or config changed")
     p.add_argument("--force", action="store_true", help="resume from --state even if the fingerprint differs")
     p.add_argument("--save-state", help="write the state after the last step to this JSON file")

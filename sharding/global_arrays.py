@@ -63,7 +63,14 @@ class GlobalIterator:
     step to be yielded; ``.state()`` and ``.close()`` as for ``pipe.iterator()``."""
 
     def __init__(
-        self, pipe: Any, mesh: Any, start_step: int, partition_spec: Any, num_workers: int, device_prefetch: int
+        self,
+        pipe: Any,
+        mesh: Any,
+        start_step: int,
+        partition_spec: Any,
+        num_workers: int,
+        device_prefetch: int,
+        step_timeout: float | None = None,
     ) -> None:
         import jax
 
@@ -87,7 +94,11 @@ class GlobalIterator:
         self.global_batch_size = B
         self.device_prefetch = max(0, int(device_prefetch))
         self._host = pipe.iterator(
-            start_step=start_step, process_index=index, process_count=count, num_workers=num_workers
+            start_step=start_step,
+            process_index=index,
+            process_count=count,
+            num_workers=num_workers,
+            step_timeout=step_timeout,
         )
         self.step = self._host.step
         self._ready: collections.deque = collections.deque()
@@ -178,6 +189,7 @@ def global_iterator(
     partition_spec: Any = None,
     num_workers: int = 0,
     device_prefetch: int = 2,
+    step_timeout: float | None = None,
 ) -> GlobalIterator:
     """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
 
@@ -186,5 +198,7 @@ def global_iterator(
     This process computes only its own rows (``num_workers`` worker processes,
     see ``pipe.iterator``) and keeps ``device_prefetch`` batches in flight to the
     devices, so host-to-device copies overlap the training step. The batch at
-    step ``s`` is the same whatever the number of processes and devices."""
-    return GlobalIterator(pipe, mesh, start_step, partition_spec, num_workers, device_prefetch)
+    step ``s`` is the same whatever the number of processes and devices.
+    ``step_timeout`` (seconds, default none) is the host iterator's per-step
+    deadline (:class:`quern.StepTimeoutError`; see ``pipe.iterator``)."""
+    return GlobalIterator(pipe, mesh, start_step, partition_spec, num_workers, device_prefetch, step_timeout)

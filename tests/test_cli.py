@@ -197,6 +197,13 @@ def boom_in_workers(record):  # fails only in a worker process (no step is compu
     if os.getpid() != PARENT:
         raise ValueError(f"kaboom: a record of {len(record)} tokens")
     return record
+
+
+def stuck(record):  # never returns (a stalled transform)
+    import time
+
+    time.sleep(1000)
+    return record
 """
 
 _STEP_ERROR = re.compile(r"step (\d+) \(host 0 of 1\), stage map\[2\] (\w+), row (\d+) = record (\d+) of source 'toks'")
@@ -349,3 +356,23 @@ def test_unparsable_and_missing_configs_name_the_file_once(tmp_path):
         out = quern_cmd("run", path, check=False)
         assert out.returncode == 2 and out.stderr.startswith(f"quern: {path}: {what}"), out.stderr
         assert out.stderr.count(path.name) == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_run_step_timeout_names_the_step_and_stage_and_exits_1(config, failing, tmp_path, workers):
+    """``quern run --step-timeout``: a transform that never returns ends the run with exit 1 and one
+    message naming the step, the stage and the deadline, instead of a hang."""
+    path = failing("stuck")
+    out = quern_cmd(
+        "run", path, "--steps", 3, "--workers", workers, "--step-timeout", 1, check=False, cwd=tmp_path.parent
+    )
+    assert out.returncode == 1, out.stderr
+    message = [line for line in out.stderr.splitlines() if line][-1]
+    assert message.startswith("quern: step 0 (host 0 of 1)"), out.stderr
+    assert "map[2] stuck" in message and "1 s" in message, message
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "x"])
+def test_run_step_timeout_must_be_a_positive_number(config, value):
+    out = quern_cmd("run", config, "--step-timeout", value, check=False)
+    assert out.returncode == 2 and "--step-timeout" in out.stderr, out.stderr

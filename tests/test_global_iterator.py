@@ -1,5 +1,7 @@
 """global_iterator in one process: values, prefetch, state, errors at their own step."""
 
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -78,3 +80,25 @@ def test_stats_show_the_device_and_host_buffers(prefetch):
         stats = it.stats()
     assert stats["device_prefetch"] == {"ready": prefetch, "depth": prefetch}  # the batches after the one taken
     assert set(stats["host_prefetch"]) == {"ready", "in_flight", "depth", "window"} and stats["workers"] == 0
+
+
+_RELEASE = threading.Event()  # the stuck step's thread ends when the test is over
+
+
+def stall_at_three(batch):
+    if int(batch["x"].min()) == 30:
+        _RELEASE.wait(60)
+    return batch
+
+
+def test_step_timeout_reaches_the_host_iterator():
+    """``global_iterator(step_timeout=)``: a stalled step is a ``StepTimeoutError`` naming it, after the good ones."""
+    pipe = _pipe().map_batch(stall_at_three)  # unshuffled: step 3 holds 30..39
+    try:
+        with quern.sharding.global_iterator(pipe, _mesh(), device_prefetch=0, step_timeout=1.0) as it:
+            got = [int(np.asarray(next(it)["x"])[0]) for _ in range(3)]
+            with pytest.raises(quern.StepTimeoutError, match="step 3"):
+                next(it)
+    finally:
+        _RELEASE.set()
+    assert got == [0, 10, 20]
