@@ -36,20 +36,11 @@ opens) is fetched whole into the cache folder (default
   :class:`SourceError` names the URL. A process killed mid-download leaves only
   a ``.part`` file, which is removed when the cache is next opened (or by the
   next download of it); a partial file is never seen under its final name.
-- **Timeouts**: an HTTP(S) or GCS connection must be made within
-  ``connect_timeout`` seconds (default 30) and a byte must come at least every
-  ``read_timeout`` seconds (default 60) (aiohttp's ``ClientTimeout``; S3:
-  botocore's ``connect_timeout`` and ``read_timeout``); a try that exceeds them
-  fails and is retried (fsspec asks an HTTP server for a file's size with a
-  HEAD, then a GET: for a file fetched by URL alone, whose size is asked
-  first, a server that never answers costs two timeouts per try). Other file
-  systems take their own settings from fsspec's configuration.
-- **Retries**: a connection that fails, breaks or times out is tried again with
-  exponential backoff (``retries``, default :data:`RETRIES`, times from
-  ``backoff`` = 0.5 s; where the server takes Range requests, a retry
-  continues from the bytes already fetched), then a
-  :class:`SourceError` names the URL and the cause (the error's type and
-  message, or the timeout that expired); a missing file (404) is not retried.
+- **Fetched with timeouts and retries** (:mod:`quern.pipeline.fetch`: fsspec file
+  systems, ``connect_timeout`` and ``read_timeout``, ``retries`` with ``backoff``,
+  Range continuation, the ETag and modification-time checks, and readable
+  reasons in the :class:`SourceError` naming the URL); a missing file (404) is
+  not retried.
 - **Capped**: after a download, files are evicted until the cache holds at
   most ``capacity`` bytes (more only while the files in use at that moment
   leave no other choice: a file in use is never evicted): by default the least recently used first, or by the
@@ -69,7 +60,6 @@ manifest or a server gives can lead a write elsewhere.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -79,26 +69,24 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from .errors import SourceError
+from .fetch import BLOCK as _BLOCK
+from .fetch import CONNECT_TIMEOUT as CONNECT_TIMEOUT
+from .fetch import READ_TIMEOUT as READ_TIMEOUT
+from .fetch import RETRIES as RETRIES
+from .fetch import Fetcher, identity
+from .fetch import is_url as is_url
+from .fetch import unreachable as _unreachable  # noqa: F401 (importable from here, as before)
+from .fetch import version as _version
 
 __all__ = ["CACHE_VARIABLE", "RETRIES", "ShardCache", "default_folder", "is_url"]
 
 CACHE_VARIABLE = "QUERN_CACHE_DIR"
-RETRIES = 4
-CONNECT_TIMEOUT = 30.0
-READ_TIMEOUT = 60.0
-_BLOCK = 8 << 20
 _AUX = (".lock", ".use", ".part", ".ok")  # the suffixes of the files beside each entry
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # a lock or use file planted as a link is never followed
-_T = TypeVar("_T")
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names a remote file (``scheme://...``; ``file://`` too)."""
-    return isinstance(path, str) and "://" in path.split("/", 1)[0] + "//"
 
 
 def default_folder() -> str:
@@ -111,18 +99,6 @@ def _base(url: str) -> str:
     """The URL's base name, made a safe file name (letters, digits, ``-_.``; at most 80)."""
     base = url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or "file"
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
-
-
-def _version(info: dict[str, Any]) -> str | None:
-    """What tells one version of a remote file from another in its ``info``: the ETag,
-    else the modification time (``None``: the server gives neither)."""
-    for k in ("ETag", "etag"):
-        if info.get(k):
-            return f"etag {info[k]}"
-    for k in ("generation", "Last-Modified", "LastModified", "last_modified", "updated", "mtime"):
-        if info.get(k) is not None:
-            return f"{k} {info[k]}"
-    return None
 
 
 @contextlib.contextmanager
@@ -218,36 +194,23 @@ class ShardCache:
 
     def filesystem(self, url: str) -> tuple[Any, str]:
         """fsspec's file system for ``url`` and the path in it, with this cache's timeouts
-        (HTTP(S) and GCS: an aiohttp ``ClientTimeout``; S3: botocore's ``connect_timeout`` and
-        ``read_timeout``), merged over fsspec's configuration of that protocol."""
-        import fsspec
-        import fsspec.config
+        (see :meth:`quern.pipeline.fetch.Fetcher.filesystem`)."""
+        return self._fetcher().filesystem(url)
 
-        protocol = url.split("://", 1)[0].lower()
-        options: dict[str, Any] = {}
-        if protocol in ("http", "https", "gs", "gcs"):
-            import aiohttp
+    def _fetcher(self) -> Fetcher:
+        """The network side of this cache, with its current settings; it counts into :attr:`stats`."""
+        return Fetcher(
+            retries=self.retries,
+            backoff=self.backoff,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            folder=self.folder,
+            count=self._count,
+        )
 
-            timeout = aiohttp.ClientTimeout(
-                total=None, connect=self.connect_timeout, sock_connect=self.connect_timeout, sock_read=self.read_timeout
-            )
-            if protocol.startswith("http"):
-                conf = {
-                    k: v
-                    for p in ("http", "https")
-                    for k, v in (fsspec.config.conf.get(p, {}).get("client_kwargs") or {}).items()
-                }
-                options["client_kwargs"] = {**conf, "timeout": timeout}
-            else:
-                options["requests_timeout"] = timeout  # gcsfs passes it to every request
-        elif protocol in ("s3", "s3a"):
-            conf = fsspec.config.conf.get("s3", {}).get("config_kwargs") or {}
-            options["config_kwargs"] = {
-                **conf,
-                "connect_timeout": self.connect_timeout,
-                "read_timeout": self.read_timeout,
-            }
-        return fsspec.core.url_to_fs(url, **options)
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.stats[name] += n
 
     def _entry(self, name: str) -> str:
         """``folder/name``, checked to lie inside the cache folder (``name`` is a digest and a
@@ -282,30 +245,17 @@ class ShardCache:
     def _url_entry(self, url: str) -> tuple[str, str, int | None, bool]:
         """``(path, key, server size, refetch)`` of a file fetched by URL alone: keyed by the URL,
         the server's size and version (``refetch``: the server gives no version)."""
-        info = self._attempts(url, lambda _attempt: self._info(url))
+        info = self._fetcher().info(url)
         size = info.get("size")
-        version = _version(info)
-        key = f"url {url}\nsize {size}\n{version}"
+        key = identity(url, info)
         name = f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{_base(url)}"
-        return self._entry(name), key, (int(size) if size is not None else None), version is None
+        return self._entry(name), key, (int(size) if size is not None else None), _version(info) is None
 
     def read(self, url: str) -> bytes:
         """The bytes of the small file ``url`` (a manifest), read once (not cached, not retried) with
         this cache's timeouts. Raises ``FileNotFoundError`` where the server says it is missing,
         :class:`SourceError` naming the URL and the cause for any other failure."""
-        try:
-            fs, path = self.filesystem(url)
-            return bytes(fs.cat_file(path))
-        except FileNotFoundError as e:
-            if not _unreachable(e):
-                raise
-            raise SourceError(f"{url}: cannot be read: {self.reason(e)}") from e
-        except Exception as e:
-            raise SourceError(f"{url}: cannot be read: {self.reason(e)}") from e
-
-    def _info(self, url: str) -> dict[str, Any]:
-        fs, path = self.filesystem(url)
-        return dict(fs.info(path))
+        return self._fetcher().read(url)
 
     def _resolve(self, url_or_path: str, sha256: str | None) -> str:
         """The entry path of a URL (see :meth:`path`), or ``url_or_path`` itself when it is one."""
@@ -386,7 +336,7 @@ class ShardCache:
         for attempt in (1, 2):
             part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
             try:
-                self._fetch(url, part, size, expect)
+                self._fetcher().fetch(url, part, size, expect)
                 why = self._check(part, size, sha256)
                 if why is None:
                     os.replace(part, final)
@@ -479,109 +429,13 @@ class ShardCache:
         with contextlib.suppress(OSError):
             os.utime(path, ns=(time.time_ns(), (st or os.stat(path)).st_mtime_ns))
 
-    # -- fetching --------------------------------------------------------------------------------------------
-
-    def _attempts(self, url: str, once: Callable[[int], _T]) -> _T:
-        """``once(attempt)`` until it succeeds, at most ``retries + 1`` times with exponential backoff;
-        a missing file, a full cache folder or a :class:`SourceError` ends the tries at once."""
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                return once(attempt)
-            except SourceError:
-                raise
-            except FileNotFoundError as e:
-                if not _unreachable(e):
-                    raise SourceError(f"{url}: not found on the server (404)") from e
-                err: BaseException = e
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise SourceError(f"{url}: the cache folder {self.folder!r} is full: {e}") from e
-                err = e
-            except Exception as e:  # aiohttp's and the server's errors
-                if "404" in str(e) or "Not Found" in str(e):
-                    raise SourceError(f"{url}: not found on the server (404)") from e
-                err = e
-            if attempt == self.retries:
-                raise SourceError(
-                    f"{url}: cannot be fetched after {self.retries + 1} tries: {self.reason(err)}"
-                ) from err
-            with self._lock:
-                self.stats["retries"] += 1
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
-
     def reason(self, e: BaseException) -> str:
         """What went wrong in ``e``, for a message: the timeout that expired (with this cache's
-        settings), else the type and message of the first error of its chain that has a message."""
-        chain: list[BaseException] = []
-        x: BaseException | None = e
-        while x is not None and all(x is not c for c in chain):
-            chain.append(x)
-            x = x.__cause__ or x.__context__
-        timeouts = [c for c in chain if isinstance(c, TimeoutError)]
-        if timeouts:
-            shown = next((c for c in timeouts if str(c)), timeouts[-1])  # fsspec's FSTimeoutError() has no text
-            name, text = type(shown).__name__, str(shown)
-            if any("connect" in (type(c).__name__ + str(c)).lower() for c in timeouts):
-                what = f"no connection within {self.connect_timeout:g} s (connect_timeout)"
-            else:
-                what = f"no byte for {self.read_timeout:g} s (read_timeout)"
-            return f"{name}: {what}" + (f" ({text})" if text else "")
-        for c in chain:
-            text = str(c)
-            if text and not (is_url(text) and len(chain) > 1):  # fsspec's FileNotFoundError(url): its cause says why
-                return f"{type(c).__name__}: {text}"
-        return type(chain[-1]).__name__
+        settings), else the type and message of the first error of its chain that has a message
+        (see :meth:`quern.pipeline.fetch.Fetcher.reason`)."""
+        return self._fetcher().reason(e)
 
-    def _fetch(self, url: str, part: str, size: int | None, expect: str | None) -> None:
-        """Download ``url`` to ``part``, with retries. ``expect``: the version (:func:`_version`) of
-        the file the entry is keyed by, checked before a retry and after the download (the file did
-        not change meanwhile); ``None`` (a file verified by its SHA-256): no request but the download."""
-        http = url.lower().startswith(("http://", "https://"))
-        state = {"ranges": True}  # until the server shows it has none
-
-        def stream(fs: Any, path: str, have: int) -> None:
-            # HTTP: one streamed GET from the start (servers without Range requests work too); a retry
-            # with bytes already here continues them with a Range request (ranged reads)
-            block = _BLOCK if (have or not http) else 0
-            known = {"size": size} if http and size else {}  # else fsspec asks first (HEAD, then GET)
-            with fs.open(path, "rb", block_size=block, **known) as src, open(part, "ab" if have else "wb") as out:
-                if have:
-                    src.seek(have)
-                while chunk := src.read(_BLOCK):
-                    out.write(chunk)
-                    with self._lock:
-                        self.stats["bytes_fetched"] += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-
-        def once(attempt: int) -> None:
-            have = os.path.getsize(part) if attempt and state["ranges"] and os.path.exists(part) else 0
-            fs, path = self.filesystem(url)
-            if expect is not None and attempt:
-                self._same(url, fs, path, expect)
-            try:
-                stream(fs, path, have)
-            except ValueError as e:
-                if not (have and "range" in str(e).lower()):
-                    raise
-                state["ranges"] = False  # no Range requests: this try starts again from the first byte
-                stream(fs, path, 0)
-            if expect is not None:
-                self._same(url, fs, path, expect)
-
-        self._attempts(url, once)
-
-    def _same(self, url: str, fs: Any, path: str, expect: str) -> None:
-        info = fs.info(path)
-        now = f"url {url}\nsize {info.get('size')}\n{_version(info)}"
-        if now != expect:
-            was, became = expect.split("\n", 1)[1].replace("\n", ", "), now.split("\n", 1)[1].replace("\n", ", ")
-            raise SourceError(
-                f"{url}: the file changed on the server while it was fetched ({was} -> {became}); open the source again"
-            )
+    # -- checks ----------------------------------------------------------------------------------------------
 
     def _check(self, part: str, size: int | None, sha256: str | None) -> str | None:
         """Why the file at ``part`` is not the one wanted (``None``: it is)."""
@@ -687,15 +541,6 @@ class ShardCache:
                     os.remove(p + ".ok")
             finally:
                 os.close(fd)
-
-
-def _unreachable(e: BaseException) -> bool:
-    """Whether fsspec's ``FileNotFoundError`` hides a connection that failed (fsspec's HTTP
-    file system reports a refused, broken or timed-out connection as a missing file)."""
-    cause = e.__cause__ or e.__context__
-    return cause is not None and (
-        isinstance(cause, (ConnectionError, TimeoutError)) or "Connect" in type(cause).__name__
-    )
 
 
 class _Pin:
