@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -27,3 +29,35 @@ def pytest_collection_modifyitems(config, items):
     bad = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]", item.nodeid)]
     if bad:
         raise pytest.UsageError("test ids holding an object address (give them ids=): " + ", ".join(bad[:5]))
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """``tmp_path`` as the current directory (``--map`` modules are imported from it); ``sys.path``
+    and the map modules imported are restored after the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file.startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs mounted for the test (root only; skipped where mounting is not allowed)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill the disk needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True, timeout=30
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False, timeout=30)

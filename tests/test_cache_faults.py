@@ -14,24 +14,6 @@ import quern
 from quern.pipeline.cache import ShardCache
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs mounted for the test (root only; skipped where mounting is not allowed)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill the disk needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing_corrupt(small_disk, tmp_path):
     big, small = tmp_path / "big.bin", tmp_path / "small.bin"
     big.write_bytes(os.urandom(3 << 20))

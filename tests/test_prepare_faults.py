@@ -108,20 +108,6 @@ def assert_clean_and_equal(out: Path, ref: Path) -> None:
         assert got[name] == want[name], name
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """``tmp_path`` as the current directory (``--map`` modules are imported from it); ``sys.path``
-    and the map modules imported are restored after the test."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    before = set(sys.modules)
-    yield tmp_path
-    for name in set(sys.modules) - before:
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if file.startswith(str(tmp_path)):
-            del sys.modules[name]
-
-
 def write_files(folder: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -30,19 +30,6 @@ from quern.prepare import PrepareError, prepare
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """``tmp_path`` as the current directory (``--map`` modules are imported from it); ``sys.path``
-    and the map modules imported are restored after the test."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    before = set(sys.modules)
-    yield tmp_path
-    for name in set(sys.modules) - before:
-        if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
-
-
 def _age(*paths: Path, seconds: float = 60.0) -> None:
     """Set the modification time of ``paths`` ``seconds`` back: a rewrite gets another one, whatever
     the file system clock's tick."""
@@ -203,24 +190,6 @@ def test_an_output_that_is_a_file_is_named(workdir, capsys, under):
 
 
 # --------------------------------------------------------------------------- a full disk
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs mounted for the test (root only; skipped where mounting is not allowed)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill the disk needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True, timeout=30
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False, timeout=30)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
