@@ -15,7 +15,11 @@ depends only on what it computes:
   the wrapper's type and the wrapped function;
 * a callable instance (a class with ``__call__``, a dataclass transform): its
   class (the code of its methods) and its state (``vars()``, slots);
-* an object with a ``fingerprint()`` method: what that returns.
+* an object with a ``fingerprint()`` method: what that returns;
+* one of quern's own registered transforms (``decode``, ``pad``,
+  ``metadata_range``): its registered name, its class's ``VERSION`` and its
+  arguments, not its code (an edit of its docstring or a refactor changes no
+  fingerprint; a change of what it computes bumps ``VERSION``).
 
 A value it cannot describe by content raises
 :class:`~quern.pipeline.errors.FingerprintError` naming the transform and the
@@ -71,6 +75,7 @@ from typing import Any, NamedTuple
 
 from .digest import HOW_TO_DECLARE, digest
 from .errors import FingerprintError
+from .registry import builtin_name
 
 __all__ = ["describe_callable", "describe_value", "fingerprint_of", "Shown"]
 
@@ -179,6 +184,9 @@ class _Describer:
     def callable(self, fn: Any, depth: int) -> Any:
         if depth > _MAX_DEPTH:
             raise FingerprintError(f"{self.where}: functions nested more than {_MAX_DEPTH} levels deep")
+        builtin = builtin_name(fn)
+        if builtin is not None:  # quern's own transform: by name, version and arguments, not by its code
+            return {"transform": builtin, "version": type(fn).VERSION, "args": self.state(fn, depth + 1)}
         fp = getattr(fn, "fingerprint", None)
         if callable(fp) and not isinstance(fn, type):
             d = digest(fn, self.where)

@@ -10,6 +10,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from .registry import builtin_name
+
 __all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS", "stage_name"]
 
 
@@ -84,12 +86,16 @@ def stage_name(fn: Any) -> str:
         ``functools.partial``, ``partial(NAME)`` of its function; for a wrapper with
         ``__wrapped__`` (``jax.jit``, a ``functools.wraps`` decorator object), the
         name of what it wraps; for any other callable (an instance with
-        ``__call__``), its class's ``__qualname__`` (``pad``).
+        ``__call__``), its class's ``__qualname__``; for quern's own transforms, the
+        name they are registered under (``pad``, ``decode``).
     """
     return _stage_name(fn, 0)
 
 
 def _stage_name(fn: Any, depth: int) -> str:
+    builtin = builtin_name(fn)
+    if builtin is not None:
+        return builtin
     if depth < _MAX_DEPTH and isinstance(fn, functools.partial):
         return f"partial({_stage_name(fn.func, depth + 1)})"
     if isinstance(fn, _NAMED) or type(fn).__name__ == "ufunc":  # numpy's ufuncs: np.sqrt

@@ -528,3 +528,47 @@ def test_the_cli_says_a_definition_it_cannot_fingerprint_and_bad_state_steps_are
         timeout=120,
     )
     assert before.returncode == 2 and "Traceback" in before.stderr
+
+
+def test_builtin_transforms_are_described_by_name_version_and_arguments(monkeypatch):
+    """quern's own registered transforms are in the fingerprint by name, VERSION and arguments: an edit of
+    their code (a docstring, a refactor) changes no fingerprint; a VERSION bump or another argument does.
+    A user's registered transform is still described by its code."""
+    from quern.pipeline.fingerprint import describe_callable
+    from quern.transforms.pad import Pad
+
+    base = quern.Pipeline.from_source({"x": np.arange(9)}, seed=0)
+    p = base.map(quern.transforms.pad(8, key="x")).batch(3)
+    d = describe_callable(quern.transforms.pad(8, key="x"))
+    assert d["transform"] == "pad" and d["version"] == Pad.VERSION and d["args"]["length"] != d["args"]["key"]
+    before = p.fingerprint()
+
+    def _fields(self, record, out, n, mask):  # same behaviour, other code (a docstring added)
+        """Edited."""
+        fields = {k: v for k, v in record.items() if k != self.key} if isinstance(record, dict) else {}
+        fields[self.output] = out
+        if self.length_key is not None:
+            fields[self.length_key] = np.int32(n)
+        if mask is not None:
+            fields[self.mask_key] = mask
+        return fields
+
+    monkeypatch.setattr(Pad, "_fields", _fields)
+    assert base.map(quern.transforms.pad(8, key="x")).batch(3).fingerprint() == before
+    monkeypatch.setattr(Pad, "VERSION", Pad.VERSION + 1)
+    assert base.map(quern.transforms.pad(8, key="x")).batch(3).fingerprint() != before
+    monkeypatch.undo()
+    assert base.map(quern.transforms.pad(9, key="x")).batch(3).fingerprint() != before
+
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine:
+        VERSION = 1
+        k: int = 1
+
+        def __call__(self, r):
+            return r + self.k
+
+    monkeypatch.setitem(quern.pipeline.registry.REGISTRY, "mine_for_test", Mine)
+    assert "code" in json.dumps(describe_callable(Mine()))  # not quern's own: by its code

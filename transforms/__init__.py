@@ -1,8 +1,13 @@
-"""Pure record- and batch-level transforms: decoding, padding, counter-based randomness."""
+"""Pure record- and batch-level transforms: decoding, padding, counter-based randomness.
+
+The built-in transforms are factory functions (``decode``, ``pad``,
+``metadata_range``) returning instances of their classes (``Decode``, ``Pad``,
+``MetadataRange``), registered for configs under the factory's name.
+"""
 
 from . import random
-from .decode import decode
-from .metadata import metadata_range
-from .pad import pad
+from .decode import Decode, decode
+from .metadata import MetadataRange, metadata_range
+from .pad import Pad, pad
 
-__all__ = ["decode", "metadata_range", "pad", "random"]
+__all__ = ["Decode", "MetadataRange", "Pad", "decode", "metadata_range", "pad", "random"]

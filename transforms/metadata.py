@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..pipeline.registry import register
 
-__all__ = ["metadata_range"]
+__all__ = ["MetadataRange", "metadata_range"]
 
 
 @register("metadata_range")
 @dataclasses.dataclass(frozen=True)
-class metadata_range:
+class MetadataRange:
     """A filter predicate on metadata: keep the records whose ``field`` (``length``, or a
     field given to ``quern prepare --fields``) lies in ``[min, max]`` (either bound
     may be ``None``).
@@ -24,11 +24,9 @@ class metadata_range:
     ``ArrayRecordSource`` of a prepared folder) finds the survivors from the index
     alone, vectorised, without reading a record. The result depends only on the
     metadata and the bounds.
-
-    >>> import numpy as np
-    >>> metadata_range("length", min=2, max=3).keep_metadata({"length": np.array([1, 2, 3, 4])}).tolist()
-    [False, True, True, False]
     """
+
+    VERSION: ClassVar[int] = 1  # in the fingerprint: bump it when what it computes changes
 
     field: str = "length"
     min: int | float | None = None
@@ -62,3 +60,29 @@ class metadata_range:
             "metadata_range filters by a source's metadata index (a folder written by quern prepare); "
             "it cannot judge a record"
         )
+
+
+def metadata_range(
+    field: str = "length", *, min: int | float | None = None, max: int | float | None = None
+) -> MetadataRange:
+    """A filter predicate keeping the records whose metadata ``field`` lies in ``[min, max]``.
+
+    Args:
+        field: ``length``, or a field given to ``quern prepare --fields``.
+        min: the lower bound, inclusive; ``None``: none.
+        max: the upper bound, inclusive; ``None``: none.
+
+    Returns:
+        A :class:`MetadataRange` predicate for ``Pipeline.filter``, judged on the
+        source's metadata index (no record read).
+
+    Raises:
+        TypeError: a bound is not a number.
+        ValueError: ``min > max``.
+
+    Example:
+        >>> import numpy as np
+        >>> metadata_range("length", min=2, max=3).keep_metadata({"length": np.array([1, 2, 3, 4])}).tolist()
+        [False, True, True, False]
+    """
+    return MetadataRange(field, min, max)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -12,24 +12,15 @@ from ..pipeline.collate import CollatedRows, collate
 from ..pipeline.errors import CollateError
 from ..pipeline.registry import register
 
-__all__ = ["pad"]
+__all__ = ["Pad", "pad"]
 
 
 @register("pad")
 @dataclasses.dataclass(frozen=True)
-class pad:
-    """Pad (with ``pad_value``) or truncate a 1-D (or N-D along axis 0) array to ``length``.
+class Pad:
+    """The transform :func:`pad` makes (its fields are :func:`pad`'s arguments)."""
 
-    Input: an array, or a dict whose ``key`` field is the array. Output: a dict
-    with ``output`` (the fixed-length array, default ``"tokens"``), ``length_key``
-    (``int32`` count of real items kept, default ``"length"``) and, if
-    ``mask_key`` is set, a boolean mask of real items. Other dict fields pass
-    through. The output depends only on the input array and these settings.
-    ``map_many`` handles a list of records with one preallocated block; its
-    records must agree in dtype and trailing shape, as collation requires
-    (dtypes are never promoted), else :class:`~quern.CollateError` names the
-    first that differs (its ``row``, the index in ``records``).
-    """
+    VERSION: ClassVar[int] = 1  # in the fingerprint: bump it when what it computes changes
 
     length: int
     key: str | None = None
@@ -55,9 +46,17 @@ class pad:
         return fields
 
     def __call__(self, record: Any) -> dict:
+        """Pad one record."""
         return self.map_many([record])[0]
 
     def map_many(self, records: Sequence[Any]) -> Sequence[Any]:
+        """Pad a list of records into one preallocated block (collated rows when the
+        records' other fields collate).
+
+        Raises:
+            CollateError: the records disagree in dtype or trailing shape (its ``row``
+                is the index in ``records``).
+        """
         if not len(records):
             return []
         arrays = [r[self.key] for r in records] if self.key is not None else list(records)
@@ -101,6 +100,45 @@ class pad:
         if masks is not None:
             batch[self.mask_key] = masks
         return CollatedRows(batch, len(records))
+
+
+def pad(
+    length: int,
+    *,
+    key: str | None = None,
+    pad_value: Any = 0,
+    output: str = "tokens",
+    length_key: str | None = "length",
+    mask_key: str | None = None,
+) -> Pad:
+    """A record transform padding (with ``pad_value``) or truncating an array to ``length``
+    along axis 0.
+
+    The output depends only on the input array and these settings. Records passed
+    together to ``map_many`` must agree in dtype and trailing shape, as collation
+    requires (dtypes are never promoted).
+
+    Args:
+        length: the fixed length, a positive integer.
+        key: the record is a dict whose ``key`` field is the array; ``None``: the record is the array.
+        pad_value: the value of the padding items.
+        output: the output field holding the fixed-length array.
+        length_key: the output field holding the ``int32`` count of real items kept (``None``: none).
+        mask_key: the output field holding a boolean mask of real items (``None``: none).
+
+    Returns:
+        A :class:`Pad` transform: records become dicts with ``output``,
+        ``length_key`` and ``mask_key``; other dict fields pass through.
+
+    Raises:
+        ValueError: ``length`` is not a positive integer.
+
+    Example:
+        >>> import numpy as np
+        >>> pad(4, mask_key="mask")(np.array([7, 8]))["tokens"].tolist()
+        [7, 8, 0, 0]
+    """
+    return Pad(length, key, pad_value, output, length_key, mask_key)
 
 
 def _collate_other_fields(records: Sequence[Any], key: str | None) -> dict | None:
