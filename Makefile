@@ -1,39 +1,52 @@
 # Two commands (see README.md):
-#   make quickstart   install quern into .venv and run examples/quickstart.py
-#   make test         install quern with test extras into .venv; lint (ruff), type-check (mypy), run the test suite
+#   make quickstart   install quern (a wheel built from this checkout) into .venv and run examples/quickstart.py
+#   make test         the same, then lint (ruff), type-check (mypy) and run the test suite against the installed
+#                     wheel, from a folder where the checkout is not importable
+# VENV may point elsewhere (make test VENV=/tmp/venv): everything this Makefile installs or builds goes there.
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
+PY := $(abspath $(VENV))/bin/python
+DIST := $(abspath $(VENV))/dist
 
 .PHONY: install quickstart lint typecheck test bench clean services
 
+# The dependencies, once per change of pyproject.toml: the package's and the test extra's (which has the
+# build tools: setuptools, build, twine), read from pyproject.toml; quern itself is not installed here
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print(*p["dependencies"], *p["optional-dependencies"]["test"], sep="\n")' >$(VENV)/requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/requirements.txt
 	touch $@
 
-# An editable install writes no bytecode, and with PYTHONDONTWRITEBYTECODE set nothing ever
-# does: every process (each fork server included) would compile quern again. Compile it here.
+# Every run: the sdist, then the wheel from the sdist (python -m build, without build isolation: the tools
+# are in the venv), and the wheel alone reinstalled over any earlier quern. pip compiles its bytecode, so
+# every process (each fork server included) imports quern without compiling it.
 install: $(VENV)/.installed
-	$(PY) -m compileall -q __init__.py pipeline sharding transforms prepare
+	rm -rf $(DIST)
+	$(PY) -m build --no-isolation --outdir $(DIST) . >$(DIST).log 2>&1 || { cat $(DIST).log; exit 1; }
+	$(PY) -m pip install --quiet --force-reinstall --no-deps $(DIST)/quern-*.whl
 
 quickstart: install
 	$(PY) examples/quickstart.py
 
-lint: install
+# lint and typecheck read the checkout (with whatever venv exists: they install nothing once there is one)
+lint: | $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 # mypy checks the package by its name, quern, which is this folder: a link named quern points here
-typecheck: install
+typecheck: | $(VENV)/.installed
 	mkdir -p $(VENV)/typecheck
 	ln -sfn $(CURDIR) $(VENV)/typecheck/quern
-	cd $(VENV)/typecheck && MYPYPATH=. $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml -p quern
+	cd $(VENV)/typecheck && MYPYPATH=. $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p quern
 
-# The suite runs in 2 processes (pytest-xdist): most tests wait on subprocesses, servers and sleeps
+# The suite runs against the installed wheel, from an empty folder (neither the checkout nor its parent is
+# on sys.path), in 2 processes (pytest-xdist): most tests wait on subprocesses, servers and sleeps
 test: install lint typecheck
-	$(PY) -m pytest -q -n 2
+	run=$$(mktemp -d) && cd $$run && $(PY) -m pytest -q -n 2 -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests; \
+	rc=$$?; rm -rf $$run; exit $$rc
 
 # System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
 # and prometheus, for the Prometheus tests. .ci/run calls this before `make test`. Each is installed with
@@ -90,4 +103,4 @@ bench: install
 	$(PY) benchmarks/observability.py
 
 clean:
-	rm -rf $(VENV) examples/data benchmarks/data
+	rm -rf $(VENV) examples/data benchmarks/data quern.egg-info
