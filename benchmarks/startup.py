@@ -21,7 +21,7 @@ and batches are taken; the seconds from the clock's start to the 1st, 20th,
 
 And the time one worker takes to start, in the same kind of fresh process
 (median of ``--runs``): ``python -c pass`` (a bare interpreter),
-``python -c "import quern.pipeline.worker_main, pyarrow.parquet,
+``python -c "import quern.pipeline.workers.forkserver, pyarrow.parquet,
 array_record..."`` (interpreter + a worker's imports),
 ``pipe.iterator(num_workers=1)`` until ``wait_for_workers()`` returns
 (interpreter, imports and the pipeline loaded), and **the delay one worker
@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from typing import Any
+
+import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORDS = 200_000
@@ -75,11 +77,7 @@ def make_data(records: int) -> dict[str, list[str]]:
         "parquet": [_load("parquet").make_data(records)],
         "array_record": _load("vs_grain").make_data(records),
     }
-    for ps in paths.values():
-        for p in ps:
-            with open(p, "rb") as f:
-                while f.read(1 << 24):
-                    pass
+    common.warm_page_cache(p for ps in paths.values() for p in ps)
     return paths
 
 
@@ -135,20 +133,15 @@ def child_worker_start(dataset: str, paths: list[str]) -> dict:
     return {"start": t}
 
 
+def child(kind: str, dataset: str, *rest: Any) -> dict:
+    """A measured process (``--child``): ``batches`` (workers, marks, paths) or ``start`` (paths)."""
+    if kind == "batches":
+        workers, marks, paths = rest
+        return child_batches(dataset, workers, marks, paths)
+    return child_worker_start(dataset, rest[0])
+
+
 # --------------------------------------------------------------------------- driver
-
-
-def _run_child(args: list[str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {args[:3]} failed:\n{out.stdout}\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _timed(cmd: list[str]) -> float:
@@ -164,61 +157,57 @@ def main() -> None:
     ap.add_argument("--marks", default="1,20,200,700", help="batch counts to time (comma-separated)")
     ap.add_argument("--workers", default="0,2", help="worker counts (comma-separated)")
     ap.add_argument("--only", choices=DATASETS, help="one data set")
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child is not None:  # a measured process
-        kind, dataset, *rest = json.loads(args.child)
-        if kind == "batches":
-            workers, marks, paths = rest
-            print(json.dumps(child_batches(dataset, workers, marks, paths)))
-        else:
-            print(json.dumps(child_worker_start(dataset, rest[0])))
+    args = common.parse_args(ap, child=child)
+    if args is None:  # a measured process
         return
 
-    print("command:", " ".join([sys.executable] + sys.argv))
-    print(f"cpus: {os.cpu_count()}, load average: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    common.begin()
     marks = sorted({int(m) for m in args.marks.split(",")})
     worker_counts = [int(w) for w in args.workers.split(",")]
     datasets = [args.only] if args.only else list(DATASETS)
     paths = make_data(args.records)
     figures: dict = {"marks": marks, "runs": args.runs, "start": {}, "batches": {}}
 
-    imports = "import quern.pipeline.worker_main, pyarrow.parquet; from array_record.python import array_record_module"
+    imports = (
+        "import quern.pipeline.workers.forkserver, pyarrow.parquet; from array_record.python import array_record_module"
+    )
     bare = [_timed([sys.executable, "-c", "pass"]) for _ in range(args.runs)]
     imp = [_timed([sys.executable, "-c", imports]) for _ in range(args.runs)]
     figures["start"]["bare interpreter"] = bare
     figures["start"]["interpreter + worker imports"] = imp
     for d in datasets:
         figures["start"][f"worker ready ({d})"] = [
-            _run_child(["start", d, paths[d]])["start"] for _ in range(args.runs)
+            common.run_child(__file__, ["start", d, paths[d]])["start"] for _ in range(args.runs)
         ]
         figures["first"] = figures.get("first", {})
         for w in (0, 1):
             figures["first"][f"{d} W={w}"] = [
-                _run_child(["batches", d, w, [1], paths[d]])["times"]["1"] for _ in range(args.runs)
+                common.run_child(__file__, ["batches", d, w, [1], paths[d]])["times"]["1"] for _ in range(args.runs)
             ]
         delay = statistics.median(figures["first"][f"{d} W=1"]) - statistics.median(figures["first"][f"{d} W=0"])
         figures["start"][f"delay one worker adds ({d})"] = [delay]
     print(f"\none worker's start, seconds (median of {args.runs}; runs):")
     for label, runs in figures["start"].items():
-        print(f"  {label:<36s} {statistics.median(runs):6.3f}   " + ", ".join(f"{r:.3f}" for r in runs))
+        print(f"  {label:<36s} {statistics.median(runs):6.3f}   " + common.join_runs(runs, ".3f"))
     for d in datasets:
         w0, w1 = (statistics.median(figures["first"][f"{d} W={w}"]) for w in (0, 1))
         print(f"  {'(1st batch, ' + d + ')':<36s} W=1 {w1:.3f} - W=0 {w0:.3f} = delay one worker adds")
 
     for d in datasets:
         for w in worker_counts:
-            runs = [_run_child(["batches", d, w, marks, paths[d]]) for _ in range(args.runs)]
+            runs = [common.run_child(__file__, ["batches", d, w, marks, paths[d]]) for _ in range(args.runs)]
             figures["batches"][f"{d} W={w}"] = runs
     print(f"\nseconds from pipe.iterator() to the n-th batch (median of {args.runs}):")
-    print(f"  {'config':<22s}" + "".join(f"{'n=' + str(m):>9s}" for m in marks) + "   runs of n=20")
+    rows = []
     for label, runs in figures["batches"].items():
-        med = [statistics.median(r["times"][str(m)] for r in runs) for m in marks]
-        twenty = ", ".join(f"{r['times']['20']:.3f}" for r in runs) if 20 in marks else ""
-        print(f"  {label:<22s}" + "".join(f"{x:9.3f}" for x in med) + "   " + twenty)
+        med = [f"{statistics.median(r['times'][str(m)] for r in runs):.3f}" for m in marks]
+        twenty = common.join_runs((r["times"]["20"] for r in runs), ".3f") if 20 in marks else ""
+        rows.append([label, *med, twenty])
+    header = ["config", *(f"n={m}" for m in marks), "runs of n=20"]
+    common.print_table(header, rows, left=(0, len(marks) + 1), indent="  ")
+    for label, runs in figures["batches"].items():
         if "W=0" not in label:
-            print(f"  {'':<22s}stats of the last run: {runs[-1]['stats']}")
+            print(f"  stats of the last run, {label}: {runs[-1]['stats']}")
 
     if 20 in marks and 0 in worker_counts:
         print("\ngoal: 20th batch with W workers <= 20th batch with W=0 + one worker's start")
@@ -230,9 +219,7 @@ def main() -> None:
                     got = statistics.median(r["times"]["20"] for r in figures["batches"][f"{d} W={w}"])
                     verdict = "met" if got <= w0 + start else "NOT met"
                     print(f"  {d:<13s} W={w}: {got:.3f} s vs {w0:.3f} + {start:.3f} = {w0 + start:.3f} s: {verdict}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    common.save_figures(args.json, figures)
 
 
 if __name__ == "__main__":

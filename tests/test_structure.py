@@ -90,8 +90,9 @@ def test_the_bottom_modules_import_no_other_quern_module_above_them():
     assert _imports("quern.pipeline.index", modules["quern.pipeline.index"], modules) == set()
     for name in (
         "quern.pipeline.loader",
-        "quern.pipeline.workers",
-        "quern.pipeline.worker_main",
+        "quern.pipeline.workers.pool",
+        "quern.pipeline.workers.forkserver",
+        "quern.pipeline.workers.worker",
         "quern.pipeline.execute",
         "quern.pipeline.fingerprint",
     ):

@@ -275,7 +275,7 @@ def test_workers_are_forked_by_a_fork_server_unless_it_has_threads(threads):
         got = [next(it) for _ in range(10)]
         servers = {psutil.Process(p).ppid() for p in it.worker_pids}
         assert len(servers) == 1 and servers <= _children() - children and os.getpid() not in servers
-        entry = "worker_main import main" if threads else "worker_main import serve"
+        entry = "workers.worker import main" if threads else "workers.forkserver import serve"
         assert all(entry in " ".join(psutil.Process(p).cmdline()) for p in it.worker_pids)
         victim = psutil.Process(it.worker_pids[0])
         victim.kill()

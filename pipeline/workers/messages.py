@@ -1,7 +1,7 @@
 """The messages between the parent's worker pool, its fork server and the workers.
 
 Each is a NamedTuple sent pickled over a Unix socket
-(:func:`quern.pipeline.shm.send`), with file descriptors alongside where noted.
+(:func:`quern.pipeline.workers.shm.send`), with file descriptors alongside where noted.
 
 - Parent -> fork server: :class:`Init` (the pipeline), :class:`Fork` (start a
   worker on the socket that travels with it), :class:`Kill`. Fork server ->
