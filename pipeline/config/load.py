@@ -1,160 +1,12 @@
-"""Pipelines as configuration: YAML, JSON or a dict <-> :class:`Pipeline`.
+"""A :class:`Pipeline` from a config: a YAML or JSON file, or a dict.
 
-A config names a source, the shuffle, the record transforms, the batch and the
-batch transforms::
-
-    source: {type: array_record, paths: "data/train-*.array_record"}
-    seed: 0
-    num_epochs: null            # endless
-    shuffle: global             # or {mode: block, block: 1024, window: 8}, or null
-    transforms:                 # record level, in order
-      - {name: decode, kwargs: {dtype: int32}}
-      - {fn: "mytransforms:long_enough", kind: filter, kwargs: {min_tokens: 16}}
-      - {name: pad, kwargs: {length: 512}}
-      - {fn: "mytransforms:mask_some", kind: random_map, kwargs: {rate: 0.1}}
-    batch: {size: 256, drop_remainder: true}
-    batch_transforms:           # batch level, in order (kind map_batch or random_map_batch)
-      - {fn: "mypackage.lm:shift"}
-
-``name`` is a registered transform (:data:`REGISTRY`, extend it with
-:func:`register`); ``fn`` is user code as ``"package.module:function"``, called
-with ``kwargs`` through ``functools.partial``. ``kind`` is ``map`` (the default
-under ``transforms``), ``random_map`` or ``filter`` for a record transform,
-``map_batch`` (the default under ``batch_transforms``) or ``random_map_batch``
-for a batch transform. A ``filter`` keeps the records for which
-``fn(record, **kwargs)`` is true (:meth:`Pipeline.filter`): loading the config
-scans the records once, or finds the survivors in the cache
-(``$QUERN_CACHE_DIR``, else ``~/.cache/quern``); it comes before any
-``random_map``. Relative paths are relative to
-the config file (the current directory for a dict). Validation (pydantic)
-reports every problem with its key path, the bad value and what was expected,
-and suggests the nearest key for an unknown one; it raises :class:`ConfigError`,
-whose message starts with the file's path when the config is a file, and says
-each prefix (file, key path, source) once.
-
-**Mixtures.** Instead of ``source:``, a ``mix:`` section makes the records come
-from named components in given proportions (:func:`quern.mix`)::
-
-    mix:
-      seed: 0                   # the assignment of positions to components
-      block: 1024               # positions per block (optional; see quern.pipeline.plan.mixture)
-      components:               # name: a config without batch, batch_transforms, bucket or mix
-        web:  {source: {type: array_record, paths: "web-*.array_record"}, seed: 1, shuffle: global,
-               transforms: [{fn: "mytransforms:english", kind: filter}]}
-        code: {source: {type: parquet, paths: "code/*.parquet"}, seed: 2}
-      weights: {web: 0.7, code: 0.3}          # relative; or, weights that change at steps:
-      # schedule: [{start_step: 0, weights: {web: 0.9, code: 0.1}},
-      #            {start_step: 2000, weights: {web: 0.5, code: 0.5}}]
-    transforms: [{name: decode, kwargs: {dtype: int32}}, {name: pad, kwargs: {length: 512}}]
-    batch: 64
-    batch_transforms: [{fn: "mypackage.lm:shift"}]
-
-Each component has the keys of a single-source config but ``batch``,
-``batch_transforms``, ``bucket`` and ``num_epochs`` (null if given: a component
-is endless, with its own epochs); its ``transforms`` may filter, and it may be
-packed (``pack`` and ``row_transforms``, see below). ``components`` may also be
-a list of components with a ``name`` each (the form :func:`to_config` writes):
-the components' order is part of the mixture, and a list keeps it whatever
-sorts a mapping's keys. Give exactly one of ``weights`` and ``schedule`` (its
-first stage at step 0, then increasing ``start_step``; each stage names every
-component). The top level of a mixture has no ``source``, ``seed`` (the
-mixture's is ``mix.seed``), ``shuffle``, ``num_epochs``, ``pack``,
-``row_transforms`` or ``bucket``; its ``transforms``
-(``map``, ``random_map``) apply to the mixed records. Bad weights or stages are
-reported at their key path (``mix.schedule.1.weights: the weight of 'web' is
--1.0; weights must be >= 0``). A mixture has at most :data:`MAX_COMPONENTS`
-components and :data:`MAX_SCHEDULE` stages.
-
-**Packing.** A ``pack:`` section packs the records (after ``transforms``) into
-rows of ``seq_len`` tokens (:meth:`Pipeline.pack`); ``row_transforms`` then run
-on the packed rows, and ``batch`` counts rows::
-
-    source: {type: parquet, paths: "docs/*.parquet", columns: [tokens, loss_mask]}
-    seed: 0
-    shuffle: global
-    transforms: [{fn: "mytransforms:long_enough", kind: filter}]   # records, before packing
-    pack: {seq_len: 2048, mode: best_fit, key: tokens}             # or pack: 2048 (best_fit, records are token arrays)
-    row_transforms: [{fn: "mytransforms:mask_rows", kind: random_map}]  # packed rows: map or random_map
-    batch: 64
-    batch_transforms: [{fn: "mypackage.lm:shift"}]
-
-``seq_len`` (>= 1) is the row length; ``mode`` is ``best_fit`` (the default:
-whole documents placed by best-fit decreasing, rows in a keyed random order) or
-``concat`` (documents concatenated in stream order and cut); ``key`` names the
-value of a dict record that holds its tokens (null, the default: each record
-is a 1-D token array). A row is ``{tokens, segment_ids, positions}`` plus the
-packed copies of the record's other per-token arrays. The plan comes from the
-records' *length index*: by default scanned once when the config is loaded and
-cached like a filter's survivors (``$QUERN_CACHE_DIR``, folder ``lengths/``),
-so the config needs nothing for it; ``lengths: path/to/lengths.npy`` (relative
-to the config file) gives it instead, one integer per record of the source
-(records a filter drops: any value), checked against a sample of records. The
-index's content is part of the fingerprint, not where it came from: a file
-holding the scanned values gives the same pipeline. The record ``transforms``
-before ``pack`` may filter but not ``random_map`` (lengths must not depend on
-the stream position: put a ``random_map`` under ``row_transforms``); a
-``row_transforms`` section needs ``pack``. ``quern inspect`` and ``quern run``
-print the fill (real tokens / (rows x ``seq_len``)) and padding of the steps
-shown or run, and ``quern explain`` every document of each row.
-
-A mixture's components may be packed, each with its own ``pack`` (and
-``row_transforms``, its key path ``mix.components.<name>.row_transforms``): the
-mixture then mixes packed rows by weight (:func:`quern.mix`), and ``batch``
-counts rows::
-
-    mix:
-      seed: 0
-      components:
-        web:  {source: {type: parquet, paths: "web/*.parquet", columns: [tokens]}, seed: 1, shuffle: global,
-               transforms: [{fn: "mytransforms:english", kind: filter}],
-               pack: {seq_len: 2048, key: tokens}}
-        code: {source: {type: parquet, paths: "code/*.parquet", columns: [tokens]}, seed: 2, shuffle: global,
-               pack: {seq_len: 2048, mode: concat, key: tokens},
-               row_transforms: [{fn: "mytransforms:mask_rows", kind: random_map}]}
-      weights: {web: 0.7, code: 0.3}
-    batch: 64
-
-The components' rows must have the same keys, dtypes and ``seq_len`` (a
-packed and an unpacked component, or two row lengths, fail when a batch is
-collated). The mixture itself is not packed: a top-level ``pack`` (or
-``row_transforms``) with ``mix:`` is refused.
-
-**Length buckets.** Instead of ``batch:``, a ``bucket:`` section makes every step
-a batch of records from one bucket of lengths, padded to the bucket's upper
-bound (:meth:`Pipeline.bucket`: few static shapes, one per bucket)::
-
-    source: {type: parquet, paths: "docs/*.parquet", columns: [tokens]}
-    seed: 0
-    shuffle: global
-    transforms: [{fn: "mytransforms:long_enough", kind: filter}]   # records, before bucketing
-    bucket:
-      boundaries: [256, 512, 1024]     # bucket b: lengths in (boundaries[b-1], boundaries[b]]
-      batch_sizes: [64, 32, 16]        # rows per step of each bucket
-      key: tokens                      # the tokens of a dict record (null: records are token arrays)
-      pad_value: 0
-      block: 1024                      # steps per block of the assignment to buckets (optional)
-      lengths: lengths.npy             # the length index (optional: scanned and cached, as for pack)
-    batch_transforms: [{fn: "mypackage.lm:shift"}]
-
-``boundaries`` are increasing lengths >= 1 (records longer than the last go to
-the last bucket, truncated to it), ``batch_sizes`` one per bucket (each
-divisible by the host count); a step's batch is ``{tokens, length}`` (shape
-``(batch_size, bound)``; :func:`quern.transforms.pad`) plus the records'
-other fields as they are, so drop or pad a record's other variable-length
-fields before (``columns:``, or a transform). Steps go to buckets in
-proportion to records per batch, so every bucket goes through its records at
-the same pace; each bucket has its own epochs, so the stream is endless
-(``num_epochs`` null if given). ``lengths`` is read as for ``pack``. A bucketed
-config is single-source: ``bucket`` with ``batch``, ``pack``,
-``row_transforms`` or ``mix:`` is refused, and, as for ``pack``, the record
-``transforms`` may filter but not ``random_map`` (randomize the padded batches
-with a ``random_map_batch`` under ``batch_transforms``). ``quern inspect``,
-``quern run`` and ``quern explain`` print the bucket of the step(s) and their
-padding (padded slots / (rows x bound)).
-
-What a config may import is :mod:`quern.pipeline.trust`'s rule (for a filter's
-``fn`` as for any other); the limits on what a config file can make quern do are
-:mod:`quern.pipeline.limits`'.
+:func:`load_config` reads the config (bounded: :mod:`quern.pipeline.limits`),
+checks it (:func:`~quern.pipeline.config.validate.validate`), resolves its
+transforms under the trust rule of :mod:`quern.pipeline.config.trust`, and
+builds the pipeline with the public API. The pipeline depends on the config, the
+files it names (relative paths against the config file's folder, the current
+directory for a dict) and the code of the transforms it names. The format is
+the schema's: :mod:`quern.pipeline.config.schema`.
 """
 
 from __future__ import annotations
@@ -168,8 +20,23 @@ from typing import Any
 
 import yaml
 
-from . import sources
-from .config_schema import (
+from .. import sources
+from ..dataset import Pipeline
+from ..errors import ConfigError, ScanError, SourceError
+from ..index import host_rows
+from ..limits import (
+    MAX_BYTES,
+    Loader,
+    bounded,
+    clip,
+    measure,
+    object_children,
+    show,
+)
+from ..mix import mix
+from ..plan import mixture as _mixture
+from ..registry import REGISTRY
+from .schema import (
     ArrayRecordConfig,
     BucketConfig,
     BucketPipelineConfig,
@@ -182,36 +49,17 @@ from .config_schema import (
     ShuffleConfig,
     TensorStoreConfig,
     TransformConfig,
-    validate,
 )
-from .dataset import Pipeline
-from .dump import to_config
-from .errors import ConfigError, ScanError, SourceError
-from .index import host_rows
-from .limits import (
-    MAX_BYTES,
-    Loader,
-    bounded,
-    clip,
-    measure,
-    object_children,
-    show,
-)
-from .mix import mix
-from .plan import mixture as _mixture
-from .registry import REGISTRY, register
 from .trust import Policy, prefixes
+from .validate import validate
 
-__all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]
-
-
-# --------------------------------------------------------------------------- loading
+__all__ = ["load_config"]
 
 
 def _read(config: Any) -> tuple[dict, str, str | None]:
     """The config as a dict, the folder relative paths are resolved against, and
     the file's path (``None`` for a dict). Messages name the file. Bounded: see
-    "Limits" in the module docstring."""
+    :mod:`quern.pipeline.limits`."""
     if isinstance(config, dict):
         measure(config, object_children, "the config")
         return config, os.getcwd(), None
@@ -314,21 +162,32 @@ def _source(
         raise ConfigError(_prefixed(key, e)) from e
 
 
-def load_config(config: Any, process_count: int = 1, allow: str | Iterable[str] | None = None) -> Pipeline:
-    """A :class:`Pipeline` from a config (a YAML or JSON file path, or a dict).
+def load_config(config: Any, *, process_count: int = 1, allow: str | Iterable[str] | None = None) -> Pipeline:
+    """A :class:`Pipeline` from a config.
 
-    ``process_count``: the number of hosts the pipeline will run on, checked to
-    divide the batch size. ``allow``: module prefixes whose functions ``fn``
-    entries may name (``["mypkg"]`` allows ``mypkg`` and ``mypkg.sub``), added
-    to those of the ``QUERN_ALLOW`` environment variable; without them a config
-    names only registered transforms and functions of modules in its own folder
-    (see "What a config may run" in the module docstring). Raises
-    :class:`ConfigError` naming every problem, and the file first when
-    ``config`` is one (each prefix said once). Relative data paths are found from
-    the config file's folder (the current directory for a dict). A ``filter``
+    The format is :mod:`quern.pipeline.config.schema`'s. Relative data paths are found
+    from the config file's folder (the current directory for a dict). A ``filter``
     stage scans its records once (or finds its cached survivors, see
-    :meth:`Pipeline.filter`); a predicate that raises is a
-    :class:`~quern.pipeline.errors.ScanError` naming the stage's key path."""
+    :meth:`Pipeline.filter`).
+
+    Args:
+        config: a YAML or JSON file's path, or a dict.
+        process_count: the number of hosts the pipeline will run on, checked to divide
+            the batch size.
+        allow: module prefixes whose functions ``fn`` entries may name (``["mypkg"]``
+            allows ``mypkg`` and ``mypkg.sub``), added to those of the ``QUERN_ALLOW``
+            environment variable; without them a config names only registered
+            transforms and functions of modules in its own folder (the rule of
+            :mod:`quern.pipeline.config.trust`).
+
+    Returns:
+        The pipeline the config describes.
+
+    Raises:
+        ConfigError: naming every problem, and the file first when ``config`` is one
+            (each prefix said once).
+        ScanError: a filter's predicate raised on a record; it names the stage's key path.
+    """
     allowed = prefixes(allow)
     path = None if isinstance(config, dict) else os.fspath(config)
     try:
@@ -427,7 +286,7 @@ def _leaf(
         raise ConfigError(_prefixed(f"{where}source", e)) from e
     if cfg.shuffle is not None:
         sh = ShuffleConfig.model_validate({"mode": cfg.shuffle}) if isinstance(cfg.shuffle, str) else cfg.shuffle
-        pipe = pipe.shuffle(sh.mode, block=sh.block, window=sh.window)
+        pipe = pipe.shuffle(sh.mode, block_size=sh.block, window=sh.window)
     kinds = ("map", "random_map", "filter")
     return _add_stages(pipe, cfg.transforms, f"{where}transforms", kinds, "batch_transforms", policy)
 

@@ -79,9 +79,9 @@ from typing import Any
 
 import cloudpickle
 
-from .errors import ConfigError
-from .limits import show
-from .registry import REGISTRY
+from ..errors import ConfigError
+from ..limits import show
+from ..registry import REGISTRY
 
 __all__ = ["ALLOW_VARIABLE", "FN", "FN_FORM", "IDENT", "MODULE", "Policy", "import_object", "prefixes"]
 

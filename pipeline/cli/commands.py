@@ -1,0 +1,233 @@
+"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench`` and ``prepare``.
+
+Each ``cmd_*`` takes the parsed arguments (:func:`~quern.pipeline.cli.parser.build_parser`),
+prints its report on stdout (:mod:`quern.pipeline.cli.reports`) and returns the
+exit status; what it raises, :func:`quern.pipeline.cli.main` turns into one
+message and a status (:mod:`quern.pipeline.cli.failure`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...prepare import prepare
+from .. import bench
+from ..config import load_config
+from ..dataset import Pipeline
+from ..limits import MAX_BYTES
+from ..progress import Bar
+from ..sources.prepared import MANIFEST
+from ..tree import leaves
+from . import reports
+from .failure import clip
+from .parser import EXIT_USAGE
+
+__all__ = ["COMMANDS", "cmd_bench", "cmd_explain", "cmd_inspect", "cmd_prepare", "cmd_run"]
+
+
+def _load(args: argparse.Namespace) -> Pipeline:
+    """The pipeline of ``args.config``, with the ``--allow`` prefixes given before and after
+    the command's name; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
+    allow = [*(getattr(args, "allow_before", None) or ()), *(getattr(args, "allow", None) or ())]
+    return load_config(args.config, process_count=getattr(args, "process_count", 1), allow=allow)
+
+
+def _read_state(path: str) -> Any:
+    """The JSON of a state file, read at most :data:`~quern.pipeline.limits.MAX_BYTES`;
+    a ``ValueError`` saying why not (exit 2)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise ValueError(str(e)) from e
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES:,} bytes: not a state saved by quern")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
+        raise ValueError(f"not JSON: {e}") from e
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``quern run``: iterate the pipeline (a progress bar on a terminal), print the throughput
+    and the report of the steps run, and save the state if asked.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status: 0, or :data:`EXIT_USAGE` for a state file it cannot resume from.
+    """
+    pipe = _load(args)
+    start = args.start_step
+    if args.state:
+        try:
+            state = _read_state(args.state)
+        except ValueError as e:
+            print(clip(f"quern: cannot read the state file {args.state}: {e}"), file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            start = pipe.check_state(state, force=args.force)
+        except (ValueError, TypeError, IndexError) as e:  # another pipeline's state, or a bad step in it
+            message = str(e).replace("force=True", "--force")
+            print(clip(f"quern: cannot resume from {args.state}: {message}"), file=sys.stderr)
+            return EXIT_USAGE
+    steps = args.steps
+    start = pipe.check_step(start, name="start step", end_ok=True)  # past the end: main() exits 2
+    if pipe.num_steps is not None:
+        if pipe.num_steps - start < steps:
+            steps = pipe.num_steps - start
+            print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
+    t0, records = time.perf_counter(), 0
+    noun = reports.row_noun(pipe)
+    report = reports.RunReport(pipe, start)
+    # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
+    with Bar(steps, "quern run", unit="step", count=noun) as bar:
+        with pipe.iterator(start_step=start, num_workers=args.workers, step_timeout=args.step_timeout) as it:
+            for i in range(steps):
+                batch = next(it)
+                made = len(leaves(batch)[0][1])  # the step's records (rows)
+                records += made
+                report.add(start + i, batch, made)
+                bar.update(1, made)
+            state = it.state()
+    seconds = time.perf_counter() - t0
+    print(
+        f"{steps} steps, {records:,} {noun} in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} {noun}/s, "
+        f"{steps / max(seconds, 1e-9):,.1f} steps/s; next step {state['step']}"
+    )
+    for line in report.lines(steps):
+        print(line)
+    if args.save_state:
+        with open(args.save_state, "w") as f:
+            json.dump(state, f)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """``quern explain``: which records make each row of one step's host slice (text or JSON).
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status, 0.
+    """
+    pipe = _load(args)
+    where = (args.step, args.process_index, args.process_count)
+    rows = pipe.explain(*where)  # bad arguments: main() exits 2
+    first = pipe.positions(*where)
+    if args.json:
+        print(json.dumps(reports.explain_json(pipe, *where, first, rows)))
+    else:
+        print("\n".join(reports.explain_lines(pipe, *where, first, rows)))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``quern inspect``: the shapes, dtypes, value summaries and padding of one batch.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status, 0.
+    """
+    pipe = _load(args)
+    batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 1 or 2
+    print(f"step {args.step}, host {args.process_index} of {args.process_count}")
+    lines = reports.inspect_lines(pipe, args.step, args.process_index, args.process_count, batch)
+    for line in lines + reports.batch_lines(batch):
+        print("  " + line)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``quern bench``: time each stage, then a training loop's data wait, and say where the
+    data waits (:mod:`quern.pipeline.bench`); draw it with ``--plot``.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status: 0, or :data:`EXIT_USAGE` for ``--plot`` without matplotlib.
+    """
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("quern: bench --plot needs matplotlib: pip install 'quern[plot]'", file=sys.stderr)
+            return EXIT_USAGE
+    pipe = _load(args)
+    end = pipe.check_step(args.start_step, name="start step") + args.steps  # past the end: main() exits 2
+    if pipe.num_steps is not None:
+        end = min(end, pipe.num_steps)
+    steps = end - args.start_step
+    noun = reports.row_noun(pipe)
+    prof = bench.profile(pipe, args.start_step, steps)
+    run = bench.loop(pipe, args.start_step, steps, args.workers, args.step_ms / 1e3)
+    diagnosis = bench.diagnose(pipe, run)
+    print("\n".join(bench.report(prof, run, diagnosis, noun)))
+    if args.plot:
+        bench.plot(prof, run, diagnosis, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """``quern prepare``: convert inputs to ArrayRecord shards with a manifest
+    (:func:`quern.prepare.prepare`), and print what was written.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status, 0.
+    """
+    finished = os.path.exists(os.path.join(args.output, MANIFEST))
+    t0 = time.perf_counter()
+    split = lambda text: [x for x in (text or "").split(",") if x]  # noqa: E731
+    m = prepare(
+        args.inputs,
+        args.output,
+        map=args.map,
+        fields=split(args.fields),
+        shard_size=args.shard_size,
+        num_workers=args.workers,
+        ray=args.ray or args.ray_address is not None,
+        ray_address=args.ray_address,
+        skip_errors=args.skip_errors,
+        format=args.format,
+        field=args.field,
+        columns=split(args.columns),
+        include=args.include or (),
+        compression=args.compression,
+    )
+    seconds = time.perf_counter() - t0
+    count, total = m["records"]["count"], sum(s["bytes"] for s in m["shards"])
+    skipped = m["skipped"]["count"]
+    if finished:
+        print(f"{args.output} is complete: {count:,} records in {len(m['shards'])} shards, every checksum verified")
+        return 0
+    print(
+        f"prepared {count:,} records in {len(m['shards'])} shards ({total / 2**20:,.1f} MiB) in {args.output} "
+        f"in {seconds:.2f} s: {count / seconds:,.0f} records/s, {total / 2**20 / seconds:,.1f} MiB/s"
+        + (f"; skipped {skipped:,} (listed in the manifest)" if skipped else "")
+    )
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "explain": cmd_explain,
+    "inspect": cmd_inspect,
+    "bench": cmd_bench,
+    "prepare": cmd_prepare,
+}
+"""Each command's function, by the name :func:`~quern.pipeline.cli.parser.build_parser` parses."""

@@ -1,0 +1,213 @@
+"""The command line of ``quern``: its parser, its help epilog and its exit statuses.
+
+The parser knows the commands by name only (``args.command``); what each does is
+:mod:`quern.pipeline.cli.commands`'. Exit statuses:
+
+- 0: done.
+- :data:`EXIT_DATA` (1): the data failed while batches were being made: a
+  transform raised, a record could not be read or collated
+  (:class:`~quern.StepError`, which names the step, host slice, stage and
+  records, and the original error), a source failed
+  (:class:`~quern.SourceError`), a filter's predicate raised while the filter
+  scanned its records (:class:`~quern.ScanError`, which names the config key of
+  the filter), worker processes could not start or kept dying
+  (:class:`~quern.WorkerError`); also any unexpected error.
+- :data:`EXIT_USAGE` (2): the command could not start from what it was given:
+  bad arguments, a config that does not load (:class:`~quern.ConfigError`,
+  which covers data files that cannot be found or opened, and functions the
+  config may not import), a step outside the stream, a state file that is
+  unreadable, too large, not a state (a step that is not an integer: ``"3"``,
+  ``3.0``, ``true``) or saved from another pipeline.
+- :data:`EXIT_INTERRUPTED` (130): interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ... import __version__
+
+__all__ = ["EPILOG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser"]
+
+EXIT_DATA = 1
+"""Exit status when the data fails while batches are made (see the module docstring)."""
+EXIT_USAGE = 2
+"""Exit status when the arguments, the config or the state file are bad."""
+EXIT_INTERRUPTED = 130
+"""Exit status when the command is interrupted (Ctrl-C)."""
+
+EPILOG = """\
+code: a config's fn entries may name registered transforms, modules in the config's own folder, and modules
+under prefixes given with --allow PREFIX or QUERN_ALLOW=PREFIX,PREFIX; anything else is refused (exit 2).
+errors: one message on stderr, or the full traceback with --traceback.
+exit status: 0 done; 1 the data failed while making batches (a transform raised, a record could not be
+read or collated, workers could not start or kept dying); 2 bad arguments, config or state file (the
+command could not start); 130 interrupted."""
+"""The end of every ``--help``: what a config may run, errors and exit statuses."""
+
+
+def _nonneg(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``quern``'s arguments.
+
+    Returns:
+        The parser; ``args.command`` names the command parsed (``run``, ``explain``,
+        ``inspect``, ``bench``, ``prepare``).
+    """
+    ap = argparse.ArgumentParser(
+        prog="quern",
+        description="Run, explain, inspect and bench quern pipeline configs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"quern {__version__}")
+    traceback_help = "on an error, print the full Python traceback instead of one message"
+    allow_help = (
+        "let the config name functions of modules under PREFIX, a dotted module name: 'mypkg' allows "
+        "mypkg and mypkg.sub, not mypkgevil (repeatable; also QUERN_ALLOW=PREFIX,PREFIX). Without it a config "
+        "names only registered transforms and modules in its own folder"
+    )
+    ap.add_argument("--traceback", action="store_true", help=traceback_help)
+    ap.add_argument("--allow", action="append", dest="allow_before", metavar="PREFIX", help=allow_help)
+    sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)  # SUPPRESS: given before the command, it is kept
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=traceback_help)
+    common.add_argument("--allow", action="append", metavar="PREFIX", help=allow_help)  # its own dest: both kept
+
+    def with_config(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("config", help="pipeline config: a YAML or JSON file")
+        return p
+
+    def host(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--process-index", type=_nonneg, default=0, help="this host's index (default 0)")
+        p.add_argument("--process-count", type=_positive, default=1, help="number of hosts (default 1)")
+
+    p = with_config("run", "iterate the pipeline (a progress bar on a terminal) and print throughput")
+    p.add_argument("--steps", type=_positive, default=100, help="steps to run (default 100)")
+    p.add_argument("--start-step", type=_nonneg, default=0, help="first step (default 0; --state overrides it)")
+    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes (default 0)")
+    p.add_argument(
+        "--step-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="fail (exit 1) naming the step and stage when a step takes longer (default: no deadline)",
+    )
+    p.add_argument("--state", help="resume from this saved state (JSON); refused if the data or config changed")
+    p.add_argument("--force", action="store_true", help="resume from --state even if the fingerprint differs")
+    p.add_argument("--save-state", help="write the state after the last step to this JSON file")
+
+    p = with_config(
+        "explain", "which records make each row of a step (O(batch), any step); a mixture's rows name their component"
+    )
+    p.add_argument("--step", type=_nonneg, required=True)
+    host(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = with_config("inspect", "shapes, dtypes, value summaries and padding of one batch")
+    p.add_argument("--step", type=_nonneg, required=True)
+    host(p)
+
+    p = with_config(
+        "bench",
+        "time per stage (read, transforms, collate), then a training loop's data wait and bubble rate, and where "
+        "the data waits (device, host memory, local disk, network) with a suggestion",
+    )
+    p.add_argument("--steps", type=_positive, default=20, help="steps to time (default 20)")
+    p.add_argument("--start-step", type=_nonneg, default=0)
+    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes of the loop (default 0)")
+    p.add_argument(
+        "--step-ms",
+        type=_nonneg_float,
+        default=0.0,
+        help="the training step the loop simulates, in ms (default 0: none)",
+    )
+    p.add_argument("--plot", metavar="OUT.png", help="draw the loop's wait vs compute and the stage times per step")
+
+    help = "convert inputs to ArrayRecord shards with a manifest and a metadata index (see quern.prepare)"
+    p = sub.add_parser("prepare", help=help, description=help, parents=[common], epilog=EPILOG)
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a directory of small files, JSON-lines (.jsonl), Parquet (.parquet) or ArrayRecord files, a glob, "
+        "or a prepared folder; in the order given (a directory's files sorted by relative path)",
+    )
+    p.add_argument("--output", "-o", required=True, help="the folder to write (new or empty; or an unfinished prepare)")
+    p.add_argument(
+        "--map",
+        help="module:function applied to each record (a tokeniser, say); the current directory is searched first",
+    )
+    p.add_argument(
+        "--workers", type=_nonneg, default=None, help="processes writing shards (default: the CPU count; 0: this one)"
+    )
+    p.add_argument("--shard-size", default="128MB", help="bytes per shard, e.g. 512KB, 1MB, 128MB, 1GB (default 128MB)")
+    p.add_argument(
+        "--fields",
+        help="scalar fields for the metadata index, comma-separated (JSON keys, Parquet columns, or the map's dict)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["files", "jsonl", "parquet", "array_record"],
+        help="the kind of every input (default: by name)",
+    )
+    p.add_argument("--field", help="JSON lines: the record is this field of each line (default: the whole line)")
+    p.add_argument("--columns", help="Parquet: the columns read (one: the record; several: a dict for --map)")
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="directories: only files whose relative path matches (repeatable)",
+    )
+    p.add_argument(
+        "--compression",
+        default="zstd:1",
+        help="per record: zstd[:LEVEL] (default zstd:1), brotli[:LEVEL], snappy or uncompressed (fastest reads)",
+    )
+    p.add_argument(
+        "--skip-errors", action="store_true", help="skip records that cannot be read or mapped; counted in the manifest"
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="write the shards as Ray tasks on a new local cluster (pip install 'quern[ray]')",
+    )
+    p.add_argument(
+        "--ray-address", help="the Ray cluster to use (implies --ray); input and output must be on a shared file system"
+    )
+    return ap
