@@ -48,11 +48,9 @@ class Loop(NamedTuple):
 
 def stage_names(pipe: Any) -> list[str]:
     """The stages of ``pipe`` in the order they run (a mixture's ``read: NAME`` included when met)."""
-    inner = [] if pipe.packing is None else [op.label(k) for k, op in enumerate(pipe.packing.inner.record_ops)]
     return (
         [execute.READ]
-        + inner
-        + (["pack"] if pipe.packing is not None else [])
+        + pipe.stream.stages_before()
         + [op.label(k) for k, op in enumerate(pipe.record_ops)]
         + [execute.COLLATE]
         + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
@@ -101,16 +99,14 @@ def loop(pipe: Any, start: int, count: int, workers: int, step_s: float) -> Loop
 def source_facts(pipe: Any) -> list[SourceFacts]:
     """What the triage needs of each source ``pipe`` reads, named as its read stage names it."""
     out = []
-    for name, leaf in zip(pipe.leaf_names, pipe.leaves):
-        src = leaf.source if leaf.source is not None else leaf.packing.inner.source
-        definition = leaf if leaf.source is not None else leaf.packing.inner
+    for name, leaf, src in zip(pipe.leaf_names, pipe.leaves, pipe.sources):
         out.append(
             SourceFacts(
                 name=name,
                 kind=type(src).__name__,
                 remote=getattr(src, "cache", None) is not None,
                 block_size=int(src.block_size()),
-                shuffle=definition.shuffle_mode,
+                shuffle=leaf.stream.read_order(),
             )
         )
     return out

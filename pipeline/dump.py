@@ -50,10 +50,10 @@ from .plan.mixture import QUANTUM, quantize
 from .registry import REGISTRY
 from .tree import to_plain
 
-__all__ = ["to_config", "weights_config"]
+__all__ = ["to_config", "weights_config", "batch_config", "source_config", "stages_config", "transform_config"]
 
 
-def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
+def transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
     for name, factory in REGISTRY.items():
         if isinstance(factory, type) and type(fn) is factory and dataclasses.is_dataclass(fn):
             fields = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
@@ -71,7 +71,8 @@ def _transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str
     return {"fn": f"{module}:{qualname}", "kind": kind, "kwargs": to_plain(kwargs)}
 
 
-def _source_config(src: Any, where: str) -> dict[str, Any]:
+def source_config(src: Any, where: str) -> dict[str, Any]:
+    """The config of a file-based source (``where``: its key path, for messages)."""
     if isinstance(src, sources.ArrayRecordSource):
         # a prepared folder (or its URL): by its manifest; files read by URL: their URLs, not the cached copies
         paths = [src.folder] if src.folder is not None else list(src._file_urls or src.paths)
@@ -92,42 +93,9 @@ def _source_config(src: Any, where: str) -> dict[str, Any]:
     raise ValueError(f"{where} {name!r} ({type(src).__name__}) has no config form: use a file-based source")
 
 
-def _leaf_config(pipe: Any, where: str) -> dict[str, Any]:
-    """``source``, ``seed``, ``shuffle`` and ``transforms`` of a single-source pipeline;
-    ``where``: its key path and a dot (``""`` at the top level), for messages."""
-    shuffle: str | dict[str, Any] | None = None
-    if pipe.shuffle_mode == "global":
-        shuffle = "global"
-    elif pipe.shuffle_mode == "block":
-        shuffle = {"mode": "block", "block": pipe.block, "window": pipe.window}
-    return {
-        "source": _source_config(pipe.source, f"{where}source"),
-        "seed": pipe.seed,
-        "shuffle": shuffle,
-        "transforms": _stages(pipe.record_ops, f"{where}transforms"),
-    }
-
-
-def _packed_config(pipe: Any, where: str) -> dict[str, Any]:
-    """``source``, ``seed``, ``shuffle``, ``transforms``, ``pack`` and ``row_transforms`` of a
-    packed pipeline (without batch); ``where``: its key path and a dot."""
-    p = pipe.packing
-    if p.inner.host_lengths is not None:
-        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-    return {
-        **_leaf_config(p.inner, where),
-        "pack": {
-            "seq_len": p.seq_len,
-            "mode": p.mode,
-            "key": p.key,
-            "lengths": p.lengths_file,  # the file it was read from, if any (see above)
-        },
-        "row_transforms": _stages(pipe.record_ops, f"{where}row_transforms"),
-    }
-
-
-def _stages(ops: Any, where: str) -> list[dict[str, Any]]:
-    return [_transform_config(op.fn, op.kind.value, f"{where}.{i}") for i, op in enumerate(ops)]
+def stages_config(ops: Any, where: str) -> list[dict[str, Any]]:
+    """The config entries of transforms ``ops`` (``where``: their key path)."""
+    return [transform_config(op.fn, op.kind.value, f"{where}.{i}") for i, op in enumerate(ops)]
 
 
 def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str, float]:
@@ -144,73 +112,24 @@ def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str
     return dict(zip(names, exact))
 
 
+def batch_config(pipe: Any) -> dict[str, Any]:
+    """``batch`` and ``batch_transforms`` of a batched pipeline's config."""
+    return {
+        "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
+        "batch_transforms": stages_config(pipe.batch_ops, "batch_transforms"),
+    }
+
+
 def to_config(pipe: Any) -> dict[str, Any]:
     """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
 
-    Raises ``ValueError`` when a part of the pipeline has no config form (an
-    in-memory source, a lambda), naming its key path."""
-    if pipe.host_lengths is not None:
-        raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-    head: dict[str, Any]
-    if pipe.bucketing is not None:
-        bk = pipe.bucketing
-        if bk.inner.host_lengths is not None:
-            raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
-        return {
-            **_leaf_config(bk.inner, ""),
-            "bucket": {
-                "boundaries": list(bk.boundaries),
-                "batch_sizes": list(bk.batch_sizes),
-                "key": bk.key,
-                "pad_value": to_plain(bk.pad_value),
-                "block": bk.block,
-                "lengths": getattr(bk, "lengths_file", None),  # the file it was read from, if recorded (see above)
-            },
-            "batch_transforms": _stages(pipe.batch_ops, "batch_transforms"),
-        }
-    if pipe.packing is not None:
-        packed = _packed_config(pipe, "")
-        head = {
-            "source": packed["source"],
-            "seed": packed["seed"],
-            "num_epochs": pipe.packing.inner.num_epochs,
-            **{k: packed[k] for k in ("shuffle", "transforms", "pack", "row_transforms")},
-        }
-    elif pipe.mixture is not None:
-        m = pipe.mixture
-        mix: dict[str, Any] = {
-            "seed": m.seed,
-            "block": m.block,
-            "components": [  # a list: the order is the mixture's, whatever a YAML dumper does to keys
-                {
-                    "name": name,
-                    **(
-                        _leaf_config(c, f"mix.components.{name}.")
-                        if c.packing is None
-                        else _packed_config(c, f"mix.components.{name}.")
-                    ),
-                }
-                for name, c in zip(m.names, m.components)
-            ],
-        }
-        if len(m.stages) == 1:
-            mix["weights"] = weights_config(m.names, m.stages[0].weights)
-        else:
-            mix["schedule"] = [
-                {"start_step": st.start_step, "weights": weights_config(m.names, st.weights)} for st in m.stages
-            ]
-        head = {"mix": mix, "transforms": _stages(pipe.record_ops, "transforms")}
-    else:
-        leaf = _leaf_config(pipe, "")
-        head = {
-            "source": leaf["source"],
-            "seed": leaf["seed"],
-            "num_epochs": pipe.num_epochs,
-            "shuffle": leaf["shuffle"],
-            "transforms": leaf["transforms"],
-        }
-    return {
-        **head,
-        "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
-        "batch_transforms": _stages(pipe.batch_ops, "batch_transforms"),
-    }
+    Args:
+        pipe: a pipeline.
+
+    Returns:
+        Its config, written by its stream (:meth:`~quern.pipeline.streams.Stream.to_config`).
+
+    Raises:
+        ValueError: a part of the pipeline has no config form (an in-memory source, a lambda), naming its key path.
+    """
+    return pipe.stream.to_config(pipe)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 from . import execute
 from .errors import StepTimeoutError, exit_if_forked
@@ -27,13 +27,37 @@ from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window, stage_now
 from .workers import WorkerPool, sigint_deferred
 
-__all__ = ["PipelineIterator", "PREFETCH", "PREFETCH_MEMORY", "THREAD_READ_RECORDS", "THREAD_READ_STEPS"]
+__all__ = [
+    "PipelineIterator",
+    "IteratorOptions",
+    "PREFETCH",
+    "PREFETCH_MEMORY",
+    "THREAD_READ_RECORDS",
+    "THREAD_READ_STEPS",
+]
 
 THREAD_READ_RECORDS = 4096  # num_workers=0: about this many records per bulk read...
 THREAD_READ_STEPS = 16  # ...but at most this many steps
 PREFETCH = 2  # chunks (threads) or tasks per worker always in flight
 PREFETCH_MEMORY = 2 << 30  # bytes of batches the adaptive prefetch window may hold
 WINDOW_EVERY = 8  # steps between updates of the adaptive prefetch window
+
+
+class IteratorOptions(TypedDict, total=False):
+    """The keyword-only options of :class:`PipelineIterator` (their defaults are its signature's),
+    as ``Pipeline.iterator(start_step, **options)`` and ``Pipeline.resume(state, **options)`` take them."""
+
+    process_index: int
+    process_count: int
+    num_workers: int
+    prefetch: int | None
+    num_threads: int
+    read_ahead: int | None
+    copy_batches: bool
+    lookahead: int
+    prefetch_memory: int
+    timings: bool
+    step_timeout: float | None
 
 
 class PipelineIterator:
@@ -135,6 +159,7 @@ class PipelineIterator:
         self,
         pipe: execute.Definition,
         start_step: int = 0,
+        *,
         process_index: int = 0,
         process_count: int = 1,
         num_workers: int = 0,
@@ -154,7 +179,7 @@ class PipelineIterator:
         self._stop_waiting = False  # close() was called: a waiting next() gives up
         self._close_after = False  # close() was called from inside next() (a signal handler): close on return
         self.pipe = pipe
-        self.step = pipe.check_step(start_step, "start_step", end_ok=True)
+        self.step = pipe.check_step(start_step, name="start_step", end_ok=True)
         self.num_workers = check_int(num_workers, "num_workers", 0)
         self.adaptive = prefetch is None
         self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
@@ -379,7 +404,9 @@ class PipelineIterator:
             return
         self._batch_bytes = max(self._batch_bytes or 1, batch_nbytes(batch))
         load = self._workers.load if self._workers is not None else self._load
-        self.window = prefetch_window(self.clock.step_time(), load, self._batch_bytes, self.prefetch_memory)
+        self.window = prefetch_window(
+            self.clock.step_time(), load, batch_bytes=self._batch_bytes, budget=self.prefetch_memory
+        )
         if self._workers is not None:
             self._workers.ahead = self.window
 

@@ -29,24 +29,40 @@ def _caches(sources: Any) -> list[Any]:
 
 
 def cache_counts(pipe: Any) -> dict[str, int]:
-    """This process's counters (:data:`CACHE_COUNTS`) of the disk caches of ``pipe``'s
-    sources, added up: a worker process reports them to the parent."""
-    caches = _caches(_leaf_source(leaf) for leaf in pipe.leaves)
+    """This process's counters of the disk caches of ``pipe``'s sources, added up.
+
+    A worker process reports them to the parent. A cache shared by several
+    sources is counted once.
+
+    Args:
+        pipe: a pipeline (its ``sources`` are read).
+
+    Returns:
+        ``{name: count}`` for each name of :data:`CACHE_COUNTS`.
+    """
+    caches = _caches(pipe.sources)
     return {k: sum(c.stats.get(k, 0) for c in caches) for k in CACHE_COUNTS}
-
-
-def _leaf_source(leaf: Any) -> Any:
-    return leaf.source if getattr(leaf, "source", None) is not None else None
 
 
 def records_of_steps(
     pipe: Any, steps: range, process_index: int = 0, process_count: int = 1
 ) -> list[tuple[Any, np.ndarray, np.ndarray]]:
-    """``[(source, ids, step)]``: the records this host's rows of ``steps`` read, per
-    source, in step order (ids may repeat), each with the step that reads it. Plain,
-    mixed and packed pipelines; a bucketed one gives ``[]`` (its reads are not planned
-    here)."""
-    if not len(steps) or getattr(pipe, "bucketing", None) is not None:
+    """The records this host's rows of ``steps`` read, per source, in step order.
+
+    The reads are those the pipeline's stream plans (``pipe.stream.reads``);
+    steps past a finite pipeline's end are left out.
+
+    Args:
+        pipe: the pipeline.
+        steps: the steps, consecutive.
+        process_index: this host.
+        process_count: the number of hosts.
+
+    Returns:
+        ``[(source, ids, steps)]``: per source read, the record ids in read order
+        (they may repeat) and, for each, the step that reads it.
+    """
+    if not len(steps):
         return []
     end = getattr(pipe, "num_steps", None)
     if end is not None:
@@ -58,43 +74,54 @@ def records_of_steps(
     if not positions.size:
         return []
     step_of = np.repeat(np.asarray(steps, dtype=np.int64), [len(p) for p in per])
-    leaves = pipe.leaves
-    if getattr(pipe, "packing", None) is not None:
-        src = _leaf_source(leaves[0])
-        pieces = pipe.pieces(positions)
-        return [] if src is None else [(src, pieces.ids, step_of[pieces.row])]
-    seg = pipe.segments(positions)
-    out = []
-    for k, leaf in enumerate(leaves):
-        src = _leaf_source(leaf)
-        mine = seg.component == k
-        if src is not None and mine.any():
-            out.append((src, seg.ids[mine], step_of[mine]))
-    return out
+    return [(src, ids, step_of[rows]) for src, ids, rows in pipe.stream.reads(positions)]
 
 
 class Lookahead:
-    """Keeps the sources' fetches ``steps`` steps ahead of an iterator (see the module docstring)."""
+    """Keeps the sources' fetches ``steps`` steps ahead of an iterator (see the module docstring).
+
+    Args:
+        pipe: the pipeline the iterator runs.
+        process_index: this host.
+        process_count: the number of hosts.
+        steps: how many steps ahead the reads are handed to the sources.
+
+    Attributes:
+        sources: the sources of ``pipe`` that fetch ahead.
+        last: the step of the last hand-over, or ``None``.
+    """
 
     def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, steps: int = LOOKAHEAD) -> None:
         self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
         self.last: int | None = None  # the step of the last hand-over
         self._thread: Any = None  # the one thread that computes the window's reads
         self._running: Any = None
-        leaf_sources = [_leaf_source(leaf) for leaf in pipe.leaves]
-        self.sources = [src for src in leaf_sources if getattr(src, "fetches_ahead", False)]
+        self.sources = [src for src in pipe.sources if getattr(src, "fetches_ahead", False)]
 
     @staticmethod
     def wanted(pipe: Any) -> bool:
-        """Whether ``pipe`` reads a source that fetches ahead (a remote one)."""
-        return any(getattr(_leaf_source(leaf), "fetches_ahead", False) for leaf in pipe.leaves)
+        """Whether ``pipe`` reads a source that fetches ahead (a remote one).
+
+        Args:
+            pipe: the pipeline.
+
+        Returns:
+            Whether a :class:`Lookahead` of it would do anything.
+        """
+        return any(getattr(src, "fetches_ahead", False) for src in pipe.sources)
 
     def advance(self, step: int) -> None:
-        """The iterator is at ``step``: tell the sources, and every quarter of the window
-        hand them the reads of steps ``step .. step + steps`` (each fetches what fits its
-        cache, in order). The plan of the window is computed on a background thread,
-        not in the caller's ``next()``; one at a time (a hand-over still running is
-        not queued again)."""
+        """Tell the sources that the iterator is at ``step``; hand them the next reads when due.
+
+        Every quarter of the window, the reads of steps ``step .. step + steps``
+        are handed over (each source fetches what fits its cache, in order). The
+        plan of the window is computed on a background thread, not in the
+        caller's ``next()``, one at a time (a hand-over still running is not
+        queued again).
+
+        Args:
+            step: the step the iterator is at.
+        """
         for src in self.sources:
             src.now = step  # what was read before this step is not needed any more
         if self.last is not None and self.last <= step < self.last + max(1, self.steps // 4):
@@ -122,7 +149,12 @@ class Lookahead:
             src.stop_prefetch()
 
     def cache_stats(self) -> dict[str, Any]:
-        """The disk caches of the sources fetching ahead, added up (see ``PipelineIterator.stats``)."""
+        """The disk caches of the sources fetching ahead, added up (see ``PipelineIterator.stats``).
+
+        Returns:
+            The counters of :data:`CACHE_COUNTS`, ``bytes_held``, ``capacity`` (``None``
+            when a cache has no cap) and ``fetching`` (files being fetched now).
+        """
         caches = _caches(self.sources)
         out: dict[str, Any] = {k: sum(c.stats.get(k, 0) for c in caches) for k in CACHE_COUNTS}
         out["bytes_held"] = sum(c.size() for c in caches)

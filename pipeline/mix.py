@@ -17,7 +17,7 @@ from typing import Any
 from .dataset import Pipeline
 from .index import check_int, check_seed
 from .plan import mixture as _mixture
-from .streams import Mixture
+from .streams import MixtureStream
 
 __all__ = ["mix"]
 
@@ -45,15 +45,14 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
             raise ValueError(
                 f"mix(): component {name!r} has a batch; mix pipelines without batch, then batch the mixture"
             )
-        if pipe.mixture is not None:
-            raise ValueError(f"mix(): component {name!r} is itself a mixture; mix its components in one mixture")
+        why = pipe.stream.refusal("mix")
+        if why is not None:
+            raise ValueError(f"mix(): component {name!r} {why}")
         if pipe.num_epochs is not None:
             raise ValueError(
                 f"mix(): component {name!r} has num_epochs={pipe.num_epochs}; components must be endless "
                 "(each repeats and reshuffles on its own epochs)"
             )
-        if pipe.host_lengths is not None:
-            raise ValueError(f"mix(): component {name!r} has balance_hosts(), which applies to a whole batch only")
         names.append(name)
         pipes.append(pipe)
     return tuple(names), tuple(pipes)
@@ -62,6 +61,7 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
 def mix(
     components: Mapping[str, Pipeline] | Sequence[tuple[str, Pipeline]],
     weights: Mapping[str, float] | Sequence[float] | None = None,
+    *,
     schedule: Sequence[Any] | None = None,
     seed: int = 0,
     block: int = _mixture.BLOCK,
@@ -97,5 +97,4 @@ def mix(
     stages = _mixture.check_schedule(names, weights, schedule)
     seed = check_seed(seed)
     k = _mixture.block_size(len(names), check_int(block, "block", 1))
-    m = Mixture(names=names, components=pipes, stages=stages, seed=seed, block=k)
-    return Pipeline(source=None, seed=seed, mixture=m)
+    return Pipeline(stream=MixtureStream(names=names, components=pipes, stages=stages, seed=seed, block=k))

@@ -1,37 +1,17 @@
 """Does the definition loaded in this process equal the one the parent built?
 
 A fresh interpreter that computes for a pipeline (a filter or length scan
-process, the fork server and workers started as fresh interpreters, a Ray task)
-gets the pipeline pickled. Functions of importable modules travel by name, so
-the process imports their modules again and sees the values those modules set
-*at import*: a module global changed at run time (``mycfg.THR = 150000``), a
-function attribute set later, a function replaced, would silently be other
-values there, and the process would compute other data under the parent's
-fingerprint. So each such process compares, right after loading, the
-*definition* it loaded with the parent's, and refuses to compute when they
-differ, naming the first difference::
+process, the fork server and workers, a Ray task) imports the transforms'
+modules again and sees the values they set *at import*. Each such process
+compares the definition it loaded (:func:`definition`: the pipeline's
+description, transforms described afresh, the source's identity left out) with
+the parent's (carried in the pickle, :func:`check_sent`; or sent with a job,
+:func:`check`) and refuses to compute when they differ, naming the first
+difference::
 
     filter[1] keep: global `mycfg.THR` is 0 here and 150000 in the parent: ...
 
-The definition (:func:`definition`) is the pipeline's description
-(:meth:`Pipeline.describe <quern.pipeline.dataset.Pipeline.describe>`) with each
-transform described afresh and the source's identity left out (replaced by
-:data:`IDENTITY`): the identity reads samples of the data files, and the data
-are the parent's business; comparing the transforms costs about as much as
-describing them (a typical pipeline: about 1 ms, or 10 ms as the first
-description in a fresh interpreter; a transform holding a large array costs
-its digest on both sides). The parent's definition travels inside the pickled
-pipeline (``Pipeline.__getstate__`` adds it under :data:`SENT`), so every
-process that unpickles a pipeline can call :func:`check_sent`; a definition
-the parent cannot describe (a transform the fingerprint cannot describe) is not
-compared. A filter whose survivors were found already is compared as it was
-described when :meth:`~quern.pipeline.dataset.Pipeline.filter` ran (the
-survivors are in the pickle: its predicate runs nowhere else).
-
-For code that ships a callable rather than a pipeline (``quern prepare``'s map
-on Ray or in a process pool): compute ``expected = definition(fn, where)`` in the
-parent, send it with the job, and call ``check(expected, fn, where)`` in the
-task before computing.
+Why, what it costs, and what is compared: ``docs/design/samedef.md``.
 """
 
 from __future__ import annotations
@@ -58,9 +38,15 @@ _MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()
 
 
 def active() -> bool:
-    """Whether a :func:`definition` is being computed in this thread: a pipeline's
-    ``describe()`` then describes its transforms afresh (no cached description, digests
-    as :class:`~quern.pipeline.fingerprint.Shown`) and puts :data:`IDENTITY` for its source."""
+    """Whether a :func:`definition` is being computed in this thread.
+
+    A pipeline's ``describe()`` then describes its transforms afresh (no cached
+    description, digests as :class:`~quern.pipeline.fingerprint.Shown`) and puts
+    :data:`IDENTITY` for its source.
+
+    Returns:
+        ``True`` inside :func:`definition`.
+    """
     return _ACTIVE.get()
 
 
@@ -78,11 +64,22 @@ def _is_pipeline(obj: Any) -> bool:
 
 
 def definition(obj: Any, where: str = "transform") -> Any:
-    """What is compared: a pipeline's description with its transforms described now and
-    its source's identity replaced by :data:`IDENTITY`, or a callable's description
-    (:func:`~quern.pipeline.fingerprint.describe_callable`; ``where`` names it in errors).
-    Plain data (picklable, JSON-able). Raises
-    :class:`~quern.pipeline.errors.FingerprintError` as ``describe()`` does."""
+    """What is compared between this process and the parent.
+
+    Args:
+        obj: a pipeline, or a callable (``quern prepare``'s map).
+        where: names a callable in errors.
+
+    Returns:
+        Plain data (picklable, JSON-able): a pipeline's description with its
+        transforms described now and its source's identity replaced by
+        :data:`IDENTITY`, or a callable's
+        :func:`~quern.pipeline.fingerprint.describe_callable` (with
+        :class:`~quern.pipeline.fingerprint.Shown` digests).
+
+    Raises:
+        FingerprintError: as ``describe()`` and ``describe_callable`` do.
+    """
     if _is_pipeline(obj):
         with _definition_mode():
             return obj.describe()
@@ -90,8 +87,15 @@ def definition(obj: Any, where: str = "transform") -> Any:
 
 
 def sendable(pipe: Any) -> Any:
-    """:func:`definition` of ``pipe``, or ``None`` when it cannot be described (then
-    nothing is compared: that pipeline has no fingerprint either). Never raises."""
+    """The definition to send with a pipeline; never raises.
+
+    Args:
+        pipe: the pipeline.
+
+    Returns:
+        :func:`definition` of ``pipe``, or ``None`` when it cannot be described
+        (then nothing is compared: that pipeline has no fingerprint either).
+    """
     try:
         return definition(pipe)
     except Exception:  # FingerprintError, or whatever a user's fingerprint() raises
@@ -99,16 +103,25 @@ def sendable(pipe: Any) -> Any:
 
 
 def check_sent(pipe: Any, where: str) -> None:
-    """:func:`check` of an unpickled pipeline against the parent's definition it carries
-    (nothing to do when it carries none)."""
-    check(getattr(pipe, "__dict__", {}).get(SENT), pipe, where)
+    """:func:`check` an unpickled pipeline against the parent's definition it carries.
+
+    Args:
+        pipe: the pipeline as unpickled here (nothing to do when it carries no definition).
+        where: names this process in the message (e.g. ``"a filter scan process"``).
+
+    Raises:
+        FingerprintError: as :func:`check`.
+    """
+    check(getattr(pipe, "__dict__", {}).get(SENT), pipe, where=where)
 
 
-def check(expected: Any, obj: Any, where: str) -> None:
-    """Refuse to compute with ``obj`` (a pipeline or a callable) in this process if its
-    :func:`definition` differs from ``expected`` (the parent's; ``None``: not compared).
+def check(expected: Any, obj: Any, *, where: str) -> None:
+    """Refuse to compute with ``obj`` in this process if its :func:`definition` differs from the parent's.
 
-    ``where`` names this process in the message (e.g. ``"a filter scan process"``).
+    Args:
+        expected: the parent's :func:`definition` of ``obj`` (``None``: not compared).
+        obj: a pipeline or a callable, as loaded here.
+        where: names this process in the message (e.g. ``"a filter scan process"``).
 
     Raises:
         FingerprintError: naming the first difference (which transform, which global,
@@ -129,19 +142,36 @@ def check(expected: Any, obj: Any, where: str) -> None:
     raise FingerprintError(f"{where} loaded another definition than the parent process: {_message(obj, here, *diff)}")
 
 
-def first_difference(a: Any, b: Any, path: tuple = ()) -> tuple[tuple, Any, Any] | None:
-    """The path of the first leaf (dict keys in sorted order, list items in order) where
-    descriptions ``a`` and ``b`` differ, with both leaves (:data:`_MISSING` where one side
-    has none); ``None`` if they are equal. Leaves are equal when their JSON texts are."""
+def first_difference(a: Any, b: Any, *, path: tuple = ()) -> tuple[tuple, Any, Any] | None:
+    """Where two descriptions first differ: dict keys in sorted order, list items in order.
+
+    Leaves are equal when their JSON texts are.
+
+    Args:
+        a: a description.
+        b: another.
+        path: the path of ``a`` and ``b`` in the descriptions they belong to.
+
+    Returns:
+        ``(path, leaf of a, leaf of b)`` of the first leaf that differs (a
+        missing leaf is a placeholder whose ``repr`` is ``<missing>``); ``None``
+        if they are equal.
+
+    Example:
+        >>> first_difference({"a": [1, 2], "b": 3}, {"a": [1, 5], "b": 3})
+        (('a', 1), 2, 5)
+    """
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
-            found = first_difference(a.get(k, _MISSING), b.get(k, _MISSING), (*path, k))
+            found = first_difference(a.get(k, _MISSING), b.get(k, _MISSING), path=(*path, k))
             if found is not None:
                 return found
         return None
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         for i in range(max(len(a), len(b))):
-            found = first_difference(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, (*path, i))
+            found = first_difference(
+                a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, path=(*path, i)
+            )
             if found is not None:
                 return found
         return None
@@ -161,8 +191,10 @@ def _text(leaf: Any) -> str:
 
 
 def _message(obj: Any, tree: Any, path: tuple, there: Any, here: Any) -> str:
-    """``label: what is X here and Y in the parent: advice`` for the first difference
-    (at ``path`` in ``tree``, the definition here)."""
+    """``label: what is X here and Y in the parent: advice`` for the first difference.
+
+    The difference is at ``path`` in ``tree``, the definition here.
+    """
     try:
         located = _locate(obj, path) if _is_pipeline(obj) else ("", obj, path)
     except Exception:
@@ -218,8 +250,11 @@ def _path_text(path: tuple) -> str:
 
 
 def _locate(pipe: Any, path: tuple) -> tuple[str, Any, tuple] | None:
-    """``(label, callable, the rest of the path in its description)`` of the transform
-    that ``path`` (in a pipeline's description) leads into; ``None`` if it leads elsewhere."""
+    """The transform that ``path`` (in a pipeline's description) leads into.
+
+    Returns ``(label, callable, the rest of the path in its description)``, or
+    ``None`` if it leads elsewhere.
+    """
     prefix: list[str] = []
     while path:
         key = path[0]
@@ -227,16 +262,11 @@ def _locate(pipe: Any, path: tuple) -> tuple[str, Any, tuple] | None:
             k = path[1]
             op = getattr(pipe, key)[k]
             return " ".join([*prefix, op.label(k)]), op.fn, path[3:]
-        if key == "mixture" and len(path) >= 3 and path[1] == "components":
-            i = path[2]
-            prefix.append(f"component {pipe.mixture.names[i]!r}:")
-            pipe, path = pipe.mixture.components[i], path[3:]
-            continue
-        if key in ("packing", "bucketing") and len(path) >= 2 and path[1] == "inner":
-            prefix.append(f"the {'packed' if key == 'packing' else 'bucketed'} pipeline's")
-            pipe, path = getattr(pipe, key).inner, path[2:]
-            continue
-        return None
+        inner = pipe.stream.locate(path)  # a path into a pipeline the stream is made of
+        if inner is None:
+            return None
+        label, pipe, path = inner
+        prefix.append(label)
     return None
 
 
@@ -261,8 +291,10 @@ def _at(tree: Any, path: tuple) -> Any:
 
 
 def _explain(fn: Any, rest: tuple, desc: Any) -> tuple[str, Any, str, str | None]:
-    """Walk ``rest`` (a path in ``desc``, the description of ``fn``) through the live objects
-    here: ``(what it names, its value here or _MISSING, its kind, the module it lives in)``."""
+    """Walk ``rest`` (a path in ``desc``, the description of ``fn``) through the live objects here.
+
+    Returns ``(what it names, its value here or _MISSING, its kind, the module it lives in)``.
+    """
     obj, thing, kind, module = fn, f"`{_name(fn)}`", "", getattr(fn, "__module__", None)
     i = 0
     while i < len(rest):

@@ -21,12 +21,17 @@ import numpy as np
 from ..pipeline.index import host_rows
 from ..pipeline.timing import DEVICE_PUT, LIVE, StepClock
 
-__all__ = ["global_iterator", "GlobalIterator", "process_rows", "host_slice"]
+__all__ = ["DEVICE_PREFETCH", "global_iterator", "GlobalIterator", "process_rows", "host_slice"]
+
+DEVICE_PREFETCH = 2  # global batches kept in flight to the devices, by default
 
 
 def host_slice() -> tuple[int, int]:
-    """``(process_index, process_count)`` of this process, from JAX: the host slice to
-    pass to ``pipe.batch_at`` or ``pipe.iterator`` in a multi-host job."""
+    """This process's host slice, from JAX: what to pass to ``pipe.batch_at`` or ``pipe.iterator``.
+
+    Returns:
+        ``(jax.process_index(), jax.process_count())``.
+    """
     import jax
 
     return jax.process_index(), jax.process_count()
@@ -41,8 +46,19 @@ def _batch_sharding(mesh: Any, partition_spec: Any) -> Any:
 
 
 def process_rows(sharding: Any, global_batch_size: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of a global batch that this process's devices hold under
-    ``sharding`` (a contiguous range, or a ``ValueError``)."""
+    """The rows of a global batch that this process's devices hold.
+
+    Args:
+        sharding: the batch's ``jax.sharding.Sharding``.
+        global_batch_size: the rows of the global batch.
+
+    Returns:
+        ``(lo, hi)``: the rows ``[lo, hi)``.
+
+    Raises:
+        ValueError: the rows are not contiguous (the mesh's devices are not
+            ordered by process).
+    """
     shape = (global_batch_size,)
     rows: set[int] = set()
     for index in sharding.addressable_devices_indices_map(shape).values():
@@ -59,31 +75,35 @@ def process_rows(sharding: Any, global_batch_size: int) -> tuple[int, int]:
 
 
 class GlobalIterator:
-    """Iterator of global batches; see :func:`global_iterator`. ``.step`` is the next
-    step to be yielded; ``.state()`` and ``.close()`` as for ``pipe.iterator()``."""
+    """Iterator of global batches: see :func:`global_iterator`, which makes one and takes the same arguments.
+
+    Attributes:
+        step: the next step to be yielded.
+        process_index: this host's slice of each batch.
+        process_count: the number of host slices.
+        global_batch_size: the rows of a global batch.
+        device_prefetch: the most global batches kept in flight to the devices.
+    """
 
     def __init__(
         self,
         pipe: Any,
         mesh: Any,
-        start_step: int,
-        partition_spec: Any,
-        num_workers: int,
-        device_prefetch: int,
+        *,
+        start_step: int = 0,
+        partition_spec: Any = None,
+        num_workers: int = 0,
+        device_prefetch: int = DEVICE_PREFETCH,
         step_timeout: float | None = None,
     ) -> None:
         import jax
 
         if pipe.batch_size is None:
             raise ValueError("global_iterator() needs batch() first: a step is a batch")
-        if (
-            not pipe.drop_remainder
-            and pipe.num_steps is not None
-            and (pipe.stream_len or 0) * pipe.num_epochs % pipe.batch_size
-        ):
+        if not pipe.drop_remainder and pipe.num_steps is not None and (pipe.stream.length() or 0) % pipe.batch_size:
             raise ValueError("global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)")
         self.sharding = _batch_sharding(mesh, partition_spec)
-        B = pipe.batch_size
+        B = pipe.batch_size  # noqa: N806 - the global batch size, as in the shapes (B, ...)
         lo, hi = process_rows(self.sharding, B)
         count = B // (hi - lo)
         if B % (hi - lo) or lo % (hi - lo):
@@ -129,6 +149,16 @@ class GlobalIterator:
         return self
 
     def __next__(self) -> Any:
+        """The global batch of the next step, its transfer to the devices started.
+
+        Returns:
+            A tree of ``jax.Array`` of the global shape, sharded over the mesh.
+
+        Raises:
+            StopIteration: the pipeline has no more steps.
+            ValueError: a leaf of the host's batch is not a numeric array with a
+                leading axis of this host's rows.
+        """
         t0 = self.clock.begin()
         while len(self._ready) <= self.device_prefetch:
             try:
@@ -151,17 +181,25 @@ class GlobalIterator:
         return self._ready.popleft()
 
     def state(self) -> dict:
-        """``{"step": next step to be yielded, "fingerprint": ...}``: JSON-serialisable."""
+        """The iterator's state, to checkpoint: what ``resume`` and ``QuernRestore`` take.
+
+        Returns:
+            ``{"step": the next step to be yielded, "fingerprint": ...}``: JSON-serialisable.
+        """
         return self._host.pipe.state_at(self.step)
 
     def stats(self) -> dict:
-        """The host iterator's :meth:`~quern.pipeline.loader.PipelineIterator.stats` (disk
-        cache, host prefetch, workers, stages), with the training loop's figures
-        (``steps``, ``data_wait``, ``step_period``, ``bubble_rate``, ``health``...) measured
-        in this iterator's ``next()`` (the device put included), the stage
-        ``device_put`` (seconds handing host batches to jax), and
-        ``"device_prefetch"``: ``{"ready": global batches whose transfer has started,
-        "depth": the most kept}``."""
+        """What the iterator did so far, for monitoring (:mod:`quern.metrics` reads it).
+
+        Returns:
+            The host iterator's :meth:`~quern.pipeline.loader.PipelineIterator.stats`
+            (disk cache, host prefetch, workers, stages), with the training loop's
+            figures (``steps``, ``data_wait``, ``step_period``, ``bubble_rate``,
+            ``health``...) measured in this iterator's ``next()`` (the device put
+            included), the stage ``device_put`` (seconds handing host batches to
+            jax), and ``"device_prefetch"``: ``{"ready": global batches whose
+            transfer has started, "depth": the most kept}``.
+        """
         out = self._host.stats()
         out.update(self.clock.figures())
         out["stages"] = {**out.get("stages", {}), DEVICE_PUT: self._device_put}
@@ -169,6 +207,7 @@ class GlobalIterator:
         return out
 
     def close(self) -> None:
+        """Stop: drop the batches in flight and close the host iterator (its workers end)."""
         LIVE.discard(self)  # no longer reported to quern.metrics
         self._ready.clear()
         self._held = None
@@ -188,17 +227,40 @@ def global_iterator(
     start_step: int = 0,
     partition_spec: Any = None,
     num_workers: int = 0,
-    device_prefetch: int = 2,
+    device_prefetch: int = DEVICE_PREFETCH,
     step_timeout: float | None = None,
 ) -> GlobalIterator:
     """Global batches of ``pipe`` as ``jax.Array`` trees sharded over ``mesh``.
 
-    ``partition_spec`` (default: the batch axis over all mesh axes) is a one-entry
-    spec for axis 0 (the batch axis); other axes are replicated.
-    This process computes only its own rows (``num_workers`` worker processes,
-    see ``pipe.iterator``) and keeps ``device_prefetch`` batches in flight to the
-    devices, so host-to-device copies overlap the training step. The batch at
-    step ``s`` is the same whatever the number of processes and devices.
-    ``step_timeout`` (seconds, default none) is the host iterator's per-step
-    deadline (:class:`quern.StepTimeoutError`; see ``pipe.iterator``)."""
-    return GlobalIterator(pipe, mesh, start_step, partition_spec, num_workers, device_prefetch, step_timeout)
+    This process computes only its own rows and keeps ``device_prefetch``
+    batches in flight to the devices, so host-to-device copies overlap the
+    training step. The batch at step ``s`` depends only on the pipeline and
+    ``s``: not on the number of processes, devices or workers.
+
+    Args:
+        pipe: the pipeline, with ``batch()``.
+        mesh: the ``jax.sharding.Mesh`` the batches are sharded over.
+        start_step: the first step to yield.
+        partition_spec: a one-entry spec for axis 0, the batch axis (default:
+            over all mesh axes); the other axes are replicated.
+        num_workers: worker processes computing this host's rows (see ``pipe.iterator``).
+        device_prefetch: the most global batches kept in flight to the devices.
+        step_timeout: the host iterator's per-step deadline in seconds
+            (:class:`quern.StepTimeoutError`; default: none).
+
+    Returns:
+        A :class:`GlobalIterator` (also a context manager that closes it).
+
+    Raises:
+        ValueError: ``pipe`` has no batch size, its batches are not all of one
+            shape, or this process's rows are not one of equal host slices.
+    """
+    return GlobalIterator(
+        pipe,
+        mesh,
+        start_step=start_step,
+        partition_spec=partition_spec,
+        num_workers=num_workers,
+        device_prefetch=device_prefetch,
+        step_timeout=step_timeout,
+    )

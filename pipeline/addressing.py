@@ -1,0 +1,251 @@
+"""Addressing a pipeline: its steps, a step's stream positions and records, and computing steps.
+
+Pure index arithmetic over the definition: step ``s`` of a global batch of ``B``
+covers stream positions ``[s*B, (s+1)*B)``, host ``h`` of ``H`` owns rows
+``[h*B/H, (h+1)*B/H)`` of it (:func:`quern.pipeline.index.host_rows`), and the
+stream says which records a position is (:mod:`quern.pipeline.streams`).
+:class:`Addressed` holds these methods of :class:`~quern.pipeline.dataset.Pipeline`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+
+from . import execute
+from . import index as _index
+from .plan import Pieces, Segments
+from .protocol import Definition, Stream
+from .sources import Source
+
+__all__ = ["Addressed"]
+
+
+class Addressed:
+    """The addressing methods of a pipeline (a mixin of :class:`~quern.pipeline.dataset.Pipeline`)."""
+
+    stream: Stream
+    batch_size: int | None
+    drop_remainder: bool
+
+    def _me(self) -> Definition:
+        return cast(Definition, self)
+
+    def need_batch(self, what: str) -> int:
+        """The global batch size.
+
+        Args:
+            what: the call that needs it, for the message.
+
+        Returns:
+            The batch size.
+
+        Raises:
+            ValueError: before ``batch()``, naming ``what``.
+        """
+        if self.batch_size is None:
+            raise ValueError(f"{what}() needs batch() first: a step is a batch")
+        return self.batch_size
+
+    def need_no_batch(self, what: str, instead: str) -> None:
+        """Check that ``batch()`` was not called yet (``what`` is a record-level stage).
+
+        Args:
+            what: the call, for the message.
+            instead: what to use after ``batch()``.
+
+        Raises:
+            ValueError: after ``batch()``.
+        """
+        if self.batch_size is not None:
+            raise ValueError(
+                f"{what}() after batch(): {what}() is a record-level stage; use {instead} "
+                "for a batch-level transform, or move it before batch()"
+            )
+
+    # ------------------------------------------------------------------ what it reads
+
+    @property
+    def seed(self) -> int:
+        """The stream's seed (keys the random transforms)."""
+        return self.stream.seed
+
+    @property
+    def num_epochs(self) -> int | None:
+        """The stream's epochs, ``None`` when it is endless or has none of its own."""
+        return self.stream.num_epochs
+
+    @property
+    def source(self) -> Source | None:
+        """The source whose records the stream's rows are (``None``: several)."""
+        return self.stream.source
+
+    @property
+    def survivors(self) -> np.ndarray | None:
+        """The record ids of the source a filter keeps (``None``: all, or not a single source's stream)."""
+        return self.stream.survivors
+
+    @property
+    def stream_len(self) -> int | None:
+        """Positions in one epoch of the stream; ``None`` for a stream without epochs of its own."""
+        return self.stream.epoch_length
+
+    @property
+    def leaves(self) -> tuple[Definition, ...]:
+        """The single-source pipelines rows are read from: this one, or a mixture's components."""
+        return self.stream.leaves(self._me())
+
+    @property
+    def leaf_names(self) -> tuple[str, ...]:
+        """Names of :attr:`leaves`: the source's name, or the mixture's component keys."""
+        return self.stream.leaf_names(self._me())
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The source of each of :attr:`leaves`."""
+        out = tuple(leaf.stream.source for leaf in self.leaves)
+        assert all(src is not None for src in out)
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ addressing
+
+    @property
+    def num_steps(self) -> int | None:
+        """Number of steps in the stream, or ``None`` when it is endless.
+
+        ``total // B`` (``ceil`` with ``drop_remainder=False``), ``total`` being the stream's positions.
+
+        Raises:
+            ValueError: the pipeline has no batch.
+        """
+        b = self.need_batch("num_steps")
+        total = self.stream.length()
+        if total is None:
+            return None
+        return total // b if self.drop_remainder else -(-total // b)
+
+    def check_step(self, step: object, *, name: str = "step", end_ok: bool = False) -> int:
+        """``step`` as an int, checked: the one end-of-stream check of every entry point.
+
+        Args:
+            step: the step.
+            name: how messages name it (``start_step``, ``state['step']``).
+            end_ok: allow the step just past the last (a start step at the end yields nothing).
+
+        Returns:
+            The step.
+
+        Raises:
+            TypeError: not an integer.
+            ValueError: negative, or the pipeline has no batch.
+            IndexError: past the end of the stream or of the addressable positions (``2**62``).
+        """
+        b = self.need_batch("a step")
+        step = _index.check_int(step, name, 0)
+        n_steps = self.num_steps
+        if n_steps is not None and (step > n_steps or (step == n_steps and not end_ok)):
+            raise IndexError(
+                f"{name} {step} is past the end of the stream: {n_steps} steps "
+                f"({self.stream.size_text()} x {self.num_epochs} epochs, batch {self.batch_size})"
+            )
+        if (step + 1) * b > _index.MAX_RECORDS:
+            raise IndexError(f"{name} {step} is beyond the addressable stream (positions must stay below 2**62)")
+        return step
+
+    def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
+        """Stream positions of this host's rows at ``step`` (for a bucketed pipeline, in its bucket's stream).
+
+        Args:
+            step: the step.
+            process_index: this host.
+            process_count: the number of hosts.
+
+        Returns:
+            An int64 array.
+        """
+        return self.stream.positions(self._me(), self.check_step(step), process_index, process_count)
+
+    def record_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Record id at each stream position of a single-source pipeline (pure index arithmetic).
+
+        Raises:
+            TypeError: the rows come from several sources (use :meth:`segments`).
+        """
+        return self.stream.record_ids(positions)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """The plan of these stream positions: per row, its leaf, record id and position in the leaf's stream.
+
+        Raises:
+            TypeError: the rows are not single records (packed: :meth:`pieces`; bucketed: :meth:`explain`).
+        """
+        return self.stream.segments(np.asarray(positions, dtype=np.int64))
+
+    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int]]]:
+        """For each row of this host's batch at ``step``: the ``(name, record_index)`` pairs it was made from.
+
+        ``name`` is the source's name or, in a mixture, the component's key; a packed
+        row lists every document in it. O(batch) time; reads nothing.
+
+        Args:
+            step: the step.
+            process_index: this host.
+            process_count: the number of hosts.
+
+        Returns:
+            One list of pairs per row.
+        """
+        return self.stream.explain(self._me(), self.check_step(step), process_index, process_count)
+
+    # ------------------------------------------------------------------ computing
+
+    def batch_at(self, step: int, process_index: int = 0, process_count: int = 1) -> Any:
+        """This host's rows of the global batch at ``step``, collated.
+
+        Depends only on the pipeline definition, ``step`` and the host slice; the slices
+        of all hosts concatenated give the global batch.
+
+        Args:
+            step: the step.
+            process_index: this host.
+            process_count: the number of hosts.
+
+        Returns:
+            The batch.
+
+        Raises:
+            StepError: a stage failed, naming the step, host slice, stage and records.
+        """
+        return execute.batches_at(self._me(), step, 1, process_index, process_count)[0]
+
+    def batches_at(self, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:
+        """``[batch_at(s) for s in range(step, step + count)]``, with the records read in one bulk call.
+
+        Args:
+            step: the first step.
+            count: the number of steps.
+            process_index: this host.
+            process_count: the number of hosts.
+
+        Returns:
+            The batches, each bit-identical to ``batch_at(s)``.
+
+        Raises:
+            StepError: the first step that fails.
+        """
+        return execute.batches_at(self._me(), step, count, process_index, process_count)
+
+    def pieces(self, positions: np.ndarray) -> Pieces:
+        """The documents in the packed rows at these stream positions (reads nothing).
+
+        Args:
+            positions: stream positions.
+
+        Returns:
+            The pieces, row by row.
+
+        Raises:
+            TypeError: the pipeline is not packed.
+        """
+        return self.stream.pieces(positions)

@@ -1,0 +1,29 @@
+"""The kinds of stream a pipeline holds, one module each, behind one protocol (:class:`Stream`).
+
+* :mod:`.source`: the records of one source (:class:`SourceStream`), or those a
+  filter keeps (:class:`FilteredStream`);
+* :mod:`.mixture`: named component pipelines mixed by a schedule of weights (:class:`MixtureStream`);
+* :mod:`.packed`: records packed into rows of ``seq_len`` tokens (:class:`PackedStream`);
+* :mod:`.bucketed`: steps from buckets of record lengths (:class:`BucketedStream`).
+
+A new kind of stream is one new module with a subclass of :class:`Stream`
+(:class:`SegmentStream` when its rows are records of other pipelines' streams).
+"""
+
+from ..protocol import Definition, Stream
+from .bucketed import BucketedStream
+from .mixture import MixtureStream
+from .packed import PackedStream
+from .segments import SegmentStream
+from .source import FilteredStream, SourceStream
+
+__all__ = [
+    "Definition",
+    "Stream",
+    "SegmentStream",
+    "SourceStream",
+    "FilteredStream",
+    "MixtureStream",
+    "PackedStream",
+    "BucketedStream",
+]

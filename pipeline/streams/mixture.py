@@ -1,0 +1,206 @@
+"""A mixture stream: positions assigned to named component pipelines by weight (:func:`quern.mix`).
+
+Position ``p`` goes to a component by exact counts per block of positions and a
+keyed permutation inside each block (:mod:`quern.pipeline.plan.mixture`); the
+``k``-th position drawn from a component is position ``k`` of that component's
+own stream, so each component has its own epochs. Every output depends only on
+the components' definitions, the schedule of weights, the seed, the block size
+and the batch size (a schedule's stages start at steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..dump import batch_config, stages_config, weights_config
+from ..fingerprint import fingerprint_of
+from ..plan import Segments
+from ..plan import mixture as _mixture
+from ..protocol import Definition
+from ..sources import Source
+from .segments import SegmentStream
+
+__all__ = ["MixtureStream"]
+
+_REFUSALS = {
+    "shuffle": "shuffle() on a mixture: shuffle each component instead (each has its own order and epochs)",
+    "filter": "filter() on a mixture: filter its components instead (each keeps its own survivors)",
+    "length_index": "length_index() of a mixture: take each component's length_index()",
+    "pack": "pack() on a mixture: pack its components, then mix them",
+    "bucket": "bucket() needs a single-source pipeline (not a mixture or a packed pipeline)",
+    "balance_hosts": "balance_hosts() on a mixture or a packed pipeline is not supported: its rows come from "
+    "several records (packed rows hold seq_len tokens each already)",
+    "mix": "is itself a mixture; mix its components in one mixture",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureStream(SegmentStream):
+    """Named component pipelines (without batch), mixed by a schedule of weights.
+
+    Attributes:
+        names: the components' keys, in order.
+        components: the component pipelines (endless, without batch).
+        stages: the schedule: ``(start_step, quantized weights)`` stages.
+        seed: the seed of the assignment (and of the mixture's own random transforms).
+        block: positions per block of exact counts (:func:`~quern.pipeline.plan.mixture.block_size`).
+        batch_size: the batch size of the pipeline that holds it (a schedule's stages start at steps).
+    """
+
+    names: tuple[str, ...]
+    components: tuple[Definition, ...]
+    stages: tuple[_mixture.Stage, ...]
+    seed: int
+    block: int
+    batch_size: int | None = None
+
+    describes_past: ClassVar[bool] = True
+
+    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+        """The components."""
+        return self.components
+
+    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+        """The components' keys."""
+        return self.names
+
+    def length(self) -> None:
+        """``None``: the components are endless."""
+        return None
+
+    def refusal(self, stage: str) -> str | None:
+        """A mixture may be mapped and batched; shuffles, filters and packing belong to its components."""
+        return _REFUSALS.get(stage)
+
+    def batched(self, batch_size: int) -> MixtureStream:
+        """This mixture under ``batch_size`` rows per step."""
+        return dataclasses.replace(self, batch_size=batch_size)
+
+    def assign(self, positions: np.ndarray) -> _mixture.Assignment:
+        """The component of each position and the position in that component's stream.
+
+        Raises:
+            ValueError: a schedule of several stages before ``batch()`` (its stages start at steps).
+        """
+        if self.batch_size is None and len(self.stages) > 1:
+            raise ValueError("a schedule's stages start at steps: call batch() before segments()")
+        return _mixture.assign(positions, self.stages, self.seed, self.batch_size or 1, self.block)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Per position: its component, the record id in the component's source (``-1`` for a
+        row that is not one record, a packed component's) and the position in the component's stream."""
+        positions = np.asarray(positions, dtype=np.int64)
+        comp, cpos = self.assign(positions)
+        ids = np.empty(len(positions), dtype=np.int64)
+        for c in np.unique(comp).tolist():
+            sel = comp == c
+            ids[sel] = self.components[c].stream.row_ids(cpos[sel])
+        return Segments(comp, ids, cpos)
+
+    def row_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The segments' record ids."""
+        return self.segments(positions).ids
+
+    def reads(self, positions: np.ndarray) -> list[tuple[Source, np.ndarray, np.ndarray]]:
+        """Each component's reads at its rows' positions, their rows mapped back to these positions."""
+        seg = self.segments(positions)
+        out = []
+        for c, part in enumerate(self.components):
+            rows = np.flatnonzero(seg.component == c)
+            if rows.size:
+                out += [(src, ids, rows[at]) for src, ids, at in part.stream.reads(seg.positions[rows])]
+        return out
+
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+        """Per position, the records of its component's row, named by the component's key."""
+        seg = self.segments(positions)
+        out: list[list[tuple[str, int]]] = [[] for _ in range(len(seg.ids))]
+        for c, part in enumerate(self.components):
+            rows = np.flatnonzero(seg.component == c)
+            if rows.size:
+                for r, got in zip(rows.tolist(), part.stream.explain_rows(seg.positions[rows], self.names[c])):
+                    out[r] = got
+        return out
+
+    def row_noun(self) -> str:
+        """``rows`` when a component's rows hold several records (packed), else ``records``."""
+        return "rows" if any(c.stream.row_noun() == "rows" for c in self.components) else "records"
+
+    def draws(self, pipe: Definition, first: int, end: int) -> np.ndarray:
+        """Rows per component at the positions ``[first, end)``: no record is read, and the cost
+        does not grow with the range."""
+
+        def before(position: int) -> np.ndarray:
+            counts = _mixture.draws_before(self.stages, self.seed, pipe.batch_size or 1, self.block, position)
+            return np.asarray(counts, dtype=np.int64)
+
+        return before(end) - before(first)
+
+    def describe(self, until_step: int | None = None) -> dict[str, Any]:
+        """``{"mixture": ...}``: with ``until_step``, what the steps before it depend on.
+
+        Only the stages that start before ``until_step`` (at least the first), and only
+        the components with a weight above zero in one of them, in their order. A
+        component zero in all those stages takes no slot of their blocks, and its index
+        moves no other component's slots or quantized weight, so the steps before
+        ``until_step`` are the same with or without it, as long as the block size is
+        the same (it is in the description).
+        """
+        stages, live = self.stages, list(range(len(self.names)))
+        if until_step is not None:
+            stages = tuple(st for st in stages if st.start_step < max(1, until_step))
+            live = [c for c in live if any(st.weights[c] for st in stages)]
+        return {
+            "mixture": {
+                "names": [self.names[c] for c in live],
+                "components": [self.components[c].describe() for c in live],
+                "schedule": [[st.start_step, [st.weights[c] for c in live]] for st in stages],
+                "seed": self.seed,
+                "block": self.block,
+            }
+        }
+
+    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+        """``("mixture", "components", i, ...)`` leads into component ``i``."""
+        if len(path) >= 3 and path[0] == "mixture" and path[1] == "components":
+            i = path[2]
+            return f"component {self.names[i]!r}:", self.components[i], path[3:]
+        return None
+
+    def parts(self, description: dict[str, Any]) -> dict[str, str]:
+        """One digest per component, per part of the mixture's definition, and per other key."""
+        out: dict[str, str] = {}
+        for key, value in description.items():
+            if key == "mixture":
+                for name, comp in zip(value["names"], value["components"]):
+                    out[f"component {name!r}"] = fingerprint_of(comp)
+                for sub in ("names", "schedule", "seed", "block"):
+                    out[f"mixture {sub}"] = fingerprint_of(value[sub])
+            else:
+                out[key] = fingerprint_of(value)
+        return out
+
+    def to_config(self, pipe: Definition) -> dict[str, Any]:
+        """A ``mix:`` section (components as a list, seed, block, weights or schedule), ``transforms``, ``batch``."""
+        mix: dict[str, Any] = {
+            "seed": self.seed,
+            "block": self.block,
+            "components": [  # a list: the order is the mixture's, whatever a YAML dumper does to keys
+                {"name": name, **c.stream.component_config(c, f"mix.components.{name}.")}
+                for name, c in zip(self.names, self.components)
+            ],
+        }
+        if len(self.stages) == 1:
+            mix["weights"] = weights_config(self.names, self.stages[0].weights)
+        else:
+            mix["schedule"] = [
+                {"start_step": st.start_step, "weights": weights_config(self.names, st.weights)} for st in self.stages
+            ]
+        return {"mix": mix, "transforms": stages_config(pipe.record_ops, "transforms"), **batch_config(pipe)}
+
+    def text(self) -> str:
+        """``quern.mix({...}, schedule=[...])``."""
+        return f"quern.mix({dict(zip(self.names, self.components))!r}, schedule={[tuple(st) for st in self.stages]})"

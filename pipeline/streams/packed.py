@@ -1,0 +1,523 @@
+"""A packed stream: the records of a pipeline packed into rows of ``seq_len`` tokens (:meth:`Pipeline.pack`).
+
+The plan of an epoch (:mod:`quern.pipeline.plan.packing`) is computed from the
+length index alone, so any row's pieces are found from its position without
+reading a record; a step reads its documents in one bulk call, runs the packed
+pipeline's record transforms on them, lays them into rows (stage ``pack``), then
+runs the transforms after ``pack``, collate and the batch transforms. Every
+output depends only on the packed pipeline's definition, the length index,
+``seq_len``, the mode and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from .. import index as _index
+from ..collate import CollatedRows, describe, take
+from ..digest import digest
+from ..dump import batch_config, stages_config
+from ..errors import StepError
+from ..execute.runner import bulk, step_positions
+from ..execute.stages import (
+    COLLATE,
+    READ,
+    LengthCheck,
+    RowNames,
+    StepResult,
+    apply_record_op,
+    batch_stages,
+    collate_rows,
+    read,
+)
+from ..fingerprint import fingerprint_of
+from ..plan import Pieces, Segments, indexfile
+from ..plan import packing as _packing
+from ..protocol import Definition, PackedRows, Stream
+from ..sources import Source
+from ..timing import Clock
+
+__all__ = ["PackedStream", "PackMode", "pack", "PACK"]
+
+PACK = "pack"
+PackMode = Literal["best_fit", "concat"]
+
+_REFUSALS = {
+    "shuffle": "shuffle() after pack(): shuffle the records before pack() (best_fit rows come shuffled)",
+    "filter": "filter() after pack(): filter the records before pack()",
+    "length_index": "length_index() after pack(): packed rows all hold seq_len tokens; measure before pack()",
+    "pack": "pack() on a packed pipeline: it is packed already",
+    "bucket": "bucket() needs a single-source pipeline (not a mixture or a packed pipeline)",
+    "balance_hosts": "balance_hosts() on a mixture or a packed pipeline is not supported: its rows come from "
+    "several records (packed rows hold seq_len tokens each already)",
+    "segments": "a packed row holds several documents: use pieces(positions)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedStream(Stream):
+    """The records of ``inner`` packed into rows of ``seq_len`` tokens.
+
+    Attributes:
+        inner: the single-source pipeline (without batch) whose records are packed.
+        seq_len: tokens per row.
+        mode: ``"best_fit"`` (whole documents placed into rows) or ``"concat"`` (concatenated and cut).
+        key: the field of a dict record that holds its tokens (``None``: the record is the tokens).
+        lengths: the length index, one value per record of the source.
+        lengths_digest: its digest (what the fingerprint sees).
+        cache_dir: where the rows per epoch are cached (``None``: the default cache).
+        lengths_file: the ``.npy`` file the index was read from, if any (for the config).
+        seed: the inner pipeline's seed (keys the transforms after ``pack``).
+        num_epochs: the inner pipeline's epochs.
+        source: the inner pipeline's source.
+    """
+
+    inner: Definition
+    seq_len: int
+    mode: PackMode
+    key: str | None
+    lengths: np.ndarray = dataclasses.field(compare=False, repr=False)
+    lengths_digest: str = ""
+    cache_dir: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    lengths_file: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    seed: int = 0
+    num_epochs: int | None = None
+    source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    reads_records = False
+
+    def __getstate__(self) -> dict:
+        """The state without the cached epoch plans (recomputed where needed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_plans"}
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore :meth:`__getstate__`'s state."""
+        self.__dict__.update(state)
+
+    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+        """``(inner,)``."""
+        return (self.inner,)
+
+    def length(self) -> int | None:
+        """Rows over all epochs, ``None`` when endless."""
+        return None if self.num_epochs is None else self.rows_before(self.num_epochs)
+
+    def read_order(self) -> str | None:
+        """The inner pipeline's shuffle."""
+        return self.inner.stream.read_order()
+
+    def stages_before(self) -> list[str]:
+        """The inner pipeline's record transforms, then ``pack``."""
+        return [op.label(k) for k, op in enumerate(self.inner.record_ops)] + [PACK]
+
+    def size_text(self) -> str:
+        """``the packed stream has R rows of S tokens in its first epoch``."""
+        return f"the packed stream has {self.rows_before(1)} rows of {self.seq_len} tokens in its first epoch"
+
+    def refusal(self, stage: str) -> str | None:
+        """Packed rows may be mapped, batched and mixed; the rest belongs before ``pack()``."""
+        return _REFUSALS.get(stage)
+
+    def describe(self, until_step: int | None = None) -> dict[str, Any]:
+        """``{"packing": ...}``: the inner pipeline's description, ``seq_len``, mode, key and lengths."""
+        return {
+            "packing": {
+                "inner": self.inner.describe(),
+                "seq_len": self.seq_len,
+                "mode": self.mode,
+                "key": self.key,
+                "lengths": self.lengths_digest,
+            }
+        }
+
+    def epoch(self, e: int) -> tuple[_packing.EpochPlan, np.ndarray]:
+        """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        hit = plans.get(e)
+        if hit is None:
+            n = self.inner.stream.epoch_length
+            assert n is not None
+            ids = self.inner.stream.record_ids(np.arange(e * n, (e + 1) * n, dtype=np.int64))
+            hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.stream.seed, e), ids)
+            if hit[0].rows != self.rows_before(1):
+                raise RuntimeError(
+                    f"packing: epoch {e} has {hit[0].rows} rows where every epoch has {self.rows_before(1)}; the "
+                    f"cached count {self._rows_path()} is wrong: delete it"
+                )
+            plans[e] = hit
+            while len(plans) > 2:
+                plans.pop(next(iter(plans)))
+        return hit
+
+    def rows_before(self, e: int) -> int:
+        """Rows in the epochs before ``e``: ``e`` times the rows of one epoch, which are the
+        same in every epoch (``concat``: ``ceil(tokens / seq_len)``; ``best_fit``: best-fit
+        decreasing depends only on the lengths, not on their order). For ``best_fit`` that
+        count is computed once from the lengths and kept in memory and on disk (under
+        ``cache_dir/packing/``, keyed by the fingerprint of this definition), so a cold
+        resume in any epoch plans only that epoch."""
+        per = self.__dict__.get("_rows_per_epoch")
+        if per is None:
+            live = np.asarray(self.lengths)
+            live = live[live > 0]
+            if self.mode == "concat":
+                per = -(-int(live.sum()) // self.seq_len)
+            else:
+                per = self._load_rows()
+                if per is None:
+                    whole = live // self.seq_len
+                    rem = live - whole * self.seq_len
+                    per = int(whole.sum()) + _packing.best_fit_decreasing(rem[rem > 0], self.seq_len)[1]
+                    self._store_rows(per)
+            self.__dict__["_rows_per_epoch"] = per
+        return e * per
+
+    def _rows_path(self) -> str:
+        key = fingerprint_of({"index_format": _index.INDEX_FORMAT_VERSION, **self.describe()})
+        return os.path.join(indexfile.cache_dir(self.cache_dir), "packing", f"{key}.rows.json")
+
+    def _load_rows(self) -> int | None:
+        """The rows per epoch cached on disk, or ``None``: used only if the file is
+        ``{"rows_per_epoch": n, "check": ...}`` with a positive ``n`` whose check (a hash of
+        the file's key and ``n``) matches; every epoch planned later is compared with it."""
+        try:
+            with open(self._rows_path()) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            return None
+        rows = got.get("rows_per_epoch") if isinstance(got, dict) else None
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1 or got.get("check") != self._check(rows):
+            return None
+        return rows
+
+    def _check(self, rows: int) -> str:
+        return fingerprint_of({"file": os.path.basename(self._rows_path()), "rows_per_epoch": rows})
+
+    def _store_rows(self, rows: int) -> None:
+        """Write the count atomically (a temporary file renamed); a cache that cannot be
+        written (read-only, full) is skipped, and the temporary file removed."""
+        path = self._rows_path()
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"rows_per_epoch": rows, "check": self._check(rows)}, f)
+            os.replace(tmp, path)
+        except OSError:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def epoch_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch of each row position and the row's index within its epoch."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not rows.size:
+            return rows.copy(), rows.copy()
+        top, e = int(rows.max()), 0
+        while self.rows_before(e + 1) <= top:
+            e += 1
+        cum = np.asarray([self.rows_before(k) for k in range(e + 2)], dtype=np.int64)
+        epochs = np.searchsorted(cum, rows, side="right") - 1
+        return epochs, rows - cum[epochs]
+
+    def pieces(self, positions: np.ndarray) -> Pieces:
+        """The documents in the packed rows at these positions (reads nothing)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        epochs, within = self.epoch_rows(positions)
+        parts = []
+        for e in np.unique(epochs).tolist():
+            sel = np.flatnonzero(epochs == e)
+            plan, ids = self.epoch(e)
+            k = within[sel]
+            first, last = plan.row_ptr[k], plan.row_ptr[k + 1]
+            n = last - first
+            idx = np.repeat(first, n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+            rows = np.repeat(sel, n)
+            parts.append((rows, ids[plan.doc[idx]], plan.start[idx], plan.length[idx]))
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return Pieces(z, z, z, z)
+        row, ids, start, length = (np.concatenate(x) for x in zip(*parts))
+        order = np.argsort(row, kind="stable")
+        return Pieces(row[order], ids[order], start[order], length[order])
+
+    def row_ids(self, positions: np.ndarray) -> np.ndarray:
+        """``-1`` for every row: a packed row holds several documents."""
+        return np.full(len(positions), -1, dtype=np.int64)
+
+    def reads(self, positions: np.ndarray) -> list[tuple[Source, np.ndarray, np.ndarray]]:
+        """The documents of the rows."""
+        pieces = self.pieces(positions)
+        return [] if self.source is None else [(self.source, pieces.ids, pieces.row)]
+
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+        """Every document in every row."""
+        label = name if name is not None else self.inner.leaf_names[0]
+        pieces = self.pieces(positions)
+        out: list[list[tuple[str, int]]] = [[] for _ in range(len(positions))]
+        for r, i in zip(pieces.row.tolist(), pieces.ids.tolist()):
+            out[r].append((label, i))
+        return out
+
+    def row_noun(self) -> str:
+        """``rows``: a packed row holds several records."""
+        return "rows"
+
+    def packed_rows(self, positions: np.ndarray) -> PackedRows:
+        """The pieces of the rows at ``positions``."""
+        return PackedRows(self.seq_len, self.pieces(positions), self.lengths)
+
+    def results(
+        self,
+        pipe: Definition,
+        steps: list[int],
+        process_index: int,
+        process_count: int,
+        timings: dict[str, float] | None,
+        check: LengthCheck | None,
+    ) -> Iterator[StepResult]:
+        """The packed runner: :func:`packed_results`."""
+        return packed_results(pipe, self, steps, process_index, process_count, timings)
+
+    def rows(
+        self, pipe: Definition, positions: np.ndarray, where: object, clock: Clock | None = None, prefix: str = ""
+    ) -> Sequence[Any]:
+        """The packed rows at ``positions``, after the transforms after ``pack`` (stage ``{prefix}pack``)."""
+        pieces = self.pieces(positions)
+        docs = np.unique(pieces.ids)
+        rows = _rows_of(pipe, self, pieces, docs, read(self.inner, docs, where), positions, where)[0]
+        if clock is not None:
+            clock.lap(f"{prefix}{PACK}")
+        return rows
+
+    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+        """``("packing", "inner", ...)`` leads into the inner pipeline."""
+        if len(path) >= 2 and path[0] == "packing" and path[1] == "inner":
+            return "the packed pipeline's", self.inner, path[2:]
+        return None
+
+    def to_config(self, pipe: Definition) -> dict[str, Any]:
+        """The single-source config with ``num_epochs``, a ``pack:`` section, ``row_transforms`` and ``batch``."""
+        packed = self.component_config(pipe, "")
+        head = {
+            "source": packed["source"],
+            "seed": packed["seed"],
+            "num_epochs": self.num_epochs,
+            **{k: packed[k] for k in ("shuffle", "transforms", "pack", "row_transforms")},
+        }
+        return {**head, **batch_config(pipe)}
+
+    def component_config(self, pipe: Definition, where: str) -> dict[str, Any]:
+        """The inner pipeline's config, ``pack`` (``seq_len``, ``mode``, ``key``, ``lengths``) and ``row_transforms``."""
+        return {
+            **self.inner.stream.component_config(self.inner, where),
+            "pack": {"seq_len": self.seq_len, "mode": self.mode, "key": self.key, "lengths": self.lengths_file},
+            "row_transforms": stages_config(pipe.record_ops, f"{where}row_transforms"),
+        }
+
+    def text(self) -> str:
+        """``INNER.pack(seq_len, mode=..., key=...)``."""
+        return f"{self.inner!r}.pack({self.seq_len}, mode={self.mode!r}, key={self.key!r})"
+
+
+def pack(
+    pipe: Definition,
+    seq_len: int,
+    mode: str,
+    key: str | None,
+    lengths: Any,
+    cache_dir: str | os.PathLike | None,
+    num_workers: int | None,
+) -> PackedStream:
+    """The stream of :meth:`Pipeline.pack <quern.pipeline.dataset.Pipeline.pack>` (whose docstring says what it does).
+
+    Raises:
+        ValueError: a bad ``seq_len`` or ``mode``, a stream that cannot be packed, a batch, no token.
+    """
+    seq_len = _index.check_int(seq_len, "seq_len", 1)
+    if mode not in _packing.MODES:
+        raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
+    pipe.stream.check("pack")
+    pipe.need_no_batch("pack", "a pipeline before batch()")
+    lens = pipe.length_index(key, lengths=lengths, cache_dir=cache_dir, num_workers=num_workers)
+    survivors = pipe.stream.survivors
+    live = lens[np.asarray(survivors)] if survivors is not None else lens
+    src = pipe.stream.source
+    assert src is not None
+    if not int(np.asarray(live).sum()):
+        raise ValueError(f"pack(): the records of source {src.name!r} hold no token")
+    file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
+    stream = PackedStream(
+        inner=pipe,
+        seq_len=seq_len,
+        mode=mode,  # type: ignore[arg-type]  # checked against _packing.MODES above
+        key=key,
+        lengths=lens,
+        lengths_digest=digest(np.asarray(lens)),
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        lengths_file=file,
+        seed=pipe.stream.seed,
+        num_epochs=pipe.stream.num_epochs,
+        source=src,
+    )
+    return stream
+
+
+def packed_results(
+    pipe: Definition,
+    packing: PackedStream,
+    steps: list[int],
+    process_index: int,
+    process_count: int,
+    timings: dict[str, float] | None,
+) -> Iterator[StepResult]:
+    """A :class:`StepResult` per step of a packed pipeline, in order.
+
+    The plan gives each row's pieces; the documents of all the steps are read in
+    one bulk call, then per step they go through the packed pipeline's record
+    transforms, are cut and laid into rows (stage ``pack``), and the rows through
+    the transforms after ``pack``, collate and the batch transforms.
+    """
+    positions, wheres, empty = step_positions(pipe, steps, process_index, process_count)
+    inner = packing.inner
+    pieces = packing.pieces(np.concatenate(positions))
+    uniq = np.unique(pieces.ids)
+    clock = Clock(timings)
+    got, failed = bulk(
+        lambda where: read(inner, uniq, where), pipe, steps, wheres, process_index, process_count, timings
+    )
+    if failed is not None:
+        yield from failed
+        return
+    clock.lap(READ)
+    lo = 0
+    for s, pos, where, is_empty in zip(steps, positions, wheres, empty):
+        hi = lo + len(pos)
+        a, b = np.searchsorted(pieces.row, [lo, hi], side="left")
+        mine = Pieces(pieces.row[a:b] - lo, pieces.ids[a:b], pieces.start[a:b], pieces.length[a:b])
+        lo = hi
+        clock = Clock(timings)  # each step's own: the previous step's batch stages and send are not in it
+        try:
+            docs = np.unique(mine.ids)
+            records = [got[i] for i in np.searchsorted(uniq, docs).tolist()]
+            rows, first = _rows_of(pipe, packing, mine, docs, records, pos, where, clock)
+            seg = Segments(np.zeros(len(pos), dtype=np.int64), first, pos)
+            batch = collate_rows(pipe, rows, first, where, RowNames.of(inner, first))
+            clock.lap(COLLATE)
+            if is_empty:
+                batch = take(batch, slice(0, 0))
+                batch = batch_stages(pipe, batch, pos[:0], seg.take(slice(0, 0)), f"step {s}", timings)
+            else:
+                batch = batch_stages(pipe, batch, pos, seg, where, timings)
+        except Exception as e:
+            yield StepResult(s, None, e)
+            continue
+        yield StepResult(s, batch, None)
+
+
+def _rows_of(
+    leaf: Definition,
+    packing: PackedStream,
+    pieces: Pieces,
+    docs: np.ndarray,
+    records: Sequence[Any],
+    positions: np.ndarray,
+    where: object,
+    clock: Clock | None = None,
+) -> tuple[Sequence[Any], np.ndarray]:
+    """Packed rows at ``positions`` of ``leaf``'s stream from the records of its documents
+    ``docs``: the transforms before ``pack`` on the records, the rows laid (stage
+    ``pack``), then the transforms after it. Also each row's first document, which
+    names the row in messages."""
+    clock = clock or Clock(None)
+    inner = packing.inner
+    for k, op in enumerate(inner.record_ops):
+        records = apply_record_op(inner, k, records, docs, docs, where)
+        clock.lap(op.label(k))
+    rows: Sequence[Any] = _lay_rows(packing, dict(zip(docs.tolist(), records)), pieces, len(positions), where)
+    clock.lap(PACK)
+    first = np.full(len(positions), -1, dtype=np.int64)
+    first[pieces.row[::-1]] = pieces.ids[::-1]
+    for k, op in enumerate(leaf.record_ops):
+        rows = apply_record_op(leaf, k, rows, positions, first, where, RowNames.of(inner, first))
+        clock.lap(op.label(k))
+    return rows, first
+
+
+def _lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:
+    """Stage ``pack``: the rows ``{"tokens", "segment_ids", "positions", other per-token
+    arrays}`` (``n_rows`` x ``seq_len``) made of ``pieces`` of the transformed ``docs``.
+    Each document is checked once; each piece is one slice copy per array (a contiguous
+    copy: faster here than one scatter of every token of the step, measured on the
+    stdlib corpus, 0.3-0.5 vs 0.9 ms per step of 8 rows)."""
+    S, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
+    source = packing.inner.leaf_names[0]
+
+    seen: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+
+    def tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        hit = seen.get(rid)
+        if hit is None:
+            hit = seen[rid] = _tokens_of(rid)
+        return hit
+
+    def _tokens_of(rid: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        rec = docs[rid]
+        value = rec[key] if key is not None and isinstance(rec, Mapping) and key in rec else rec
+        arr = np.asarray(value) if not isinstance(value, (bytes, str, Mapping)) else None
+        if arr is None or arr.ndim != 1:
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: expected a 1-D array of tokens"
+                f"{'' if key is None else f' under key {key!r}'}, got {describe(value)}"
+            )
+        if int(packing.lengths[rid]) != arr.shape[0]:
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: it has {arr.shape[0]} tokens but the "
+                f"length index says {int(packing.lengths[rid])}: the index was made for other data or transforms"
+            )
+        extra = {}
+        if isinstance(rec, Mapping):
+            extra = {
+                str(k): np.asarray(v)
+                for k, v in rec.items()
+                if k != key and isinstance(v, np.ndarray) and v.ndim == 1 and v.shape[0] == arr.shape[0]
+            }
+        return arr, extra
+
+    first_tokens, first_extra = tokens_of(int(pieces.ids[0])) if len(pieces.ids) else (np.zeros(0, np.int32), {})
+    out = {"tokens": np.zeros((n_rows, S), dtype=first_tokens.dtype)}
+    out["segment_ids"] = np.zeros((n_rows, S), dtype=np.int32)
+    out["positions"] = np.zeros((n_rows, S), dtype=np.int32)
+    for name, v in first_extra.items():
+        out[name] = np.zeros((n_rows, S), dtype=v.dtype)
+    fill = np.zeros(n_rows, dtype=np.int64)
+    segment = np.zeros(n_rows, dtype=np.int32)
+    for r, rid, start, n in zip(
+        pieces.row.tolist(), pieces.ids.tolist(), pieces.start.tolist(), pieces.length.tolist()
+    ):
+        arr, extra = tokens_of(rid)
+        if arr.dtype != first_tokens.dtype or set(extra) != set(first_extra):
+            raise StepError(
+                f"{where}, stage '{PACK}', record {rid} of source {source!r}: its tokens are {arr.dtype} with "
+                f"per-token arrays {sorted(extra)}, the step's first record's are {first_tokens.dtype} with "
+                f"{sorted(first_extra)}: documents packed together must agree"
+            )
+        o = int(fill[r])
+        segment[r] += 1
+        out["tokens"][r, o : o + n] = arr[start : start + n]
+        out["segment_ids"][r, o : o + n] = segment[r]
+        out["positions"][r, o : o + n] = np.arange(start, start + n) if concat else np.arange(n)
+        for name, v in extra.items():
+            out[name][r, o : o + n] = v[start : start + n]
+        fill[r] = o + n
+    return CollatedRows(out, n_rows)

@@ -1,0 +1,203 @@
+"""A source stream and a filtered source stream: the records of one source, epoch after epoch.
+
+Position ``p`` is record ``perm(seed, epoch)(p % N)`` of epoch ``p // N``
+(:func:`quern.pipeline.index.epoch_record_ids`), ``N`` being the source's
+records or, after a filter, its survivors. Every output depends only on the
+source's identity, the seed, the shuffle and (after a filter) the survivors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+
+from .. import index as _index
+from .. import samedef
+from ..dump import batch_config, source_config, stages_config
+from ..plan import Segments
+from ..protocol import Definition, contiguous_positions
+from ..sources import Source
+from .segments import SegmentStream
+
+__all__ = ["SourceStream", "FilteredStream", "ShuffleMode"]
+
+ShuffleMode = Literal["global", "block"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStream(SegmentStream):
+    """The records of one source, shuffled or not, for ``num_epochs`` epochs (``None``: endless).
+
+    Attributes:
+        source: the records.
+        seed: a 64-bit seed (the shuffle's and the random transforms').
+        num_epochs: epochs of the stream, ``None`` for an endless one.
+        shuffle_mode: ``None`` (source order), ``"global"`` or ``"block"``.
+        block_size: records per block of a block shuffle.
+        window: blocks per window of a block shuffle.
+        host_lengths: per record, the length that balances host slices (``balance_hosts``).
+        host_lengths_digest: the digest of ``host_lengths`` (what equality and the fingerprint see).
+    """
+
+    source: Source  # always set (the base says a stream's may be None)
+    seed: int = 0
+    num_epochs: int | None = None
+    shuffle_mode: ShuffleMode | None = None
+    block_size: int = 1
+    window: int = 1
+    host_lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    host_lengths_digest: str | None = None
+
+    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+        """``(pipe,)``: the pipeline reads its own source."""
+        return (pipe,)
+
+    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+        """The source's name."""
+        return (self.source.name,)
+
+    @property
+    def epoch_length(self) -> int:
+        """Records in one epoch."""
+        return len(self.source)
+
+    def length(self) -> int | None:
+        """Records over all epochs, ``None`` when endless."""
+        return None if self.num_epochs is None else self.epoch_length * self.num_epochs
+
+    def read_order(self) -> str | None:
+        """The shuffle mode."""
+        return self.shuffle_mode
+
+    def size_text(self) -> str:
+        """``source 'x' has 100 records``."""
+        return f"source {self.source.name!r} has {len(self.source)} records"
+
+    def refusal(self, stage: str) -> str | None:
+        """Every stage may follow a source stream, but ``mix`` after ``balance_hosts``."""
+        if stage == "mix" and self.host_lengths is not None:
+            return "has balance_hosts(), which applies to a whole batch only"
+        return None
+
+    def shuffled(self, mode: str, block_size: int | None, window: int) -> SourceStream:
+        """This stream with a new permutation each epoch (see :meth:`Pipeline.shuffle`).
+
+        Raises:
+            ValueError: ``mode`` is not ``"global"`` or ``"block"``.
+        """
+        if mode == "global":
+            return dataclasses.replace(self, shuffle_mode="global", block_size=1, window=1)
+        if mode != "block":
+            raise ValueError(f"shuffle mode must be 'global' or 'block', got {mode!r}")
+        size = self.source.block_size() if block_size is None else _index.check_int(block_size, "block_size", 1)
+        window = _index.check_int(window, "window", 1)
+        return dataclasses.replace(self, shuffle_mode="block", block_size=max(1, size), window=window)
+
+    def filtered(self, survivors: np.ndarray) -> FilteredStream:
+        """This stream over ``survivors`` only (sorted record ids of the source)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(SourceStream)}
+        return FilteredStream(**fields, survivors=survivors)
+
+    def balanced(self, lengths: np.ndarray, digest: str) -> SourceStream:
+        """This stream with token-balanced host slices (see :meth:`Pipeline.balance_hosts`)."""
+        return dataclasses.replace(self, host_lengths=lengths, host_lengths_digest=digest)
+
+    def record_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The record id at each position (pure index arithmetic)."""
+        n = self.epoch_length
+        ids = _index.epoch_record_ids(positions, n, self.seed, self.shuffle_mode, self.block_size, self.window)
+        return ids if self.survivors is None else np.asarray(self.survivors[ids], dtype=np.int64)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Per position: leaf 0, its record id and the position itself."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
+
+    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+        """Rows ``[h*B/H, (h+1)*B/H)`` of the step, or with ``balance_hosts`` this host's share of
+        the rows sorted by length (dealt in a snake order) of every full batch."""
+        b = pipe.need_batch("positions")
+        total = self.length()
+        start = step * b
+        full = total is None or start + b <= total
+        if self.host_lengths is None or process_count == 1 or not full:
+            return contiguous_positions(pipe, step, process_index, process_count, total)
+        positions = np.arange(start, start + b, dtype=np.int64)
+        order = np.argsort(-self.host_lengths[self.record_ids(positions)], kind="stable")
+        rank = np.arange(b)
+        within, rnd = rank % process_count, rank // process_count
+        host = np.where(rnd % 2 == 0, within, process_count - 1 - within)
+        return np.sort(positions[order[host == process_index]])
+
+    def describe(self, until_step: int | None = None) -> dict[str, Any]:
+        """The source's identity, the seed, epochs, shuffle and ``balance_hosts`` lengths."""
+        return {
+            "source": samedef.IDENTITY if samedef.active() else self.source.identity(),
+            "seed": self.seed,
+            "num_epochs": self.num_epochs,
+            "shuffle": [self.shuffle_mode, self.block_size, self.window],
+            "balance_hosts": self.host_lengths_digest,
+        }
+
+    def to_config(self, pipe: Definition) -> dict[str, Any]:
+        """``source``, ``seed``, ``num_epochs``, ``shuffle``, ``transforms``, ``batch``, ``batch_transforms``."""
+        leaf = self.component_config(pipe, "")
+        head = {
+            "source": leaf["source"],
+            "seed": leaf["seed"],
+            "num_epochs": self.num_epochs,
+            "shuffle": leaf["shuffle"],
+            "transforms": leaf["transforms"],
+        }
+        return {**head, **batch_config(pipe)}
+
+    def component_config(self, pipe: Definition, where: str) -> dict[str, Any]:
+        """``source``, ``seed``, ``shuffle`` and ``transforms`` of ``pipe`` (``where``: its key path and a dot)."""
+        if self.host_lengths is not None:
+            raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
+        shuffle: str | dict[str, Any] | None = None
+        if self.shuffle_mode == "global":
+            shuffle = "global"
+        elif self.shuffle_mode == "block":
+            shuffle = {"mode": "block", "block": self.block_size, "window": self.window}
+        return {
+            "source": source_config(self.source, f"{where}source"),
+            "seed": self.seed,
+            "shuffle": shuffle,
+            "transforms": stages_config(pipe.record_ops, f"{where}transforms"),
+        }
+
+    def text(self) -> str:
+        """``Pipeline.from_source(...)`` and the shuffle."""
+        out = f"Pipeline.from_source({self.source!r}, seed={self.seed}, num_epochs={self.num_epochs})"
+        if self.shuffle_mode == "global":
+            out += ".shuffle()"
+        elif self.shuffle_mode == "block":
+            out += f".shuffle('block', block_size={self.block_size}, window={self.window})"
+        return out
+
+    def stage_text(self) -> str:
+        """What the stages after the record transforms add to ``repr``."""
+        return ".balance_hosts(...)" if self.host_lengths is not None else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FilteredStream(SourceStream):
+    """A source stream over the records a filter keeps (its *survivors*), epoch after epoch.
+
+    Attributes:
+        survivors: the sorted record ids kept (memory-mapped from the filter's cache).
+    """
+
+    survivors: np.ndarray = dataclasses.field(default=None, compare=False, repr=False)  # type: ignore[arg-type]
+
+    @property
+    def epoch_length(self) -> int:
+        """The survivors."""
+        return len(self.survivors)
+
+    def size_text(self) -> str:
+        """``source 'x' has 100 records (50 kept by the filter)``."""
+        return f"{super().size_text()} ({len(self.survivors)} kept by the filter)"
