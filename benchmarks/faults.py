@@ -95,6 +95,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -107,18 +108,17 @@ ROOT = os.path.dirname(HERE)
 # --------------------------------------------------------------------------- data
 
 
-def write_array_record(path: str, records: list[bytes], options: str = "group_size:1") -> None:
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    w = ArrayRecordWriter(path, options)
-    for r in records:
-        w.write(r)
-    w.close()
-
-
 def id_records(n: int, width: int = 64) -> list[bytes]:
     """Record ``i``: ``i`` as int64 followed by ``width - 8`` bytes that depend on ``i``."""
     return [np.full(width // 8, i, dtype=np.int64).tobytes() for i in range(n)]
+
+
+def ids_file(tmp: str, n: int = 3000) -> str:
+    """``tmp/ids.array_record``: ``id_records(n)`` (written once); its path."""
+    path = os.path.join(tmp, "ids.array_record")
+    if not os.path.exists(path):
+        common.write_array_record(path, id_records(n))
+    return path
 
 
 def slow_decode(rec: bytes) -> np.ndarray:
@@ -131,9 +131,8 @@ def slow_decode(rec: bytes) -> np.ndarray:
 
 
 def worker_kill(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
-    path = os.path.join(tmp, "ids.array_record")
     n = 3000
-    write_array_record(path, id_records(n))
+    path = ids_file(tmp, n)
     pipe = (
         quern.Pipeline.from_source(quern.sources.ArrayRecordSource(path), seed=7, num_epochs=1)
         .shuffle()
@@ -174,7 +173,7 @@ import os, sys, time, signal
 import numpy as np
 sys.path.insert(0, {here!r})
 import quern
-from faults import id_records, slow_decode, write_array_record
+from faults import slow_decode
 path = sys.argv[1]
 pipe = (quern.Pipeline.from_source(quern.sources.ArrayRecordSource(path), seed=3)
         .shuffle().map(slow_decode).batch(50))
@@ -194,9 +193,7 @@ def _alive(pid: int) -> bool:
 
 
 def parent_kill(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
-    path = os.path.join(tmp, "ids.array_record")
-    if not os.path.exists(path):
-        write_array_record(path, id_records(3000))
+    path = ids_file(tmp)
     script = _child("""
         it = pipe.iterator(num_workers=2)
         it.wait_for_workers(60)
@@ -226,9 +223,7 @@ def parent_kill(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, st
 
 
 def ctrl_c_storm(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
-    path = os.path.join(tmp, "ids.array_record")
-    if not os.path.exists(path):
-        write_array_record(path, id_records(3000))
+    path = ids_file(tmp)
     # The child's SIGINT handler raises KeyboardInterrupt only while a quern call runs ("armed"):
     # the storm interrupts quern's code at any point, never the harness's own loop.
     script = _child("""
@@ -299,9 +294,7 @@ def ctrl_c_storm(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, s
 
 
 def fork(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
-    path = os.path.join(tmp, "ids.array_record")
-    if not os.path.exists(path):
-        write_array_record(path, id_records(3000))
+    path = ids_file(tmp)
     script = _child("""
         it = pipe.iterator(num_workers=2)
         for _ in range(int(sys.argv[2])):
@@ -363,7 +356,7 @@ def _records_of(kind: str, path: str) -> list:
 def _write(kind: str, path: str) -> None:
     rows = [list(range(i, i + 1 + i % 7)) for i in range(500)]
     if kind == "array_record":
-        write_array_record(path, [np.asarray(r, np.int64).tobytes() for r in rows])
+        common.write_array_record(path, [np.asarray(r, np.int64).tobytes() for r in rows])
     elif kind.startswith("parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -493,7 +486,7 @@ def _load_one(cfg: dict | str, tmp: str) -> str:
 def malformed_config(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
     path = os.path.join(tmp, "cfg-data.array_record")
     if not os.path.exists(path):
-        write_array_record(path, id_records(100))
+        common.write_array_record(path, id_records(100))
     outcomes: dict[str, int] = {}
     for _ in range(trials):
         outcome = _load_one(_mutations(rng, path), tmp)
@@ -859,11 +852,11 @@ def stale_cache(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, st
                     path = os.path.join(served, f"t{t}.array_record")
                     a = [rng.randbytes(100) for _ in range(50)]
                     b = [rng.randbytes(100) for _ in range(50)]
-                    write_array_record(path, a)
+                    common.write_array_record(path, a)
                     size = os.path.getsize(path)
                     url = f"{srv.url}/t{t}.array_record"
                     first = _all(quern.sources.ArrayRecordSource([url], cache=_cache(cache_dir)))
-                    write_array_record(path + ".new", b)
+                    common.write_array_record(path + ".new", b)
                     same_size += os.path.getsize(path + ".new") == size
                     _replace_folder_file(path + ".new", path, rng)
                     second = _all(quern.sources.ArrayRecordSource([url], cache=_cache(cache_dir)))
@@ -996,7 +989,7 @@ def cache_hit_cost(trials: int, rng: random.Random, tmp: str) -> tuple[int, int,
             times = []
             for _ in range(200):
                 t0 = time.perf_counter()
-                path = cache.get(shard_url, s["bytes"], s["sha256"])
+                path = cache.get(shard_url, size=s["bytes"], sha256=s["sha256"])
                 times.append(time.perf_counter() - t0)
             per_hit.append(float(np.median(times)))
             times = []
@@ -1053,7 +1046,7 @@ def stalled_server(trials: int, rng: random.Random, tmp: str) -> tuple[int, int,
         kinds[how] = kinds.get(how, 0) + 1
         shutil.copytree(clean, os.path.join(served, f"t{t}"))
         if how.startswith("file by URL"):
-            write_array_record(os.path.join(served, f"t{t}.array_record"), id_records(2000))
+            common.write_array_record(os.path.join(served, f"t{t}.array_record"), id_records(2000))
         with contextlib.ExitStack() as stack:
             srv = stack.enter_context(_Server(served))
             shard = _manifest(clean)["shards"][0]["file"]

@@ -21,8 +21,8 @@ Reports batches/s and MiB/s for each, and lend / copy. Run:
 from __future__ import annotations
 
 import argparse
-import time
 
+import common
 import numpy as np
 
 import quern
@@ -41,16 +41,10 @@ def images(batch: dict) -> dict:
 
 def rate(pipe: quern.Pipeline, copy: bool, seconds: float) -> float:
     """Batches per second from 2 workers, lending (``copy=False``) or copying out."""
-    with quern.PipelineIterator(pipe, num_workers=2, copy_batches=copy) as it:
-        if not it.wait_for_workers(60):
-            raise RuntimeError("workers did not start")
+    with common.started(quern.PipelineIterator(pipe, num_workers=2, copy_batches=copy)) as it:
         for _ in range(20):
             next(it)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            next(it)
-            n += 1
-        return n / (time.perf_counter() - t0)
+        return common.rate(it.__next__, seconds)
 
 
 def main() -> None:
@@ -62,11 +56,12 @@ def main() -> None:
         ("tokens 256 x 512 int32", quern.Pipeline.from_source(ids, seed=0).shuffle().batch(256).map_batch(tokens)),
         ("images 64 x 224x224x3 uint8", quern.Pipeline.from_source(ids, seed=0).shuffle().batch(64).map_batch(images)),
     ]
-    print(f"{'batches':30s} {'lend: batches/s':>16s} {'copy: batches/s':>16s} {'lend MiB/s':>11s} {'lend / copy':>12s}")
+    rows = []
     for name, pipe in cases:
         mib = sum(a.nbytes for a in pipe.batch_at(0).values()) / 2**20
         lend, copy = rate(pipe, False, args.seconds), rate(pipe, True, args.seconds)
-        print(f"{name:30s} {lend:16.1f} {copy:16.1f} {lend * mib:11.0f} {lend / copy:11.2f}x")
+        rows.append([name, f"{lend:.1f}", f"{copy:.1f}", f"{lend * mib:.0f}", common.ratio(lend, copy)])
+    common.print_table(["batches", "lend: batches/s", "copy: batches/s", "lend MiB/s", "lend / copy"], rows)
 
 
 if __name__ == "__main__":

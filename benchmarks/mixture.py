@@ -76,17 +76,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -94,7 +91,6 @@ import quern
 SEQ_LEN = 512
 BATCH = 256
 SHARDS = 2  # files per component
-VOCAB = 32000
 DATA_SEED = 20260111
 LENGTHS = {"web": (32, 512), "code": (64, 1024), "books": (256, 512)}
 NAMES = tuple(LENGTHS)
@@ -105,7 +101,6 @@ SCHEDULE = [(0, W0), (SWITCH, W1)]
 PROPORTION_STEPS = 1000
 KEEP_BELOW = 7  # the filter keeps x % 10 < KEEP_BELOW
 MAX_COLD_SCAN = 180.0  # seconds: beyond this (estimated), the cold scan at N is extrapolated
-WORKER_START_TIMEOUT = 60.0
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mixture")
 
 
@@ -114,64 +109,24 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "mix
 
 def make_data(records: int) -> dict[str, list[str]]:
     """Write (or reuse) the shards of each component; return their paths by component."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     paths = {
         name: [os.path.join(DATA_DIR, f"{name}-{i:05d}-of-{SHARDS:05d}.array_record") for i in range(SHARDS)]
         for name in NAMES
     }
-    meta_path = os.path.join(DATA_DIR, "meta.json")
     meta = {
         "records": records,
         "shards": SHARDS,
         "seed": DATA_SEED,
         "lengths": LENGTHS,
-        "vocab": VOCAB,
+        "vocab": common.VOCAB,
         "dtype": "int32",
         "writer_options": "group_size:1",
         "format": 1,
     }
-    try:
-        with open(meta_path) as f:
-            if json.load(f) == json.loads(json.dumps(meta)) and all(
-                os.path.exists(p) for ps in paths.values() for p in ps
-            ):
-                return paths
-    except (OSError, ValueError):
-        pass
-    print(f"generating {len(NAMES)} x {records:,} records under {DATA_DIR} ...", flush=True)
-    t0 = time.perf_counter()
-    os.makedirs(DATA_DIR, exist_ok=True)
-    if os.path.exists(meta_path):
-        os.remove(meta_path)
-    rng = np.random.default_rng(DATA_SEED)
-    bounds = np.linspace(0, records, SHARDS + 1).astype(np.int64)
-    for name in NAMES:
-        lo, hi = LENGTHS[name]
-        for k, path in enumerate(paths[name]):
-            n = int(bounds[k + 1] - bounds[k])
-            lengths = rng.integers(lo, hi + 1, size=n)
-            tokens = rng.integers(1, VOCAB, size=int(lengths.sum()), dtype=np.int32)
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
-            for i in range(n):
-                writer.write(tokens[offsets[i] : offsets[i + 1]].tobytes())
-            writer.close()
-            os.replace(path + ".tmp", path)
-    with open(meta_path, "w") as f:
-        json.dump(meta, f)
-    print(f"  done in {time.perf_counter() - t0:.1f}s", flush=True)
+    note = f"generating {len(NAMES)} x {records:,} records under {DATA_DIR} ..."
+    parts = [(paths[name], LENGTHS[name]) for name in NAMES]
+    common.token_shards(DATA_DIR, meta, parts, records, DATA_SEED, announce=note)
     return paths
-
-
-def warm_page_cache(paths: dict[str, list[str]]) -> int:
-    total = 0
-    for ps in paths.values():
-        for p in ps:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    total += len(chunk)
-    return total
 
 
 def all_files(paths: dict[str, list[str]]) -> list[str]:
@@ -204,11 +159,7 @@ def quern_single(paths: dict[str, list[str]]) -> quern.Pipeline:
 
 def quern_iterator(make: Callable[[], quern.Pipeline], **kwargs: Any) -> Callable[[], Any]:
     def start() -> Any:
-        it = make().iterator(**kwargs)
-        if not it.wait_for_workers(WORKER_START_TIMEOUT):
-            it.close()
-            raise RuntimeError(f"quern workers did not start within {WORKER_START_TIMEOUT:g}s")
-        return it
+        return common.started(make().iterator(**kwargs))
 
     return start
 
@@ -235,11 +186,7 @@ class BulkLoop:
 
 def decode_pad(record: bytes) -> dict:
     """grain's per-record transform: bytes -> padded int32 tokens + length (quern's decode + pad)."""
-    arr = np.frombuffer(record, dtype=np.int32)
-    n = min(arr.size, SEQ_LEN)
-    tokens = np.zeros(SEQ_LEN, dtype=np.int32)
-    tokens[:n] = arr[:n]
-    return {"tokens": tokens, "length": np.int32(n)}
+    return common.decode_pad(record, SEQ_LEN)
 
 
 def grain_read_options(threads: bool):
@@ -336,53 +283,37 @@ def one_run(start: Callable[[], Any], args: argparse.Namespace) -> float:
     it = start()
     try:
         for _ in range(args.warmup):
-            next(it)
-        n, t0 = 0, time.perf_counter()
-        while n < args.batches or time.perf_counter() - t0 < args.min_seconds:
             batch = next(it)
-            n += 1
-        elapsed = time.perf_counter() - t0
-        assert batch["tokens"].shape == (BATCH, SEQ_LEN), batch["tokens"].shape
-        return n * BATCH / elapsed
+            assert batch["tokens"].shape == (BATCH, SEQ_LEN), batch["tokens"].shape
+        return common.rate(it.__next__, args.min_seconds, args.batches) * BATCH
     finally:
-        close = getattr(it, "close", None)
-        if callable(close):
-            close()
+        common.close(it)
 
 
 def measure(paths: dict[str, list[str]], args: argparse.Namespace) -> dict[str, list[float]]:
     selected = [c for c in configs(paths, args.workers) if not args.only or args.only in c[0]]
-    rates: dict[str, list[float]] = {name: [] for name, _ in selected}
     errors: dict[str, str] = {}
-    for run in range(args.runs):
-        for name, start in selected:
-            if name in errors:
-                continue
-            try:
-                rates[name].append(one_run(start, args))
-            except Exception as e:  # noqa: BLE001 - one broken config must not stop the benchmark
-                errors[name] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-                print(f"  {name}: FAILED: {errors[name]}", flush=True)
-        print(f"  run {run + 1}/{args.runs} done", flush=True)
+    runs = [(name, lambda start=start: one_run(start, args)) for name, start in selected]
+    rates = common.interleaved(runs, args.runs, errors=errors, progress=True)
     return {name: r for name, r in rates.items() if r and name not in errors}
-
-
-def _ratio(x: float | None, y: float | None) -> str:
-    return f"{x / y:.2f}x" if x is not None and y else "-"
 
 
 def print_throughput(rates: dict[str, list[float]]) -> dict[str, float]:
     med = {name: statistics.median(r) for name, r in rates.items()}
-    w = max([len(n) for n in med] + [20])
-    print(f"\n{'config':<{w}s} {'records/s':>10s} {'vs quern mix':>13s}   runs")
-    for name, r in rates.items():
-        runs = ", ".join(f"{x:,.0f}" for x in r)
-        print(f"{name:<{w}s} {med[name]:>10,.0f} {_ratio(med[name], med.get(Q_MIX)):>13s}   {runs}")
+    print()
+    common.print_table(
+        ["config", "records/s", "vs quern mix", "runs"],
+        [
+            [name, f"{med[name]:,.0f}", common.ratio(med[name], med.get(Q_MIX)), common.join_runs(r)]
+            for name, r in rates.items()
+        ],
+        left=(0, 3),
+    )
 
     def cost(mix: str, single: str) -> None:
         if mix in med and single in med:
             pct = 100.0 * (1.0 - med[mix] / med[single])
-            print(f"  {mix} / {single}: {_ratio(med[mix], med[single])} (cost of mixing {pct:+.1f}%)")
+            print(f"  {mix} / {single}: {common.ratio(med[mix], med[single])} (cost of mixing {pct:+.1f}%)")
 
     print("\ncost of mixing (1 - mix / single source of the same total size; goal for quern: under 5%):")
     cost(Q_MIX, Q_SINGLE)
@@ -398,12 +329,12 @@ def print_throughput(rates: dict[str, list[float]]) -> dict[str, float]:
     for q in (Q_MIX, Q_MIX_IN):
         for g in grain_mixes:
             if q in med:
-                print(f"  {q} / {g}: {_ratio(med[q], med[g])}")
+                print(f"  {q} / {g}: {common.ratio(med[q], med[g])}")
     if grain_mixes and Q_MIX in med:
         best = max(grain_mixes, key=lambda n: med[n])
-        print(f"  quern mix / grain's best mix ({best}): {_ratio(med[Q_MIX], med[best])}")
+        print(f"  quern mix / grain's best mix ({best}): {common.ratio(med[Q_MIX], med[best])}")
     if Q_MIX_W2 in med and Q_MIX in med:
-        print(f"  quern mix num_workers=2 / num_workers=0: {_ratio(med[Q_MIX_W2], med[Q_MIX])}")
+        print(f"  quern mix num_workers=2 / num_workers=0: {common.ratio(med[Q_MIX_W2], med[Q_MIX])}")
     return med
 
 
@@ -567,16 +498,7 @@ def child_first_batch(mode: str, n: int, cache_dir: str) -> dict:
 
 def run_child(mode: str, n: int, cache_dir: str) -> dict:
     t0 = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps([mode, n, cache_dir])],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {mode} failed:\n{out.stdout}\n{out.stderr}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = common.run_child(__file__, [mode, n, cache_dir])
     res["process"] = time.perf_counter() - t0
     return res
 
@@ -671,23 +593,14 @@ def main() -> None:
     )
     ap.add_argument("--filter-n", type=int, default=10**7, help="records of the filter benchmark (default 10**7)")
     ap.add_argument("--no-filter", action="store_true", help="skip the filter benchmark")
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        mode, n, cache_dir = json.loads(args.child)
-        print(json.dumps(child_first_batch(mode, n, cache_dir)))
+    args = common.parse_args(ap, child=child_first_batch)
+    if args is None:
         return
 
-    t_start = time.perf_counter()
     grain_version = importlib.metadata.version("grain")
-    print("command:", shlex.join([sys.executable] + sys.argv))
-    print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, grain {grain_version}, "
-        f"quern {quern.__version__}, cpus {os.cpu_count()}"
-    )
+    t_start = common.begin(grain=grain_version)
     paths = make_data(args.records)
-    nbytes = warm_page_cache(paths)
+    nbytes = common.warm_page_cache(all_files(paths))
     print(
         f"data: {len(NAMES)} components x {args.records:,} records ({SHARDS} shards each, lengths "
         f"{', '.join(f'{n} {lo}..{hi}' for n, (lo, hi) in LENGTHS.items())}), {nbytes / 2**20:.0f} MiB on disk, "
@@ -740,10 +653,7 @@ def main() -> None:
 
     figures["total_seconds"] = time.perf_counter() - t_start
     print(f"\ntotal time {figures['total_seconds']:.0f}s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1, default=float)
-        print(f"figures written to {args.json}")
+    common.save_figures(args.json, figures)
 
 
 if __name__ == "__main__":

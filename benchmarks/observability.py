@@ -60,15 +60,12 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import json
 import os
-import platform
-import shlex
 import statistics
-import sys
 import time
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -101,35 +98,12 @@ def slow(batch: dict, seconds: float) -> dict:
 
 def arrayrecord_paths() -> list[str]:
     """Write (or reuse) the ArrayRecord shards of the arrayrecord pipeline; their paths."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     n, shards = AR_META["records"], AR_META["shards"]
     paths = [os.path.join(DATA, f"tokens-{i:05d}-of-{shards:05d}.array_record") for i in range(shards)]
-    meta_path = os.path.join(DATA, "meta.json")
-    try:
-        with open(meta_path) as f:
-            if json.load(f) == AR_META and all(os.path.exists(p) for p in paths):
-                return paths
-    except (OSError, ValueError):
-        pass
-    t0 = time.perf_counter()
-    os.makedirs(DATA, exist_ok=True)
-    if os.path.exists(meta_path):
-        os.remove(meta_path)
-    rng = np.random.default_rng(AR_META["seed"])
-    bounds = np.linspace(0, n, shards + 1).astype(np.int64)
     lo, hi = AR_META["lengths"]
-    for k, path in enumerate(paths):
-        lengths = rng.integers(lo, hi + 1, size=int(bounds[k + 1] - bounds[k]))
-        tokens = rng.integers(1, 32000, size=int(lengths.sum()), dtype=np.int32)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        writer = ArrayRecordWriter(path, "group_size:1")
-        for i in range(len(lengths)):
-            writer.write(tokens[offsets[i] : offsets[i + 1]].tobytes())
-        writer.close()
-    with open(meta_path, "w") as f:
-        json.dump(AR_META, f)
-    print(f"made {n:,} records in {shards} shards under {DATA} in {time.perf_counter() - t0:.1f} s", flush=True)
+    took = common.token_shards(DATA, AR_META, [(paths, (lo, hi))], n, AR_META["seed"])
+    if took is not None:
+        print(f"made {n:,} records in {shards} shards under {DATA} in {took:.1f} s", flush=True)
     return paths
 
 
@@ -182,9 +156,7 @@ def cpu_seconds(pids: list[int]) -> float:
 def throughput(pipe: quern.Pipeline, workers: int, timings: bool, seconds: float) -> tuple[float, float, float]:
     """(records/s, microseconds per ``next()``, CPU microseconds per step of this process and the
     workers) as fast as possible, after 50 warm-up steps."""
-    with pipe.iterator(num_workers=workers, timings=timings) as it:
-        if workers and not it.wait_for_workers(60):
-            raise RuntimeError("workers did not start")
+    with common.started(pipe.iterator(num_workers=workers, timings=timings)) as it:
         for _ in range(50):
             next(it)
         pids = it.worker_pids
@@ -231,49 +203,37 @@ def part1(args: argparse.Namespace) -> None:
         "us/step: median mean time of one next(); CPU us/step: CPU time of this process and the workers per "
         "step (less sensitive to other load than wall time); runs: records/s of each run, thousands\n"
     )
-    print(
-        "| pipeline | workers | on: rec/s | off: rec/s | off / on | cost | on: us/step | off: us/step "
-        "| on: CPU us/step | off: CPU us/step | CPU cost | runs on | runs off |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    header = ["pipeline", "workers", "on: rec/s", "off: rec/s", "off / on", "cost", "on: us/step", "off: us/step"]
+    header += ["on: CPU us/step", "off: CPU us/step", "CPU cost", "runs on", "runs off"]
+    print(common.markdown_header(header, left=(0, 11, 12)))
     for name, pipe in cases:
         for workers in (0, 2):
-            runs: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
-            for r in range(args.rounds):
-                for timings in (True, False) if r % 2 == 0 else (False, True):
-                    runs[timings].append(throughput(pipe, workers, timings, args.seconds))
+            both = [(t, functools.partial(throughput, pipe, workers, t, args.seconds)) for t in (True, False)]
+            runs = common.interleaved(both, args.rounds, alternate=True)
 
             def med(timings: bool, k: int, runs: dict[bool, list[tuple[float, float, float]]] = runs) -> float:
                 return statistics.median(x[k] for x in runs[timings])
 
             ratio = statistics.median(off[0] / on[0] for on, off in zip(runs[True], runs[False]))
             cpu_on, cpu_off = med(True, 2), med(False, 2)
-            print(
-                f"| {name} | {workers} | {med(True, 0):,.0f} | {med(False, 0):,.0f} | {ratio:.3f} "
-                f"| {(1 - 1 / ratio) * 100:+.1f}% | {med(True, 1):.1f} | {med(False, 1):.1f} "
-                f"| {cpu_on:.1f} | {cpu_off:.1f} | {(cpu_on / cpu_off - 1) * 100:+.1f}% "
-                f"| {' '.join(f'{x[0] / 1000:.0f}' for x in runs[True])} "
-                f"| {' '.join(f'{x[0] / 1000:.0f}' for x in runs[False])} |",
-                flush=True,
-            )
+            row = [name, workers, f"{med(True, 0):,.0f}", f"{med(False, 0):,.0f}", f"{ratio:.3f}"]
+            row += [f"{(1 - 1 / ratio) * 100:+.1f}%", f"{med(True, 1):.1f}", f"{med(False, 1):.1f}"]
+            row += [f"{cpu_on:.1f}", f"{cpu_off:.1f}", f"{(cpu_on / cpu_off - 1) * 100:+.1f}%"]
+            row += [common.join_runs((x[0] / 1000 for x in runs[t]), ".0f", " ") for t in (True, False)]
+            print(common.markdown_row(row), flush=True)
     print(
         "\nThe compute path alone (what a prefetch thread or a worker runs per chunk): execute.batches_at of the "
         f"same {THREAD_READ_STEPS}-step chunks with a timings dict and with None, alternating chunk by chunk on "
         f"this thread, {args.chunks} chunks each; CPU time of the thread (time.thread_time) and wall time\n"
     )
-    print(
-        "| pipeline | on: CPU us/step | off: CPU us/step | CPU cost us/step | CPU cost | on: wall us/step "
-        "| off: wall us/step | wall cost |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    header = ["pipeline", "on: CPU us/step", "off: CPU us/step", "CPU cost us/step", "CPU cost", "on: wall us/step"]
+    print(common.markdown_header([*header, "off: wall us/step", "wall cost"]))
     for name, pipe in cases:
         reps = [direct(pipe, THREAD_READ_STEPS, args.chunks) for _ in range(3)]
         c_on, c_off, w_on, w_off = (statistics.median(r[k] for r in reps) for k in range(4))
-        print(
-            f"| {name} | {c_on:.1f} | {c_off:.1f} | {c_on - c_off:+.2f} | {(c_on / c_off - 1) * 100:+.2f}% "
-            f"| {w_on:.1f} | {w_off:.1f} | {(w_on / w_off - 1) * 100:+.2f}% |",
-            flush=True,
-        )
+        row = [name, f"{c_on:.1f}", f"{c_off:.1f}", f"{c_on - c_off:+.2f}", f"{(c_on / c_off - 1) * 100:+.2f}%"]
+        row += [f"{w_on:.1f}", f"{w_off:.1f}", f"{(w_on / w_off - 1) * 100:+.2f}%"]
+        print(common.markdown_row(row), flush=True)
 
 
 # --------------------------------------------------------------------------- 2. adaptive vs fixed prefetch
@@ -295,9 +255,7 @@ def digest(batch: dict) -> bytes:
 
 def train(pipe: quern.Pipeline, prefetch: int | None, workers: int, steps: list[float]) -> dict[str, Any]:
     """Follow the trace ``steps`` with an iterator of ``prefetch`` (``None``: adaptive); figures of the run."""
-    with pipe.iterator(num_workers=workers, prefetch=prefetch, read_ahead=1) as it:
-        if workers and not it.wait_for_workers(60):
-            raise RuntimeError("workers did not start")
+    with common.started(pipe.iterator(num_workers=workers, prefetch=prefetch, read_ahead=1)) as it:
         waits, digests, windows = [], [], []
         t_start = time.perf_counter()
         for s, step_s in enumerate(steps):
@@ -341,33 +299,25 @@ def part2(args: argparse.Namespace) -> None:
             f"{burst} steps of {args.burst_ms:g} ms every {args.every} (mean step {mean_step:.2f} ms); loader "
             f"{args.load_ms:g} ms per batch (sleep){'' if workers else ', one thread'}; {rounds} round(s)\n"
         )
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
-        for r in range(rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for name, prefetch in order:
-                runs[name].append(train(pipe, prefetch, workers, steps))
+        cases = [(name, functools.partial(train, pipe, prefetch, workers, steps)) for name, prefetch in variants]
+        runs = common.interleaved(cases, rounds, alternate=True)
         ref = runs[variants[0][0]][0]["digests"]
-        print(
-            f"| prefetch | round | data wait s (own) | stats data_wait total s | mean / median wait ms "
-            f"| steps > {WAIT_MS:g} ms | wait in bursts s | bubble_rate_total | depth | window (last; range) | wall s "
-            "| own step ms | first batch ms | batches |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        header = ["prefetch", "round", "data wait s (own)", "stats data_wait total s", "mean / median wait ms"]
+        header += [f"steps > {WAIT_MS:g} ms", "wait in bursts s", "bubble_rate_total", "depth", "window (last; range)"]
+        print(common.markdown_header([*header, "wall s", "own step ms", "first batch ms", "batches"], left=(0, 13)))
         for name, _ in variants:
             for r, x in enumerate(runs[name]):
                 w, st = x["waits"], x["stats"]
                 win = st["host_prefetch"]["window"]
                 wr = f"{min(x['windows'])}-{max(x['windows'])}" if win else "-"
                 own = (x["wall"] - w.sum()) / len(w) * 1000  # the trace's steps as they were slept
-                print(
-                    f"| {name} | {r + 1} | {w[1:].sum():.3f} | {st['data_wait']['total']:.3f} "
-                    f"| {w[1:].mean() * 1000:.3f} / {np.median(w[1:]) * 1000:.3f} "
-                    f"| {int((w[1:] > WAIT_MS / 1000).sum())} / {len(w) - 1} | {w[in_burst].sum():.3f} "
-                    f"| {st['bubble_rate_total']:.4f} | {st['host_prefetch']['depth']} | {win}; {wr} "
-                    f"| {x['wall']:.2f} | {own:.2f} "
-                    f"| {w[0] * 1000:.1f} | {'= prefetch=1 round 1' if x['digests'] == ref else 'DIFFER'} |",
-                    flush=True,
-                )
+                row = [name, r + 1, f"{w[1:].sum():.3f}", f"{st['data_wait']['total']:.3f}"]
+                row += [f"{w[1:].mean() * 1000:.3f} / {np.median(w[1:]) * 1000:.3f}"]
+                row += [f"{int((w[1:] > WAIT_MS / 1000).sum())} / {len(w) - 1}", f"{w[in_burst].sum():.3f}"]
+                row += [f"{st['bubble_rate_total']:.4f}", st["host_prefetch"]["depth"], f"{win}; {wr}"]
+                row += [f"{x['wall']:.2f}", f"{own:.2f}", f"{w[0] * 1000:.1f}"]
+                row += ["= prefetch=1 round 1" if x["digests"] == ref else "DIFFER"]
+                print(common.markdown_row(row), flush=True)
 
         fixed, adaptive = runs[variants[1][0]], runs[variants[3][0]]
         f_all, a_all = mean_wait(fixed, None), mean_wait(adaptive, None)
@@ -402,12 +352,8 @@ def main() -> None:
     args = ap.parse_args()
     t_start = time.perf_counter()
     print("# Observability: stage timings cost, adaptive host prefetch\n")
-    print("command:", shlex.join([sys.executable] + sys.argv))
-    print(
-        f"\npython {sys.version.split()[0]}, numpy {np.__version__}, quern {quern.__version__}, "
-        f"{platform.machine()} {platform.system()}, cpus {os.cpu_count()}, load average "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
-    )
+    print(common.command_line())
+    print("\n" + common.machine_line())
     if args.skip != "1":
         part1(args)
     if args.skip != "2":

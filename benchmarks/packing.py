@@ -86,19 +86,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
-import shlex
 import shutil
 import statistics
-import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -106,7 +102,7 @@ from quern.pipeline.plan.packing import plan_epoch
 
 SEQ_LEN = 2048
 BATCH = 8
-VOCAB = 32000
+VOCAB = common.VOCAB
 MU, SIGMA, MAX_LEN = 5.5, 1.0, 16384
 DATA_SEED = 20260112
 FILL_N = 10**5
@@ -124,14 +120,9 @@ def lognormal_lengths(n: int, seed: int = DATA_SEED) -> np.ndarray:
 
 
 def stdlib_docs() -> list[np.ndarray]:
-    """The standard library's ``.py`` files (as ``examples/quickstart.py`` walks them), bytes as int32 tokens."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    files = []
-    for root, dirs, names in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__", "test", "tests"))
-        files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+    """The standard library's ``.py`` files (``common.stdlib_py_files``), bytes as int32 tokens."""
     docs = []
-    for path in files:
+    for path in common.stdlib_py_files():
         with open(path, "rb") as f:
             data = f.read()
         if data:
@@ -287,12 +278,6 @@ def configs(records: list, lengths: np.ndarray, with_default_read: bool, cache: 
 DEFAULT_READ = "grain FirstFit bins=8, default ReadOptions"
 
 
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
-
-
 def full_pass(cfg: Config, total_tokens: int, n_records: int) -> dict[str, Any]:
     """One pass over the records: rows, fill and the pieces per row, counted on the rows delivered."""
     rows = tokens = pieces = 0
@@ -304,7 +289,7 @@ def full_pass(cfg: Config, total_tokens: int, n_records: int) -> dict[str, Any]:
         tokens += int(np.count_nonzero(seg))
         pieces += int(seg.max(axis=1).sum())
     seconds = time.perf_counter() - t0
-    _close(it)
+    common.close(it)
     assert tokens == total_tokens, (cfg.name, tokens, total_tokens)  # every token once
     return {
         "rows": rows,
@@ -318,15 +303,11 @@ def full_pass(cfg: Config, total_tokens: int, n_records: int) -> dict[str, Any]:
 def timed_run(cfg: Config, min_seconds: float) -> dict[str, float]:
     it = cfg.endless()
     next(it)  # untimed: the iterator's start (quern: the plan of epoch 0)
-    rows = 0
     t0 = time.perf_counter()
-    while True:
-        rows += np.asarray(next(it)[cfg.seg_key]).shape[0]
-        dt = time.perf_counter() - t0
-        if dt >= min_seconds:
-            break
-    _close(it)
-    return {"rows_per_s": rows / dt, "seconds": dt}
+    rows_per_s = common.rate(it.__next__, min_seconds, size=lambda b: np.asarray(b[cfg.seg_key]).shape[0])
+    seconds = time.perf_counter() - t0
+    common.close(it)
+    return {"rows_per_s": rows_per_s, "seconds": seconds}
 
 
 def side_by_side(name: str, docs: list[np.ndarray], args: argparse.Namespace, with_default_read: bool) -> dict:
@@ -345,34 +326,29 @@ def side_by_side(name: str, docs: list[np.ndarray], args: argparse.Namespace, wi
             if cfg.name != DEFAULT_READ:  # that one makes the same rows as the config with num_threads=0
                 fills[cfg.name] = full_pass(cfg, total, len(records))
         fills[DEFAULT_READ] = fills["grain FirstFit bins=8"]
-        runs: dict[str, list[dict[str, float]]] = {c.name: [] for c in cfgs}
-        for _ in range(args.runs):
-            for cfg in cfgs:
-                runs[cfg.name].append(timed_run(cfg, args.min_seconds))
+        timed = [(c.name, lambda c=c: timed_run(c, args.min_seconds)) for c in cfgs]
+        runs = common.interleaved(timed, args.runs)
     med = {}
     for k, v in runs.items():
         rate = statistics.median(r["rows_per_s"] for r in v)
         med[k] = {"rows_per_s": rate, "records_per_s": rate * fills[k]["records_per_row"]}
     ref = med["quern best_fit"]
-    print(
-        f"    {'config':<42s} {'fill':>8s} {'rows':>6s} {'pcs/row':>7s} {'rows/s':>8s} {'records/s':>9s}"
-        "   quern best_fit / this: rows/s, records/s   rows/s of the runs"
-    )
+    rows = []
     for cfg in cfgs:
         f, m = fills[cfg.name], med[cfg.name]
-        same = cfg.name == DEFAULT_READ
-        fill_txt = (
-            f"{'(same)':>8s} {'':6s} {'':7s}" if same else f"{f['fill']:8.3%} {f['rows']:6,} {f['pieces_per_row']:7.2f}"
+        fill = (
+            ["(same)", "", ""]
+            if cfg.name == DEFAULT_READ
+            else [f"{f['fill']:.3%}", f"{f['rows']:,}", f"{f['pieces_per_row']:.2f}"]
         )
-        ratio = (
-            f"{ref['rows_per_s'] / m['rows_per_s']:6.2f}x, {ref['records_per_s'] / m['records_per_s']:6.2f}x"
-            if cfg.name != "quern best_fit"
-            else f"{'-':>7s}  {'-':>7s}"
-        )
-        each = ", ".join(f"{r['rows_per_s']:,.0f}" for r in runs[cfg.name])
-        print(
-            f"    {cfg.name:<42s} {fill_txt} {m['rows_per_s']:8,.0f} {m['records_per_s']:9,.0f}   {ratio:<41s}  {each}"
-        )
+        vs = [
+            "-" if cfg.name == "quern best_fit" else common.ratio(ref[k], m[k]) for k in ("rows_per_s", "records_per_s")
+        ]
+        each = common.join_runs(r["rows_per_s"] for r in runs[cfg.name])
+        rows.append([cfg.name, *fill, f"{m['rows_per_s']:,.0f}", f"{m['records_per_s']:,.0f}", *vs, each])
+    header = ["config", "fill", "rows", "pcs/row", "rows/s", "records/s"]
+    header += ["best_fit/this rows/s", "best_fit/this records/s", "rows/s of the runs"]
+    common.print_table(header, rows, left=(0, 8), indent="    ")
     return {"records": len(records), "tokens": total, "fill": fills, "median": med, "runs": runs}
 
 
@@ -434,16 +410,7 @@ def run_child(config: str, step: int, cache_dir: str) -> dict[str, float]:
     if "not cached" in config:  # the first start ever: no rows-per-epoch count on disk yet
         shutil.rmtree(os.path.join(cache_dir, "packing"), ignore_errors=True)
     t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps([config, step, cache_dir])],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if res.returncode != 0:
-        raise RuntimeError(f"child {config} {step} failed:\n{res.stdout}\n{res.stderr}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = common.run_child(__file__, [config, step, cache_dir])
     out["process"] = time.perf_counter() - t0
     return out
 
@@ -469,7 +436,7 @@ def first_batch_section(runs: int) -> dict[str, Any]:
         )
         for config in FIRST_CONFIGS:
             shutil.rmtree(os.path.join(cache, "packing"), ignore_errors=True)
-            p = first_pipeline(config, cache).packing
+            p = first_pipeline(config, cache).stream
             assert p is not None
             t0 = time.perf_counter()
             per_epoch = p.rows_before(1)  # best_fit: counted and written to cache/packing/
@@ -552,7 +519,7 @@ def bucketing_section(stdlib: list[np.ndarray], cache_dir: str) -> dict[str, Any
     buck = base.bucket(BUCKETS, BUCKET_ROWS, key="tokens", cache_dir=cache_dir)
     real = slots = 0
     shapes: dict[tuple, int] = {}
-    s = buck.bucketing.block  # one block of steps: the buckets' shares exactly
+    s = buck.stream.block  # one block of steps: the buckets' shares exactly
     for b in (buck.batch_at(k) for k in range(s)):
         real += int(b["length"].sum())
         slots += b["tokens"].size
@@ -577,22 +544,12 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=2.0, help="at least this long per timed run (default 2)")
     ap.add_argument("--sample", type=int, default=10**4, help="lognormal documents in the side by side (10**4)")
     ap.add_argument("--skip", default="", help="sections to skip, comma-separated: fill,grain,planner,first,bucketing")
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        mode, step, cache = json.loads(args.child)
-        print(json.dumps(child_first(mode, step, cache)))
+    args = common.parse_args(ap, child=child_first)
+    if args is None:
         return
 
-    t_start = time.perf_counter()
     grain_version = importlib.metadata.version("grain")
-    print("command:", shlex.join([sys.executable] + sys.argv))
-    print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, grain {grain_version}, "
-        f"quern {quern.__version__}, cpus {os.cpu_count()}, load average "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
-    )
+    t_start = common.begin(grain=grain_version)
     skip = set(filter(None, args.skip.split(",")))
     figures: dict[str, Any] = {
         "grain": grain_version,
@@ -634,10 +591,7 @@ def main() -> None:
 
     figures["total_seconds"] = time.perf_counter() - t_start
     print(f"\ntotal time {figures['total_seconds']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1, default=float)
-        print(f"figures written to {args.json}")
+    common.save_figures(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-import time
 
+import common
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,7 +40,7 @@ def make_data(n: int) -> str:
         os.makedirs(DATA, exist_ok=True)
         rng = np.random.default_rng(0)
         lengths = rng.integers(64, 513, n)
-        values = rng.integers(1, 32000, int(lengths.sum()), dtype=np.int32)
+        values = rng.integers(1, common.VOCAB, int(lengths.sum()), dtype=np.int32)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
         tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
         pq.write_table(pa.table({"tokens": tokens}), path + ".tmp", row_group_size=GROUP, compression="snappy")
@@ -70,15 +69,10 @@ def raw_batches(path: str):
 
 
 def rate(next_batch, runs: int = 3, seconds: float = 2.0) -> tuple[float, list[float]]:
+    """Median records/s of ``runs`` consecutive runs of ``seconds`` after 3 untimed batches; and the runs."""
     for _ in range(3):
         next_batch()
-    rates = []
-    for _ in range(runs):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            next_batch()
-            n += 1
-        rates.append(n * BATCH / (time.perf_counter() - t0))
+    rates = [common.rate(next_batch, seconds) * BATCH for _ in range(runs)]
     return statistics.median(rates), rates
 
 
@@ -86,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
     args = ap.parse_args()
-    print("command:", " ".join([sys.executable] + sys.argv))
+    print(common.command_line())
     path = make_data(args.records)
     print(f"data: {args.records:,} records, {os.path.getsize(path) / 2**20:.0f} MiB, row groups of {GROUP:,}")
     src = quern.sources.ParquetSource(path)
@@ -102,10 +96,7 @@ def main() -> None:
             results.append((label, *rate(it.__next__)))
     limit = results[0][1]
     for label, med, runs in results:
-        print(
-            f"  {label:<55s} {med:>10,.0f} rec/s  {med / limit:5.2f}x raw   runs: "
-            + ", ".join(f"{r:,.0f}" for r in runs)
-        )
+        print(f"  {label:<55s} {med:>10,.0f} rec/s  {med / limit:5.2f}x raw   runs: {common.join_runs(runs)}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ of the Python standard library on this machine (walked as ``benchmarks/packing.p
 out when all of them would make more than 1.5 GB. Each file is one record (its bytes, no map); record ``i``
 of the shards is file ``i`` of the input in the documented order (relative paths sorted).
 
-**Prepare**: ``quern.prepare.prepare(input, --out, workers=W, shard_size="128MB", progress=False)``, each
+**Prepare**: ``quern.prepare.prepare(input, --out, num_workers=W, shard_size="128MB", progress=False)``, each
 run into a fresh, empty output folder (removed before the run): ``workers=0`` (in this process, for
 reference), ``workers=1`` and ``workers=2`` (spawned processes: the time includes starting them), and
 ``ray=True, workers=2`` (Ray tasks on a new local Ray cluster of 2 CPUs: ``ray.init`` is called here
@@ -48,13 +48,12 @@ import hashlib
 import json
 import os
 import resource
-import shlex
 import shutil
-import sys
 import sysconfig
 import time
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -75,27 +74,18 @@ MiB = 1 << 20
 
 
 def stdlib_files() -> list[tuple[str, int]]:
-    """``(relative path, size)`` of the standard library's ``.py`` files (as ``benchmarks/packing.py`` walks them)."""
+    """``(relative path, size)`` of the standard library's ``.py`` files (``common.stdlib_py_files``)."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    out = []
-    for root, dirs, names in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__", "test", "tests"))
-        for n in sorted(names):
-            if n.endswith(".py"):
-                full = os.path.join(root, n)
-                out.append((os.path.relpath(full, stdlib), os.path.getsize(full)))
-    return out
+    return [(os.path.relpath(full, stdlib), os.path.getsize(full)) for full in common.stdlib_py_files()]
 
 
 def build_input(n_files: int) -> dict[str, Any]:
     """The input folder of ``n_files`` files (made unless ``prepare-input.json`` says it holds them); its description."""
     marker = INPUT + ".json"
-    if os.path.exists(marker) and os.path.isdir(INPUT):
-        with open(marker) as f:
-            desc = json.load(f)
-        if desc.get("files") == n_files:
-            desc["built_seconds"] = None
-            return desc
+    desc = common.read_marker(marker, {"files": n_files}, INPUT)
+    if desc is not None:
+        desc["built_seconds"] = None
+        return desc
     t0 = time.perf_counter()
     stdlib = sysconfig.get_paths()["stdlib"]
     files = stdlib_files()
@@ -188,7 +178,7 @@ def one_prepare(label: str, out: str, workers: int, use_ray: bool) -> dict[str, 
     try:
         cpu0 = cpu_seconds()
         t0 = time.perf_counter()
-        manifest = prepare(INPUT, out, workers=workers, ray=use_ray, shard_size=SHARD_SIZE, progress=False)
+        manifest = prepare(INPUT, out, num_workers=workers, ray=use_ray, shard_size=SHARD_SIZE, progress=False)
         r["seconds"] = time.perf_counter() - t0
         r["cpu"] = None if use_ray else cpu_seconds() - cpu0  # Ray's workers are not this process's children
     finally:
@@ -258,17 +248,13 @@ def main() -> None:
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     t_start = time.perf_counter()
-    print("command:", shlex.join([sys.executable] + sys.argv))
     try:
         import ray
 
         ray_version = ray.__version__
     except ImportError:
         ray_version = "not installed"
-    print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, quern {quern.__version__}, ray {ray_version}, "
-        f"cpus {os.cpu_count()}, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}"
-    )
+    common.begin(ray=ray_version)
 
     desc = build_input(args.files)
     built = "" if desc["built_seconds"] is None else f", built in {desc['built_seconds']:.0f} s"
@@ -291,24 +277,30 @@ def main() -> None:
     if not args.skip_ray:
         runs.append(("ray=True, 2 CPUs", 2, True))
     print(
-        f"\n1. prepare({os.path.relpath(INPUT)}, {os.path.relpath(out)}, workers=W, shard_size={SHARD_SIZE!r}): "
+        f"\n1. prepare({os.path.relpath(INPUT)}, {os.path.relpath(out)}, num_workers=W, shard_size={SHARD_SIZE!r}): "
         f"one run each into a fresh folder, input in the page cache, no map"
     )
     results = []
     for label, workers, use_ray in runs:
         results.append(one_prepare(label, out, workers, use_ray))
     base = next(r for r in results if r["label"] == "workers=1")
-    print(
-        f"  {'run':<24s} {'seconds':>8s} {'records/s':>10s} {'in MiB/s':>9s} {'vs 1 worker':>12s} {'CPU s':>6s}  "
-        "shards, output"
+    common.print_table(
+        ["run", "seconds", "records/s", "in MiB/s", "vs 1 worker", "CPU s", "shards, output"],
+        [
+            [
+                r["label"],
+                f"{r['seconds']:.1f}",
+                f"{r['records'] / r['seconds']:,.0f}",
+                f"{in_bytes / MiB / r['seconds']:.1f}",
+                common.ratio(base["seconds"], r["seconds"]),
+                "-" if r["cpu"] is None else f"{r['cpu']:.1f}",
+                f"{r['shards']} shards, {r['shard_bytes'] / MiB:,.0f} MiB ({r['shard_bytes'] / in_bytes:.2f} of the input)",
+            ]
+            for r in results
+        ],
+        left=(0, 6),
+        indent="  ",
     )
-    for r in results:
-        cpu = "-" if r["cpu"] is None else f"{r['cpu']:.1f}"
-        print(
-            f"  {r['label']:<24s} {r['seconds']:8.1f} {r['records'] / r['seconds']:10,.0f} "
-            f"{in_bytes / MiB / r['seconds']:9.1f} {base['seconds'] / r['seconds']:11.2f}x {cpu:>6s}  "
-            f"{r['shards']} shards, {r['shard_bytes'] / MiB:,.0f} MiB ({r['shard_bytes'] / in_bytes:.2f} of the input)"
-        )
     for r in results:
         if r["ray"]:
             total = r["ray_init"] + r["seconds"] + r["ray_shutdown"]
@@ -346,7 +338,7 @@ def main() -> None:
     if os.path.exists(raw_out):
         shutil.rmtree(raw_out)
     t0 = time.perf_counter()
-    prepare(INPUT, raw_out, workers=0, shard_size=SHARD_SIZE, compression="uncompressed", progress=False)
+    prepare(INPUT, raw_out, num_workers=0, shard_size=SHARD_SIZE, compression="uncompressed", progress=False)
     raw_seconds = time.perf_counter() - t0
     raw = quern.sources.ArrayRecordSource(raw_out)
     perm = np.random.default_rng(SEED).permutation(n)
@@ -366,16 +358,13 @@ def main() -> None:
         if raw.manifest
         else ""
     )
-    print(
-        f"  {'pass':<10s} {'files rec/s':>12s} {comp + ' rec/s':>14s} {'/files':>7s} {'uncompr. rec/s':>15s} "
-        f"{'/files':>7s}  bytes"
-    )
+    cells = []
     for order_name, fs, fb, ss, sb, us, ub in rows:
         agree = "bytes agree" if fb == sb == ub == in_bytes else f"BYTES DIFFER: {fb:,}, {sb:,}, {ub:,}"
-        print(
-            f"  {order_name:<10s} {n / fs:12,.0f} {n / ss:14,.0f} {fs / ss:6.2f}x {n / us:15,.0f} {fs / us:6.2f}x  "
-            f"{fb:,} bytes ({agree})"
-        )
+        speeds = [f"{n / fs:,.0f}", f"{n / ss:,.0f}", common.ratio(fs, ss), f"{n / us:,.0f}", common.ratio(fs, us)]
+        cells.append([order_name, *speeds, f"{fb:,} bytes ({agree})"])
+    header = ["pass", "files rec/s", comp + " rec/s", "/files", "uncompr. rec/s", "/files", "bytes"]
+    common.print_table(header, cells, left=(0, 6), indent="  ")
     if not can_drop_caches():
         print("  (no cold pass: dropping the page cache needs root, /proc/sys/vm/drop_caches)")
     else:

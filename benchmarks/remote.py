@@ -14,7 +14,7 @@ to 2 MiB, its ``sendfile_max_chunk``) unpaced, so a shard of S MiB takes about (
 16 MiB by default (not 4) so that the link is mostly paced; the measured rate is printed.
 
 **Pipeline** (the one step trace of every run): ``Pipeline.from_source(src, seed=0, num_epochs=--epochs)
-.shuffle("block", block=R, window=2).batch(--batch)``: blocks are whole shards, two shards read at a time, a
+.shuffle("block", block_size=R, window=2).batch(--batch)``: blocks are whole shards, two shards read at a time, a
 new order of the shards each epoch. ``pipe.iterator()`` with its defaults (one thread, 2 chunks computed ahead)
 and ``lookahead`` as below; every step's ``next()`` is timed. Runs, each over the whole stream (``--epochs``
 epochs), each with a fresh, empty cache folder and a new source:
@@ -63,7 +63,6 @@ import functools
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import statistics
 import sys
@@ -72,6 +71,7 @@ import time
 import urllib.request
 from typing import Any
 
+import common
 import numpy as np
 
 import quern
@@ -100,12 +100,10 @@ def build_data(shards: int, shard_mib: int, record_kib: int) -> dict[str, Any]:
     """The prepared folder (made unless ``remote.json`` says it holds this data); its description."""
     marker = DATA + ".json"
     want = {"shards": shards, "shard_mib": shard_mib, "record_kib": record_kib}
-    if os.path.exists(marker) and os.path.isdir(PREP):
-        with open(marker) as f:
-            desc = json.load(f)
-        if all(desc.get(k) == v for k, v in want.items()):
-            desc["built_seconds"] = None
-            return desc
+    desc = common.read_marker(marker, want, PREP)
+    if desc is not None:
+        desc["built_seconds"] = None
+        return desc
     t0 = time.perf_counter()
     shutil.rmtree(DATA, ignore_errors=True)
     if os.path.exists(marker):
@@ -117,7 +115,7 @@ def build_data(shards: int, shard_mib: int, record_kib: int) -> dict[str, Any]:
     for i in range(n):
         with open(os.path.join(DOCS, f"{i:06d}.bin"), "wb") as f:
             f.write(rng.bytes(record_kib * 1024))
-    manifest = prepare(DOCS, PREP, shard_size=f"{shard_mib}MB", workers=0, progress=False)
+    manifest = prepare(DOCS, PREP, shard_size=f"{shard_mib}MB", num_workers=0, progress=False)
     shutil.rmtree(DOCS)  # the shards hold them
     counts = [s["records"] for s in manifest["shards"]]
     if len(set(counts)) != 1:
@@ -147,10 +145,10 @@ class WatchedCache(ShardCache):
         super().__init__(*args, **kwargs)
         self.waits: list[float] = []
 
-    def get(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
+    def get(self, url: str, *, size: int | None = None, sha256: str | None = None) -> str:
         t0 = time.perf_counter()
         try:
-            return super().get(url, size, sha256)
+            return super().get(url, size=size, sha256=sha256)
         finally:
             dt = time.perf_counter() - t0
             if dt * 1000 > WAIT_MS and not threading.current_thread().name.startswith("quern-fetch"):
@@ -160,7 +158,7 @@ class WatchedCache(ShardCache):
 def make_pipe(src: Any, records_per_shard: int, batch: int, epochs: int) -> Any:
     return (
         quern.Pipeline.from_source(src, seed=0, num_epochs=epochs)
-        .shuffle("block", block=records_per_shard, window=2)
+        .shuffle("block", block_size=records_per_shard, window=2)
         .batch(batch)
     )
 
@@ -253,10 +251,7 @@ def print_pass(title: str, runs: dict[str, dict[str, Any]], desc: dict[str, Any]
         f"  a step waited: next() > {thr * 1000:.1f} ms (local median {med * 1000:.2f} ms + {WAIT_MS:g} ms); "
         f"a read waited: a get() off the fetch threads > {WAIT_MS:g} ms"
     )
-    print(
-        f"  {'run':<30s} {'wall s':>7s} {'rec/s':>8s} {'/local':>7s} {'fetched/epoch':>14s} {'per epoch':>11s} "
-        f"{'steps waited':>13s} {'in them s':>9s} {'reads waited':>13s} {'max cache':>9s} {'evict':>5s}  batches"
-    )
+    rows = []
     for key, label in MODES:
         r = runs[key]
         waited = r["lat"] > thr
@@ -271,11 +266,14 @@ def print_pass(title: str, runs: dict[str, dict[str, Any]], desc: dict[str, Any]
             reads = f"{len(r['waits'])} {sum(r['waits']):.1f}s"
             biggest = f"{r['biggest'] / desc['bytes']:.2f}"
             evict = str(st["evictions"])
-        print(
-            f"  {label:<30s} {r['wall']:7.1f} {rps:8,.0f} {rps / (local['records'] / local['wall']):6.2f}x "
-            f"{fetched:>14s} {per:>11s} {int(waited.sum()):>6d} / {r['steps']:<4d} {r['lat'][waited].sum():9.1f} "
-            f"{reads:>13s} {biggest:>9s} {evict:>5s}  {same}"
+        rows.append(
+            [label, f"{r['wall']:.1f}", f"{rps:,.0f}", common.ratio(rps, local["records"] / local["wall"])]
+            + [fetched, per, f"{int(waited.sum())} / {r['steps']}", f"{r['lat'][waited].sum():.1f}"]
+            + [reads, biggest, evict, same]
         )
+    header = ["run", "wall s", "rec/s", "/local", "fetched/epoch", "per epoch", "steps waited", "in them s"]
+    header += ["reads waited", "max cache", "evict", "batches"]
+    common.print_table(header, rows, left=(0, 11), indent="  ")
     for key, label in MODES[1:]:
         r = runs[key]
         st = r["stats"]
@@ -349,7 +347,7 @@ def first_batches(url: str, desc: dict[str, Any], args: argparse.Namespace) -> N
         f"{args.repeats}"
     )
     for label, times in rows:
-        print(f"  {label:<26s} {statistics.median(times):7.3f} s   ({', '.join(f'{t:.3f}' for t in times)})")
+        print(f"  {label:<26s} {statistics.median(times):7.3f} s   ({common.join_runs(times, '.3f')})")
 
 
 # --------------------------------------------------------------------------- main
@@ -367,13 +365,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each time-to-first-batch case (default 3)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    print("command:", shlex.join([sys.executable] + sys.argv))
+    print(common.command_line())
     import fsspec
 
     print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, quern {quern.__version__}, fsspec "
-        f"{fsspec.__version__}, nginx {NGINX}, cpus {os.cpu_count()}, load average "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; nginx and this process on one machine (loopback)"
+        common.machine_line(fsspec=fsspec.__version__, nginx=str(NGINX))
+        + "; nginx and this process on one machine (loopback)"
     )
     if NGINX is None:
         raise SystemExit("nginx is not installed (make services installs it)")
@@ -385,7 +382,7 @@ def main() -> None:
     )
     steps = desc["records"] * args.epochs // args.batch
     print(
-        f"pipeline: from_source(src, seed=0, num_epochs={args.epochs}).shuffle('block', block="
+        f"pipeline: from_source(src, seed=0, num_epochs={args.epochs}).shuffle('block', block_size="
         f"{desc['records_per_shard']}, window=2).batch({args.batch}): {steps} steps, "
         f"{desc['records_per_shard'] // args.batch} per shard; cache capacity {desc['bytes'] // 4:,} bytes "
         f"(a quarter, {desc['bytes'] // 4 // (desc['bytes'] // desc['shard_count'])} shards)"

@@ -117,18 +117,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import resource
-import shlex
 import statistics
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import common
 import grain
 import numpy as np
 import psutil
@@ -140,11 +138,9 @@ BATCH = 256
 NUM_SHARDS = 8
 MIN_LEN, MAX_LEN = 64, 512
 DATA_SEED = 20240601
-VOCAB = 32000
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 RESUME_STEP = 10**7
 HEAVY_ROUNDS = 4  # rounds of heavy(): about 50 us per record on a 2-core development machine
-WORKER_START_TIMEOUT = 60.0  # seconds for quern's worker processes to start
 RSS_INTERVAL = 0.05  # seconds between RSS samples
 # ReadOptions(num_threads=0) means "no reader threads": records are read in the calling thread.
 GRAIN_NO_THREADS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -169,55 +165,20 @@ HG_LOADER = "heavy: " + G_LOADER
 
 def make_data(num_records: int) -> list[str]:
     """Write (or reuse) the synthetic shards; return their paths in order."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     paths = [os.path.join(DATA_DIR, f"tokens-{i:05d}-of-{NUM_SHARDS:05d}.array_record") for i in range(NUM_SHARDS)]
-    meta_path = os.path.join(DATA_DIR, "meta.json")
     meta = {
         "records": num_records,
         "shards": NUM_SHARDS,
         "seed": DATA_SEED,
         "lengths": [MIN_LEN, MAX_LEN],
-        "vocab": VOCAB,
+        "vocab": common.VOCAB,
         "dtype": "int32",
         "writer_options": "group_size:1",
         "format": 1,
     }
-    try:
-        with open(meta_path) as f:
-            if json.load(f) == meta and all(os.path.exists(p) for p in paths):
-                return paths
-    except (OSError, ValueError):
-        pass
-    print(f"generating {num_records:,} records in {NUM_SHARDS} shards under {DATA_DIR} ...", flush=True)
-    t0 = time.perf_counter()
-    os.makedirs(DATA_DIR, exist_ok=True)
-    if os.path.exists(meta_path):
-        os.remove(meta_path)
-    rng = np.random.default_rng(DATA_SEED)
-    bounds = np.linspace(0, num_records, NUM_SHARDS + 1).astype(np.int64)
-    for k, path in enumerate(paths):
-        n = int(bounds[k + 1] - bounds[k])
-        lengths = rng.integers(MIN_LEN, MAX_LEN + 1, size=n)
-        tokens = rng.integers(1, VOCAB, size=int(lengths.sum()), dtype=np.int32)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        writer = ArrayRecordWriter(path, "group_size:1")
-        for i in range(n):
-            writer.write(tokens[offsets[i] : offsets[i + 1]].tobytes())
-        writer.close()
-    with open(meta_path, "w") as f:
-        json.dump(meta, f)
-    print(f"  done in {time.perf_counter() - t0:.1f}s", flush=True)
+    note = f"generating {num_records:,} records in {NUM_SHARDS} shards under {DATA_DIR} ..."
+    common.token_shards(DATA_DIR, meta, [(paths, (MIN_LEN, MAX_LEN))], num_records, DATA_SEED, announce=note)
     return paths
-
-
-def warm_page_cache(paths: list[str]) -> int:
-    total = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 24):
-                total += len(chunk)
-    return total
 
 
 # --------------------------------------------------------------------------- shared transforms
@@ -225,11 +186,7 @@ def warm_page_cache(paths: list[str]) -> int:
 
 def decode_pad(record: bytes) -> dict:
     """The per-record transform used by grain: bytes -> padded int32 tokens + length."""
-    arr = np.frombuffer(record, dtype=np.int32)
-    n = min(arr.size, SEQ_LEN)
-    tokens = np.zeros(SEQ_LEN, dtype=np.int32)
-    tokens[:n] = arr[:n]
-    return {"tokens": tokens, "length": np.int32(n)}
+    return common.decode_pad(record, SEQ_LEN)
 
 
 class DecodePad(grain.transforms.Map):
@@ -404,10 +361,7 @@ def quern_iterator(paths: list[str], heavy_work: bool = False, copy: bool = Fals
         if copy
         else pipe.iterator(start_step=0, **kwargs)
     )
-    if not it.wait_for_workers(WORKER_START_TIMEOUT):
-        it.close()
-        raise RuntimeError(f"quern workers did not start within {WORKER_START_TIMEOUT:g}s")
-    return it
+    return common.started(it)
 
 
 class Stepper:
@@ -422,18 +376,12 @@ class Stepper:
         return out
 
 
-def _close(obj: Any) -> None:
-    close = getattr(obj, "close", None)
-    if callable(close):
-        close()
-
-
 def _first(it: Iterator, handle: Any) -> tuple[Any, Any]:
     """``(next(it), handle)``; ``handle`` is closed if ``next`` raises."""
     try:
         return next(it), handle
     except BaseException:
-        _close(handle)
+        common.close(handle)
         raise
 
 
@@ -521,15 +469,9 @@ def measure(make: Callable[[], tuple[Callable[[], Any], Any]], args) -> tuple[fl
         for _ in range(args.warmup):
             b = next_batch()
         assert b["tokens"].shape == (BATCH, SEQ_LEN) and b["tokens"].dtype == np.int32, b["tokens"].shape
-        rates = []
-        for _ in range(args.runs):
-            n, t0 = 0, time.perf_counter()
-            while n < args.batches or time.perf_counter() - t0 < args.min_seconds:
-                next_batch()
-                n += 1
-            rates.append(n * BATCH / (time.perf_counter() - t0))
+        rates = [common.rate(next_batch, args.min_seconds, args.batches) * BATCH for _ in range(args.runs)]
     finally:
-        _close(handle)
+        common.close(handle)
     return statistics.median(rates), rates
 
 
@@ -710,7 +652,7 @@ def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -
         t0 = time.perf_counter()
         b, handle = start(step)
         dt = time.perf_counter() - t0
-        _close(handle)
+        common.close(handle)
         assert b["tokens"].shape == (BATCH, SEQ_LEN)
         return dt
 
@@ -786,10 +728,6 @@ def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -
 # --------------------------------------------------------------------------- main
 
 
-def _ratio(x: float | None, y: float | None) -> str:
-    return f"{x / y:.2f}x" if x is not None and y and np.isfinite(x / y) else "-"
-
-
 def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> None:
     """The final tables (plain, then heavy), the best of raw / grain / quern, and the
     ratios the worker processes are judged by: figures only, no target is asserted."""
@@ -799,30 +737,34 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
         return max(ok, key=lambda x: x[1]) if ok else None
 
     rate = {r.name: r.rate for r in results}
-    w = max([len(r.name) for r in results] + [20])
-    head = f"{'config':<{w}s} {'records/s':>11s} {'batches/s':>10s} {'vs raw':>8s} {'vs grain-best':>13s}  peak RSS MiB"
+    header = ["config", "records/s", "batches/s", "vs raw", "vs grain-best", "peak RSS MiB"]
     raw_b, grain_b, quern_b = best("raw"), best("grain"), best("quern")
+    width = 0
     for heavy_part in (False, True):
         rows = [r for r in results if r.group.startswith("heavy") == heavy_part]
         if not rows:
             continue
         ref_raw, ref_grain = (None, best("heavy-grain")) if heavy_part else (raw_b, grain_b)
-        print("\n" + "=" * len(head))
+        cells = [
+            [r.name, "FAILED"]
+            if r.rate is None
+            else [
+                r.name,
+                f"{r.rate:,.0f}",
+                f"{r.rate / BATCH:.1f}",
+                common.ratio(r.rate, ref_raw[1] if ref_raw else None),
+                common.ratio(r.rate, ref_grain[1] if ref_grain else None),
+                f"{r.rss_peak:,.0f} (+{r.rss_peak - r.rss_start:,.0f})",
+            ]
+            for r in rows
+        ]
+        lines = common.format_table(header, cells, rule=True)
+        width = max(len(line) for line in lines)
+        print("\n" + "=" * width)
         print("CPU-heavy variant: heavy() after decode + pad" if heavy_part else "plain pipeline")
-        print(head)
-        print("-" * len(head))
-        for r in rows:
-            if r.rate is None:
-                print(f"{r.name:<{w}s} {'FAILED':>11s}")
-                continue
-            ref_r = _ratio(r.rate, ref_raw[1] if ref_raw else None)
-            ref_g = _ratio(r.rate, ref_grain[1] if ref_grain else None)
-            print(
-                f"{r.name:<{w}s} {r.rate:>11,.0f} {r.rate / BATCH:>10.1f} {ref_r:>8s} {ref_g:>13s}  "
-                f"{r.rss_peak:>6,.0f} (+{r.rss_peak - r.rss_start:,.0f})"
-            )
+        print("\n".join(lines))
     if results:
-        print("-" * len(head))
+        print("-" * width)
         print(
             "peak RSS: this process + all its children, summed, sampled every "
             f"{RSS_INTERVAL * 1e3:.0f} ms while the config ran (+: rise over its start)"
@@ -839,7 +781,7 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
         def fmt(v: float | None) -> str:
             return "-" if v is None else f"{v * 1e3:,.1f}" if ms else f"{v:,.0f}"
 
-        print(f"  {label:<54s} {_ratio(x, y):>8s}   ({fmt(x)} / {fmt(y)} {'ms' if ms else 'rec/s'}){note}")
+        print(f"  {label:<54s} {common.ratio(x, y):>8s}   ({fmt(x)} / {fmt(y)} {'ms' if ms else 'rec/s'}){note}")
 
     mp_b = best("grain", "mp_prefetch")
     print("\n(a) plain pipeline, records/s")
@@ -878,14 +820,6 @@ def print_summary(results: list[Result], ttfb: list[tuple[str, str, float]]) -> 
             print(f"failed: {r.name}: {r.error}")
 
 
-def parse_flags_for_grain() -> None:
-    """grain's multiprocessing reads absl flags; parse them when not running under absl.app."""
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS(["vs_grain"])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=200_000, help="records in the synthetic data set (default 200000)")
@@ -909,16 +843,11 @@ def main() -> None:
     args.min_seconds = args.min_seconds if args.min_seconds is not None else (0.5 if args.quick else 5.0)
     if args.records < BATCH:
         ap.error(f"--records must be >= {BATCH}")
-    parse_flags_for_grain()
+    common.grain_flags()
 
-    t_start = time.perf_counter()
-    print("command:", shlex.join([sys.executable] + sys.argv))
-    print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, grain {grain.__version__}, "
-        f"quern {quern.__version__}, cpus {os.cpu_count()}"
-    )
+    t_start = common.begin(grain=grain.__version__)
     paths = make_data(args.records)
-    nbytes = warm_page_cache(paths)
+    nbytes = common.warm_page_cache(paths)
     print(f"data: {args.records:,} records, {NUM_SHARDS} shards, {nbytes / 2**20:.0f} MiB on disk (page cache warmed)")
     print(
         f"each config: {args.warmup} warm-up batches, then {args.runs} runs of at least {args.batches} batches "
@@ -947,13 +876,13 @@ def main() -> None:
                 med, rates = measure(make, args)
             results.append(Result(group, name, med, rates, rss.start, rss.peak))
             print(
-                f"  {name:<{w}s} {med:>10,.0f} rec/s   runs: {', '.join(f'{r:,.0f}' for r in rates)}"
+                f"  {name:<{w}s} {med:>10,.0f} rec/s   runs: {common.join_runs(rates)}"
                 f"   peak RSS {rss.peak:,.0f} MiB (+{rss.peak - rss.start:,.0f})"
                 f"   ({time.perf_counter() - t0:.1f}s)",
                 flush=True,
             )
         except Exception as e:  # noqa: BLE001 - one broken config must not stop the benchmark
-            msg = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            msg = common.error_line(e)
             results.append(Result(group, name, None, [], rss.start, rss.peak, msg))
             print(f"  {name:<{w}s} FAILED: {msg}", flush=True)
             if os.environ.get("VS_GRAIN_TRACEBACK"):
@@ -982,7 +911,7 @@ def main() -> None:
         else "child processes: none left"
     )
     print(f"total time {time.perf_counter() - t_start:.0f}s")
-    print("command:", shlex.join([sys.executable] + sys.argv))
+    print(common.command_line())
 
 
 if __name__ == "__main__":
