@@ -1,60 +1,14 @@
 """The local-disk cache of remote files (shards), shared by every process of the host.
 
-A remote file (``http(s)://``, ``s3://``, ``gs://``, ``file://``: anything fsspec
-opens) is fetched whole into the cache folder (default
-``$QUERN_CACHE_DIR/remote`` or ``~/.cache/quern/remote``) and read from there.
-
-- **Keyed by content**: a file whose SHA-256 the caller knows (a prepared
-  folder's manifest) is cached under that digest
-  (``<sha256>-shard-00000-of-00009.array_record``), so a folder prepared again
-  behind the same URL (other bytes, whatever their size) is fetched again, and
-  the same bytes are one entry whatever their URL. A file fetched by URL alone
-  (ArrayRecord or Parquet files by URL) is keyed by its URL, the server's size
-  and its ETag (else its Last-Modified time; S3's ETag, GCS's etag, a local
-  file's modification time): one ``HEAD`` (fsspec ``info``) per ``get``, and a
-  file changed on the server is fetched again. A server that gives neither an
-  ETag nor a modification time cannot say whether its file changed: such a file
-  is fetched again at every ``get`` (each time a source opens it).
-- **Checked on every hit**: each entry has a sidecar ``NAME.ok`` written once
-  the download was verified, holding its key, size, modification time (ns),
-  inode and device. A hit compares them with the file (one ``stat`` and one
-  read of about 200 bytes: a few microseconds), so a cached file replaced,
-  rewritten, renamed or swapped with another entry on disk is never used: an
-  entry keyed by SHA-256 is hashed again (kept if its bytes are still right),
-  another is fetched again. Not seen: a same-size rewrite in place that also
-  restores the modification time and inode (deliberate forgery of the cache;
-  :meth:`ShardCache.verify` hashes every entry). Hashing every shard on every
-  hit instead would cost a full read of it (about 0.5 s per GiB) per process.
-- **One download per file**, however many processes and threads want it at once:
-  the download holds an exclusive ``flock`` on the file's lock file; the others
-  wait for it, then find the file there.
-- **Atomic and verified**: the bytes go to ``NAME.PID.THREAD.part`` and are renamed to
-  ``NAME`` only after their size (from the caller, e.g. a manifest, or the
-  server's Content-Length) and their SHA-256 (when the caller knows it) or the
-  server's ETag or modification time (the same before and after the download)
-  are checked. A file that fails the check is fetched once more, then a
-  :class:`SourceError` names the URL. A process killed mid-download leaves only
-  a ``.part`` file, which is removed when the cache is next opened (or by the
-  next download of it); a partial file is never seen under its final name.
-- **Fetched with timeouts and retries** (:mod:`quern.pipeline.fetch`: fsspec file
-  systems, ``connect_timeout`` and ``read_timeout``, ``retries`` with ``backoff``,
-  Range continuation, the ETag and modification-time checks, and readable
-  reasons in the :class:`SourceError` naming the URL); a missing file (404) is
-  not retried.
-- **Capped**: after a download, files are evicted until the cache holds at
-  most ``capacity`` bytes (more only while the files in use at that moment
-  leave no other choice: a file in use is never evicted): by default the least recently used first, or by the
-  caller's ``next_use(name)`` (Belady's rule: the file needed furthest in the
-  future first). A file in use is never evicted: a reader holds a shared
-  ``flock`` on its ``.use`` file (:meth:`ShardCache.pin`, :meth:`ShardCache.use`,
-  :meth:`ShardCache.get_pinned`), and eviction takes that lock without waiting
-  or leaves the file. (Downloads lock another file, ``.lock``: a file pinned
-  before it is fetched is fetched.) Folders in the cache folder (an older
-  quern's ``metadata-<job>/``) are never evicted nor counted.
-
-Every cache path is a hex digest and a sanitised base name joined to the
-cache folder, checked to lie inside it before anything is written: no name a
-manifest or a server gives can lead a write elsewhere.
+A remote file (anything fsspec opens) is fetched whole into the cache folder
+(:func:`default_folder`) and read from there. An entry is keyed by the file's
+SHA-256 when the caller knows it (a manifest), else by its URL, size and
+version; it is checked against its sidecar at every hit, downloaded once
+however many processes want it (under a lock), renamed into place only once
+verified, and evicted beyond ``capacity`` (least recently used, or the one
+needed furthest ahead) unless in use. Every entry lies inside the cache
+folder, whatever name a server gives. The network side is
+:mod:`quern.pipeline.fetch`; the design is in ``docs/design/remote-cache.md``.
 """
 
 from __future__ import annotations
@@ -71,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .deprecation import keyword_only
 from .errors import SourceError
 from .fetch import BLOCK as _BLOCK
 from .fetch import CONNECT_TIMEOUT as CONNECT_TIMEOUT
@@ -90,7 +45,11 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # a lock or use file plant
 
 
 def default_folder() -> str:
-    """``$QUERN_CACHE_DIR/remote``, or ``~/.cache/quern/remote``."""
+    """The default cache folder of remote files.
+
+    Returns:
+        ``$QUERN_CACHE_DIR/remote``, or ``~/.cache/quern/remote``.
+    """
     base = os.environ.get(CACHE_VARIABLE) or os.path.join(os.path.expanduser("~"), ".cache", "quern")
     return os.path.join(base, "remote")
 
@@ -112,23 +71,41 @@ def _flock(path: str, mode: int) -> Iterator[int]:
 
 
 class ShardCache:
-    """Remote files fetched whole into ``folder`` (see the module docstring), at most
-    ``capacity`` bytes (``None``: no cap) kept.
+    """Remote files fetched whole into ``folder`` (see the module docstring).
+
+    Several caches (in several processes) may share one folder.
 
     Args:
         folder: the cache folder (default :func:`default_folder`).
-        capacity: the most bytes kept, or ``None``.
+        capacity: the most bytes kept, or ``None`` (no cap).
         next_use: ``next_use(name)``, the time (step) at which entry ``name`` is next
             needed (``inf``: never); evicts by Belady's rule when given.
         retries: how many times a failed fetch is tried again.
         backoff: seconds before the first retry (doubled at each).
         connect_timeout: seconds to make a connection (HTTP(S), GCS, S3).
         read_timeout: the most seconds without a byte from the server (HTTP(S), GCS, S3).
+
+    Raises:
+        ValueError: ``capacity`` is not a positive int or ``None``, or a timeout is
+            not a positive number.
+
+    Attributes:
+        stats: this process's counts: ``hits``, ``misses``, ``bytes_fetched``,
+            ``evictions`` and ``retries``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     cache = ShardCache(folder, capacity=1 << 30)
+        ...     print(cache.size(), cache.stats["hits"])
+        0 0
     """
 
+    @keyword_only("capacity", "next_use", "retries", "backoff", "connect_timeout", "read_timeout")
     def __init__(
         self,
         folder: str | os.PathLike | None = None,
+        *,
         capacity: int | None = None,
         next_use: Callable[[str], float] | None = None,
         retries: int = RETRIES,
@@ -171,8 +148,10 @@ class ShardCache:
             raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
 
     def _remove_part(self, part: str) -> None:
-        """Remove ``part`` (``NAME.PID.THREAD.part``) unless its download may still run:
-        its process is this one or alive."""
+        """Remove ``part`` (``NAME.PID.THREAD.part``) unless its download may still run.
+
+        It may while its process is this one, or is alive.
+        """
         try:
             pid = int(part.rsplit(".", 3)[-3])
         except (IndexError, ValueError):
@@ -193,8 +172,14 @@ class ShardCache:
     # -- names -----------------------------------------------------------------------------------------------
 
     def filesystem(self, url: str) -> tuple[Any, str]:
-        """fsspec's file system for ``url`` and the path in it, with this cache's timeouts
-        (see :meth:`quern.pipeline.fetch.Fetcher.filesystem`)."""
+        """The fsspec file system for ``url`` and the path in it, with this cache's timeouts.
+
+        Args:
+            url: the file's URL.
+
+        Returns:
+            ``(file system, path in it)`` (see :meth:`quern.pipeline.fetch.Fetcher.filesystem`).
+        """
         return self._fetcher().filesystem(url)
 
     def _fetcher(self) -> Fetcher:
@@ -213,8 +198,11 @@ class ShardCache:
             self.stats[name] += n
 
     def _entry(self, name: str) -> str:
-        """``folder/name``, checked to lie inside the cache folder (``name`` is a digest and a
-        sanitised base name: it always does, unless the folder itself holds a link)."""
+        """``folder/name``, checked to lie inside the cache folder.
+
+        ``name`` is a digest and a sanitised base name: it always does, unless the
+        folder itself holds a link.
+        """
         path = os.path.join(self.folder, name)
         if os.path.dirname(path) != self.folder or not name or name in (".", ".."):
             raise SourceError(f"cache entry {name!r} is not a file name inside the cache folder {self.folder!r}")
@@ -231,8 +219,20 @@ class ShardCache:
             )
 
     def path(self, url: str, sha256: str | None = None) -> str:
-        """Where ``url``'s bytes are (or will be) in the cache: named by ``sha256`` when it is
-        given (no request), else by the URL and the server's size and version (one request)."""
+        """Where ``url``'s bytes are (or will be) in the cache.
+
+        Args:
+            url: the file's URL.
+            sha256: its SHA-256, when known: the entry is named by it (no request);
+                else by the URL and the server's size and version (one request).
+
+        Returns:
+            The entry's path, inside the cache folder.
+
+        Raises:
+            SourceError: ``sha256`` is not a SHA-256 hex digest, or the server cannot
+                be asked (see :meth:`quern.pipeline.fetch.Fetcher.info`).
+        """
         if sha256 is not None:
             return self._entry(self._digest_name(url, sha256))
         return self._url_entry(url)[0]
@@ -243,8 +243,11 @@ class ShardCache:
         return f"{sha256}-{_base(url)}"
 
     def _url_entry(self, url: str) -> tuple[str, str, int | None, bool]:
-        """``(path, key, server size, refetch)`` of a file fetched by URL alone: keyed by the URL,
-        the server's size and version (``refetch``: the server gives no version)."""
+        """``(path, key, server size, refetch)`` of a file fetched by URL alone.
+
+        It is keyed by the URL, the server's size and version (``refetch``: the
+        server gives no version).
+        """
         info = self._fetcher().info(url)
         size = info.get("size")
         key = identity(url, info)
@@ -252,9 +255,20 @@ class ShardCache:
         return self._entry(name), key, (int(size) if size is not None else None), _version(info) is None
 
     def read(self, url: str) -> bytes:
-        """The bytes of the small file ``url`` (a manifest), read once (not cached, not retried) with
-        this cache's timeouts. Raises ``FileNotFoundError`` where the server says it is missing,
-        :class:`SourceError` naming the URL and the cause for any other failure."""
+        """The bytes of the small file ``url`` (a manifest), read once with this cache's timeouts.
+
+        Not cached, not retried.
+
+        Args:
+            url: the file's URL.
+
+        Returns:
+            Its bytes.
+
+        Raises:
+            FileNotFoundError: the server says it is missing.
+            SourceError: any other failure, naming the URL and the cause.
+        """
         return self._fetcher().read(url)
 
     def _resolve(self, url_or_path: str, sha256: str | None) -> str:
@@ -265,17 +279,46 @@ class ShardCache:
 
     # -- get -------------------------------------------------------------------------------------------------
 
-    def get(self, url: str, size: int | None = None, sha256: str | None = None) -> str:
-        """The local path of ``url``'s bytes, fetched first if missing or no longer right
-        (see the module docstring). ``size`` and ``sha256``: what the caller knows of them
-        (a manifest); with ``sha256`` the entry is keyed by it, without it by the URL and the
-        server's size and version (one request)."""
+    @keyword_only("size", "sha256")
+    def get(self, url: str, *, size: int | None = None, sha256: str | None = None) -> str:
+        """The local path of ``url``'s bytes, fetched first if missing or no longer right.
+
+        Args:
+            url: the file's URL.
+            size: its size in bytes, when known (a manifest); checked after the download.
+            sha256: its SHA-256, when known: the entry is keyed by it and the download
+                checked against it; without it the entry is keyed by the URL and the
+                server's size and version (one request).
+
+        Returns:
+            The path of the verified entry in the cache folder.
+
+        Raises:
+            SourceError: the file is missing on the server, cannot be fetched (after
+                the retries), changed while it was fetched, or its bytes are wrong
+                twice; the message names the URL.
+        """
         return self._get(url, size, sha256, pin=False)[0]
 
-    def get_pinned(self, url: str, size: int | None = None, sha256: str | None = None) -> tuple[str, Any]:
-        """:meth:`get`, and the entry held in use (never evicted) from before it is looked at
-        until the returned pin's ``close()``. With ``sha256``, the pin is taken, then :meth:`get`
-        called (a subclass's ``get`` sees every read of a shard)."""
+    @keyword_only("size", "sha256")
+    def get_pinned(self, url: str, *, size: int | None = None, sha256: str | None = None) -> tuple[str, Any]:
+        """:meth:`get`, with the entry held in use (never evicted) until the pin's ``close()``.
+
+        The entry is held from before it is looked at. With ``sha256``, the pin is
+        taken, then :meth:`get` called (a subclass's ``get`` sees every read of a
+        shard).
+
+        Args:
+            url: the file's URL.
+            size: as :meth:`get`.
+            sha256: as :meth:`get`.
+
+        Returns:
+            ``(path, pin)``; ``pin.close()`` lets the entry be evicted again.
+
+        Raises:
+            SourceError: as :meth:`get`.
+        """
         if sha256 is None:
             path, pin = self._get(url, size, sha256, pin=True)  # one request names the entry: made once
             assert pin is not None
@@ -283,7 +326,7 @@ class ShardCache:
         self._open()
         pin = self._pin_path(self.path(url, sha256))
         try:
-            return self.get(url, size, sha256), pin
+            return self.get(url, size=size, sha256=sha256), pin
         except BaseException:
             pin.close()
             raise
@@ -336,7 +379,7 @@ class ShardCache:
         for attempt in (1, 2):
             part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
             try:
-                self._fetcher().fetch(url, part, size, expect)
+                self._fetcher().fetch(url, part, size=size, expect=expect)
                 why = self._check(part, size, sha256)
                 if why is None:
                     os.replace(part, final)
@@ -355,8 +398,11 @@ class ShardCache:
         return {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
 
     def _valid(self, final: str, key: str, size: int | None) -> os.stat_result | None:
-        """``final``'s stat if the entry is there, of ``size`` (when known), and is the file its sidecar
-        was written for, under ``key`` (one ``stat`` and one small read); else ``None``."""
+        """``final``'s stat if the entry is the file its sidecar was written for, else ``None``.
+
+        The entry must be there, of ``size`` (when known), under ``key`` (one
+        ``stat`` and one small read).
+        """
         try:
             st = os.stat(final)
         except OSError:
@@ -389,8 +435,10 @@ class ShardCache:
                 os.remove(tmp)
 
     def _still_right(self, final: str, key: str, size: int | None, sha256: str) -> bool:
-        """Whether the entry ``final`` (keyed by ``sha256``) holds those bytes although its sidecar
-        is missing or stale: hashed once, and sealed again when right."""
+        """Whether the entry ``final`` (keyed by ``sha256``) holds those bytes although its sidecar is stale.
+
+        The entry is hashed once, and sealed again when right.
+        """
         try:
             st = os.stat(final)
         except OSError:
@@ -410,7 +458,11 @@ class ShardCache:
                 os.remove(p)
 
     def verify(self) -> list[str]:
-        """Hash every entry keyed by SHA-256 and remove those whose bytes differ; the names removed."""
+        """Hash every entry keyed by SHA-256 and remove those whose bytes differ.
+
+        Returns:
+            The names of the entries removed, sorted.
+        """
         removed: list[str] = []
         if not os.path.isdir(self.folder):
             return removed
@@ -430,9 +482,16 @@ class ShardCache:
             os.utime(path, ns=(time.time_ns(), (st or os.stat(path)).st_mtime_ns))
 
     def reason(self, e: BaseException) -> str:
-        """What went wrong in ``e``, for a message: the timeout that expired (with this cache's
-        settings), else the type and message of the first error of its chain that has a message
-        (see :meth:`quern.pipeline.fetch.Fetcher.reason`)."""
+        """What went wrong in ``e``, for a message.
+
+        Args:
+            e: the error of a try.
+
+        Returns:
+            The timeout that expired (with this cache's settings), else the type and
+            message of the first error of its chain that has a message (see
+            :meth:`quern.pipeline.fetch.Fetcher.reason`).
+        """
         return self._fetcher().reason(e)
 
     # -- checks ----------------------------------------------------------------------------------------------
@@ -454,9 +513,17 @@ class ShardCache:
     # -- in use ----------------------------------------------------------------------------------------------
 
     def pin(self, url: str, sha256: str | None = None) -> Any:
-        """Hold an entry in use (never evicted) until the returned object's ``close()``: a
-        shared ``flock`` on its lock file. ``url``: the entry's URL (with ``sha256`` when it is
-        keyed by it; see :meth:`path`), or its path in the cache."""
+        """Hold an entry in use (never evicted) until the returned object's ``close()``.
+
+        The pin is a shared ``flock`` on the entry's ``.use`` file.
+
+        Args:
+            url: the entry's URL (see :meth:`path`), or its path in the cache.
+            sha256: the file's SHA-256, when the entry is keyed by it.
+
+        Returns:
+            The pin: an object with ``close()``.
+        """
         self._open()
         return self._pin_path(self._resolve(url, sha256))
 
@@ -478,7 +545,15 @@ class ShardCache:
 
     @contextlib.contextmanager
     def use(self, url: str, sha256: str | None = None) -> Iterator[str]:
-        """An entry's local path (see :meth:`pin`), held in use (never evicted) until the block ends."""
+        """Context manager: an entry's local path, held in use (never evicted) until the block ends.
+
+        Args:
+            url: as :meth:`pin`.
+            sha256: as :meth:`pin`.
+
+        Yields:
+            The entry's path in the cache folder.
+        """
         self._open()
         final = self._resolve(url, sha256)
         with _flock(final + ".use", fcntl.LOCK_SH):
@@ -487,8 +562,11 @@ class ShardCache:
     # -- size and eviction -----------------------------------------------------------------------------------
 
     def _entries(self, keep: str | None = None) -> list[tuple[str, str, int, int]]:
-        """``(name, path, bytes, last use in ns)`` of the entries (regular files, not their lock,
-        use, part or sidecar files, nor ``keep``)."""
+        """``(name, path, bytes, last use in ns)`` of the entries.
+
+        Entries are regular files, not their lock, use, part or sidecar files,
+        nor ``keep``.
+        """
         out: list[tuple[str, str, int, int]] = []
         try:
             names = os.listdir(self.folder)
@@ -505,7 +583,11 @@ class ShardCache:
         return out
 
     def size(self) -> int:
-        """Bytes of the files in the cache."""
+        """The size of the cache.
+
+        Returns:
+            The bytes of the files in the cache folder (every process's entries).
+        """
         return sum(e[2] for e in self._entries())
 
     def _evict(self, keep: str) -> None:

@@ -36,12 +36,26 @@ __all__ = ["collate", "CollateError", "CollatedRows", "take", "describe"]
 
 
 class CollatedRows(Sequence):
-    """Records that are already stacked into one batch (``collated``).
+    """Records that are already stacked into one batch.
 
-    Behaves as a read-only sequence of per-row records (row ``i`` is the batch
-    with every array indexed by ``i``, built on access), and :func:`collate`
-    returns ``collated`` itself, saving a copy. Vectorised transforms
-    (``map_many``) return it."""
+    A read-only sequence of per-row records (row ``i`` is the batch with every
+    array indexed by ``i``, built on access); :func:`collate` returns the batch
+    itself, saving a copy. Vectorised transforms (``map_many``) and in-memory
+    sources return it.
+
+    Args:
+        collated: the batch: nested dicts, tuples and lists of arrays with ``length`` rows.
+        length: the number of rows.
+
+    Attributes:
+        collated: the batch, as given.
+
+    Example:
+        >>> import numpy as np
+        >>> rows = CollatedRows({"x": np.arange(3)}, 3)
+        >>> len(rows), rows[1]["x"].item(), collate(rows)["x"].tolist()
+        (3, 1, [0, 1, 2])
+    """
 
     def __init__(self, collated: Any, length: int) -> None:
         self.collated = collated
@@ -59,7 +73,15 @@ class CollatedRows(Sequence):
 
 
 def take(batch: Any, index: Any) -> Any:
-    """Index every array of a (nested) batch with ``index``: a row (int) or rows (slice, array)."""
+    """Index every array of a (nested) batch with ``index``.
+
+    Args:
+        batch: nested dicts, tuples and lists of arrays.
+        index: a row (an int) or rows (a slice, an index array or a mask).
+
+    Returns:
+        The same structure holding ``a[index]`` for every array ``a``.
+    """
     return map_leaves(lambda a: a[index], batch)
 
 
@@ -73,8 +95,20 @@ _PY_NUMBERS = {
 
 
 def describe(value: Any) -> str:
-    """A short description of ``value``'s kind for messages: ``an int32 array of shape (3,)``,
-    ``a numpy.float32 scalar``, ``a float``, ``None``, ``a set``, ``a generator``."""
+    """A short description of ``value``'s kind, for messages.
+
+    Args:
+        value: anything.
+
+    Returns:
+        A phrase such as ``an int32 array of shape (3,)``, ``a numpy.float32 scalar``,
+        ``a float``, ``None``, ``a set`` or ``a generator``.
+
+    Example:
+        >>> import numpy as np
+        >>> describe(np.zeros(3, np.int32)), describe(1.5), describe(None)
+        ('an int32 array of shape (3,)', 'a float', 'None')
+    """
     if value is None:
         return "None"
     if isinstance(value, np.ndarray):
@@ -97,12 +131,30 @@ def _is_array(value: Any) -> bool:
 
 
 def collate(records: Sequence[Any], path: str = "batch") -> Any:
-    """Collate ``records`` (all of the same structure and types) into a batch.
+    """Collate ``records`` (all of one structure and types) into a batch.
 
-    Raises :class:`CollateError` (a ``ValueError``) naming the key path and the
-    first row that disagrees with row 0 in structure, keys, type, dtype or shape,
-    or that holds a value that cannot be collated (see the module docstring).
-    ``CollatedRows`` are returned as they are."""
+    The rules are in the module docstring: the rows must agree with row 0 in
+    structure, keys, type, dtype and shape; nothing is promoted.
+
+    Args:
+        records: the rows, in batch order; :class:`CollatedRows` give their batch as it is.
+        path: the name of the batch in messages (key paths start with it).
+
+    Returns:
+        The batch, of row 0's structure, each leaf with a new first axis of
+        ``len(records)``; it depends only on the records and their order.
+
+    Raises:
+        CollateError: a row disagrees with row 0, or holds a value that cannot be
+            collated; the message names the key path and the row (also in ``.row``).
+        ValueError: ``records`` is empty.
+
+    Example:
+        >>> import numpy as np
+        >>> batch = collate([{"x": np.int32(1), "t": "a"}, {"x": np.int32(2), "t": "b"}])
+        >>> batch["x"], batch["t"].tolist()
+        (array([1, 2], dtype=int32), ['a', 'b'])
+    """
     if isinstance(records, CollatedRows):
         return records.collated
     if not len(records):

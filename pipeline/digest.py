@@ -37,13 +37,31 @@ HOW_TO_DECLARE = (
 
 
 def digest(value: Any, where: str = "value") -> str:
-    """Hex digest (32 characters) of ``value``'s content; ``where`` names it in errors."""
+    """Hex digest of ``value``'s content (see the module docstring for what can be described).
+
+    Args:
+        value: the value to describe.
+        where: names ``value`` in errors (``"transform pad, argument 0"``, say).
+
+    Returns:
+        32 hex digits (BLAKE2b, 16 bytes), depending only on the content and type of ``value``.
+
+    Raises:
+        FingerprintError: a part of ``value`` cannot be described by its content;
+            the message names where it was found and how to declare it.
+
+    Example:
+        >>> digest({"a": [1, 2.0], "b": b"x"}) == digest({"b": b"x", "a": [1, 2.0]})
+        True
+        >>> digest((1, 2)) == digest([1, 2])
+        False
+    """
     return _digest(value, where, 0)
 
 
 def _digest(value: Any, where: str, depth: int) -> str:
     h = hashlib.blake2b(digest_size=16)
-    update(h, value, where, depth)
+    update(h, value, where=where, _depth=depth)
     return h.hexdigest()
 
 
@@ -56,8 +74,18 @@ def _tag(h: Any, tag: bytes, payload: bytes = b"") -> None:
     h.update(tag + struct.pack("<Q", len(payload)) + payload)
 
 
-def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
-    """Feed ``value``'s content into the hash object ``h`` (see :func:`digest`)."""
+def update(h: Any, value: Any, *, where: str = "value", _depth: int = 0) -> None:
+    """Feed ``value``'s content into the hash object ``h`` (see :func:`digest`).
+
+    Args:
+        h: a ``hashlib`` hash object (anything with ``update(bytes)``).
+        value: the value to describe.
+        where: names ``value`` in errors.
+        _depth: the nesting depth reached (internal; values nest at most 64 levels).
+
+    Raises:
+        FingerprintError: as :func:`digest`.
+    """
     if _depth > 64:
         raise FingerprintError(f"{where}: nested more than 64 levels deep (a self-referencing value?)")
     if value is None or value is Ellipsis or isinstance(value, bool):
@@ -77,13 +105,13 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
         _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{_dtype_text(arr.dtype)}{arr.shape}".encode())
         if arr.dtype.kind == "O":
             for i, item in enumerate(arr.reshape(-1).tolist()):
-                update(h, item, f"{where}[{i}]", _depth + 1)
+                update(h, item, where=f"{where}[{i}]", _depth=_depth + 1)
         else:
             _tag(h, b"v", np.ascontiguousarray(arr).tobytes())
     elif isinstance(value, (list, tuple)):
         _tag(h, b"l" if isinstance(value, list) else b"t", str(len(value)).encode())
         for i, item in enumerate(value):
-            update(h, item, f"{where}[{i}]", _depth + 1)
+            update(h, item, where=f"{where}[{i}]", _depth=_depth + 1)
     elif isinstance(value, dict):
         d = _depth + 1
         items = sorted((_digest(k, f"{where} key", d), _digest(v, f"{where}[{k!r}]", d)) for k, v in value.items())
@@ -93,10 +121,10 @@ def update(h: Any, value: Any, where: str = "value", _depth: int = 0) -> None:
     elif isinstance(value, slice):
         _tag(h, b"L")
         for part in (value.start, value.stop, value.step):
-            update(h, part, f"{where} slice", _depth + 1)
+            update(h, part, where=f"{where} slice", _depth=_depth + 1)
     elif isinstance(value, enum.Enum):  # by class name, not module: the same as __main__ and imported
         _tag(h, b"e", f"{type(value).__qualname__}.{value.name}".encode())
-        update(h, value.value, f"{where}.value", _depth + 1)
+        update(h, value.value, where=f"{where}.value", _depth=_depth + 1)
     elif isinstance(value, np.dtype):
         _tag(h, b"D", _dtype_text(value).encode())
     elif isinstance(value, re.Pattern):

@@ -24,20 +24,28 @@ __all__ = [
 
 
 class StepError(RuntimeError):
-    """A stage failed while computing a step; the message names the step, host slice,
-    stage and records, and ``__cause__`` is the original exception."""
+    """A stage failed while computing a step.
+
+    The message names the step, the host slice, the stage and the records;
+    ``__cause__`` is the original exception.
+    """
 
 
 class StepTimeoutError(StepError, TimeoutError):
-    """A step's batch did not come within the iterator's ``step_timeout`` seconds
-    (``pipe.iterator(step_timeout=...)``); the message names the step, host slice, the
-    stage it was stuck in, the timeout, and what became of the process or thread
-    computing it (a worker is killed and replaced; a thread is left running). Both a
-    :class:`StepError` and a ``TimeoutError``."""
+    """A step's batch did not come within the iterator's ``step_timeout`` seconds.
+
+    Raised by ``pipe.iterator(step_timeout=...)``. The message names the step,
+    the host slice, the stage it was stuck in, the timeout, and what became of
+    the process or thread computing it (a worker is killed and replaced; a
+    thread is left running). Both a :class:`StepError` and a ``TimeoutError``.
+    """
 
 
 class SourceError(RuntimeError):
-    """A source could not be opened or read; the message names the file and record."""
+    """A source could not be opened or read.
+
+    The message names the file (or URL) and, where one is to blame, the record.
+    """
 
 
 class WorkerError(RuntimeError):
@@ -45,7 +53,15 @@ class WorkerError(RuntimeError):
 
 
 class CollateError(ValueError):
-    """Records could not be collated; ``row`` is the offending row when one is to blame."""
+    """Records could not be collated into one batch.
+
+    Args:
+        message: what disagrees, naming the key path and the row.
+        row: the offending row, when one is to blame (kept as :attr:`row`).
+
+    Attributes:
+        row: the index of the offending row in the records, or ``None``.
+    """
 
     def __init__(self, message: str, row: int | None = None):
         super().__init__(message)
@@ -57,26 +73,45 @@ class ConfigError(ValueError):
 
 
 class FingerprintError(TypeError):
-    """A transform reads a value whose content the fingerprint cannot describe; the
-    message names it and says how to declare it."""
+    """A value's content cannot be described for the fingerprint.
+
+    Raised for a transform argument or a source record that is neither plain
+    data nor an object with a ``fingerprint()`` method; the message names it
+    and says how to declare it.
+    """
 
 
 class ScanError(RuntimeError):
-    """A one-time scan over a source's records (a filter's predicate) failed; the
-    message names the stage, the record and the source, and ``__cause__`` is the
-    original exception."""
+    """A one-time scan over a source's records (a filter's predicate) failed.
+
+    The message names the stage, the record and the source; ``__cause__`` is
+    the original exception.
+    """
 
 
 class PrepareError(RuntimeError):
-    """``quern prepare`` met bad input (an unreadable file, an invalid JSON line, a map
-    that raised or returned what cannot be a record, no record at all) or an output
-    folder it must not write to; the message names the file and line or record."""
+    """``quern prepare`` met bad input or an output folder it must not write to.
+
+    Bad input: an unreadable file, an invalid JSON line, a map that raised or
+    returned what cannot be a record, no record at all. The message names the
+    file and the line or record.
+    """
 
 
 class RecordError(Exception):
-    """One input record of ``quern prepare`` (or a whole piece of a file) that cannot
-    be read or mapped: ``where`` names it (file and line, row or record), ``message``
-    says why. Raised as a :class:`PrepareError`, or counted with ``--skip-errors``."""
+    """One input record of ``quern prepare`` (or a whole piece of a file) that cannot be read or mapped.
+
+    Internal to ``quern prepare``: it is raised as a :class:`PrepareError`, or
+    counted with ``--skip-errors``.
+
+    Args:
+        where: names the record (file and line, row or record).
+        message: says why it cannot be read or mapped.
+
+    Attributes:
+        where: as given.
+        message: as given.
+    """
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
@@ -84,12 +119,18 @@ class RecordError(Exception):
 
 
 def exit_if_forked(owner: int, role: str) -> None:
-    """End this process at once (``os._exit(1)``, after saying why on stderr) if it is
-    not process ``owner``: a process that a transform forked (``os.fork``) and that
-    came back from the transform into quern's code instead of ending. Such a copy of
-    ``role`` (``"worker process"``, say) would otherwise compute steps and answer in
-    its place (two processes reading and writing one worker's socket), or wait
-    forever for threads that do not exist in it."""
+    """End this process at once if it is not process ``owner``.
+
+    Such a process was forked (``os.fork``) by a transform and came back from
+    the transform into quern's code instead of ending. A copy of ``role`` would
+    otherwise compute steps and answer in its place (two processes reading and
+    writing one worker's socket), or wait forever for threads that do not exist
+    in it. It ends with ``os._exit(1)`` after saying why on stderr.
+
+    Args:
+        owner: the pid of the process that may go on.
+        role: what ``owner`` is, for the message (``"worker process"``, say).
+    """
     pid = os.getpid()
     if pid == owner:
         return

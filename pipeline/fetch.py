@@ -1,31 +1,13 @@
 """Fetching a remote file over the network: file systems, timeouts, retries and readable errors.
 
-:class:`~quern.pipeline.cache.ShardCache` fetches through a :class:`Fetcher`; this module
-knows nothing of the cache folder's entries, locks or sidecars.
-
-- **File systems**: a URL (``http(s)://``, ``s3://``, ``gs://``, ``file://``: anything
-  fsspec opens) is opened with fsspec (:meth:`Fetcher.filesystem`), this fetcher's
-  timeouts merged over fsspec's configuration of that protocol.
-- **Timeouts**: an HTTP(S) or GCS connection must be made within ``connect_timeout``
-  seconds (default :data:`CONNECT_TIMEOUT`) and a byte must come at least every
-  ``read_timeout`` seconds (default :data:`READ_TIMEOUT`) (aiohttp's ``ClientTimeout``;
-  S3: botocore's ``connect_timeout`` and ``read_timeout``); a try that exceeds them fails
-  and is retried (fsspec asks an HTTP server for a file's size with a HEAD, then a GET:
-  for a file fetched by URL alone, whose size is asked first, a server that never answers
-  costs two timeouts per try). Other file systems take their own settings from fsspec's
-  configuration.
-- **Retries**: a connection that fails, breaks or times out is tried again with
-  exponential backoff (``retries`` times, default :data:`RETRIES`, the first after
-  ``backoff`` seconds, doubled at each); where the server takes Range requests, a retry
-  of a download continues from the bytes already fetched. A missing file (404), a full
-  disk or a :class:`~quern.pipeline.errors.SourceError` ends the tries at once.
-- **Versions**: a file's version is its ETag, else its modification time
-  (:func:`version`); a download of a file known by its version checks it before each
-  retry and after the last byte, so a file changed on the server meanwhile is never
-  taken for the one asked for.
-- **Errors**: every failure becomes a :class:`~quern.pipeline.errors.SourceError` naming
-  the URL and the cause (:meth:`Fetcher.reason`: the timeout that expired, with its
-  setting, else the error's type and message).
+:class:`~quern.pipeline.cache.ShardCache` fetches through a :class:`Fetcher`; this
+module knows nothing of the cache folder's entries, locks or sidecars. A URL
+(anything fsspec opens) is read with connect and read timeouts, failed tries
+are retried with exponential backoff (continuing a download with Range requests
+where the server takes them), a file's version (ETag, else modification time)
+is checked so that a file changed on the server is never taken for the one
+asked for, and every failure becomes a :class:`~quern.pipeline.errors.SourceError`
+naming the URL and the cause. The details are in ``docs/design/remote-cache.md``.
 """
 
 from __future__ import annotations
@@ -56,6 +38,10 @@ def is_url(path: Any) -> bool:
 
     Returns:
         Whether ``path`` is a string of the form ``scheme://...`` (``file://`` too).
+
+    Example:
+        >>> is_url("gs://bucket/a.parquet"), is_url("data/a.parquet")
+        (True, False)
     """
     return isinstance(path, str) and "://" in path.split("/", 1)[0] + "//"
 
@@ -81,15 +67,21 @@ def version(info: dict[str, Any]) -> str | None:
 
 
 def identity(url: str, info: dict[str, Any]) -> str:
-    """The URL, size and version of a remote file, as one string (three lines).
+    """The URL, size and version of a remote file, as one string.
 
     Args:
         url: the file's URL.
         info: its fsspec ``info``.
 
     Returns:
-        ``"url URL\\nsize SIZE\\nVERSION"`` (see :func:`version`): equal for two ``info``
-        of the same version of the file.
+        Three lines: ``url URL``, ``size SIZE`` and the :func:`version`; equal for two
+        ``info`` of the same version of the file.
+
+    Example:
+        >>> print(identity("s3://b/f", {"size": 3, "ETag": "x1"}))
+        url s3://b/f
+        size 3
+        etag x1
     """
     return f"url {url}\nsize {info.get('size')}\n{version(info)}"
 
@@ -140,7 +132,7 @@ class Fetcher:
     count: Callable[[str, int], None] = _ignore
 
     def filesystem(self, url: str) -> tuple[Any, str]:
-        """fsspec's file system for ``url`` and the path in it, with this fetcher's timeouts.
+        """The fsspec file system for ``url`` and the path in it, with this fetcher's timeouts.
 
         HTTP(S) and GCS take an aiohttp ``ClientTimeout``, S3 botocore's ``connect_timeout``
         and ``read_timeout``, merged over fsspec's configuration of that protocol.
@@ -294,7 +286,7 @@ class Fetcher:
                 return f"{type(c).__name__}: {text}"
         return type(chain[-1]).__name__
 
-    def fetch(self, url: str, part: str, size: int | None, expect: str | None) -> None:
+    def fetch(self, url: str, part: str, *, size: int | None, expect: str | None) -> None:
         """Download ``url`` to the local file ``part``, with retries.
 
         HTTP: one streamed GET from the start (servers without Range requests work too); a

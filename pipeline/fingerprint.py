@@ -1,62 +1,14 @@
 """What changes the bytes of a batch, described and hashed.
 
 :func:`describe_callable` turns a transform into a JSON-able description that
-depends only on what it computes:
-
-* a function: a hash of its code (bytecode, constants, the names it uses,
-  nested functions), its defaults, its closure values, and the module-level
-  values it reads (by content, see :mod:`quern.pipeline.digest`; functions and
-  classes recursively; modules by name). Not its module name, file, line
-  numbers or own name: the same function run as ``python train.py``
-  (``__main__``) and imported as ``train`` gives the same description;
-* ``functools.partial``: its function, arguments and keyword arguments;
-* a bound method: its function and the state of the object it is bound to;
-* a library wrapper with ``__wrapped__`` (``jax.jit``, ``functools.lru_cache``):
-  the wrapper's type and the wrapped function;
-* a callable instance (a class with ``__call__``, a dataclass transform): its
-  class (the code of its methods) and its state (``vars()``, slots);
-* an object with a ``fingerprint()`` method: what that returns;
-* one of quern's own registered transforms (``decode``, ``pad``,
-  ``metadata_range``): its registered name, its class's ``VERSION`` and its
-  arguments, not its code (an edit of its docstring or a refactor changes no
-  fingerprint; a change of what it computes bumps ``VERSION``).
-
-A value it cannot describe by content raises
-:class:`~quern.pipeline.errors.FingerprintError` naming the transform and the
-value, and saying how to declare it; nothing is ever hashed by its type name.
-
-A user function's own attributes (``keep.threshold = 5``, read inside ``keep``
-as ``keep.threshold``) are described with it, by content.
-
-**Reads a transform must not depend on.** The description sees what a
-transform's code names; a value it reaches by another road is not in the
-fingerprint, so a cached filter, a resumed run or a worker process would use
-another value without notice. These are detected in user code (the functions
-of modules outside the standard library and the libraries in
-``_LIBRARY_ROOTS``), and refused with a
-:class:`~quern.pipeline.errors.FingerprintError` naming the transform and
-saying to pass the value as an argument:
-
-* the environment: ``os.environ``, ``os.environb``, ``os.getenv``,
-  ``os.getenvb`` (through ``os.``, an ``import os`` inside the function, or a
-  global bound to one of them), except in the methods that build an object
-  (``__init__``, ``__new__``, ``__post_init__``, classmethods): what they read
-  is kept in the object's state, which is described;
-* names looked up at run time: a call of the builtin ``globals()`` or
-  ``vars()`` (``locals()`` is allowed: it reads only the call's own variables).
-
-Not detected, and so not allowed either (documented limits): values read
-through another module's attribute (``mycfg.THR`` or ``mylib.helper(x)`` is
-described as "uses module mycfg"), ``getattr`` with a computed name, files,
-the clock, ``sys.modules``, and library versions (numpy's, say): upgrading a
-library that a transform calls does not change the fingerprint. A module global
-read by name *is* described by its value, but a fresh interpreter (a scan or
-worker process) imports the module again and sees the value set at import: each
-such process compares the definition it loaded with the parent's and refuses
-one that differs (:mod:`quern.pipeline.samedef`).
-
-:func:`fingerprint_of` hashes a pipeline description (a JSON-able dict) into the
-32-hex-digit fingerprint.
+depends only on what it computes (a function by its code, defaults, closure and
+the module values it reads; a ``functools.partial``, a bound method, a callable
+object by their parts and state; quern's own registered transforms by name,
+``VERSION`` and arguments). :func:`fingerprint_of` hashes a pipeline description
+into the 32-hex-digit fingerprint. A value it cannot describe by content raises
+:class:`~quern.pipeline.errors.FingerprintError`; so does a read the description
+cannot see (the environment, ``globals()``). What is described, and the
+documented limits: ``docs/design/fingerprint.md``.
 """
 
 from __future__ import annotations
@@ -83,8 +35,23 @@ _MAX_DEPTH = 200
 
 
 def fingerprint_of(description: dict[str, Any]) -> str:
-    """The 32-hex-digit fingerprint of a JSON-able ``description`` (keys sorted, so
-    dict order does not matter)."""
+    """The 32-hex-digit fingerprint of a JSON-able description.
+
+    Args:
+        description: plain data (dicts, lists, strings, numbers); dict order does
+            not matter (keys are sorted).
+
+    Returns:
+        The first 32 hex digits of the SHA-256 of its JSON text: it depends only
+        on the description's content.
+
+    Raises:
+        FingerprintError: ``description`` holds a value JSON cannot hold.
+
+    Example:
+        >>> fingerprint_of({"a": 1, "b": 2}) == fingerprint_of({"b": 2, "a": 1})
+        True
+    """
     try:
         text = json.dumps(description, sort_keys=True, allow_nan=True)
     except TypeError as e:  # a source identity with a value JSON cannot hold: never hashed by its repr
@@ -92,26 +59,57 @@ def fingerprint_of(description: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def describe_callable(fn: Any, where: str = "transform", shown: bool = False) -> Any:
-    """A JSON-able description of what ``fn`` computes (see the module docstring).
+def describe_callable(fn: Any, where: str = "transform", *, shown: bool = False) -> Any:
+    """A JSON-able description of what ``fn`` computes.
 
-    ``where`` names ``fn`` in errors (e.g. ``"map[0] double"``). Depends only on
-    ``fn``'s code, arguments and the values it reads: the same in every process.
-    ``shown``: each value's digest is a :class:`Shown`, which also keeps a short
-    text of the value (for messages that say what differs; equal descriptions
-    stay equal)."""
+    It depends only on ``fn``'s code, arguments and the values it reads, the same
+    in every process (see ``docs/design/fingerprint.md`` for each kind of callable).
+
+    Args:
+        fn: the transform.
+        where: names ``fn`` in errors (e.g. ``"map[0] double"``).
+        shown: make each value's digest a :class:`Shown`, which also keeps a short
+            text of the value (for messages that say what differs; equal
+            descriptions stay equal).
+
+    Returns:
+        Plain data (dicts, lists, strings).
+
+    Raises:
+        FingerprintError: ``fn`` reads a value that cannot be described by its
+            content, or reads the environment or ``globals()``; the message names
+            the transform and the value.
+
+    Example:
+        >>> describe_callable(len)
+        'builtin builtins.len'
+    """
     return _Describer(where, shown).callable(fn, 0)
 
 
 def describe_value(value: Any, where: str = "value") -> Any:
-    """A JSON-able description of a value a transform reads: functions and classes
-    by their code, modules by name, anything else by content (:func:`digest`)."""
+    """A JSON-able description of a value a transform reads.
+
+    Args:
+        value: the value: functions and classes are described by their code,
+            modules by name, containers item by item, anything else by content
+            (:func:`~quern.pipeline.digest.digest`).
+        where: names the value in errors.
+
+    Returns:
+        Plain data that depends only on the value's content.
+
+    Raises:
+        FingerprintError: the value cannot be described by its content.
+    """
     return _Describer(where).value(value, where, 0)
 
 
 class Shown(str):
-    """A digest (it compares, hashes and serialises as the digest's text) that keeps, in
-    ``shown``, a short text of the value it was computed from, for messages."""
+    """A digest that also keeps, in ``shown``, a short text of its value, for messages.
+
+    It compares, hashes and serialises as the digest's text.
+    """
 
     shown: str = ""
 
@@ -127,9 +125,12 @@ def _shown(d: str, value: Any) -> Shown:
 
 
 class _Describer:
-    """Describes a callable and what it reads; ``seen`` breaks cycles (recursive functions,
-    self-referencing containers). ``depth`` counts nesting, bounded by :data:`_MAX_DEPTH`.
-    ``shown``: digests are :class:`Shown` (see :func:`describe_callable`)."""
+    """Describes a callable and what it reads.
+
+    ``seen`` breaks cycles (recursive functions, self-referencing containers).
+    ``depth`` counts nesting, bounded by :data:`_MAX_DEPTH`. ``shown``: digests
+    are :class:`Shown` (see :func:`describe_callable`).
+    """
 
     def __init__(self, where: str, shown: bool = False) -> None:
         self.where = where
@@ -144,8 +145,11 @@ class _Describer:
         )
 
     def value(self, value: Any, where: str, depth: int) -> Any:
-        """A value a transform reads: containers element by element (so functions and
-        classes inside them are described too), callables by code, the rest by content."""
+        """A value a transform reads, described.
+
+        Containers element by element (so functions and classes inside them are
+        described too), callables by code, the rest by content.
+        """
         if depth > _MAX_DEPTH:
             raise FingerprintError(f"{self.where}: {where} is nested more than {_MAX_DEPTH} levels deep")
         if inspect.ismodule(value):
@@ -221,9 +225,12 @@ class _Describer:
         raise FingerprintError(f"{self.where}: {fn!r} is not callable")
 
     def function(self, fn: types.FunctionType, depth: int, runs_later: bool = True) -> Any:
-        """A user function by its code and what it reads. ``runs_later=False``: a method that
-        builds an object (``__init__``, a classmethod), whose reads end up in the object's
-        state (described): it may read the environment."""
+        """A user function by its code and what it reads.
+
+        ``runs_later=False``: a method that builds an object (``__init__``, a
+        classmethod), whose reads end up in the object's state (described): it
+        may read the environment.
+        """
         if not _is_user_module(getattr(fn, "__module__", None) or ""):
             return f"function {fn.__module__}.{fn.__qualname__}"  # the standard library's, numpy's...: by name
         key = id(fn)
@@ -290,8 +297,10 @@ class _Describer:
         return {"class": cls.__qualname__, "bases": bases, "attrs": attrs}
 
     def state(self, obj: Any, depth: int) -> Any:
-        """An object's state: ``vars()`` and slots, each value described by content; for an
-        object with neither (``operator.itemgetter('x')``, say), what it pickles to."""
+        """An object's state: ``vars()`` and slots, each value described by content.
+
+        For an object with neither (``operator.itemgetter('x')``, say): what it pickles to.
+        """
         if isinstance(obj, type) or inspect.ismodule(obj):
             return self.value(obj, "self", depth)
         names = _state_names(obj)
@@ -338,20 +347,29 @@ _LIBRARY_ROOTS = frozenset(
 
 
 def _is_user_module(module: str) -> bool:
-    """Whether functions and classes of ``module`` are described by their code (user code,
-    quern's own transforms) rather than by name (the standard library and the libraries
-    above: their code is theirs, and upgrading them is not a change of definition)."""
-    top = module.split(".")[0]
-    return top not in sys.stdlib_module_names and top not in _LIBRARY_ROOTS
+    """Whether functions and classes of ``module`` are described by their code, not by name.
 
+    By code: user code. By name: the standard library, the libraries above (their
+    code is theirs, and upgrading them is not a change of definition) and quern's
+    own modules, whose outputs are versioned instead (the index-format version in
+    every description, a registered transform's ``VERSION``): an edit of a quern
+    docstring or a refactor changes no fingerprint.
+    """
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in _LIBRARY_ROOTS and top != _PACKAGE
+
+
+_PACKAGE = __name__.split(".")[0]  # quern
 
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
 
 
 def _hash_code(code: types.CodeType, h: Any, where: str) -> set[str]:
-    """Feed a code object (bytecode, constants by content, names, nested code) into ``h``;
-    return the global names it and its nested code read (not attribute names). Names
-    and line numbers of the function itself are not included."""
+    """Feed a code object (bytecode, constants by content, names, nested code) into ``h``.
+
+    Returns the global names it and its nested code read (not attribute names).
+    Names and line numbers of the function itself are not included.
+    """
     h.update(code.co_code)
     h.update(
         json.dumps([code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, code.co_flags]).encode()
@@ -380,8 +398,10 @@ class _CodeFacts(NamedTuple):
 
 @functools.lru_cache(maxsize=8192)
 def _scan_code(code: types.CodeType) -> _CodeFacts:
-    """What the fingerprint needs from one code object's instructions (not its nested
-    code's), computed once per code (disassembling is most of what describing costs)."""
+    """What the fingerprint needs from one code object's instructions (not its nested code's).
+
+    Computed once per code: disassembling is most of what describing costs.
+    """
     ins = list(dis.get_instructions(code))
     names = frozenset(x.argval for x in ins if x.opname in _GLOBAL_OPS)
     loads = frozenset(
@@ -402,8 +422,10 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
 
 
 def _refuse_hidden_reads(fn: types.FunctionType, where: str) -> None:
-    """Raise :class:`FingerprintError` if ``fn``'s code reads the environment or looks
-    names up at run time (``globals()``, ``vars()``): values its description cannot see."""
+    """Raise :class:`FingerprintError` if ``fn``'s code reads values its description cannot see.
+
+    Those are the environment, and names looked up at run time (``globals()``, ``vars()``).
+    """
     glb = fn.__globals__
     env_values = [os.environ, os.getenv, getattr(os, "environb", None), getattr(os, "getenvb", None)]
     for code in _codes(fn.__code__):

@@ -16,11 +16,14 @@ Nothing depends on hosts, workers, threads or time.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 __all__ = [
     "INDEX_FORMAT_VERSION",
     "MAX_RECORDS",
+    "ShuffleMode",
     "check_int",
     "check_seed",
     "hash64",
@@ -38,6 +41,9 @@ MAX_RECORDS = 1 << 62
 
 _FEISTEL_ROUNDS = 6
 
+ShuffleMode = Literal["global", "block"]
+"""The shuffles of :func:`epoch_record_ids` (``None``: no shuffle)."""
+
 INDEX_FORMAT_VERSION = 1
 """Version of the data order these functions define (permutations, block shuffle,
 key derivation, per-record random keys). It is part of every pipeline's
@@ -47,7 +53,24 @@ outputs are pinned by golden values in ``tests/test_golden.py``."""
 
 
 def check_int(value: object, name: str, minimum: int) -> int:
-    """Return ``value`` as an int after checking it is an integer (not bool) ``>= minimum``."""
+    """``value`` as an int, checked to be an integer (not a bool) of at least ``minimum``.
+
+    Args:
+        value: the value to check (a Python or NumPy integer).
+        name: what it is, for the messages.
+        minimum: the smallest value allowed.
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError: ``value`` is not an integer, or is a bool.
+        ValueError: ``value`` is below ``minimum``.
+
+    Example:
+        >>> check_int(np.int32(3), "window", 1)
+        3
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     value = int(value)
@@ -57,7 +80,18 @@ def check_int(value: object, name: str, minimum: int) -> int:
 
 
 def check_seed(seed: object) -> int:
-    """Return ``seed`` as a Python int after checking it is an integer in ``[0, 2**64)``."""
+    """``seed`` as a Python int, checked to be an integer in ``[0, 2**64)``.
+
+    Args:
+        seed: the seed to check (a Python or NumPy integer, not a bool).
+
+    Returns:
+        ``int(seed)``.
+
+    Raises:
+        TypeError: ``seed`` is not an integer, or is a bool.
+        ValueError: ``seed`` is outside ``[0, 2**64)``.
+    """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an integer in [0, 2**64), got {seed!r} ({type(seed).__name__})")
     seed = int(seed)
@@ -69,7 +103,13 @@ def check_seed(seed: object) -> int:
 def hash64(x: np.ndarray | int) -> np.ndarray:
     """SplitMix64 finaliser, element-wise on ``uint64`` (wrapping arithmetic).
 
-    A bijective mixing function on 64-bit words: the output depends only on ``x``.
+    A bijective mixing function on 64-bit words.
+
+    Args:
+        x: an integer or an array of them, taken as ``uint64``.
+
+    Returns:
+        A ``uint64`` array of the shape of ``x``, depending only on ``x``.
     """
     with np.errstate(over="ignore"):
         z = np.asarray(x, dtype=_U64) + _U64(0x9E3779B97F4A7C15)
@@ -82,11 +122,26 @@ def hash64(x: np.ndarray | int) -> np.ndarray:
 
 
 def derive_key(seed: int, *parts: int | np.ndarray) -> np.ndarray:
-    """Hash ``(seed, *parts)`` into a ``uint64`` key (broadcast over array parts).
+    """Hash ``(seed, *parts)`` into a ``uint64`` key, broadcast over array parts.
 
     The key depends only on the values and their order: ``derive_key(s, e + 1)``
     is unrelated to ``derive_key(s + 1, e)`` (unlike ``seed + epoch`` schemes).
-    Parts are integers taken modulo ``2**64`` (so ``-1`` and ``2**64 - 1`` agree).
+
+    Args:
+        seed: an integer in ``[0, 2**64)``.
+        *parts: integers or integer arrays, taken modulo ``2**64`` (so ``-1`` and
+            ``2**64 - 1`` agree).
+
+    Returns:
+        A ``uint64`` array: a scalar, or the broadcast shape of the array parts.
+
+    Raises:
+        TypeError: the seed or a part is not an integer.
+        ValueError: the seed is outside ``[0, 2**64)``.
+
+    Example:
+        >>> derive_key(0, 1).shape, derive_key(0, np.arange(3)).shape
+        ((), (3,))
     """
     k = hash64(np.asarray(check_seed(seed), dtype=_U64))
     for i, part in enumerate(parts):
@@ -122,12 +177,27 @@ def _feistel(x: np.ndarray, half_bits: int, round_keys: list[np.ndarray]) -> np.
 
 
 def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
-    """Map indices ``j`` in ``[0, n)`` through the keyed bijection ``perm_key`` on ``[0, n)``.
+    """Map indices ``j`` in ``[0, n)`` through the keyed bijection on ``[0, n)``.
 
     A Feistel network on the smallest even bit width covering ``n`` (domain
     below ``4n``), with cycle walking back into ``[0, n)``: a bijection for every
-    ``n >= 1``. ``key`` is a ``uint64`` scalar or an array broadcast against
-    ``j``. The output depends only on ``(j, n, key)``; memory is O(len(j)).
+    ``n >= 1``. Memory is O(len(j)).
+
+    Args:
+        j: indices in ``[0, n)``, of any shape.
+        n: the size of the domain, in ``[1, 2**62]``.
+        key: a ``uint64`` scalar, or an array broadcast against ``j`` (one key per index).
+
+    Returns:
+        An ``int64`` array of the shape of ``j``, depending only on ``(j, n, key)``.
+
+    Raises:
+        ValueError: ``n`` is outside ``[1, 2**62]``.
+        IndexError: an index is outside ``[0, n)``.
+
+    Example:
+        >>> sorted(permute(np.arange(5), 5, derive_key(0, 0)).tolist())
+        [0, 1, 2, 3, 4]
     """
     n = int(n)
     if not 1 <= n <= MAX_RECORDS:
@@ -155,16 +225,28 @@ def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
 
 
 def block_permute(j: np.ndarray, n: int, key: np.ndarray | int, block: int, window: int) -> np.ndarray:
-    """Block shuffle on ``[0, n)``: shuffle blocks of ``block`` consecutive ids, then
-    shuffle ids within each window of ``window`` consecutive (shuffled) blocks.
+    """Block shuffle on ``[0, n)``: blocks of consecutive ids shuffled, then ids within windows of blocks.
 
-    Full blocks are permuted among themselves; the partial tail block (if
-    ``n % block``) keeps the last slot. Within window ``g`` the offsets are
-    permuted with a key derived from ``(key, g)``. ``key`` is a scalar or one
-    key per element of ``j``. A bijection on ``[0, n)`` depending only on
-    ``(j, n, key, block, window)``. Consecutive positions
-    mostly fall in the same few blocks, so a host reading a contiguous range of
-    positions touches few row groups.
+    Full blocks of ``block`` ids are permuted among themselves; the partial
+    tail block (if ``n % block``) keeps the last slot. Within window ``g`` (of
+    ``window`` consecutive shuffled blocks) the offsets are permuted with a key
+    derived from ``(key, g)``. Consecutive positions mostly fall in the same few
+    blocks, so a host reading a contiguous range of positions touches few row
+    groups.
+
+    Args:
+        j: indices in ``[0, n)``.
+        n: the size of the domain.
+        key: a ``uint64`` scalar, or one key per element of ``j``.
+        block: ids per block (a source's row-group size), at least 1.
+        window: blocks per window, at least 1.
+
+    Returns:
+        A flat ``int64`` array: a bijection on ``[0, n)`` applied to ``j``, depending
+        only on ``(j, n, key, block, window)``.
+
+    Raises:
+        ValueError: ``block`` or ``window`` is below 1.
     """
     if block < 1 or window < 1:
         raise ValueError(f"block and window must be >= 1, got block={block}, window={window}")
@@ -197,16 +279,35 @@ def epoch_record_ids(
     positions: np.ndarray,
     n: int,
     seed: int,
-    shuffle: str | None,
+    shuffle: ShuffleMode | None,
     block: int = 1,
     window: int = 1,
 ) -> np.ndarray:
-    """Record id at each stream position.
+    """The record id at each stream position.
 
-    ``epoch = p // n``, ``j = p % n``; ``shuffle=None`` gives ``j``; ``"global"``
-    gives ``permute(j, n, derive_key(seed, epoch))``; ``"block"`` gives
-    ``block_permute(j, n, derive_key(seed, epoch), block, window)``. Depends only
-    on the arguments.
+    With ``epoch = p // n`` and ``j = p % n``: ``shuffle=None`` gives ``j``;
+    ``"global"`` gives ``permute(j, n, derive_key(seed, epoch))``; ``"block"``
+    gives ``block_permute(j, n, derive_key(seed, epoch), block, window)``.
+
+    Args:
+        positions: stream positions (``>= 0``), of any shape.
+        n: the number of records.
+        seed: the shuffle's seed, in ``[0, 2**64)``.
+        shuffle: ``None``, ``"global"`` or ``"block"``.
+        block: ids per block of the block shuffle.
+        window: blocks per window of the block shuffle.
+
+    Returns:
+        An ``int64`` array of record ids in ``[0, n)``, depending only on the arguments.
+
+    Raises:
+        ValueError: an unknown ``shuffle``, or as :func:`permute` and :func:`block_permute`.
+
+    Example:
+        >>> epoch_record_ids(np.arange(6), 3, 0, None).tolist()
+        [0, 1, 2, 0, 1, 2]
+        >>> sorted(epoch_record_ids(np.arange(3), 3, 0, "global").tolist())
+        [0, 1, 2]
     """
     positions = np.asarray(positions, dtype=np.int64)
     epoch = positions // n
@@ -224,9 +325,25 @@ def epoch_record_ids(
 
 
 def host_rows(global_batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of a global batch that host ``process_index`` of ``process_count`` owns.
+    """The rows of a global batch that host ``process_index`` of ``process_count`` owns.
 
-    Host ``h`` of ``H`` owns ``[h*B/H, (h+1)*B/H)``; ``B % H != 0`` is an error.
+    Host ``h`` of ``H`` owns rows ``[h*B/H, (h+1)*B/H)`` of a batch of ``B`` rows.
+
+    Args:
+        global_batch_size: ``B``, the rows of the global batch.
+        process_index: ``h``, this host, in ``[0, H)``.
+        process_count: ``H``, the number of hosts; it must divide ``B``.
+
+    Returns:
+        ``(start, stop)``.
+
+    Raises:
+        TypeError: an argument is not an integer.
+        ValueError: an argument is out of range, or ``B % H != 0``.
+
+    Example:
+        >>> host_rows(8, 1, 4)
+        (2, 4)
     """
     b = check_int(global_batch_size, "global batch size", 1)
     h = check_int(process_index, "process_index", 0)

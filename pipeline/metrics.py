@@ -1,9 +1,8 @@
 """Prometheus metrics of this process's iterators (``pip install 'quern[metrics]'``).
 
 Once :func:`start_http_server` has run, every iterator of the process (each
-``pipe.iterator()`` and each :func:`quern.sharding.global_iterator`, those made
-before as well as after) is reported on ``http://HOST:PORT/metrics``, until it is
-closed or garbage collected::
+``pipe.iterator()`` and each :func:`quern.sharding.global_iterator`, made before
+or after) is reported on ``http://HOST:PORT/metrics`` until it is closed::
 
     import quern, quern.metrics
 
@@ -11,34 +10,9 @@ closed or garbage collected::
     for batch in pipe.iterator(num_workers=8):
         train_step(batch)
 
-The server listens on the loopback address ``127.0.0.1`` unless ``addr`` says
-otherwise: for a Prometheus on another machine, give the address of the interface
-it reaches (or ``addr="0.0.0.0"``, every interface, where the network is trusted:
-the endpoint has no authentication).
-
-Nothing runs between scrapes: at each scrape the collector (:class:`QuernCollector`)
-reads ``stats()`` of every iterator in :data:`quern.pipeline.timing.LIVE` (see
-:meth:`quern.PipelineIterator.stats` and :meth:`quern.sharding.GlobalIterator.stats`),
-on the HTTP server's thread, while the training loop goes on; nothing is pushed and
-no figure is changed by a scrape. A global iterator is reported once, with its
-device prefetch and the ``device_put`` stage; the host iterator inside it is not
-reported separately. An iterator whose ``stats()`` fails is left out of that scrape
-(and logged once); the scrape itself never fails because of one iterator.
-
-Every series has the labels ``host`` (the iterator's ``process_index``: its host
-slice), ``process`` (the operating system's process id of the process that
-serves the metrics, where the iterator lives) and ``iterator`` (``0``, ``1``, ...: a
-number per iterator of the process, given in the order the exporter first sees them
-and kept for the iterator's life; two iterators of one process are told apart by
-it). Counters count from the iterator's start; an iterator that is closed leaves
-the next scrape (Prometheus then marks its series stale).
-
-The training loop's figures are measured in the iterator's ``next()``: the **data
-wait** of a step is the time the caller was blocked in ``next()`` (for a global
-iterator the hand-over to jax included), the **step period** the time between the
-returns of two consecutive ``next()`` calls. The first batch's wait (start-up) is
-only in ``quern_first_batch_seconds``; the others count from the second batch on.
-The windowed figures are over the last 100 steps.
+Every series has the labels ``host``, ``process`` and ``iterator``. How a scrape
+reads the iterators, what the labels and the figures mean, which series appear
+and useful queries: ``docs/design/metrics.md``. The series:
 
 ================================================  =======  =========  ===============  ==========================================
 name                                              type     unit       extra label      value
@@ -72,27 +46,6 @@ name                                              type     unit       extra labe
 ``quern_disk_cache_capacity_bytes``               gauge    bytes                       their capacity (absent when unbounded)
 ``quern_disk_cache_fetching_files``               gauge    files                       files being fetched ahead now
 ================================================  =======  =========  ===============  ==========================================
-
-Which series appear: the device prefetch only for a global iterator; the worker
-series with ``num_workers > 0`` (``quern_workers`` always); the disk cache only for
-sources read by URL, and with workers it counts this process's reads only (the
-workers' reads are counted in the workers). The stages (``stage`` label) are
-``read`` (``read: NAME`` per component of a mixture), each transform by its label
-(its kind, index and name, ``map[0] decode``, ``map[1] partial(tokenize)``: never
-its arguments nor an object address, see :func:`quern.pipeline.ops.stage_name`),
-``collate``; with workers ``send`` and ``handover``; for a global iterator
-``device_put``; none with ``timings=False``. :data:`METRICS` lists the names as
-they are scraped (and queried in PromQL).
-
-Useful queries: the share of wall time the training waited for data over 5 minutes,
-``rate(quern_data_wait_seconds_total[5m])``; steps per second,
-``rate(quern_steps_total[1m])``; an alarm, ``quern_health{state="alarm"} == 1``.
-
-The collector is registered in ``prometheus_client``'s default ``REGISTRY`` (so the
-endpoint also serves the client's own ``process_*`` and ``python_*`` metrics and
-any of your own), or in the registry you pass; to serve the metrics yourself, call
-:func:`register` (or register :func:`collector` in your registry) and expose that
-registry, e.g. with :func:`generate_latest`.
 """
 
 from __future__ import annotations
@@ -258,7 +211,18 @@ def _families() -> dict[str, CounterMetricFamily | GaugeMetricFamily]:
 
 
 def samples(stats: dict[str, Any]) -> list[Sample]:
-    """The samples of one iterator's ``stats()`` (without the common labels)."""
+    """The samples of one iterator's ``stats()``, without the common labels.
+
+    Args:
+        stats: what the iterator's ``stats()`` returned.
+
+    Returns:
+        ``(metric name, extra label values, value)`` per sample; a figure that
+        ``stats`` lacks (or holds as ``None``) gives none.
+
+    Raises:
+        KeyError: ``stats`` has no ``steps``.
+    """
     out: list[Sample] = []
 
     def put(name: str, value: Any, *extra: str) -> None:
@@ -305,8 +269,10 @@ def samples(stats: dict[str, Any]) -> list[Sample]:
 
 
 def _stats(it: Any) -> dict[str, Any]:
-    """``it.stats()``, read again when a training thread changed a container while it was
-    being read (a ``RuntimeError`` such as "deque mutated during iteration")."""
+    """``it.stats()``, read again when a training thread changed a container while it was read.
+
+    Such a change raises a ``RuntimeError`` such as "deque mutated during iteration".
+    """
     for attempt in range(3):
         try:
             return it.stats()
@@ -317,8 +283,10 @@ def _stats(it: Any) -> dict[str, Any]:
 
 
 def _live() -> list[Any]:
-    """The iterators of :data:`~quern.pipeline.timing.LIVE` now (read again when another
-    thread adds one while the set is being read)."""
+    """The iterators of :data:`~quern.pipeline.timing.LIVE` now.
+
+    The set is read again when another thread adds one while it is being read.
+    """
     for attempt in range(5):
         try:
             return list(LIVE)
@@ -329,10 +297,14 @@ def _live() -> list[Any]:
 
 
 class QuernCollector(Collector):
-    """A ``prometheus_client`` collector of every live iterator of the process (see the
-    module docstring): at each :meth:`collect` it reads their ``stats()``. One instance,
-    :func:`collector`, is enough for a process; ``errors`` counts the iterators left out
-    of a scrape because reading them failed."""
+    """A ``prometheus_client`` collector of every live iterator of the process.
+
+    At each :meth:`collect` it reads their ``stats()``. One instance,
+    :func:`collector`, is enough for a process.
+
+    Attributes:
+        errors: the iterators left out of a scrape because reading them failed, counted.
+    """
 
     def __init__(self) -> None:
         self._serials: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -342,7 +314,14 @@ class QuernCollector(Collector):
         self.errors = 0
 
     def serial(self, it: Any) -> int:
-        """The ``iterator`` label of ``it``: given when first seen, kept for its life."""
+        """The ``iterator`` label of ``it``: given when first seen, kept for its life.
+
+        Args:
+            it: an iterator of :data:`~quern.pipeline.timing.LIVE`.
+
+        Returns:
+            ``0`` for the first iterator this collector sees, then ``1``, ...
+        """
         with self._lock:
             n = self._serials.get(it)
             if n is None:
@@ -350,11 +329,22 @@ class QuernCollector(Collector):
             return n
 
     def describe(self) -> Iterator[Metric]:
-        """The metric families (no samples), for the registry's name checks."""
+        """The metric families, without samples, for the registry's name checks.
+
+        Yields:
+            One family per name of :data:`METRICS`.
+        """
         yield from _families().values()
 
     def collect(self) -> Iterator[Metric]:
-        """The metric families with one set of samples per live iterator."""
+        """The metric families with one set of samples per live iterator.
+
+        An iterator whose ``stats()`` fails is left out (counted in ``errors``,
+        logged once); the scrape still answers.
+
+        Yields:
+            One family per name of :data:`METRICS`.
+        """
         families = _families()
         pid = str(os.getpid())
         for it in _live():
@@ -382,13 +372,23 @@ _register_lock = threading.Lock()
 
 
 def collector() -> QuernCollector:
-    """The process's collector (what :func:`register` registers)."""
+    """The process's collector.
+
+    Returns:
+        The one :class:`QuernCollector` that :func:`register` registers.
+    """
     return _COLLECTOR
 
 
 def register(registry: CollectorRegistry | None = None) -> QuernCollector:
-    """Register the collector in ``registry`` (default: ``prometheus_client.REGISTRY``),
-    once: registering it again in the same registry does nothing. Returns it."""
+    """Register the collector in ``registry``, once: registering it again there does nothing.
+
+    Args:
+        registry: the registry (default: ``prometheus_client.REGISTRY``).
+
+    Returns:
+        The collector.
+    """
     registry = REGISTRY if registry is None else registry
     with _register_lock:
         if not any(r is registry for r in _registered):
@@ -398,12 +398,13 @@ def register(registry: CollectorRegistry | None = None) -> QuernCollector:
 
 
 def start_http_server(
-    port: int, addr: str = LOOPBACK, registry: CollectorRegistry | None = None
+    port: int, addr: str = LOOPBACK, *, registry: CollectorRegistry | None = None
 ) -> tuple[Any, threading.Thread]:
-    """Serve the metrics of every iterator of this process on ``http://addr:port/metrics``
-    (``prometheus_client.start_http_server`` on a daemon thread), registering the
-    collector in ``registry`` (default ``prometheus_client.REGISTRY``) if it is not yet.
-    Calling it again (another port, say) starts another server of the same metrics.
+    """Serve the metrics of every iterator of this process on ``http://addr:port/metrics``.
+
+    This is ``prometheus_client.start_http_server`` on a daemon thread, with the
+    collector registered in ``registry`` if it is not yet. Calling it again
+    (another port, say) starts another server of the same metrics.
 
     Args:
         port: the TCP port; 0 takes a free one (``server.server_port``).
@@ -411,7 +412,7 @@ def start_http_server(
             host only; give an interface's address for a Prometheus elsewhere, or
             ``"0.0.0.0"`` (``"::"``) for every interface, where the network is
             trusted (the endpoint has no authentication).
-        registry: the registry to serve.
+        registry: the registry to serve (default: ``prometheus_client.REGISTRY``).
 
     Returns:
         ``(server, thread)``; ``server.shutdown()`` stops it.
@@ -423,8 +424,15 @@ def start_http_server(
 
 
 def generate_latest(registry: CollectorRegistry | None = None) -> bytes:
-    """The metrics in Prometheus' text format, as served: those of ``registry`` (default
-    ``prometheus_client.REGISTRY``), the collector registered in it first."""
+    """The metrics in Prometheus' text format, as served.
+
+    Args:
+        registry: the registry whose metrics to write (default:
+            ``prometheus_client.REGISTRY``); the collector is registered in it first.
+
+    Returns:
+        The text, as bytes.
+    """
     registry = REGISTRY if registry is None else registry
     register(registry)
     return _generate_latest(registry)

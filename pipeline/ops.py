@@ -23,7 +23,8 @@ class OpKind(enum.StrEnum):
     ``fn(batch)``; ``RANDOM_MAP_BATCH``: ``fn(batch, keys)`` with one ``uint64``
     key per row; ``FILTER``: ``fn(record) -> bool``, evaluated once per record by a
     scan (never while a step is computed: the plan holds only the records it
-    keeps). The values are the names used in configs and messages."""
+    keeps). The values are the names used in configs and messages.
+    """
 
     MAP = "map"
     RANDOM_MAP = "random_map"
@@ -38,7 +39,13 @@ BATCH_KINDS = (OpKind.MAP_BATCH, OpKind.RANDOM_MAP_BATCH)
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    """One transform stage of a pipeline: its kind and the user's callable."""
+    """One transform stage of a pipeline: its kind and the user's callable.
+
+    Attributes:
+        kind: what the stage applies to and what ``fn`` is given (an :class:`OpKind`,
+            or its value, e.g. ``"map"``).
+        fn: the transform.
+    """
 
     kind: OpKind
     fn: Callable[..., Any]
@@ -52,7 +59,18 @@ class Op:
         return stage_name(self.fn)
 
     def label(self, k: int) -> str:
-        """``"map[0] decode"``: the stage's kind, index among its level's stages, and name."""
+        """The stage's label in messages and timings: its kind, index and name.
+
+        Args:
+            k: the stage's index among its level's stages (record or batch stages).
+
+        Returns:
+            ``"map[0] decode"``: the kind's value, ``[k]``, and :attr:`name`.
+
+        Example:
+            >>> Op("map", len).label(0)
+            'map[0] len'
+        """
         return f"{self.kind.value}[{k}] {self.name}"
 
 
@@ -71,9 +89,10 @@ _MAX_DEPTH = 8  # wrappers of wrappers
 
 
 def stage_name(fn: Any) -> str:
-    """The name of the transform ``fn`` in stage labels (``map[0] decode``), in
-    ``it.stats()``, the metrics' ``stage`` label, ``quern bench`` and messages: what
-    it is, never what it holds, and the same in every process. (Its ``repr`` would
+    """The name of the transform ``fn``: what it is, never what it holds, the same in every process.
+
+    It is the name in stage labels (``map[0] decode``), in ``it.stats()``, the
+    metrics' ``stage`` label, ``quern bench`` and messages. (Its ``repr`` would
     put argument values, such as a ``token=`` of a ``functools.partial``, into
     metrics labels, and an object address that makes a new series at every restart.)
 
@@ -88,6 +107,11 @@ def stage_name(fn: Any) -> str:
         name of what it wraps; for any other callable (an instance with
         ``__call__``), its class's ``__qualname__``; for quern's own transforms, the
         name they are registered under (``pad``, ``decode``).
+
+    Example:
+        >>> import functools
+        >>> stage_name(functools.partial(int, base=2)), stage_name(str.upper)
+        ('partial(int)', 'str.upper')
     """
     return _stage_name(fn, 0)
 

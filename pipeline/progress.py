@@ -23,8 +23,12 @@ from typing import Any, Self
 
 
 def screen() -> tuple[int, int]:
-    """The terminal's columns and rows on stderr; 100 x 24 where it says 0 (a pseudo-terminal
-    whose size was never set: tqdm would hide its bar) or cannot say."""
+    """The terminal's size on stderr, with a usable default where it says none.
+
+    Returns:
+        ``(columns, rows)``; 100 x 24 where the terminal says 0 (a pseudo-terminal
+        whose size was never set: tqdm would hide its bar) or cannot say.
+    """
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
     except (OSError, ValueError):  # not a terminal, or a stream without a descriptor
@@ -35,12 +39,19 @@ def screen() -> tuple[int, int]:
 class Bar:
     """A tqdm bar of ``total`` units on stderr, titled ``desc``, with a second count in its postfix.
 
-    ``unit``: what ``total`` counts (``"B"``, ``"step"``); ``scale``: 1024 or 1000 to show
-    ``total`` and its rate scaled (``1.2MB``), ``None`` to show them as they are. ``count``: the
-    noun of the second count (``"records"``, ``"rows"``), shown with its rate
-    (``240 records, 785 records/s``; ``per`` names the rate's unit: ``rec/s``), or ``None`` for
-    none. ``shown``: draw the bar (default: when stderr is a terminal). Closing it (also as a
-    context manager, on an error) ends its line, so what is printed next starts on its own line.
+    Closing it (also as a context manager, on an error) ends its line, so what is
+    printed next starts on its own line.
+
+    Args:
+        total: the units to do.
+        desc: the bar's title.
+        unit: what ``total`` counts (``"B"``, ``"step"``).
+        scale: 1024 or 1000 to show ``total`` and its rate scaled (``1.2MB``);
+            ``None`` to show them as they are.
+        count: the noun of the second count (``"records"``, ``"rows"``), shown
+            with its rate (``240 records, 785 records/s``); ``None``: none.
+        per: the rate's unit (``rec`` for ``rec/s``; default: ``count``).
+        shown: draw the bar (default: when stderr is a terminal).
     """
 
     def __init__(
@@ -74,7 +85,12 @@ class Bar:
         )
 
     def update(self, n: int = 1, counted: int = 0) -> None:
-        """``n`` more units done, and ``counted`` more of the second count."""
+        """Count work done.
+
+        Args:
+            n: units more done.
+            counted: more of the second count.
+        """
         self.counted += counted
         self.bar.update(n)
         if self.on and self.count is not None:

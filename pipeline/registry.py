@@ -49,11 +49,12 @@ def register(name: str) -> Callable[[F], F]:
 
 
 def builtin_name(fn: object) -> str | None:
-    """The registered name of ``fn`` if it is an instance of one of quern's own
-    registered transform classes (defined in quern's modules, with a ``VERSION``),
-    else ``None``. Such a transform is described in the fingerprint by this name,
-    its ``VERSION`` and its arguments, not by its code (see
-    :mod:`quern.pipeline.fingerprint`).
+    """The registered name of ``fn`` if it is one of quern's own registered transforms, else ``None``.
+
+    Quern's own transforms are instances of classes defined in quern's modules,
+    registered, with an ``int`` ``VERSION``. Such a transform is described in the
+    fingerprint by this name, its ``VERSION`` and its arguments, not by its code
+    (see :mod:`quern.pipeline.fingerprint`).
 
     Args:
         fn: any object.

@@ -1,26 +1,19 @@
-"""The one-time scan of a filter: which records its predicate keeps.
+"""The one-time scans: which records a filter keeps, and how many tokens each record holds.
 
-``survivors(prefix, candidates, ...)`` returns the sorted ids of the records of
-``prefix.source`` among ``candidates`` (all records, or the survivors of an
-earlier filter) for which the predicate (``prefix.record_ops[-1]``, a
-``filter`` op) is true, after the record transforms before it
-(``prefix.record_ops[:-1]``). The result depends only on the source's records,
-those transforms and the predicate, so it is cached on disk keyed by the
-fingerprint of ``prefix`` (see :mod:`quern.pipeline.plan.survivors`): a verified
-cache file made for that key is used as is, a missing, partial or damaged one,
-or one made for another key, is rebuilt.
+:func:`survivors` returns the sorted ids of the records a filter keeps, and
+:func:`lengths` the length index of a pipeline. Each result depends only on the
+source's records and the record transforms, so it is cached on disk under the
+fingerprint of the pipeline prefix (:mod:`quern.pipeline.plan.survivors`,
+:mod:`quern.pipeline.plan.indexfile`): a verified cache file made for that key
+is used as is, a missing, partial or damaged one, or one made for another key,
+is rebuilt.
 
 Records are read in bulk chunks of :data:`CHUNK` ids. With at least
-:data:`PROCESS_MIN` candidates the scan runs in ``workers`` fresh interpreter
-processes (default: the CPU count), each over a contiguous range of candidates;
-a progress bar is drawn on a terminal. Each process first checks that the
-definition it loaded is the parent's (:mod:`quern.pipeline.samedef`: a module
-global changed at run time is seen there with its value at import) and fails,
-naming what differs, if it is not: the parent raises :class:`ScanError` with
-that message, and nothing is cached.
-
-A cache file records the key it was built for, and is used only under that
-key (:mod:`quern.pipeline.plan.indexfile`).
+:data:`PROCESS_MIN` candidates a scan runs in ``num_workers`` fresh interpreter
+processes, each over a contiguous range of candidates; each first checks that
+the definition it loaded is the parent's (:mod:`quern.pipeline.samedef`), and
+the parent raises :class:`~quern.pipeline.errors.ScanError` naming what
+differs, caching nothing.
 """
 
 from __future__ import annotations
@@ -31,12 +24,15 @@ import selectors
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
-from . import execute, samedef
+from . import samedef
+from .deprecation import keyword_only, renamed
 from .errors import FingerprintError, ScanError, StepError
+from .execute import stages
 from .ops import OpKind
 from .plan import indexfile
 from .plan import survivors as _survivors
@@ -109,10 +105,15 @@ def _lengths(records: Any, ids: np.ndarray, source_name: str, key: str | None) -
     return out
 
 
-def _measure(prefix: Any, ids: np.ndarray, what: str, key: str | None, progress: Any = None) -> np.ndarray:
-    """Read ``ids`` of ``prefix.source`` in chunks, run the record transforms, and measure each
-    record: ``what="filter"``, does the filter ending ``prefix`` keep it (bool; the transforms
-    before it); ``what="lengths"``, its tokens (int64; all the transforms)."""
+Measure = Literal["filter", "lengths"]
+
+
+def _measure(prefix: Any, ids: np.ndarray, what: Measure, key: str | None, progress: Any = None) -> np.ndarray:
+    """Read ``ids`` of ``prefix.source`` in chunks, run the record transforms, and measure each record.
+
+    ``what="filter"``: does the filter ending ``prefix`` keep it (bool; the
+    transforms before it); ``what="lengths"``: its tokens (int64; all the transforms).
+    """
     ops = prefix.record_ops
     upto = len(ops) - 1 if what == "filter" else len(ops)
     out: np.ndarray = np.empty(len(ids), dtype=np.bool_ if what == "filter" else np.int64)
@@ -120,10 +121,10 @@ def _measure(prefix: Any, ids: np.ndarray, what: str, key: str | None, progress:
         chunk = np.asarray(ids[lo : lo + CHUNK], dtype=np.int64)
         where = f"{'filter' if what == 'filter' else 'length'} scan of records {int(chunk[0])}..{int(chunk[-1])}"
         try:
-            records: Any = execute.read(prefix, chunk, where)
+            records: Any = stages.read(prefix, chunk, where)
             for j in range(upto):
                 if ops[j].kind is not OpKind.FILTER:  # a filter keeps every candidate
-                    records = execute.apply_record_op(prefix, j, records, chunk, chunk, where)
+                    records = stages.apply_record_op(prefix, j, records, chunk, chunk, where)
         except StepError as e:
             raise ScanError(str(e)) from e.__cause__
         if what == "filter":
@@ -135,24 +136,54 @@ def _measure(prefix: Any, ids: np.ndarray, what: str, key: str | None, progress:
     return out
 
 
-def keep_mask(prefix: Any, ids: np.ndarray, progress: Any = None) -> np.ndarray:
-    """One boolean per id of ``ids``: does the filter at the end of ``prefix`` keep it.
-    ``progress(n)`` is called after each chunk with the ids done in it."""
+def keep_mask(prefix: Any, ids: np.ndarray, *, progress: Callable[[int], Any] | None = None) -> np.ndarray:
+    """Whether the filter at the end of ``prefix`` keeps each record of ``ids``, in this process.
+
+    Args:
+        prefix: a pipeline whose last record stage is the filter.
+        ids: the source's record ids to judge.
+        progress: called after each chunk with the number of ids done in it.
+
+    Returns:
+        One boolean per id; it depends only on the records, the record
+        transforms before the filter and its predicate.
+
+    Raises:
+        ScanError: reading, a transform or the predicate failed, or the predicate
+            returned something else than a boolean (naming the record).
+    """
     return _measure(prefix, ids, "filter", None, progress)
 
 
-def record_lengths(prefix: Any, ids: np.ndarray, key: str | None = None, progress: Any = None) -> np.ndarray:
-    """Tokens per id of ``ids`` after all of ``prefix``'s record transforms: the length of
-    the record (or of ``record[key]``), which must be a 1-D array (``ScanError`` naming the
-    record otherwise)."""
+@keyword_only("key", "progress")
+def record_lengths(
+    prefix: Any, ids: np.ndarray, *, key: str | None = None, progress: Callable[[int], Any] | None = None
+) -> np.ndarray:
+    """The tokens of each record of ``ids`` after all of ``prefix``'s record transforms, in this process.
+
+    Args:
+        prefix: the pipeline.
+        ids: the source's record ids to measure.
+        key: measure ``record[key]`` (``None``: the record itself).
+        progress: called after each chunk with the number of ids done in it.
+
+    Returns:
+        One ``int64`` length per id.
+
+    Raises:
+        ScanError: reading or a transform failed, or a record (``record[key]``)
+            is not a 1-D array (naming the record).
+    """
     return _measure(prefix, ids, "lengths", key, progress)
 
 
 def _scan_in_processes(
-    prefix: Any, candidates: np.ndarray, workers: int, bar: Bar, what: str = "filter", key: str | None = None
+    prefix: Any, candidates: np.ndarray, workers: int, bar: Bar, what: Measure = "filter", key: str | None = None
 ) -> np.ndarray:
-    """:func:`_measure` over ``candidates`` in ``workers`` fresh interpreters (never a fork
-    of this process), each over a contiguous range; progress comes back on stdout."""
+    """:func:`_measure` over ``candidates`` in ``workers`` fresh interpreters (never a fork of this process).
+
+    Each process takes a contiguous range; progress comes back on stdout.
+    """
     import cloudpickle
 
     bounds = np.linspace(0, len(candidates), workers + 1).astype(np.int64)
@@ -226,30 +257,53 @@ def _child() -> None:
     np.save(out, mask)
 
 
+@keyword_only("candidates", "n", "cache_dir", "num_workers")
+@renamed(workers="num_workers")
 def survivors(
     prefix: Any,
     key: str,
+    *,
     candidates: np.ndarray | None,
     n: int,
     cache_dir: str | os.PathLike | None = None,
-    workers: int | None = None,
+    num_workers: int | None = None,
 ) -> np.ndarray:
-    """The sorted ids kept by the filter ending ``prefix`` among ``candidates``
-    (``None``: all ``n`` records), from the verified cache file of ``key`` or a scan
-    (which then writes it). ``ValueError`` if it keeps nothing."""
+    """The sorted ids kept by the filter ending ``prefix``, from its cache file or a scan.
+
+    A scan (a progress bar on a terminal) writes the cache file; a cache folder
+    that cannot be written keeps the result in memory only.
+
+    Args:
+        prefix: a pipeline whose last record stage is the filter.
+        key: the cache key (the fingerprint of ``prefix``).
+        candidates: the ids to judge, sorted (``None``: all ``n`` records).
+        n: the number of records of the source.
+        cache_dir: the cache folder (default: quern's cache folder).
+        num_workers: scan processes with at least :data:`PROCESS_MIN` candidates
+            (default: the CPU count; 0 or 1: this process).
+
+    Returns:
+        An ``int64`` array; it depends only on the records, the record
+        transforms and the predicate, never on ``num_workers``.
+
+    Raises:
+        ScanError: the scan failed (naming the record), or a scan process loaded
+            another definition than this one.
+        ValueError: the filter keeps nothing.
+    """
     path = _survivors.path_for(key, cache_dir)
-    ids, why = _survivors.load(path, n, key)
+    ids, why = _survivors.load(path, n, key=key)
     if ids is not None:
         return ids
     if why != "not built yet":
         print(f"quern: the filter cache {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
-    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    workers = (os.cpu_count() or 1) if num_workers is None else int(num_workers)
     with Bar(len(cand), "quern filter scan", unit="record") as bar:
         if workers > 1 and len(cand) >= PROCESS_MIN:
             mask = _scan_in_processes(prefix, cand, workers, bar)
         else:
-            mask = keep_mask(prefix, cand, bar.update)
+            mask = keep_mask(prefix, cand, progress=bar.update)
     kept = cand[mask]
     if not kept.size:
         label = prefix.record_ops[-1].label(len(prefix.record_ops) - 1)
@@ -258,18 +312,34 @@ def survivors(
             "the stream would be empty"
         )
     try:
-        _survivors.store(path, kept, n, key)
+        _survivors.store(path, kept, n, key=key)
     except OSError as e:  # a read-only cache folder: the scan's result is still right
         print(f"quern: cannot write the filter cache {path} ({e}); it is kept in memory only", file=sys.stderr)
         return kept
-    ids, why = _survivors.load(path, n, key)
+    ids, why = _survivors.load(path, n, key=key)
     return ids if ids is not None else kept
 
 
-def metadata_survivors(source: Any, pred: Any, candidates: np.ndarray | None, label: str) -> np.ndarray:
-    """The sorted ids among ``candidates`` (``None``: all) whose metadata ``pred.keep_metadata``
-    keeps: one vectorised call over the source's metadata index, no record read, nothing cached
-    (it costs one pass over the index). ``ValueError`` if the source has no index or nothing is kept."""
+@keyword_only("candidates", "label")
+def metadata_survivors(source: Any, pred: Any, *, candidates: np.ndarray | None, label: str) -> np.ndarray:
+    """The sorted ids whose metadata ``pred.keep_metadata`` keeps: one vectorised call, no record read.
+
+    Nothing is cached: it costs one pass over the source's metadata index.
+
+    Args:
+        source: a source with a metadata index (``has_metadata``).
+        pred: a predicate with ``keep_metadata`` (e.g. :func:`quern.transforms.metadata_range`).
+        candidates: the ids to judge, sorted (``None``: all the source's records).
+        label: the filter stage's label, for messages.
+
+    Returns:
+        A read-only ``int64`` array; it depends only on the metadata and the predicate.
+
+    Raises:
+        ValueError: the source has no metadata index, the predicate names a
+            field it lacks or returns something else than one boolean per
+            record, or it keeps nothing.
+    """
     if not getattr(source, "has_metadata", False):
         raise ValueError(
             f"filter {label} reads a metadata index; source {source.name!r} has none (open a folder written by "
@@ -295,39 +365,62 @@ def metadata_survivors(source: Any, pred: Any, candidates: np.ndarray | None, la
     return kept
 
 
+@keyword_only("candidates", "n", "length_key", "cache_dir", "num_workers")
+@renamed(workers="num_workers")
 def lengths(
     prefix: Any,
     key: str,
+    *,
     candidates: np.ndarray | None,
     n: int,
     length_key: str | None = None,
     cache_dir: str | os.PathLike | None = None,
-    workers: int | None = None,
+    num_workers: int | None = None,
 ) -> np.ndarray:
-    """The length index of ``prefix``: tokens per record of its source after its record
-    transforms (``record[length_key]`` when given), ``-1`` for records not among
-    ``candidates`` (``None``: all ``n``); from the verified cache file of ``key`` or a
-    scan (which then writes it). A read-only int64 array of ``n`` values."""
-    path = indexfile.path_for(key, cache_dir, indexfile.LENGTHS)
-    found, why = indexfile.load(path, n, indexfile.LENGTHS, key)
+    """The length index of ``prefix``, from its cache file or a scan.
+
+    A scan (a progress bar on a terminal) writes the cache file; a cache folder
+    that cannot be written keeps the result in memory only.
+
+    Args:
+        prefix: the pipeline.
+        key: the cache key (the fingerprint of the index).
+        candidates: the ids to measure, sorted (``None``: all ``n`` records).
+        n: the number of records of the source.
+        length_key: measure ``record[length_key]`` (``None``: the record itself).
+        cache_dir: the cache folder (default: quern's cache folder).
+        num_workers: scan processes with at least :data:`PROCESS_MIN` candidates
+            (default: the CPU count; 0 or 1: this process).
+
+    Returns:
+        A read-only ``int64`` array of ``n`` values: the tokens of each record
+        after ``prefix``'s record transforms, ``-1`` for records not among
+        ``candidates``. It depends only on the records and the transforms.
+
+    Raises:
+        ScanError: the scan failed (naming the record), or a scan process loaded
+            another definition than this one.
+    """
+    path = indexfile.path_for(key, cache_dir, kind=indexfile.LENGTHS)
+    found, why = indexfile.load(path, n, kind=indexfile.LENGTHS, key=key)
     if found is not None:
         return found
     if why != "not built yet":
         print(f"quern: the length index {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
-    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    workers = (os.cpu_count() or 1) if num_workers is None else int(num_workers)
     with Bar(len(cand), "quern length scan", unit="record") as bar:
         if workers > 1 and len(cand) >= PROCESS_MIN:
             got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
         else:
-            got = record_lengths(prefix, cand, length_key, bar.update)
+            got = record_lengths(prefix, cand, key=length_key, progress=bar.update)
     out = np.full(n, -1, dtype=np.int64)
     out[cand] = got
     try:
-        indexfile.store(path, out, n, indexfile.LENGTHS, key)
+        indexfile.store(path, out, n, kind=indexfile.LENGTHS, key=key)
     except OSError as e:
         print(f"quern: cannot write the length index {path} ({e}); it is kept in memory only", file=sys.stderr)
         out.setflags(write=False)
         return out
-    found, why = indexfile.load(path, n, indexfile.LENGTHS, key)
+    found, why = indexfile.load(path, n, kind=indexfile.LENGTHS, key=key)
     return found if found is not None else out

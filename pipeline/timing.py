@@ -1,7 +1,6 @@
-"""Where the time goes: stage timings, the training side's data wait, and the
-host prefetch depth that follows from them.
+"""Where the time goes: stage timings, the training side's data wait, the host prefetch depth.
 
-Three small pieces, each a pure accumulator of figures measured elsewhere (no
+Small pieces over figures measured elsewhere (no
 figure here ever changes a byte of a batch):
 
 - :class:`Clock` adds the seconds between its laps to a dict of stages
@@ -38,6 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .deprecation import keyword_only
 from .tree import leaves
 
 __all__ = [
@@ -76,8 +76,12 @@ LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # iterators reporting to quern.m
 
 
 class Clock:
-    """Adds the seconds since the last :meth:`lap` to ``timings[stage]``; does nothing
-    (not even read the clock) when ``timings`` is None."""
+    """Adds the seconds since the last :meth:`lap` to ``timings[stage]``.
+
+    Args:
+        timings: the dict of seconds per stage to add to; ``None``: the clock does
+            nothing (it does not even read the time).
+    """
 
     __slots__ = ("timings", "t")
 
@@ -86,6 +90,11 @@ class Clock:
         self.t = time.perf_counter() if timings is not None else 0.0
 
     def lap(self, stage: str) -> None:
+        """Add the seconds since the last lap (or the start) to ``timings[stage]``.
+
+        Args:
+            stage: the stage the time went to (``read``, ``map[0] decode``, ``collate``...).
+        """
         if self.timings is not None:
             now = time.perf_counter()
             self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
@@ -93,20 +102,48 @@ class Clock:
 
 
 def add(into: dict[str, float], timings: dict[str, float] | Any) -> None:
-    """Add the stage seconds of ``timings`` (a dict, or ``(stage, seconds)`` pairs) to ``into``."""
+    """Add stage seconds to ``into``.
+
+    Args:
+        into: seconds per stage, updated in place.
+        timings: seconds per stage to add: a dict, or ``(stage, seconds)`` pairs.
+    """
     for stage, seconds in timings.items() if isinstance(timings, dict) else timings:
         into[stage] = into.get(stage, 0.0) + seconds
 
 
-def ema(average: float | None, value: float, weight: float = 0.2) -> float:
-    """A moving average: ``value`` at first, then ``weight`` of each new value."""
+def ema(average: float | None, value: float, *, weight: float = 0.2) -> float:
+    """An exponential moving average, updated with one value.
+
+    Args:
+        average: the average so far; ``None``: none yet.
+        value: the new value.
+        weight: the new value's share of the result.
+
+    Returns:
+        ``value`` when there is no average yet, else ``average`` moved ``weight``
+        of the way to ``value``.
+
+    Example:
+        >>> ema(None, 2.0), ema(1.0, 2.0, weight=0.5)
+        (2.0, 1.5)
+    """
     return value if average is None else average + weight * (value - average)
 
 
 def batch_nbytes(batch: Any, sample: int = 64) -> int:
-    """About the bytes a batch holds: ``nbytes`` of its arrays; for arrays of objects
-    (strings, bytes) the sizes of up to ``sample`` elements, scaled to all of them;
-    ``len`` of bytes and str leaves; ``sys.getsizeof`` of anything else. At least 1."""
+    """About the bytes a batch holds.
+
+    Args:
+        batch: a tree of arrays and other leaves.
+        sample: how many elements of an array of objects are measured.
+
+    Returns:
+        The sum over its leaves of: ``nbytes`` of an array (for an array of objects
+        such as strings, plus the sizes of up to ``sample`` elements scaled to all
+        of them); ``len`` of bytes and str; ``sys.getsizeof`` of anything else.
+        At least 1.
+    """
     total = 0
     for _, x in leaves(batch):
         if isinstance(x, np.ndarray) and x.dtype == object and x.size:
@@ -123,10 +160,21 @@ def batch_nbytes(batch: Any, sample: int = 64) -> int:
 
 
 def health(wait: float, period: float) -> str:
-    """``"healthy"``, ``"warning"`` or ``"alarm"`` for a data wait of ``wait`` seconds in a
-    step period of ``period`` seconds: the wait against the step time ``period - wait``
-    (under :data:`HEALTHY` of it healthy, above :data:`ALARM` alarm; a step with no
-    time of its own is all wait: alarm). ``"unknown"`` for no period."""
+    """How healthy a data wait is, against the training's own step time ``period - wait``.
+
+    Args:
+        wait: the data wait, in seconds.
+        period: the step period (wait included), in seconds.
+
+    Returns:
+        ``"healthy"`` when the wait is under :data:`HEALTHY` of the step time,
+        ``"alarm"`` above :data:`ALARM` (and for a step with no time of its own),
+        ``"warning"`` between; ``"unknown"`` for no period.
+
+    Example:
+        >>> health(0.01, 0.11), health(0.04, 0.10), health(0.1, 0.11)
+        ('healthy', 'warning', 'alarm')
+    """
     if period <= 0:
         return "unknown"
     if wait <= 0:
@@ -145,7 +193,11 @@ class StepClock:
     batch is returned. The first batch's wait is ``first_batch_s`` (start-up:
     processes, first reads) and is left out of the other figures; from the second
     on, each step adds its data wait and period. :meth:`figures` gives them over
-    the last ``window`` steps and since the start."""
+    the last ``window`` steps and since the start.
+
+    Args:
+        window: how many recent steps the windowed figures are taken over.
+    """
 
     def __init__(self, window: int = WINDOW) -> None:
         self.recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
@@ -159,9 +211,19 @@ class StepClock:
 
     @staticmethod
     def begin() -> float:
+        """Mark the caller entering ``next()``.
+
+        Returns:
+            The time now, to give to :meth:`end`.
+        """
         return time.perf_counter()
 
     def end(self, t0: float) -> None:
+        """Count one batch returned by ``next()``.
+
+        Args:
+            t0: what :meth:`begin` returned on entering this ``next()``.
+        """
         now = time.perf_counter()
         wait = now - t0
         self.steps += 1
@@ -176,18 +238,27 @@ class StepClock:
         self._last_end = now
 
     def step_time(self) -> float | None:
-        """Mean seconds per step outside ``next()`` (the training's own work) over the window."""
+        """The training's own time per step: mean seconds outside ``next()`` over the window.
+
+        Returns:
+            The seconds, or ``None`` before the second batch.
+        """
         recent = list(self.recent)
         if not recent:
             return None
         return max(sum(p - w for w, p in recent) / len(recent), 0.0)
 
     def figures(self) -> dict[str, Any]:
-        """``steps``, ``first_batch_s``; ``data_wait`` (``last``, ``mean``, ``max`` over
-        the window, ``total`` since the second batch; seconds), ``step_period``
-        (``last``, ``mean``), ``bubble_rate`` (wait / period over the window),
-        ``bubble_rate_total`` and ``health`` (over the window). Safe to call from
-        another thread while ``end`` runs (a scrape during training)."""
+        """The training side's figures so far.
+
+        Safe to call from another thread while :meth:`end` runs (a scrape during training).
+
+        Returns:
+            ``steps``, ``first_batch_s``; ``data_wait`` (``last``, ``mean``, ``max``
+            over the window, ``total`` since the second batch; seconds),
+            ``step_period`` (``last``, ``mean``), ``bubble_rate`` (wait / period over
+            the window), ``bubble_rate_total`` and ``health`` (over the window).
+        """
         recent = list(self.recent)  # one C call: safe while another thread's next() appends
         n = len(recent)
         wait = sum(w for w, _ in recent)
@@ -208,19 +279,29 @@ class StepClock:
         }
 
 
-def prefetch_window(step_s: float | None, load_s: float | None, batch_bytes: int | None, budget: int) -> int:
-    """Host prefetch depth in batches: ``max(ceil(2 * step_s / load_s), 5)``, where
-    ``step_s`` is the training's time per step and ``load_s`` the time the loader
-    takes per batch (with its parallelism), at most ``budget // batch_bytes`` (at
-    least 1) and :data:`MAX_WINDOW`. Unknown figures (``None``, or a load time of 0)
-    give the least depth, 5, or the cap when the loader is free.
+@keyword_only("batch_bytes", "budget")
+def prefetch_window(step_s: float | None, load_s: float | None, *, batch_bytes: int | None, budget: int) -> int:
+    """The host prefetch depth, in batches: the rule of thumb ``max(ceil(2 * step_s / load_s), 5)``.
 
-    >>> prefetch_window(0.100, 0.010, 1 << 20, 1 << 30)  # a fast loader: 20 batches cover the bursts
-    20
-    >>> prefetch_window(0.010, 0.050, 1 << 20, 1 << 30)  # a slow one: the least, 5
-    5
-    >>> prefetch_window(0.100, 0.001, 64 << 20, 1 << 30)  # 200 wanted, 16 batches of 64 MiB fit 1 GiB
-    16
+    Args:
+        step_s: the training's time per step, in seconds (``None``: unknown).
+        load_s: the time the loader takes per batch, with its parallelism, in
+            seconds (``None``: unknown; 0: free).
+        batch_bytes: the bytes of a batch (``None``: unknown).
+        budget: the bytes the prefetched batches may hold.
+
+    Returns:
+        The rule's depth, at most ``budget // batch_bytes`` (at least 1) and
+        :data:`MAX_WINDOW`; unknown figures give the least depth, 5, and a free
+        loader the cap.
+
+    Example:
+        >>> prefetch_window(0.100, 0.010, batch_bytes=1 << 20, budget=1 << 30)  # a fast loader: 20 cover the bursts
+        20
+        >>> prefetch_window(0.010, 0.050, batch_bytes=1 << 20, budget=1 << 30)  # a slow one: the least, 5
+        5
+        >>> prefetch_window(0.100, 0.001, batch_bytes=64 << 20, budget=1 << 30)  # 200 wanted, 16 of 64 MiB fit 1 GiB
+        16
     """
     if step_s is None or load_s is None:
         want = MIN_WINDOW
@@ -238,13 +319,18 @@ STAGE_SIGNAL = signal.SIGUSR1  # the parent asks a worker where it is (step_time
 STAGE_FD_ENV = "QUERN_STAGE_FD"  # in a worker pool's processes: the datagram socket the answers go to
 # the step runner's functions, one per stage: the innermost one on a thread's stack is its stage
 _STAGE_FUNCTIONS = frozenset({"read", "apply_record_op", "collate_rows", "apply_batch_op", "_lay_rows"})
-_RUNNER = "quern.pipeline.execute"
+_PIPELINE = __name__.rpartition(".")[0]  # quern.pipeline
+_RUNNERS = (f"{_PIPELINE}.execute", f"{_PIPELINE}.streams")  # the modules of the step runner, and their submodules
 
 
 class StageNow(NamedTuple):
-    """Where a thread computing steps is: ``where`` the step(s) and host slice (``""``
-    when it is in no stage), ``stage`` the stage (and row), ``at`` the innermost
-    Python function and line it is running."""
+    """Where a thread computing steps is.
+
+    Attributes:
+        where: the step(s) and host slice (``""`` when it is in no stage).
+        stage: the stage (and row).
+        at: the innermost Python function and line it is running.
+    """
 
     where: str
     stage: str
@@ -257,11 +343,20 @@ class StageNow(NamedTuple):
 
 
 def stage_now(frame: FrameType | None) -> StageNow:
-    """Where the thread whose innermost frame is ``frame`` is: the innermost frame of one
-    of the step runner's stage functions (:mod:`quern.pipeline.execute`) names the step
-    and the stage (``read``, ``map[k] NAME`` with its row, ``collate``, a batch
-    transform, ``pack``), from its local variables. Reads the frames only (safe on
-    another thread's frames, or in a signal handler); never raises."""
+    """Where the thread whose innermost frame is ``frame`` is, in the step runner.
+
+    The innermost frame of one of the step runner's stage functions
+    (:mod:`quern.pipeline.execute`) names the step and the stage (``read``,
+    ``map[k] NAME`` with its row, ``collate``, a batch transform, ``pack``), from
+    its local variables. Reads the frames only (safe on another thread's frames,
+    or in a signal handler); never raises.
+
+    Args:
+        frame: the thread's innermost frame (``None``: unknown).
+
+    Returns:
+        A :class:`StageNow`; its ``where`` is ``""`` outside every stage.
+    """
     at = "at an unknown place"
     try:
         if frame is not None:
@@ -269,12 +364,17 @@ def stage_now(frame: FrameType | None) -> StageNow:
             at = f"at {code.co_qualname} ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
         f = frame
         while f is not None:
-            if f.f_code.co_name in _STAGE_FUNCTIONS and f.f_globals.get("__name__") == _RUNNER:
+            if f.f_code.co_name in _STAGE_FUNCTIONS and _in_runner(f.f_globals.get("__name__")):
                 return StageNow(str(f.f_locals.get("where", "a step")), _stage_text(f), at)
             f = f.f_back
     except Exception:
         pass
     return StageNow("", "", at)
+
+
+def _in_runner(module: object) -> bool:
+    """Whether ``module`` (a module's name) is one of the step runner's modules."""
+    return isinstance(module, str) and any(module == m or module.startswith(m + ".") for m in _RUNNERS)
 
 
 def _stage_text(f: FrameType) -> str:
@@ -299,11 +399,14 @@ def _stage_text(f: FrameType) -> str:
 
 
 def report_stage_on_signal() -> None:
-    """In a worker process of a pool made with ``step_timeout``: answer
-    :data:`STAGE_SIGNAL` with one datagram, ``b"<pid>\\0<where>"`` (:func:`stage_now` of
-    the main thread), on the socket whose descriptor is in the environment
-    (:data:`STAGE_FD_ENV`). Does nothing without one. The handler only reads and
-    sends; it never disturbs the step being computed."""
+    r"""Make this worker process answer :data:`STAGE_SIGNAL` with where its main thread is.
+
+    For a worker of a pool made with ``step_timeout``: the answer is one datagram,
+    ``b"<pid>\0<where>"`` (:func:`stage_now` of the main thread), on the socket
+    whose descriptor is in the environment (:data:`STAGE_FD_ENV`). Does nothing
+    without one. The handler only reads and sends; it never disturbs the step
+    being computed.
+    """
     try:
         fd = int(os.environ.get(STAGE_FD_ENV, ""))
         os.fstat(fd)

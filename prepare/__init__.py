@@ -1,7 +1,6 @@
-"""``quern prepare``: small files, JSON lines, Parquet or ArrayRecord in; ArrayRecord
-shards with a manifest and a metadata index out.
+"""``quern prepare``: small files, JSON lines, Parquet or ArrayRecord in; shards, manifest, metadata out.
 
-Run once before training: many small files become a few shards of about 128 MB
+The output is ArrayRecord shards with a manifest and a metadata index. Run once before training: many small files become a few shards of about 128 MB
 (IOPS down by orders of magnitude), and per-record metadata (lengths after the
 map, scalar fields) is computed once, so filters, packing, bucketing and
 balanced host slices never read a record to learn its length::
@@ -12,8 +11,8 @@ balanced host slices never read a record to learn its length::
 The output is deterministic (byte-identical for any worker count, local or Ray,
 and any output folder), restartable (a killed run, run again, keeps its finished
 shards) and atomic (nothing has its final name before it is complete). See
-:func:`prepare` and :mod:`quern.prepare.run`, :mod:`quern.prepare.inputs` for
-the record order and :mod:`quern.pipeline.sources.prepared` for the folder.
+:func:`prepare`, ``docs/design/prepare.md`` for the record order, restarts and
+processes, and :mod:`quern.pipeline.sources.prepared` for the folder.
 """
 
 from ..pipeline.errors import PrepareError

@@ -1,29 +1,11 @@
 """What ``quern prepare`` reads: inputs listed as items, and the records of an item.
 
-**Record order** (documented, and what every run reproduces): the inputs in the
-order given; a directory's files sorted by their path relative to it (POSIX
-form, compared as strings; links to files and folders are followed, a linked
-folder's files listed under the link's path, and a link back to a folder above
-it, a loop, is not), a glob's matches sorted; within a file, its records in file
-order (JSON lines top to bottom, Parquet rows, ArrayRecord records).
-
-**Changes.** Each file is listed with its size, modification time and inode
-(:class:`Seen`); a file that is no longer so once read fails the run, named
-(:func:`check_unchanged`), so a file rewritten while prepare reads it never
-gives records of two versions or pieces of lines. An input that is not a
-regular file or a folder (a FIFO, a device) is refused, named.
-
-**Kinds** (``format``; ``None`` picks by name): a directory is a tree of small
-files (one record per file: its bytes), unless it is a folder written by
-``quern prepare`` (its shards are re-sharded); a file named ``*.jsonl`` or
-``*.ndjson`` is JSON lines; ``*.parquet`` or ``*.pq`` is Parquet;
-``*.array_record`` or ``*.arrayrecord`` is ArrayRecord; any other file is one
-small file.
-
-An :class:`Item` is an atomic piece of input: one small file, a run of whole
-lines of a JSON-lines file (about :data:`CHUNK` bytes), a Parquet row group, or
-a run of ArrayRecord records. Items are listed from file sizes and metadata
-alone (no record is read), so the plan costs a stat per file.
+An :class:`Item` is an atomic piece of input (one small file, a run of whole
+lines of a JSON-lines file, a Parquet row group, a run of ArrayRecord records),
+listed from file sizes and metadata alone; :mod:`quern.prepare.records` reads
+their records. The kinds of input, the record order
+(what every run reproduces) and how a file changed during the run is caught:
+``docs/design/prepare.md``.
 """
 
 from __future__ import annotations
@@ -32,35 +14,33 @@ import dataclasses
 import fnmatch
 import glob as _glob
 import hashlib
-import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
-import numpy as np
-
-from ..pipeline.errors import PrepareError, RecordError
+from ..pipeline.errors import PrepareError
 from ..pipeline.sources import prepared
 from ..pipeline.sources.base import host_name
 
 __all__ = [
     "CHUNK",
     "FORMATS",
+    "Format",
     "Item",
-    "Rec",
     "Seen",
+    "check_read",
     "check_unchanged",
     "describe_files",
     "describe_inputs",
     "list_items",
-    "read_item",
 ]
 
 CHUNK = 4 << 20  # bytes per item of a JSON-lines or ArrayRecord file
 _HOST = host_name()  # this process's machine (imported again on each Ray node)
-FORMATS = ("files", "jsonl", "parquet", "array_record")
-_BY_SUFFIX = {
+Format = Literal["files", "jsonl", "parquet", "array_record"]  # the kinds of input (``format=``)
+FORMATS: tuple[Format, ...] = get_args(Format)
+_BY_SUFFIX: dict[str, Format] = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".parquet": "parquet",
@@ -72,15 +52,22 @@ _BY_SUFFIX = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Seen:
-    """An input file as it was listed: ``(size, mtime_ns, inode, device)`` and the
-    machine that took them. Every file is checked against it once all are read (one
-    ``stat`` each, :func:`check_unchanged`), and so is every read of a file of several
-    items (JSON lines, Parquet row groups, runs of ArrayRecord records: the failure
-    comes early): a file changed during the run (rewritten, truncated, replaced)
-    fails the run, named, and nothing is published, instead of records of two
-    versions or line fragments. On another machine (a Ray node, where inodes
-    and times differ) only the size is compared. Not seen, as for the sources'
-    ``FileStats``: a same-size rewrite within one tick of the file system's clock."""
+    """An input file as it was listed, to catch a file changed during the run.
+
+    Every file is checked against it once all are read (one ``stat`` each,
+    :func:`check_unchanged`), and so is every read of a file of several items
+    (JSON lines, Parquet row groups, runs of ArrayRecord records: the failure
+    comes early). On another machine (a Ray node, where inodes and times
+    differ) only the size is compared. Not seen: a same-size rewrite within one
+    tick of the file system's clock.
+
+    Attributes:
+        size: the file's size in bytes.
+        mtime_ns: its modification time.
+        inode: its inode number.
+        device: the device holding it.
+        host: the machine that took these.
+    """
 
     size: int
     mtime_ns: int
@@ -90,10 +77,25 @@ class Seen:
 
     @classmethod
     def of(cls, st: os.stat_result) -> Seen:
+        """The file ``st`` describes, as seen on this machine.
+
+        Args:
+            st: the file's ``os.stat`` result.
+
+        Returns:
+            Its :class:`Seen`.
+        """
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, _HOST)
 
     def changed(self, st: os.stat_result) -> str | None:
-        """How the file ``st`` describes differs from this one, or ``None``."""
+        """How the file ``st`` describes differs from this one.
+
+        Args:
+            st: the file's ``os.stat`` result now.
+
+        Returns:
+            The difference in words (``"it was modified"``), or ``None``.
+        """
         if st.st_size != self.size:
             return f"its size went from {self.size} to {st.st_size} bytes"
         if self.host != _HOST:
@@ -107,13 +109,20 @@ class Seen:
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """Records ``[lo, hi)`` of one input file, in the file's own units: a small file
-    ``(0, size)``; JSON lines: byte offsets of whole lines; Parquet: row groups;
-    ArrayRecord: record numbers. ``size`` is the estimated input bytes, ``name``
-    the file as messages and the manifest show it (relative to its input);
-    ``seen`` the file as it was listed (see :class:`Seen`)."""
+    """Records ``[lo, hi)`` of one input file, in the file's own units.
 
-    kind: str
+    Attributes:
+        kind: ``"file"``, ``"jsonl"``, ``"parquet"`` or ``"array_record"``.
+        path: the file.
+        name: the file as messages and the manifest show it (relative to its input).
+        lo: the first unit: a small file ``(0, size)``; JSON lines: byte offsets
+            of whole lines; Parquet: row groups; ArrayRecord: record numbers.
+        hi: the unit after the last.
+        size: the estimated input bytes.
+        seen: the file as it was listed (see :class:`Seen`).
+    """
+
+    kind: Literal["file", "jsonl", "parquet", "array_record"]
     path: str
     name: str
     lo: int
@@ -129,9 +138,16 @@ def _changed_error(name: str, path: str, how: str) -> PrepareError:
     )
 
 
-def _check_read(item: Item, fd: int | None = None) -> None:
-    """Raise :class:`PrepareError` naming ``item``'s file if it is not the file that was
-    listed (``fd``: the file as opened, else its path is stat'ed)."""
+def check_read(item: Item, fd: int | None = None) -> None:
+    """Check that ``item``'s file is still the file that was listed.
+
+    Args:
+        item: the item.
+        fd: the file as opened (``None``: its path is stat'ed).
+
+    Raises:
+        PrepareError: naming the file, saying how it changed.
+    """
     if item.seen is None:
         return
     try:
@@ -146,32 +162,25 @@ def _check_read(item: Item, fd: int | None = None) -> None:
 
 
 def check_unchanged(items: Sequence[Item]) -> None:
-    """Raise :class:`PrepareError` naming the first input file of ``items`` that is no
-    longer as it was listed (one ``stat`` per file): run after every item was read. A
-    file removed is not one changed (reading it failed, or what was read is whole)."""
+    """Check that every input file is still as it was listed (one ``stat`` per file).
+
+    Run after every item was read. A file removed is not one changed (reading it
+    failed, or what was read is whole).
+
+    Args:
+        items: the items read.
+
+    Raises:
+        PrepareError: naming the first file that changed.
+    """
     done: set[str] = set()
     for it in items:
         if it.seen is not None and it.path not in done:
             done.add(it.path)
-            _check_read(it)
+            check_read(it)
 
 
-@dataclasses.dataclass
-class Rec:
-    """One input record: ``value`` is what a map receives; ``raw`` what is stored
-    without a map (``None``: ``value`` itself); ``fields`` where ``--fields`` are
-    looked up without a map's dict; ``where`` names it in messages; ``nbytes``
-    its estimated input bytes."""
-
-    value: Any
-    raw: Any
-    fields: Any
-    where: str
-    nbytes: int
-    line: int = -1  # JSON lines: the line's index in its item (numbered only when a message needs it)
-
-
-def _kind(path: str, fmt: str | None) -> str:
+def _kind(path: str, fmt: Format | None) -> Format:
     if fmt is not None:
         return fmt
     for suffix, kind in _BY_SUFFIX.items():
@@ -181,13 +190,16 @@ def _kind(path: str, fmt: str | None) -> str:
 
 
 def _walk(root: str, include: Sequence[str], skip: str | None) -> list[tuple[str, os.stat_result]]:
-    """Regular files under ``root``, as (relative POSIX path, stat), sorted by path,
-    matching one of ``include`` (all when empty), outside ``skip`` (the output
-    folder). Links are followed, to files and to folders (a linked folder's files
-    are listed under the link's path); a link to the folder holding it or to one of
-    its ancestors (a loop) adds no file and is not followed again. FIFOs, sockets,
-    devices and dangling links are no files: not listed. One ``stat`` per file and
-    per folder. Raises :class:`PrepareError` naming a folder that cannot be listed."""
+    """Regular files under ``root``, as (relative POSIX path, stat), sorted by path.
+
+    Only those matching one of ``include`` (all when empty), outside ``skip``
+    (the output folder). Links are followed, to files and to folders (a linked
+    folder's files are listed under the link's path); a link to the folder
+    holding it or to one of its ancestors (a loop) adds no file and is not
+    followed again. FIFOs, sockets, devices and dangling links are no files: not
+    listed. One ``stat`` per file and per folder. Raises :class:`PrepareError`
+    naming a folder that cannot be listed.
+    """
     out = []
     cut = len(root.rstrip(os.sep)) + 1
 
@@ -248,7 +260,7 @@ def _line_start(f: Any, offset: int) -> int:
         pos += len(block)
 
 
-def _file_items(kind: str, path: str, name: str, columns: Sequence[str], chunk: int = CHUNK) -> list[Item]:
+def _file_items(kind: Format, path: str, name: str, columns: Sequence[str], chunk: int = CHUNK) -> list[Item]:
     try:
         st = os.stat(path)
     except OSError as e:
@@ -297,16 +309,32 @@ def _file_items(kind: str, path: str, name: str, columns: Sequence[str], chunk: 
 
 def list_items(
     inputs: Sequence[str],
-    fmt: str | None,
+    *,
+    fmt: Format | None,
     include: Sequence[str],
     columns: Sequence[str],
     output: str,
     chunk: int = CHUNK,
 ) -> tuple[list[Item], list[dict[str, Any]]]:
-    """The items of ``inputs`` in record order, and a description of each input
-    (``name``, ``format``, ``files``, ``bytes``). ``output`` (absolute) is skipped
-    inside a directory and refused as an input. JSON-lines and ArrayRecord files
-    are cut into items of about ``chunk`` bytes."""
+    """The items of ``inputs`` in record order, from file sizes and metadata alone (no record read).
+
+    Args:
+        inputs: paths of files or folders, or glob patterns.
+        fmt: the kind of every input (``None``: by name).
+        include: glob patterns a directory's files must match (all when empty).
+        columns: the Parquet columns that must exist.
+        output: the output folder (absolute): skipped inside a directory, refused as an input.
+        chunk: JSON-lines and ArrayRecord files are cut into items of about this many bytes.
+
+    Returns:
+        ``(items, described)``: the items, and per input its ``name``,
+        ``format``, ``files`` and ``bytes``.
+
+    Raises:
+        PrepareError: an input does not exist, cannot be read, or is not a
+            regular file or a folder.
+        ValueError: ``fmt`` is not one of :data:`FORMATS`, or an input is ``output``.
+    """
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"prepare: format must be one of {FORMATS}, got {fmt!r}")
     items: list[Item] = []
@@ -378,7 +406,15 @@ def _what(st: os.stat_result) -> str:
 
 
 def describe_inputs(items: Sequence[Item]) -> str:
-    """A hash of the items (kind, name, range, size): what a rerun must find again."""
+    """A hash of the items (kind, name, range, size): what a rerun must find again.
+
+    Args:
+        items: the items.
+
+    Returns:
+        The SHA-256, in hex; it leaves paths, times and inodes out, so a copied
+        input gives the same hash.
+    """
     h = hashlib.sha256()
     for it in items:
         h.update(f"{it.kind}\0{it.name}\0{it.lo}\0{it.hi}\0{it.size}\n".encode())
@@ -386,10 +422,18 @@ def describe_inputs(items: Sequence[Item]) -> str:
 
 
 def describe_files(items: Sequence[Item]) -> str:
-    """A hash of the input files as listed (path, size, modification time, inode,
-    device): an unfinished prepare keeps its finished shards only for the very same
-    files (the job's hash, :func:`describe_inputs`, leaves times and inodes out, so
-    that a copied input gives the same manifest)."""
+    """A hash of the input files as listed: path, size, modification time, inode, device.
+
+    An unfinished prepare keeps its finished shards only for the very same files
+    (the job's hash, :func:`describe_inputs`, leaves times and inodes out, so
+    that a copied input gives the same manifest).
+
+    Args:
+        items: the items.
+
+    Returns:
+        The SHA-256, in hex.
+    """
     h = hashlib.sha256()
     done: set[str] = set()
     for it in items:
@@ -398,131 +442,3 @@ def describe_files(items: Sequence[Item]) -> str:
             s = it.seen
             h.update(f"{it.path}\0{s and (s.size, s.mtime_ns, s.inode, s.device)}\n".encode())
     return h.hexdigest()
-
-
-def _line_number(path: str, offset: int, k: int) -> int:
-    """The 1-based number of the ``k``-th line (0-based) after byte ``offset`` (counted on an error only)."""
-    n = 0
-    with open(path, "rb") as f:
-        left = offset
-        while left > 0:
-            block = f.read(min(left, 1 << 20))
-            if not block:
-                break
-            n += block.count(b"\n")
-            left -= len(block)
-    return n + k + 1
-
-
-def _values(column: Any) -> list[Any]:
-    """A Parquet column's values: list columns as numpy arrays, the rest as Python values."""
-    import pyarrow as pa
-
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        flat = column.flatten().to_numpy(zero_copy_only=False)
-        offsets = column.offsets.to_numpy()
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
-        return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))]
-    return column.to_pylist()
-
-
-def read_item(
-    item: Item, jsonl_field: str | None, columns: Sequence[str], fields: Sequence[str]
-) -> Iterator[Rec | RecordError]:
-    """The records of ``item`` in order; a record that cannot be read is yielded as a
-    :class:`RecordError` (and a file that cannot be read as one for the whole item)."""
-    try:
-        if item.kind == "file":
-            with open(item.path, "rb") as f:  # checked once all are read (check_unchanged): one stat
-                data = f.read()
-            yield Rec(data, None, None, item.name, len(data))
-        elif item.kind == "jsonl":
-            with open(item.path, "rb") as f:
-                f.seek(item.lo)
-                data = f.read(item.hi - item.lo)
-                _check_read(item, f.fileno())
-            yield from _jsonl(item, data, jsonl_field)
-        elif item.kind == "parquet":
-            import pyarrow.parquet as pq
-
-            pf = pq.ParquetFile(item.path)
-            have = set(pf.schema_arrow.names)  # fields may also come from the map's dict, not from a column
-            want = list(dict.fromkeys([*columns, *(f for f in fields if f in have)])) if columns else None
-            table = pf.read_row_group(item.lo, columns=want)
-            _check_read(item)
-            cols = {c: _values(table.column(c)) for c in table.column_names}
-            chosen = list(columns) or [c for c in table.column_names if c not in fields]
-            per = item.size // max(table.num_rows, 1)
-            for r in range(table.num_rows):
-                where = f"{item.name} row group {item.lo} row {r}"
-                value = cols[chosen[0]][r] if len(chosen) == 1 else {c: cols[c][r] for c in chosen}
-                yield Rec(value, None, {c: cols[c][r] for c in cols}, where, per)
-        elif item.kind == "array_record":
-            from array_record.python import array_record_module
-
-            r = array_record_module.ArrayRecordReader(item.path, "readahead_buffer_size:0")
-            records = r.read(list(range(item.lo, item.hi)))
-            r.close()
-            _check_read(item)
-            for k, rec in enumerate(records):
-                yield Rec(rec, None, None, f"{item.name} record {item.lo + k}", len(rec))
-        else:  # pragma: no cover - listed kinds only
-            raise ValueError(item.kind)
-    except PrepareError:
-        raise  # the file changed during the run: never a record to skip
-    except (OSError, ValueError, RuntimeError) as e:
-        what = {"file": "", "jsonl": f" bytes {item.lo}-{item.hi}", "parquet": f" row group {item.lo}"}
-        span = what.get(item.kind, f" records {item.lo}-{item.hi}")
-        yield RecordError(f"{item.name}{span}", f"cannot read it: {type(e).__name__}: {e}")
-
-
-def _jsonl(item: Item, data: bytes, field: str | None) -> Iterator[Rec | RecordError]:
-    lines = data.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    for k, line in enumerate(lines):
-        raw = line[:-1] if line.endswith(b"\r") else line
-        if not raw.strip():
-            continue  # a blank line holds no record
-        try:
-            obj = json.loads(raw)
-        except ValueError as e:
-            where = f"{item.name} line {_line_number(item.path, item.lo, k)}"
-            yield RecordError(where, f"invalid JSON: {e}")
-            continue
-        if field is None:
-            yield Rec(obj, raw, obj, "", len(line) + 1, k)
-            continue
-        if not isinstance(obj, dict) or field not in obj:
-            where = f"{item.name} line {_line_number(item.path, item.lo, k)}"
-            yield RecordError(where, f"no field {field!r} in this JSON line")
-            continue
-        yield Rec(obj[field], None, obj, "", len(line) + 1, k)
-
-
-def where_of(item: Item, rec: Rec) -> str:
-    """``rec``'s name in messages (JSON lines are numbered only when a message needs it)."""
-    if rec.line >= 0:
-        return f"{item.name} line {_line_number(item.path, item.lo, rec.line)}"
-    return rec.where or item.name
-
-
-def as_record(out: Any) -> tuple[bytes, str, int]:
-    """What a map returned (or the input, without a map) as a stored record:
-    ``(bytes, type, length)``; ``type`` is ``"bytes"`` or the dtype of a 1-D array
-    (stored as its raw bytes, ``length`` its element count). ``str`` is UTF-8."""
-    if isinstance(out, (bytes, bytearray, memoryview)):
-        b = bytes(out)
-        return b, "bytes", len(b)
-    if isinstance(out, str):
-        b = out.encode("utf-8")
-        return b, "bytes", len(b)
-    if isinstance(out, np.ndarray):
-        if out.ndim != 1 or out.dtype.kind not in "biuf" or out.dtype.byteorder == ">":
-            raise TypeError(f"an array must be 1-D of a native-order number dtype, got shape {out.shape} {out.dtype}")
-        return np.ascontiguousarray(out).tobytes(), str(out.dtype), int(out.shape[0])
-    raise TypeError(
-        f"a record must be bytes, str or a 1-D numpy array (or a dict with 'record' and scalar fields), "
-        f"got {type(out).__name__}"
-    )

@@ -1,30 +1,6 @@
 """``prepare()``: plan, write the shards (here, in worker processes or on Ray), then the manifest.
 
-**Restart and atomicity.** The output folder holds ``.quern-prepare/`` while a
-prepare runs: ``plan.json`` (the job's hash and its shard names), ``done/``
-(one sidecar per finished shard, written after the shard got its final name)
-and ``tmp/`` (files being written). Nothing has its final name before it is
-complete: a shard is written to ``tmp/`` and renamed; the metadata files and
-``manifest.json`` are written last, each to a temporary name and renamed, the
-manifest after everything it names. A run that finds ``plan.json`` of the same
-job and of the same input files (sizes, modification times, inodes) removes
-``tmp/``, keeps each finished shard whose checksum still matches its sidecar (it
-is not written again), removes the others and writes what is left: the folder
-ends byte-identical to an uninterrupted run's. A run that finds a manifest of
-the same job verifies every checksum, removes what a kill after the manifest
-left (the staging folder, temporaries) and returns it. A manifest of another job
-(other input, map or options) is refused; an unfinished prepare of another job,
-or of input files changed since, is removed (its shards, metadata and staging
-folder, and nothing else: a folder that also holds other files is refused) and
-the new one starts;
-a non-empty folder that is neither is refused, and so is an output that is a
-file. A full disk is said, naming the output folder (the finished shards are
-kept for the rerun).
-
-**Processes.** Worker processes end when the prepare that started them dies
-(even by SIGKILL: ``PR_SET_PDEATHSIG``), and with them the pool's resource
-tracker. A child a map forks that returns into prepare is ended (it would take
-the tasks of its parent).
+Restarts, atomicity and the worker processes: ``docs/design/prepare.md``.
 """
 
 from __future__ import annotations
@@ -34,25 +10,24 @@ import hashlib
 import importlib
 import json
 import os
-import queue
 import shutil
-import signal
 import sys
 import sysconfig
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..pipeline import samedef
+from ..pipeline.deprecation import renamed
 from ..pipeline.errors import PrepareError
 from ..pipeline.fingerprint import describe_callable, fingerprint_of
 from ..pipeline.progress import Bar
 from ..pipeline.sources import prepared
 from . import inputs as _inputs
 from . import shards as _shards
+from .inputs import Format
+from .processes import in_processes, on_ray
 
 __all__ = ["prepare", "parse_size", "resolve_map"]
 
@@ -61,8 +36,23 @@ _MAX_SKIPPED_SHOWN = 100
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``"128MB"``, ``"512KB"``, ``"1GB"``, ``"4096"`` (binary units: 1 KB = 1024 B)
-    or an int; at least 1."""
+    """Bytes from a size such as ``"128MB"``, in binary units (1 KB = 1024 B).
+
+    Args:
+        text: ``"128MB"``, ``"512KB"``, ``"1GB"``, ``"4096"`` (case and spaces
+            do not matter; ``MiB`` is ``MB``), or an int.
+
+    Returns:
+        The bytes, at least 1.
+
+    Raises:
+        ValueError: ``text`` is not a size, or under 1 byte.
+        TypeError: ``text`` is neither an int nor a string.
+
+    Example:
+        >>> parse_size("128MB"), parse_size("1.5 KiB"), parse_size(4096)
+        (134217728, 1536, 4096)
+    """
     if isinstance(text, int) and not isinstance(text, bool):
         n = text
     elif isinstance(text, str):
@@ -80,9 +70,23 @@ def parse_size(text: str | int) -> int:
 
 
 def resolve_map(spec: str) -> Callable[[Any], Any]:
-    """The function ``"package.module:function"`` names, imported with the current
-    directory searched first (the command line is its user's own code, not a config)."""
-    from ..pipeline.trust import FN
+    """The function ``"package.module:function"`` names, imported.
+
+    The current directory is searched first (the command line is its user's own
+    code, not a config).
+
+    Args:
+        spec: ``"package.module:function"`` (``function`` may be dotted: ``Class.method``).
+
+    Returns:
+        The callable.
+
+    Raises:
+        ValueError: ``spec`` is malformed or names something not callable.
+        ImportError: the module cannot be imported.
+        AttributeError: the module has no such name.
+    """
+    from ..pipeline.config.trust import FN
 
     if not FN.fullmatch(spec):
         raise ValueError(f"--map must look like 'package.module:function', got {spec!r}")
@@ -98,8 +102,10 @@ def resolve_map(spec: str) -> Callable[[Any], Any]:
 
 
 def _by_value(fn: Any) -> None:
-    """Ship the map's module by value to processes that cannot import it (a script
-    or a module of the current directory, on Ray workers started elsewhere)."""
+    """Ship the map's module by value to processes that cannot import it.
+
+    Those are a script or a module of the current directory, on Ray workers started elsewhere.
+    """
     import cloudpickle
 
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
@@ -113,204 +119,17 @@ def _by_value(fn: Any) -> None:
 
 
 class _Progress(Bar):
-    """prepare's bar on stderr when it is a terminal (input bytes, with rates and ETA, and the
-    records written and their rate); quiet otherwise. Called with each piece of progress."""
+    """prepare's bar on stderr when it is a terminal; quiet otherwise.
+
+    It shows the input bytes, with rates and ETA, and the records written and
+    their rate. Called with each piece of progress.
+    """
 
     def __init__(self, total: int, shown: bool | None) -> None:
         super().__init__(total, "quern prepare", unit="B", scale=1024, count="records", per="rec", shown=shown)
 
     def __call__(self, nbytes: int, records: int) -> None:
         self.update(nbytes, records)
-
-
-# --------------------------------------------------------------------------- executors
-
-_JOB: _shards.Job | None = None
-_QUEUE: Any = None
-_PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
-
-
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` (the prepare that started it) dies, even by
-    SIGKILL: Linux sends it SIGKILL then (``PR_SET_PDEATHSIG``); elsewhere a daemon
-    thread looks every second. Once the workers are gone, the pool's resource tracker
-    (whose pipe they and the parent held) sees its end of file and exits too."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # no libc prctl (not Linux): look for the parent instead
-
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(1.0)
-            os._exit(1)
-
-        threading.Thread(target=watch, name="quern-prepare-parent-watch", daemon=True).start()
-    if os.getppid() != parent:  # it died before the signal was asked for
-        os._exit(1)
-
-
-def _pool_init(job_bytes: bytes, q: Any, parent: int) -> None:
-    import pickle
-
-    _die_with(parent)
-    global _JOB, _QUEUE
-    _JOB, _QUEUE = pickle.loads(job_bytes), q
-
-
-class _Batched:
-    """Progress sent to the parent at most every ``interval`` seconds (one queue message
-    per file would cost as much as preparing the file)."""
-
-    def __init__(self, q: Any, interval: float = 0.25) -> None:
-        self.q, self.interval = q, interval
-        self.nbytes = self.records = 0
-        self.last = time.monotonic()
-
-    def __call__(self, nbytes: int, records: int) -> None:
-        self.nbytes += nbytes
-        self.records += records
-        if time.monotonic() - self.last >= self.interval:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.nbytes or self.records:
-            self.q.put((self.nbytes, self.records))
-        self.nbytes = self.records = 0
-        self.last = time.monotonic()
-
-
-def _pool_task(index: int) -> dict[str, Any]:
-    assert _JOB is not None
-    _shards.check_map(_JOB, "a quern prepare worker process")
-    report = _Batched(_QUEUE)
-    try:
-        return _shards.write_shard(_JOB, index, report)
-    finally:
-        report.flush()
-
-
-def _in_processes(job: _shards.Job, todo: list[int], workers: int, progress: _Progress) -> list[dict[str, Any]]:
-    import concurrent.futures
-    import multiprocessing
-
-    import cloudpickle
-
-    ctx = multiprocessing.get_context("spawn")  # never a fork of a process that may hold threads (jax)
-    q = ctx.Queue()
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            try:
-                progress(*q.get(timeout=0.1))
-            except queue.Empty:
-                continue
-            except (EOFError, OSError):
-                return
-
-    t = threading.Thread(target=drain, daemon=True)
-    t.start()
-    out: list[dict[str, Any]] = []
-    try:
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=min(workers, len(todo)),
-            mp_context=ctx,
-            initializer=_pool_init,
-            initargs=(cloudpickle.dumps(job), q, os.getpid()),
-        ) as pool:
-            futures = [pool.submit(_pool_task, i) for i in todo]
-            try:
-                for f in concurrent.futures.as_completed(futures):
-                    out.append(f.result())
-            except concurrent.futures.process.BrokenProcessPool as e:
-                for f in futures:
-                    f.cancel()
-                lost = [job.names[i] for i, f in zip(todo, futures) if not f.done() or f.exception() is not None]
-                raise PrepareError(
-                    f"prepare: a worker process died (killed, or its map ended the process) while writing one of "
-                    f"{lost[:3]}{'...' if len(lost) > 3 else ''}; the finished shards are kept: run the same "
-                    "prepare again to complete it"
-                ) from e
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-    finally:
-        stop.set()
-        t.join()
-        while True:
-            try:
-                progress(*q.get_nowait())
-            except (queue.Empty, EOFError, OSError):
-                break
-        q.close()
-    return out
-
-
-def _ray_task(job: _shards.Job, index: int) -> dict[str, Any]:
-    _shards.check_map(job, "a quern prepare Ray task")
-    return _shards.write_shard(job, index)
-
-
-def _on_ray(
-    job: _shards.Job, todo: list[int], address: str | None, workers: int | None, progress: _Progress
-) -> list[dict[str, Any]]:
-    try:
-        import ray
-    except ImportError as e:
-        raise ValueError("--ray needs Ray: pip install 'quern[ray]'") from e
-    started = not ray.is_initialized()
-    if started:
-        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        if address is None:  # a new local cluster, never one a previous `ray start` left
-            kw.update(address="local", num_cpus=workers or os.cpu_count(), object_store_memory=128 << 20)
-        else:
-            kw.update(address=address)
-        ray.init(**kw)
-    try:
-        task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
-        job_ref = ray.put(job)
-        # A bounded number of tasks in flight, and never ray.cancel: cancelling a task as it completes crashes the
-        # driver in Ray's core worker ("Tried to complete task that was not pending", ray-project/ray#54846). On a
-        # task's error no new task starts, those running finish (their shards are kept, as in a local run), then
-        # the first error is raised.
-        limit = max(2 * int(ray.cluster_resources().get("CPU", 1)), 2)
-        waiting = list(reversed(todo))
-        pending: dict[Any, int] = {}
-        out: list[dict[str, Any]] = []
-        error: BaseException | None = None
-        while waiting or pending:
-            while waiting and error is None and len(pending) < limit:
-                i = waiting.pop()
-                pending[task.remote(job_ref, i)] = i
-            if not pending:
-                break
-            done, _ = ray.wait(list(pending), num_returns=1)
-            del pending[done[0]]
-            try:
-                side = ray.get(done[0])
-            except ray.exceptions.RayTaskError as e:
-                error = error or e
-                continue
-            a, b = job.shards[side_index(job, side)]
-            progress(sum(it.size for it in job.items[a:b]), side["records"])
-            out.append(side)
-        if error is not None:
-            cause = getattr(error, "cause", None)  # the task's own exception, without Ray's traceback text
-            if isinstance(cause, PrepareError):
-                raise PrepareError(str(cause)) from error
-            raise PrepareError(f"prepare on Ray: {type(cause).__name__}: {cause}") from error
-        return out
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def side_index(job: _shards.Job, side: dict[str, Any]) -> int:
-    return job.names.index(side["file"])
 
 
 # --------------------------------------------------------------------------- the folder
@@ -343,8 +162,7 @@ def _full_disk_said(output: str) -> Iterator[None]:
 
 
 def _check_output(output: str) -> None:
-    """Raise ``ValueError`` if ``output`` (absolute), or the nearest of its folders that
-    exists, is not a folder."""
+    """Raise ``ValueError`` if ``output`` (absolute), or the nearest of its folders that exists, is not a folder."""
     path = output
     while not os.path.lexists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
@@ -355,8 +173,11 @@ def _check_output(output: str) -> None:
 
 
 def _resume(output: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Clean an unfinished prepare of the same job: temporaries removed, finished
-    shards whose checksum matches kept (their sidecars returned), the rest removed."""
+    """Clean an unfinished prepare of the same job.
+
+    Temporaries are removed, finished shards whose checksum matches kept (their
+    sidecars returned), the rest removed.
+    """
     shutil.rmtree(_shards.tmp_dir(output), ignore_errors=True)
     kept: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -447,6 +268,7 @@ def _assemble(job: _shards.Job, sides: list[dict[str, Any]], head: dict[str, Any
     return manifest
 
 
+@renamed(workers="num_workers")
 def prepare(
     inputs: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
@@ -454,44 +276,79 @@ def prepare(
     map: Callable[[Any], Any] | str | None = None,
     fields: Sequence[str] = (),
     shard_size: int | str = "128MB",
-    workers: int | None = None,
+    num_workers: int | None = None,
     ray: bool = False,
     ray_address: str | None = None,
     skip_errors: bool = False,
-    format: str | None = None,
+    format: Format | None = None,
     field: str | None = None,
     columns: Sequence[str] = (),
     include: Sequence[str] = (),
     compression: str = _shards.COMPRESSION,
     progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Convert ``inputs`` to ArrayRecord shards of about ``shard_size`` bytes in the
-    folder ``output``, with a manifest and a metadata index; return the manifest.
+    """Convert ``inputs`` to ArrayRecord shards in the folder ``output``, with a manifest and a metadata index.
 
-    ``inputs``: directories of small files (a record per file: its bytes), JSON-lines
-    files (a record per line: the line, or its ``field``), Parquet files (a record
-    per row: its one column of ``columns``, or with a ``map`` a dict of them) and
-    ArrayRecord files or prepared folders (re-sharded); see
-    :mod:`quern.prepare.inputs` for the kinds and the record order. ``include``:
-    glob patterns a directory's files must match (relative paths, e.g. ``"*.py"``).
+    The output is byte-identical for any ``num_workers``, local or on Ray, and
+    for any output folder: it depends only on the inputs' records, the map and
+    the options. A run killed and run again keeps its finished shards; nothing
+    has its final name before it is complete (see ``docs/design/prepare.md``).
 
-    ``map`` (a callable or ``"module:function"``) turns each record into the stored
-    one: ``bytes``, ``str`` (stored as UTF-8), a 1-D numpy array (stored as its
-    raw bytes; every record the same dtype), or a dict holding one of these under
-    ``"record"`` and the scalar ``fields`` beside it; or a list of these, each
-    stored as a record in list order (a document cut into chunks). Without a map the fields are
-    read from the JSON objects or Parquet columns.
+    Args:
+        inputs: a path or a list of paths (globs allowed): directories of small
+            files (a record per file: its bytes), JSON-lines files (a record per
+            line: the line, or its ``field``), Parquet files (a record per row: its
+            one column of ``columns``, or with a ``map`` a dict of them) and
+            ArrayRecord files or prepared folders (re-sharded).
+        output: the output folder: new, empty, or holding a prepare of the same job.
+        map: turns each record into the stored one (a callable or
+            ``"module:function"``). It returns ``bytes``, ``str`` (stored as
+            UTF-8), a 1-D numpy array (stored as its raw bytes; every record the
+            same dtype), or a dict holding one of these under ``"record"`` and the
+            scalar ``fields`` beside it; or a list of these, each stored as a
+            record in list order (a document cut into chunks).
+        fields: scalar fields kept in the metadata index beside ``length``
+            (without a map, read from the JSON objects or Parquet columns).
+        shard_size: about the bytes of a shard (``"128MB"``, or an int).
+        num_workers: 0 writes the shards in this process, N in N spawned processes
+            (default: the CPU count; in a script, call ``prepare`` under
+            ``if __name__ == "__main__":``, as for any spawned process). With
+            ``ray``, the CPUs of a new local cluster.
+        ray: write the shards as Ray tasks (a new local cluster, or the one at
+            ``ray_address``; every node must see the input and output folders).
+        ray_address: the Ray cluster to use.
+        skip_errors: skip records that cannot be read or mapped (counted in the
+            manifest) instead of raising.
+        format: the kind of every input (default: by name, see ``docs/design/prepare.md``).
+        field: the JSON field holding the record.
+        columns: the Parquet columns to read.
+        include: glob patterns a directory's files must match (relative paths, e.g. ``"*.py"``).
+        compression: each record's compression: ``zstd:N``, ``brotli:N``,
+            ``snappy`` or ``uncompressed`` (``snappy`` and ``uncompressed`` read
+            faster, ``zstd`` is smaller).
+        progress: draw a progress bar (default: when stderr is a terminal).
 
-    ``workers``: 0 writes the shards in this process, N in N spawned processes
-    (default: the CPU count; in a script, call ``prepare`` under ``if __name__ ==
-    "__main__":``, as for any spawned process); ``ray=True`` writes them as Ray tasks (a new local cluster,
-    or the one at ``ray_address``; the input and output folders must be seen by
-    every node). The output is byte-identical in every case and for any output
-    folder. ``skip_errors`` skips records that cannot be read or mapped, counted
-    in the manifest, instead of raising :class:`PrepareError` naming the file and
-    line. ``compression``: each record's (``zstd:N``, ``brotli:N``, ``snappy`` or
-    ``uncompressed``; ``snappy`` and ``uncompressed`` read faster, ``zstd`` is smaller).
-    ``progress``: draw a bar (default: when stderr is a terminal). See :mod:`quern.prepare.run` for restarts."""
+    Returns:
+        The manifest (as written to ``output/manifest.json``).
+
+    Raises:
+        PrepareError: an input cannot be read or mapped (naming the file and
+            line), changed during the run, holds no record, or the disk is full.
+        ValueError: an option is invalid, or ``output`` holds something else
+            than a prepare of the same job.
+        TypeError: ``map`` is not callable.
+
+    Example:
+        >>> import pathlib, shutil, tempfile
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> (root / "docs").mkdir()
+        >>> for name in ("a.txt", "b.txt"):
+        ...     _ = (root / "docs" / name).write_text(f"text of {name}")
+        >>> manifest = prepare(root / "docs", root / "out", num_workers=0, progress=False)
+        >>> manifest["records"]["count"], [s["file"] for s in manifest["shards"]]
+        (2, ['shard-00000-of-00001.array_record'])
+        >>> shutil.rmtree(root)
+    """
     output = os.path.abspath(os.fspath(output))
     _check_output(output)
     given = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
@@ -506,15 +363,17 @@ def prepare(
     ]
     if bad:  # each field is the file metadata/<field>.npy: one plain file name (readers refuse any other)
         raise ValueError(f"prepare: field name {bad[0]!r} is not a plain file name (no '/', '\\' or control character)")
-    if workers is not None and (not isinstance(workers, int) or workers < 0):
-        raise ValueError(f"prepare: workers must be an int >= 0, got {workers!r}")
+    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 0):
+        raise ValueError(f"prepare: num_workers must be an int >= 0, got {num_workers!r}")
     options_text = _shards.writer_options(compression)
     spec = map if isinstance(map, str) else None
     fn = resolve_map(map) if isinstance(map, str) else map
     if fn is not None and not callable(fn):
         raise TypeError(f"prepare: map must be callable or 'module:function', got {fn!r}")
     chunk = max(4096, min(_inputs.CHUNK, size // 4))  # items well under a shard: shards end near their size
-    items, described = _inputs.list_items(given, format, tuple(include), tuple(columns), output, chunk)
+    items, described = _inputs.list_items(
+        given, fmt=format, include=tuple(include), columns=tuple(columns), output=output, chunk=chunk
+    )
     if not items:
         pattern = f" matching {list(include)}" if include else ""
         raise PrepareError(f"prepare: no input record: {given} hold no file{pattern}")
@@ -597,7 +456,7 @@ def prepare(
                 "choose a new or empty folder"
             )
         ratio = _shards.expansion(job)
-        job.shards = _shards.plan_shards([it.size for it in items], size, ratio)
+        job.shards = _shards.plan_shards([it.size for it in items], size, ratio=ratio)
         job.names = _shards.shard_names(len(job.shards))
         with _full_disk_said(output):
             os.makedirs(os.path.join(output, prepared.STAGING), exist_ok=True)
@@ -611,15 +470,15 @@ def prepare(
         a, b = job.shards[job.names.index(n)]
         bar(sum(it.size for it in items[a:b]), side["records"])
     try:  # a full disk is said by write_shard, here and in worker processes or Ray tasks
-        n_workers = (os.cpu_count() or 1) if workers is None else workers
+        n_workers = (os.cpu_count() or 1) if num_workers is None else num_workers
         if not todo:
             done: list[dict[str, Any]] = []
         elif ray:
-            done = _on_ray(job, todo, ray_address, workers, bar)
+            done = on_ray(job, todo, address=ray_address, num_workers=num_workers, progress=bar)
         elif n_workers == 0 or len(todo) == 1:
-            done = [_shards.write_shard(job, i, bar) for i in todo]
+            done = [_shards.write_shard(job, i, report=bar) for i in todo]
         else:
-            done = _in_processes(job, todo, n_workers, bar)
+            done = in_processes(job, todo, num_workers=n_workers, progress=bar)
     finally:
         bar.close()
     _inputs.check_unchanged(items)  # every input is still the file listed: nothing read of it mixes two versions

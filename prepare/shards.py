@@ -1,9 +1,10 @@
 """The shards of a prepare: which items each holds (the plan), and writing one.
 
-The plan is a pure function of the items (their sizes) and of ``shard_size``
-and the map's expansion ratio (measured on a fixed sample of records): the same
-for any worker count, for local and Ray runs. A shard's bytes depend only on
-its items and the map, so any process may write any shard, in any order.
+The plan is a pure function of the items' sizes, ``shard_size`` and the map's
+expansion ratio (measured on a fixed sample of records): the same for any
+worker count, for local and Ray runs. A shard's bytes depend only on its items
+and the map, so any process may write any shard, in any order (see
+``docs/design/prepare.md``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 
 from ..pipeline.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
-from .inputs import Item, Rec, as_record, read_item, where_of
+from .inputs import Item
+from .records import Rec, as_record, read_item, where_of
 
 __all__ = [
     "Job",
@@ -41,8 +43,21 @@ _COMPRESSION = re.compile(r"uncompressed|snappy|zstd(:(-?[0-9]|1[0-9]|2[0-2]))?|
 
 
 def writer_options(compression: str) -> str:
-    """The ArrayRecord writer's options for ``compression`` (``zstd:N``, ``brotli:N``,
-    ``snappy`` or ``uncompressed``); a ``ValueError`` names a bad one."""
+    """The ArrayRecord writer's options for a compression.
+
+    Args:
+        compression: ``zstd:N``, ``brotli:N``, ``snappy`` or ``uncompressed``.
+
+    Returns:
+        The options text: one record per chunk, and ``compression``.
+
+    Raises:
+        ValueError: ``compression`` is none of these.
+
+    Example:
+        >>> writer_options("snappy")
+        'group_size:1,max_parallelism:1,snappy'
+    """
     if not isinstance(compression, str) or not _COMPRESSION.fullmatch(compression):
         raise ValueError(
             f"prepare: compression must be zstd[:LEVEL], brotli[:LEVEL], snappy or uncompressed, got {compression!r}"
@@ -55,54 +70,104 @@ _SAMPLE_ITEMS, _SAMPLE_RECORDS = 16, 8
 
 @dataclasses.dataclass
 class Job:
-    """Everything a shard writer needs (picklable; sent once to each worker)."""
+    """Everything a shard writer needs (picklable; sent once to each worker).
+
+    Attributes:
+        items: the input items, in record order.
+        shards: the item range ``[a, b)`` of each shard.
+        names: the shards' file names.
+        output: the output folder (absolute).
+        map_fn: the map, or ``None``.
+        fields: the metadata fields kept beside ``length``.
+        jsonl_field: the JSON field holding the record (``None``: the line).
+        columns: the Parquet columns to read.
+        skip_errors: skip records that cannot be read or mapped.
+        writer_options: the ArrayRecord writer's options (:func:`writer_options`).
+        map_definition: the parent's :func:`quern.pipeline.samedef.definition` of
+            ``map_fn`` (``None``: not compared).
+    """
 
     items: list[Item]
-    shards: list[tuple[int, int]]  # item ranges [a, b) per shard
-    names: list[str]  # shard file names
+    shards: list[tuple[int, int]]
+    names: list[str]
     output: str
-    map_fn: Any  # a callable, or None
+    map_fn: Any
     fields: tuple[str, ...]
     jsonl_field: str | None
     columns: tuple[str, ...]
     skip_errors: bool
     writer_options: str = f"{WRITER_OPTIONS},{COMPRESSION}"
-    map_definition: Any = None  # the parent's samedef.definition of map_fn (None: not compared)
+    map_definition: Any = None
 
 
 _CHECKED: set[int] = set()  # the jobs whose map this process has checked (by id: a worker holds one job)
 
 
 def check_map(job: Job, where: str) -> None:
-    """Refuse to write shards in this process (a pool worker, a Ray task) with a map that
-    differs from the parent's (:func:`quern.pipeline.samedef.check`: a module global changed
-    at run time is lost where the module is imported again). Once per job and process.
+    """Refuse to write shards in this process with a map that differs from the parent's.
+
+    A module global changed at run time is lost where the module is imported
+    again (:func:`quern.pipeline.samedef.check`). Checked once per job and process.
+
+    Args:
+        job: the job, with its map and the parent's definition of it.
+        where: names this process in the message (``"a quern prepare Ray task"``).
 
     Raises:
-        PrepareError: naming the first difference (the global, closure variable, default...)."""
+        PrepareError: naming the first difference (the global, closure variable, default...).
+    """
     if job.map_fn is None or job.map_definition is None or id(job) in _CHECKED:
         return
     from ..pipeline import samedef
     from ..pipeline.errors import FingerprintError
 
     try:
-        samedef.check(job.map_definition, job.map_fn, where)
+        samedef.check(job.map_definition, job.map_fn, where=where)
     except FingerprintError as e:
         raise PrepareError(f"prepare: {e}") from e
     _CHECKED.add(id(job))
 
 
 def shard_names(count: int) -> list[str]:
-    """``shard-00000-of-00012.array_record`` ..."""
+    """The shards' file names.
+
+    Args:
+        count: the number of shards.
+
+    Returns:
+        ``shard-00000-of-00012.array_record`` ... in shard order.
+
+    Example:
+        >>> shard_names(2)
+        ['shard-00000-of-00002.array_record', 'shard-00001-of-00002.array_record']
+    """
     return [f"shard-{i:05d}-of-{count:05d}.array_record" for i in range(count)]
 
 
 def tmp_dir(output: str) -> str:
+    """The folder of the files being written, inside the staging folder of ``output``.
+
+    Args:
+        output: the output folder.
+
+    Returns:
+        Its path.
+    """
     return os.path.join(output, prepared.STAGING, "tmp")
 
 
 def sidecar_path(output: str, name: str) -> str:
-    """Where a finished shard's record (counts, checksum, lengths, fields) is kept until the manifest is written."""
+    """Where a finished shard's record is kept until the manifest is written.
+
+    The record (the sidecar) holds the shard's counts, checksum, lengths and fields.
+
+    Args:
+        output: the output folder.
+        name: the shard's file name.
+
+    Returns:
+        The sidecar's path.
+    """
     return os.path.join(output, prepared.STAGING, "done", name + ".json")
 
 
@@ -110,9 +175,16 @@ _FULL = tuple(os.strerror(n) for n in (errno.ENOSPC, errno.EDQUOT))  # how the A
 
 
 def disk_full(output: str, e: BaseException) -> PrepareError | None:
-    """The error to raise for ``e`` if it says the disk (or quota) holding ``output``
-    is full: an ``OSError`` with ``ENOSPC``/``EDQUOT``, or the ArrayRecord writer's
-    ``RuntimeError`` quoting one; ``None`` for any other error."""
+    """The error to raise for ``e`` if it says the disk (or quota) holding ``output`` is full.
+
+    Args:
+        output: the output folder, named in the message.
+        e: the error: an ``OSError`` with ``ENOSPC``/``EDQUOT``, or the ArrayRecord
+            writer's ``RuntimeError`` quoting one, says so.
+
+    Returns:
+        A :class:`PrepareError` saying so, or ``None`` for any other error.
+    """
     if isinstance(e, PrepareError):
         return None
     if isinstance(e, OSError):
@@ -129,8 +201,10 @@ def disk_full(output: str, e: BaseException) -> PrepareError | None:
 
 
 def _forked_child(pid: int) -> None:
-    """End this process if it is not ``pid``: the map forked, and its child returned into
-    prepare (which would write shards and take tasks beside its parent)."""
+    """End this process if it is not ``pid``: the map forked, and its child returned into prepare.
+
+    The child would write shards and take tasks beside its parent.
+    """
     if os.getpid() != pid:
         print(
             f"quern prepare: the map forked, and its child (pid {os.getpid()}) returned into quern prepare: it is "
@@ -143,10 +217,12 @@ def _forked_child(pid: int) -> None:
 
 
 def _convert(job: Job, item: Item, rec: Rec) -> list[tuple[bytes, str, int, dict[str, Any]]]:
-    """``rec`` through the map, as ``[(record bytes, type, length, fields)]``: one
-    record, or one per element when the map returns a list (a document cut into
-    chunks; an empty list stores nothing for ``rec``). Raises
-    :class:`RecordError` naming the record."""
+    """``rec`` through the map, as ``[(record bytes, type, length, fields)]``.
+
+    One record, or one per element when the map returns a list (a document cut
+    into chunks; an empty list stores nothing for ``rec``). Raises
+    :class:`RecordError` naming the record.
+    """
     out = rec.value if job.map_fn is None else None
     if job.map_fn is not None:
         pid = os.getpid()
@@ -190,14 +266,23 @@ def _one(job: Job, item: Item, rec: Rec, out: Any) -> tuple[bytes, str, int, dic
 
 
 def expansion(job: Job) -> float:
-    """Stored bytes per input byte, on the first records of up to 16 items spread
-    evenly over the input (the same sample in every run); 1 without a sample."""
+    """Stored bytes per input byte, measured on a fixed sample of records.
+
+    The sample is the first records of up to 16 items spread evenly over the
+    input: the same in every run.
+
+    Args:
+        job: the job (its items and map).
+
+    Returns:
+        The ratio, to 4 significant digits; 1 without a sample.
+    """
     n = len(job.items)
     picks = sorted({int(i) for i in np.linspace(0, n - 1, min(n, _SAMPLE_ITEMS))})
     inp = out = 0
     for i in picks:
         item = job.items[i]
-        for k, rec in enumerate(read_item(item, job.jsonl_field, job.columns, job.fields)):
+        for k, rec in enumerate(read_item(item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields)):
             if k >= _SAMPLE_RECORDS:
                 break
             if isinstance(rec, RecordError):
@@ -211,11 +296,25 @@ def expansion(job: Job) -> float:
     return float(f"{out / inp:.4g}") if inp and out else 1.0
 
 
-def plan_shards(sizes: Sequence[int], shard_size: int, ratio: float) -> list[tuple[int, int]]:
-    """Item ranges ``[a, b)`` of consecutive items, each estimated (input bytes x
-    ``ratio``) to hold at most ``shard_size`` bytes: a shard is closed before the item
-    that would take it over, so only an item bigger than ``shard_size`` alone makes
-    a bigger one. Every shard holds at least one item."""
+def plan_shards(sizes: Sequence[int], shard_size: int, *, ratio: float) -> list[tuple[int, int]]:
+    """Cut consecutive items into shards of at most ``shard_size`` estimated bytes.
+
+    A shard is closed before the item that would take it over, so only an item
+    bigger than ``shard_size`` alone makes a bigger one. Every shard holds at
+    least one item.
+
+    Args:
+        sizes: the items' input bytes, in record order.
+        shard_size: the most bytes a shard should hold.
+        ratio: stored bytes per input byte (:func:`expansion`).
+
+    Returns:
+        The item range ``[a, b)`` of each shard; it depends only on the arguments.
+
+    Example:
+        >>> plan_shards([10] * 5, 25, ratio=1.0)
+        [(0, 2), (2, 4), (4, 5)]
+    """
     out, start, total = [], 0, 0.0
     for i, size in enumerate(sizes):
         est = size * ratio
@@ -240,13 +339,26 @@ def _atomic_json(path: str, value: Any) -> None:
             os.remove(tmp)
 
 
-def write_shard(job: Job, index: int, report: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Write shard ``index`` of ``job``: its records to a temporary file, renamed to
-    its final name once complete, then its sidecar (the commit: a shard without
-    one is unfinished). Returns the sidecar: ``file``, ``records``, ``bytes``,
-    ``sha256``, ``type``, ``lengths``, ``fields``, ``skipped``, ``input_sha256``.
-    ``report(input_bytes, records)`` is called as items are done. A full disk raises
-    :class:`PrepareError` saying so (see :func:`disk_full`)."""
+def write_shard(job: Job, index: int, *, report: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Write shard ``index`` of ``job``, then its sidecar (the commit: a shard without one is unfinished).
+
+    The records go to a temporary file, renamed to its final name once complete.
+    The shard's bytes depend only on its items and the map.
+
+    Args:
+        job: the job.
+        index: the shard's index in ``job.shards``.
+        report: called as ``report(input_bytes, records)`` as items are done.
+
+    Returns:
+        The sidecar: ``file``, ``records``, ``bytes``, ``sha256``, ``type``,
+        ``lengths``, ``fields``, ``skipped``, ``input_sha256``.
+
+    Raises:
+        PrepareError: a record cannot be read or mapped (without
+            ``skip_errors``), the records are of two types, or the disk is full
+            (see :func:`disk_full`).
+    """
     tmp = os.path.join(tmp_dir(job.output), f"{job.names[index]}.{os.getpid()}.tmp")
     try:
         os.makedirs(tmp_dir(job.output), exist_ok=True)
@@ -276,7 +388,7 @@ def _write_shard(job: Job, index: int, tmp: str, report: Callable[[int, int], No
     try:
         for item in job.items[a:b]:
             done = 0
-            for rec in read_item(item, job.jsonl_field, job.columns, job.fields):
+            for rec in read_item(item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields):
                 try:
                     if isinstance(rec, RecordError):
                         raise rec
@@ -329,8 +441,10 @@ def _write_shard(job: Job, index: int, tmp: str, report: Callable[[int, int], No
 
 
 def _hash_input(h: Any, value: Any) -> None:
-    """Feed one input value to the input digest: bytes and text as they are, arrays
-    by dtype and bytes, anything else by its JSON form."""
+    """Feed one input value to the input digest.
+
+    Bytes and text as they are, arrays by dtype and bytes, anything else by its JSON form.
+    """
     if isinstance(value, (bytes, bytearray, memoryview)):
         h.update(b"b%d:" % len(value))
         h.update(value)

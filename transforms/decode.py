@@ -50,7 +50,14 @@ class Decode:
         return {**record, self.key: self._one(record[self.key])}
 
     def map_many(self, records: list) -> list:
-        """Decode a list of records (one ``frombuffer`` each on the fast path)."""
+        """Decode a list of records (one ``frombuffer`` each on the fast path).
+
+        Args:
+            records: the records, as :meth:`__call__` takes them.
+
+        Returns:
+            The decoded records, in order.
+        """
         if self.key is None and self.shape is None:
             try:  # fast path; on any problem redo record by record for a precise error
                 if all(type(r) is bytes for r in records):

@@ -16,11 +16,11 @@ __all__ = ["MetadataRange", "metadata_range"]
 @register("metadata_range")
 @dataclasses.dataclass(frozen=True)
 class MetadataRange:
-    """A filter predicate on metadata: keep the records whose ``field`` (``length``, or a
-    field given to ``quern prepare --fields``) lies in ``[min, max]`` (either bound
-    may be ``None``).
+    """The filter predicate :func:`metadata_range` makes (its fields are its arguments).
 
-    ``Pipeline.filter(metadata_range(...))`` on a source with a metadata index (an
+    It keeps the records whose ``field`` (``length``, or a field given to
+    ``quern prepare --fields``) lies in ``[min, max]`` (either bound may be
+    ``None``). ``Pipeline.filter(metadata_range(...))`` on a source with a metadata index (an
     ``ArrayRecordSource`` of a prepared folder) finds the survivors from the index
     alone, vectorised, without reading a record. The result depends only on the
     metadata and the bounds.
@@ -44,7 +44,17 @@ class MetadataRange:
             raise ValueError(f"metadata_range: min {self.min} > max {self.max}")
 
     def keep_metadata(self, metadata: Mapping[str, np.ndarray]) -> np.ndarray:
-        """One boolean per record: whether its ``field`` lies in ``[min, max]``."""
+        """One boolean per record: whether its ``field`` lies in ``[min, max]``.
+
+        Args:
+            metadata: the source's metadata index, one array per field.
+
+        Returns:
+            A boolean array of ``metadata[field]``'s shape.
+
+        Raises:
+            KeyError: ``metadata`` has no ``field``.
+        """
         if self.field not in metadata:
             raise KeyError(f"metadata_range: no metadata field {self.field!r} (the source has {sorted(metadata)})")
         values = np.asarray(metadata[self.field])
@@ -56,6 +66,11 @@ class MetadataRange:
         return keep
 
     def __call__(self, record: Any) -> bool:
+        """Refuse to judge a record: this predicate reads the metadata index only.
+
+        Raises:
+            TypeError: always.
+        """
         raise TypeError(
             "metadata_range filters by a source's metadata index (a folder written by quern prepare); "
             "it cannot judge a record"

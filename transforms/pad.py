@@ -46,14 +46,20 @@ class Pad:
         return fields
 
     def __call__(self, record: Any) -> dict:
-        """Pad one record."""
+        """Pad one record (see :meth:`map_many`)."""
         return self.map_many([record])[0]
 
     def map_many(self, records: Sequence[Any]) -> Sequence[Any]:
-        """Pad a list of records into one preallocated block (collated rows when the
-        records' other fields collate).
+        """Pad a list of records into one preallocated block.
+
+        Args:
+            records: the records (arrays, or dicts holding the array under ``key``).
+
+        Returns:
+            Collated rows when the records' other fields collate, else one dict per record.
 
         Raises:
+            ValueError: an array has no axis.
             CollateError: the records disagree in dtype or trailing shape (its ``row``
                 is the index in ``records``).
         """
@@ -76,7 +82,7 @@ class Pad:
                 f"promoted; convert them to one dtype first (e.g. decode(np.{dtype.name}))",
                 i,
             )
-        L = self.length
+        L = self.length  # noqa: N806 - the padded length, as in the shapes (B, L)
         shape = (len(arrays), L) + tail
         block = np.zeros(shape, dtype) if self.pad_value == 0 else np.full(shape, self.pad_value, dtype)
         lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
@@ -111,8 +117,7 @@ def pad(
     length_key: str | None = "length",
     mask_key: str | None = None,
 ) -> Pad:
-    """A record transform padding (with ``pad_value``) or truncating an array to ``length``
-    along axis 0.
+    """A record transform padding (with ``pad_value``) or truncating an array to ``length`` along axis 0.
 
     The output depends only on the input array and these settings. Records passed
     together to ``map_many`` must agree in dtype and trailing shape, as collation

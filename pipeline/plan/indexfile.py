@@ -1,30 +1,11 @@
 """Verified index files: an int64 array per record (or per survivor) kept on disk.
 
-A filter's survivors (the sorted record ids it keeps) and a length index (tokens
-per record) are found once by a scan (:mod:`quern.pipeline.scan`) and kept in
-the cache folder (``cache_dir()``: ``~/.cache/quern`` unless the
-``QUERN_CACHE_DIR`` environment variable or an argument says otherwise), keyed
-by the fingerprint of what they depend on.
-
-File format, version 2 (little-endian): an 8-byte magic (``b"QUERNSV2"`` for
-survivors, ``b"QUERNLN2"`` for lengths), the number of values ``M`` and the
-number of records ``N`` they were made for (uint64 each), the SHA-256 (32
-bytes) of the key field followed by the value bytes, the key field (32 bytes:
-the key the file was built for, ASCII, zero-padded; keys are 32-hex-digit
-fingerprints), 40 bytes of zero padding (a 128-byte header), then ``M`` int64
-values. The values are memory-mapped read-only (8 bytes each, no Python object
-per value).
-
-A file is used only after it is verified: its size, header, the key it was
-built for (the key asked for: a file copied or renamed from another filter's
-or index's, or written by hand for another key, is refused), its checksum and
-the kind's own check (survivors: strictly increasing within ``[0, N)``;
-lengths: ``>= -1``). Anything else (a partial write, a flipped bit, a
-truncation, a version-1 file, which holds no key) is reported by :func:`load`
-as ``None`` with the reason, and the caller rebuilds it. Writers write a temporary file in the same folder and rename it into
-place, so a reader never sees a partial file, and two processes building the
-same file at once both succeed (the last rename wins; the contents are the
-same).
+A filter's survivors and a length index are kept in the cache folder
+(:func:`cache_dir`) under the fingerprint of what they depend on, in a
+128-byte header (magic, counts, checksum, the key built for) followed by the
+values. :func:`load` verifies a file before anything uses it, and says why
+one cannot be used; :func:`store` writes atomically. The format and its
+checks are described in ``docs/design/index-files.md``.
 """
 
 from __future__ import annotations
@@ -47,15 +28,34 @@ _KEY_BYTES = 32
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> str:
-    """The cache folder: ``override``, else ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``."""
+    """The cache folder.
+
+    Args:
+        override: a folder to use instead.
+
+    Returns:
+        ``override``, else ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``.
+    """
     if override is not None:
         return os.fspath(override)
     return os.environ.get("QUERN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "quern")
 
 
-def path_for(key: str, override: str | os.PathLike | None = None, kind: bytes = SURVIVORS) -> str:
-    """Where the index of ``kind`` whose fingerprint is ``key`` is kept: ``filters/<key>.survivors``
-    or ``lengths/<key>.lengths`` in the cache folder."""
+def path_for(key: str, override: str | os.PathLike | None = None, *, kind: bytes = SURVIVORS) -> str:
+    """Where the index of ``kind`` whose fingerprint is ``key`` is kept.
+
+    Args:
+        key: the fingerprint the index is built for.
+        override: the cache folder to use instead of :func:`cache_dir`'s default.
+        kind: :data:`SURVIVORS` or :data:`LENGTHS`.
+
+    Returns:
+        ``filters/<key>.survivors`` or ``lengths/<key>.lengths`` in the cache folder.
+
+    Example:
+        >>> path_for("ab12", "/cache", kind=LENGTHS)
+        '/cache/lengths/ab12.lengths'
+    """
     folder, suffix = _FOLDERS[kind]
     return os.path.join(cache_dir(override), folder, f"{key}{suffix}")
 
@@ -78,10 +78,21 @@ def _key_of(path: str, key: str | None) -> str:
     return os.path.basename(path).partition(".")[0] if key is None else key
 
 
-def store(path: str, ids: np.ndarray, n: int, kind: bytes = SURVIVORS, key: str | None = None) -> None:
-    """Write ``ids`` (the values of ``kind`` made for ``n`` records, under ``key``: the
-    fingerprint they were built for; default: the key ``path`` is named for) to ``path``
-    atomically."""
+def store(path: str, ids: np.ndarray, n: int, *, kind: bytes = SURVIVORS, key: str | None = None) -> None:
+    """Write an index file atomically (a temporary file in the same folder, renamed into place).
+
+    Args:
+        path: where to write it (its folder is made if missing).
+        ids: the values (survivors, or a length per record).
+        n: the number of records they were made for.
+        kind: :data:`SURVIVORS` or :data:`LENGTHS`.
+        key: the fingerprint they were built for (default: the one ``path`` is named
+            for, see :func:`path_for`).
+
+    Raises:
+        ValueError: ``key`` is longer than 32 ASCII characters.
+        OSError: the file cannot be written.
+    """
     field = _key_field(_key_of(path, key))
     ids = np.ascontiguousarray(ids, dtype="<i8")
     folder = os.path.dirname(path)
@@ -102,13 +113,30 @@ def store(path: str, ids: np.ndarray, n: int, kind: bytes = SURVIVORS, key: str 
         raise
 
 
-def load(path: str, n: int, kind: bytes = SURVIVORS, key: str | None = None) -> tuple[np.ndarray | None, str]:
-    """The verified values in ``path`` (a read-only memory map), or ``None`` and why
-    not: missing, too short, wrong magic (or version 1, without a key), made for
-    another key or record count, a size that does not match, a checksum that does
-    not match, or values that fail the kind's check (survivors: strictly increasing
-    within ``[0, n)``, at least one; lengths: ``n`` values ``>= -1``). ``key``: the key
-    the file must have been built for (default: the one ``path`` is named for)."""
+def load(path: str, n: int, *, kind: bytes = SURVIVORS, key: str | None = None) -> tuple[np.ndarray | None, str]:
+    """The verified values of an index file, or why it cannot be used.
+
+    Args:
+        path: the file.
+        n: the number of records the values must have been made for.
+        kind: :data:`SURVIVORS` or :data:`LENGTHS`.
+        key: the key the file must have been built for (default: the one ``path``
+            is named for).
+
+    Returns:
+        ``(values, "verified")``, the values a read-only memory map; or ``(None, why)``:
+        missing, too short, wrong magic (or version 1, without a key), made for
+        another key or record count, a size or checksum that does not match, or
+        values that fail the kind's check (survivors: strictly increasing within
+        ``[0, n)``, at least one; lengths: ``n`` values ``>= -1``).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     store(path_for("k1", folder), np.array([1, 3]), 5)
+        ...     print(load(path_for("k1", folder), 5)[0].tolist(), load(path_for("k1", folder), 6)[1])
+        [1, 3] made for 5 records, not 6
+    """
     key = _key_of(path, key)
     field = _key_field(key)
     try:

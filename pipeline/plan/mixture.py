@@ -2,44 +2,13 @@
 
 Pure index arithmetic over the mixture's definition (names, a schedule of
 weights, a seed, a block size) and the rows per step; never reads a record.
-
-**Schedule.** Stage ``t`` starts at step ``start_t`` (stage 0 at step 0), so at
-position ``P_t = start_t * rows_per_step``, and lasts until the next stage's
-start. Its weights are quantized to integers ``W_c`` summing to ``Q = 2**32``
-(largest remainder, ties to the lower component index).
-
-**Blocks.** Each stage's positions are cut into blocks of ``K`` positions
-(:data:`BLOCK`, 1024 by default, at least ``C * C`` for ``C`` components), counted
-from the stage's start. The draws of component ``c`` in the first ``b`` blocks
-of a stage are ``T_c(b) = floor(W_c * K * b / Q)`` for every component but the
-*absorbing* one (the largest weight, lowest index on ties), which takes the
-rest, ``K * b - sum of the others``. So the counts per block are exact (they sum
-to ``K``), never negative, and over whole blocks every component's count is
-within 1 of ``weight * positions`` (the absorbing component within ``C - 1``).
-Inside block ``b`` the ``K`` slots (``n_0`` slots of component 0, then ``n_1`` of
-component 1, ...) are permuted by a keyed bijection (:func:`~quern.pipeline.index.permute`)
-with key ``derive_key(seed, MIX_SALT, P_t, b)``.
-
-**Deviation from the weights** (``w_c = W_c / Q``, the quantized weight, within
-``2**-32`` of the one asked for). Over any window of whole blocks of one stage,
-``|count_c - w_c * length| < C - 1`` for the absorbing component and ``< 1``
-for the others; over any window of positions of one stage,
-``|count_c - w_c * length| < K / 2 + 3 * C`` (``< K / 2 + 3`` for all but the
-absorbing component): the whole blocks the window touches deviate as above,
-and the part of a block it leaves out at either end holds at most
-``K * w_c * (1 - w_c) + |n_c - w_c * K| <= K / 4 + C - 1`` draws more or fewer
-than its share.
-
-**Component positions.** The ``k``-th draw (in stream order) of component ``c``
-is position ``k`` of that component's own stream: a draw's component position is
-the draws of ``c`` in earlier stages, plus ``T_c(b)``, plus its rank among the
-draws of ``c`` in its block. A stage that ends inside a block uses that block's
-assignment for the positions it has, as if it went on: so the positions before
-a stage's start do not depend on that stage or on any later one (appending a
-stage at step ``s`` leaves every batch before ``s`` bit-identical).
-
-Cost per call: O(K log K) per distinct block touched plus O(len(positions));
-O(K + C) per earlier stage, cached per (schedule, rows per step).
+Each stage of the schedule cuts its positions into blocks of ``block_len``
+positions; a block holds each component's exact share of draws (the weights
+quantized to :data:`QUANTUM`), in an order keyed by ``(seed, MIX_SALT, stage
+start, block)``. A component's ``k``-th draw is position ``k`` of its own
+stream, and the positions before a stage's start do not depend on that stage
+or any later one. The construction, its bounds on the deviation from the
+weights and its costs are described in ``docs/design/mixture.md``.
 """
 
 from __future__ import annotations
@@ -73,14 +42,24 @@ QUANTUM = 1 << 32  # weights are quantized to integers summing to this
 
 
 class Stage(NamedTuple):
-    """A stage of a schedule: from ``start_step`` on, these (quantized) weights."""
+    """A stage of a schedule: from ``start_step`` on, these (quantized) weights.
+
+    Attributes:
+        start_step: the first step of the stage.
+        weights: the quantized weight of each component, summing to :data:`QUANTUM`.
+    """
 
     start_step: int
     weights: tuple[int, ...]  # summing to QUANTUM
 
 
 class Assignment(NamedTuple):
-    """Per position: the component index and the position in that component's stream."""
+    """Per position: the component index and the position in that component's stream.
+
+    Attributes:
+        component: the component of each position (``int64``).
+        position: its position in that component's stream (``int64``).
+    """
 
     component: np.ndarray  # int64
     position: np.ndarray  # int64
@@ -119,9 +98,21 @@ def _stage_weights(names: Sequence[str], weights: Any, where: str) -> list[float
 
 
 def quantize(weights: Sequence[float]) -> tuple[int, ...]:
-    """Integers proportional to ``weights`` summing to :data:`QUANTUM` (largest
-    remainder; ties to the lower index). A positive weight never becomes 0 unless it
-    is below ``2**-32`` of the total."""
+    """Integers proportional to ``weights`` summing to :data:`QUANTUM`.
+
+    Largest remainder, ties to the lower index. A positive weight never becomes
+    0 unless it is below ``2**-32`` of the total.
+
+    Args:
+        weights: non-negative weights, not all zero.
+
+    Returns:
+        One integer per weight.
+
+    Example:
+        >>> quantize([1, 1, 2]) == (QUANTUM // 4, QUANTUM // 4, QUANTUM // 2)
+        True
+    """
     total = math.fsum(weights)
     raw = [w / total * QUANTUM for w in weights]
     ints = [math.floor(r) for r in raw]
@@ -133,11 +124,29 @@ def quantize(weights: Sequence[float]) -> tuple[int, ...]:
 
 
 def check_schedule(names: Sequence[str], weights: Any = None, schedule: Any = None) -> tuple[Stage, ...]:
-    """The stages of ``weights=`` (one stage from step 0) or ``schedule=[(start_step,
-    weights), ...]`` (exactly one of them), checked: ``ValueError``/``TypeError``
-    naming the stage and key for negative, NaN or infinite weights, a stage whose
-    weights are all zero, names that differ from the components', stages out of
-    order or not starting at step 0."""
+    """The checked stages of ``weights=`` or ``schedule=`` (exactly one of them).
+
+    Args:
+        names: the components' names, in order.
+        weights: one stage from step 0: a dict of component -> weight, or a list in
+            component order.
+        schedule: ``[(start_step, weights), ...]`` (or dicts with those keys), the
+            first at step 0, in increasing order of ``start_step``.
+
+    Returns:
+        The stages, their weights quantized (:func:`quantize`).
+
+    Raises:
+        ValueError: both or neither of ``weights`` and ``schedule``; a negative, NaN
+            or infinite weight; a stage whose weights are all zero; names that differ
+            from the components'; stages out of order or not starting at step 0. The
+            message names the stage and key.
+        TypeError: a weight or a start step that is not a number.
+
+    Example:
+        >>> check_schedule(["a", "b"], schedule=[(0, {"a": 1, "b": 0}), (10, [1, 1])])[1]
+        Stage(start_step=10, weights=(2147483648, 2147483648))
+    """
     if (weights is None) == (schedule is None):
         raise ValueError("mix() needs exactly one of weights=... or schedule=[(start_step, weights), ...]")
     if weights is not None:
@@ -166,8 +175,20 @@ def check_schedule(names: Sequence[str], weights: Any = None, schedule: Any = No
 
 
 def block_size(num_components: int, block: int = BLOCK) -> int:
-    """Positions per block: ``block``, raised to ``C * C`` for ``C`` components (so that
-    the absorbing component's count per block is never negative)."""
+    """Positions per block of a mixture of ``num_components`` components.
+
+    Args:
+        num_components: ``C``, the number of components.
+        block: the block size asked for.
+
+    Returns:
+        ``block``, raised to ``C * C`` (so that the absorbing component's count per
+        block is never negative) and to at least 1.
+
+    Example:
+        >>> block_size(2), block_size(40)
+        (1024, 1600)
+    """
     return max(int(block), num_components * num_components, 1)
 
 
@@ -175,38 +196,42 @@ def _absorbing(weights: tuple[int, ...]) -> int:
     return max(range(len(weights)), key=lambda c: (weights[c], -c))
 
 
-def _cumulative(weights: tuple[int, ...], K: int, b: int) -> list[int]:
+def _cumulative(weights: tuple[int, ...], k: int, b: int) -> list[int]:
     """``T_c(b)``: the draws of each component in the first ``b`` blocks of a stage."""
     a = _absorbing(weights)
-    t = [w * K * b // QUANTUM for w in weights]
+    t = [w * k * b // QUANTUM for w in weights]
     t[a] = 0
-    t[a] = K * b - sum(t)
+    t[a] = k * b - sum(t)
     return t
 
 
-def _block_components(counts: list[int], K: int, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The component of each of a block's ``K`` positions (its slots ``n_0`` of
-    component 0, ``n_1`` of component 1, ... permuted by the keyed bijection), and
-    each position's rank among its component's positions in the block."""
+def _block_components(counts: list[int], k: int, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The component of each of a block's ``k`` positions, and each one's rank among its component's.
+
+    The block's slots (``n_0`` of component 0, ``n_1`` of component 1, ...) are
+    permuted by the keyed bijection.
+    """
     layout = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    comp = layout[_index.permute(np.arange(K, dtype=np.int64), K, key)]
+    comp = layout[_index.permute(np.arange(k, dtype=np.int64), k, key)]
     order = np.argsort(comp, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    rank = np.empty(K, dtype=np.int64)
-    rank[order] = np.arange(K, dtype=np.int64) - starts[comp[order]]
+    rank = np.empty(k, dtype=np.int64)
+    rank[order] = np.arange(k, dtype=np.int64) - starts[comp[order]]
     return comp, rank
 
 
 @functools.lru_cache(maxsize=64)
 def _block_of_stage(
-    weights: tuple[int, ...], K: int, seed: int, stage_start: int, b: int
+    weights: tuple[int, ...], k: int, seed: int, stage_start: int, b: int
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Block ``b`` of the stage starting at position ``stage_start``: the component and
-    rank of each of its positions (read-only), and ``T_c(b)``. Cached: consecutive
-    steps share blocks."""
-    before = _cumulative(weights, K, b)
-    counts = [x - y for x, y in zip(_cumulative(weights, K, b + 1), before)]
-    comp, rank = _block_components(counts, K, _block_key(seed, stage_start, b))
+    """Block ``b`` of the stage starting at position ``stage_start``.
+
+    Returns the component and rank of each of its positions (read-only), and
+    ``T_c(b)``. Cached: consecutive steps share blocks.
+    """
+    before = _cumulative(weights, k, b)
+    counts = [x - y for x, y in zip(_cumulative(weights, k, b + 1), before)]
+    comp, rank = _block_components(counts, k, _block_key(seed, stage_start, b))
     comp.setflags(write=False)
     rank.setflags(write=False)
     return comp, rank, before
@@ -216,47 +241,78 @@ def _block_key(seed: int, stage_start: int, b: int) -> np.ndarray:
     return _index.derive_key(seed, MIX_SALT, stage_start, b)
 
 
-def _stage_draws(stage: Stage, K: int, seed: int, p0: int, length: int) -> list[int]:
+def _stage_draws(stage: Stage, k: int, seed: int, p0: int, length: int) -> list[int]:
     """Draws of each component in the first ``length`` positions of a stage starting at position ``p0``."""
-    full, rest = divmod(length, K)
-    t = _cumulative(stage.weights, K, full)
+    full, rest = divmod(length, k)
+    t = _cumulative(stage.weights, k, full)
     if rest:
-        counts = [x - y for x, y in zip(_cumulative(stage.weights, K, full + 1), t)]
-        comp, _ = _block_components(counts, K, _block_key(seed, p0, full))
+        counts = [x - y for x, y in zip(_cumulative(stage.weights, k, full + 1), t)]
+        comp, _ = _block_components(counts, k, _block_key(seed, p0, full))
         extra = np.bincount(comp[:rest], minlength=len(t))
         t = [x + int(e) for x, e in zip(t, extra)]
     return t
 
 
-_DRAWS_BEFORE: dict[tuple, list[list[int]]] = {}  # (stages, K, seed, rows) -> draws before each stage reached
+_DRAWS_BEFORE: dict[tuple, list[list[int]]] = {}  # (stages, k, seed, rows) -> draws before each stage reached
 
 
-def _draws_before(stages: tuple[Stage, ...], K: int, seed: int, rows: int, t: int) -> list[int]:
+def _draws_before(stages: tuple[Stage, ...], k: int, seed: int, rows: int, t: int) -> list[int]:
     """Draws of each component before stage ``t``."""
-    key = (stages, K, seed, rows)
+    key = (stages, k, seed, rows)
     known = _DRAWS_BEFORE.setdefault(key, [[0] * len(stages[0].weights)])
     while len(known) <= t:
         s = len(known) - 1
         p0, p1 = stages[s].start_step * rows, stages[s + 1].start_step * rows
-        d = _stage_draws(stages[s], K, seed, p0, p1 - p0)
+        d = _stage_draws(stages[s], k, seed, p0, p1 - p0)
         known.append([x + y for x, y in zip(known[-1], d)])
     if len(_DRAWS_BEFORE) > 64:  # many schedules in one process: keep the newest
         _DRAWS_BEFORE.pop(next(iter(_DRAWS_BEFORE)))
     return known[t]
 
 
-def draws_before(stages: tuple[Stage, ...], seed: int, rows_per_step: int, K: int, position: int) -> list[int]:
-    """The draws of each component at the stream positions before ``position``: what
-    :func:`assign` of all those positions would count, in O(stages x K), reading nothing."""
+def draws_before(stages: tuple[Stage, ...], seed: int, rows_per_step: int, block_len: int, position: int) -> list[int]:
+    """The draws of each component at the stream positions before ``position``.
+
+    What :func:`assign` of all those positions would count, in O(stages x
+    block_len), reading nothing.
+
+    Args:
+        stages: the schedule (:func:`check_schedule`).
+        seed: the mixture's seed.
+        rows_per_step: the rows of a step (stage starts are steps).
+        block_len: positions per block (:func:`block_size`).
+        position: the stream position.
+
+    Returns:
+        One count per component, depending only on the arguments.
+    """
     starts = [min(st.start_step * rows_per_step, _index.MAX_RECORDS) for st in stages]
     t = bisect.bisect_right(starts, position) - 1
-    within = _stage_draws(stages[t], K, seed, starts[t], position - starts[t])
-    return [x + y for x, y in zip(_draws_before(stages, K, seed, rows_per_step, t), within)]
+    within = _stage_draws(stages[t], block_len, seed, starts[t], position - starts[t])
+    return [x + y for x, y in zip(_draws_before(stages, block_len, seed, rows_per_step, t), within)]
 
 
-def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per_step: int, K: int) -> Assignment:
-    """The component of each stream position and its position in that component's
-    stream. Depends only on the arguments (see the module docstring)."""
+def assign(
+    positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per_step: int, block_len: int
+) -> Assignment:
+    """The component of each stream position and its position in that component's stream.
+
+    Args:
+        positions: stream positions (``>= 0``), flattened.
+        stages: the schedule (:func:`check_schedule`).
+        seed: the mixture's seed.
+        rows_per_step: the rows of a step (stage starts are steps).
+        block_len: positions per block (:func:`block_size`).
+
+    Returns:
+        The assignment of each position, depending only on the arguments.
+
+    Example:
+        >>> stages = check_schedule(["a", "b"], weights=[3, 1])
+        >>> a = assign(np.arange(1024), stages, 0, 1, 1024)
+        >>> np.bincount(a.component).tolist(), sorted(a.position[a.component == 1].tolist()) == list(range(256))
+        ([768, 256], True)
+    """
     positions = np.asarray(positions, dtype=np.int64).reshape(-1)
     comp = np.empty(positions.shape, dtype=np.int64)
     cpos = np.empty(positions.shape, dtype=np.int64)
@@ -265,8 +321,8 @@ def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per
     # a stage that starts beyond the addressable stream (positions stay below 2**62) is never reached
     starts = np.asarray([min(s.start_step * rows_per_step, _index.MAX_RECORDS) for s in stages], dtype=np.int64)
     stage_of = np.searchsorted(starts, positions, side="right") - 1
-    block_of = (positions - starts[stage_of]) // K
-    within = (positions - starts[stage_of]) % K
+    block_of = (positions - starts[stage_of]) // block_len
+    within = (positions - starts[stage_of]) % block_len
     # group the positions by (stage, block); positions usually come sorted, so the blocks are runs
     order = np.lexsort((block_of, stage_of))
     st, bl = stage_of[order], block_of[order]
@@ -275,10 +331,10 @@ def assign(positions: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per
     for g in range(len(bounds) - 1):
         sel = order[bounds[g] : bounds[g + 1]]  # the positions in one block of one stage
         t, b = int(stage_of[sel[0]]), int(block_of[sel[0]])
-        bcomp, brank, before = _block_of_stage(stages[t].weights, K, seed, int(starts[t]), b)
+        bcomp, brank, before = _block_of_stage(stages[t].weights, block_len, seed, int(starts[t]), b)
         j = within[sel]
         c = bcomp[j]
-        base = np.asarray(_draws_before(stages, K, seed, rows_per_step, t), dtype=np.int64) + np.asarray(
+        base = np.asarray(_draws_before(stages, block_len, seed, rows_per_step, t), dtype=np.int64) + np.asarray(
             before, dtype=np.int64
         )
         comp[sel] = c

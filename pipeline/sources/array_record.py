@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import ShardCache, is_url
+from ..deprecation import keyword_only
 from ..errors import SourceError
 from . import prepared
 from .base import (
@@ -23,56 +24,59 @@ from .base import (
 
 
 class ArrayRecordSource(Source):
-    """ArrayRecord files (a glob, a path or a list); records are the raw ``bytes``.
+    """ArrayRecord files, or a folder written by ``quern prepare``; records are the raw ``bytes``.
 
-    Ids are global over the files in the given order (globs sorted). Reads are
-    grouped by file: one ``ArrayRecordReader.read(list)`` call per file per
-    ``read_many``. Readers are opened for random access
-    (``readahead_buffer_size:0``) and shared by threads through a pool (a reader
-    is never used by two threads at once) that keeps at most ``max_open_files``
-    idle readers open.
+    Ids are global over the files in the given order (globs sorted). Reads
+    are grouped by file (one read call per file per ``read_many``), through
+    readers opened for random access and shared by threads from a pool.
 
-    ``paths`` may also be a folder written by ``quern prepare`` (or its
-    ``manifest.json``; alone, or as the one item of a list), or the URL of one
-    (``http(s)://``, ``s3://``, ``gs://``, ``file://``: what fsspec opens): its
-    manifest is read at once, each shard is fetched whole into ``cache`` (a
-    :class:`~quern.pipeline.cache.ShardCache`; default: under ``~/.cache/quern``
-    or ``$QUERN_CACHE_DIR``) when first read, verified against the manifest's
-    size and SHA-256, and kept in use (never evicted) while a reader has it open: the source reads the shards its manifest names, in
-    order, after checking that each is there with its size and record count
-    (:func:`~quern.pipeline.sources.prepared.open_manifest`); a folder without a
-    complete manifest is refused, naming what is missing. ``manifest`` is then the
-    manifest, :attr:`metadata` its metadata index (per-record ``length`` and the
-    prepared scalar fields, read and checked on first use), ``name`` the folder's
-    name, and the identity holds the manifest's SHA-256 checksums of the shards
-    (exact, and free) instead of sampled hashes.
+    ``paths`` may also be a prepared folder (or its ``manifest.json``; alone,
+    or as the one item of a list), or the URL of one (``http(s)://``,
+    ``s3://``, ``gs://``, ``file://``: what fsspec opens): the source reads
+    the shards its manifest names, in order, checked against the manifest
+    (:func:`~quern.pipeline.sources.prepared.open_manifest`); a remote shard is
+    fetched whole into ``cache`` when first read and verified against the
+    manifest's size and SHA-256. ``manifest`` is then the manifest,
+    :attr:`metadata` its metadata index, ``name`` the folder's name, and the
+    identity holds the manifest's SHA-256 checksums of the shards instead of
+    sampled hashes. Files given by URL are fetched whole into the cache when
+    the source opens.
 
-    What is checked when a prepared folder opens (see
-    :mod:`~quern.pipeline.sources.prepared`): the manifest's form (names,
-    digests, types, counts that add up, at most one record per byte), each
-    local shard's size and its record count (from its footer), and that no
-    shard is a link leading outside the folder. A remote shard is checked when
-    it is read: its size and SHA-256 (when fetched) and its record count
-    against the manifest's (a :class:`SourceError` naming the shard: no record
-    of it is read under a wrong count; counts that are wrong but add up are
-    found at the first read of a wrong shard, as the other shards are not
-    fetched to open the folder). Not checked at open: a local
-    shard replaced by another of the same size and record count (other bytes):
-    only :func:`~quern.pipeline.sources.prepared.verify` (every byte against the
-    manifest's SHA-256) catches that, and until then the source reads the
-    other shard's records under the manifest's identity.
+    The files must not change while the source is in use: each file is
+    checked after every read of it (one ``stat``), and a change raises
+    :class:`SourceError` naming the file. What is checked when, and what is
+    not, is in ``docs/design/sources.md``.
 
-    Files given by URL (``.array_record`` URLs) are fetched whole into the
-    cache when the source opens, keyed by their URL, size and ETag (or
-    modification time), so a file changed on the server is fetched again.
+    Args:
+        paths: a glob, a path or a list of them; or a prepared folder, its
+            manifest, or the URL of either; or a list of ``.array_record`` URLs.
+        name: the source's name (default: from the first file's or the folder's name).
+        max_open_files: the most idle readers kept open.
+        cache: the disk cache of remote files (default: a
+            :class:`~quern.pipeline.cache.ShardCache` in its default folder).
 
-    The files must not change while the source is in use: an open reader of a
-    file truncated or rewritten under it returns empty or stale records without
-    an error. So each file's size, modification time (ns), inode and device are
-    taken when the source opens, and after every read of a file (one ``stat``
-    per file per ``read_many``, a few microseconds) compared with them: any
-    difference raises :class:`SourceError` naming the file, and the reader is
-    closed (see :class:`FileStats`).
+    Raises:
+        FileNotFoundError: a glob matches nothing, or a path does not exist.
+        SourceError: a file cannot be opened, a prepared folder is incomplete or
+            its manifest is wrong (naming what), or a remote file cannot be fetched.
+
+    Attributes:
+        paths: the files read (local paths, or URLs of a remote prepared folder).
+        counts: the records of each file.
+        manifest: a prepared folder's manifest, else ``None``.
+        cache: the disk cache, for remote files; else ``None``.
+
+    Example:
+        >>> import tempfile, os
+        >>> from array_record.python import array_record_module
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     w = array_record_module.ArrayRecordWriter(os.path.join(d, "t-0.array_record"), "group_size:1")
+        ...     for r in (b"a", b"bc"):
+        ...         w.write(r)
+        ...     w.close()
+        ...     src = ArrayRecordSource(os.path.join(d, "*.array_record"))
+        ...     print(src.name, len(src), src.read_many(np.array([1, 0])))
+        t 2 [b'bc', b'a']
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
@@ -82,9 +86,11 @@ class ArrayRecordSource(Source):
     _next_use: dict[str, np.ndarray]  # cache entry -> the steps of the lookahead that read it
     now: int  # the step the iterator is at (set by its lookahead)
 
+    @keyword_only("name", "max_open_files", "cache")
     def __init__(
         self,
         paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
         name: str | None = None,
         max_open_files: int = 256,
         cache: ShardCache | None = None,
@@ -141,8 +147,11 @@ class ArrayRecordSource(Source):
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     def _open_remote(self, url: str, name: str | None, max_open_files: int, cache: ShardCache | None) -> None:
-        """A prepared folder at ``url`` (its folder or its ``manifest.json``): the manifest is
-        read (not cached), the shards are fetched into ``cache`` when first read."""
+        """Open the prepared folder at ``url`` (its folder or its ``manifest.json``).
+
+        The manifest is read (not cached); the shards are fetched into ``cache``
+        when first read.
+        """
         import json
 
         base = url[: -len(prepared.MANIFEST)].rstrip("/") if url.endswith("/" + prepared.MANIFEST) else url.rstrip("/")
@@ -175,15 +184,21 @@ class ArrayRecordSource(Source):
         """Whether :meth:`prefetch` does anything: the files are remote."""
         return self.urls is not None
 
-    def prefetch(self, ids: np.ndarray, steps: np.ndarray, threads: int = 4) -> None:
-        """Fetch the files that records ``ids`` lie in (read at ``steps``, in order) into
-        the cache, on up to ``threads`` background threads, as far as they fit in
-        half its capacity (the other half: files being read, and room to evict), and
-        tell the cache when each is next needed (the first of its steps at or after
-        :attr:`now`; a file not among them: never): it then evicts the file needed
-        furthest ahead (Belady's rule). Files cached or being fetched are not
-        fetched again; errors surface when the records are read. Nothing for local
-        files."""
+    def prefetch(self, ids: np.ndarray, steps: np.ndarray, *, threads: int = 4) -> None:
+        """Fetch the files that records ``ids`` lie in into the cache, in order, on background threads.
+
+        Files are fetched as far as they fit in half the cache's capacity (the
+        other half: files being read, and room to evict), and the cache is told
+        when each is next needed (the first of its steps at or after :attr:`now`;
+        a file not among them: never): it then evicts the file needed furthest
+        ahead (Belady's rule). Files cached or being fetched are not fetched
+        again; errors surface when the records are read. Nothing for local files.
+
+        Args:
+            ids: the records the next steps read, in read order.
+            steps: the step that reads each of ``ids``.
+            threads: the most fetches at once.
+        """
         if self.urls is None or self.cache is None or self.manifest is None:
             return
         ids, steps = np.asarray(ids, dtype=np.int64), np.asarray(steps, dtype=np.int64)
@@ -238,12 +253,22 @@ class ArrayRecordSource(Source):
                 self._fetching.discard(f)
 
     def local_path(self, file_index: int) -> str:
-        """Where file ``file_index`` is read from: its path, or for a URL its copy in the cache
-        (fetched first if missing, verified against the manifest's size and SHA-256)."""
+        """Where file ``file_index`` is read from.
+
+        Args:
+            file_index: the file's index in :attr:`paths`.
+
+        Returns:
+            Its path, or for a URL its copy in the cache (fetched first if missing,
+            verified against the manifest's size and SHA-256).
+
+        Raises:
+            SourceError: a remote file cannot be fetched.
+        """
         if self.urls is None or self.cache is None or self.manifest is None:
             return self.paths[file_index]
         s = self.manifest["shards"][file_index]
-        return self.cache.get(self.urls[file_index], s["bytes"], s["sha256"])
+        return self.cache.get(self.urls[file_index], size=s["bytes"], sha256=s["sha256"])
 
     def _cache_path(self, file_index: int) -> str:
         """Where remote shard ``file_index`` is (or will be) in the cache: named by its SHA-256."""
@@ -279,8 +304,10 @@ class ArrayRecordSource(Source):
         return r
 
     def _give(self, file_index: int, reader: Any) -> None:
-        """Done with ``reader``: kept for the next read of its file, or, for a cached
-        remote file, closed (its file is no longer in use and may be evicted)."""
+        """Done with ``reader``: kept for the next read of its file, or closed for a cached remote file.
+
+        A closed cached file is no longer in use and may be evicted.
+        """
         if isinstance(reader, _Pinned):
             reader.close()
         else:
@@ -291,7 +318,7 @@ class ArrayRecordSource(Source):
 
         assert self.cache is not None and self.urls is not None and self.manifest is not None
         s = self.manifest["shards"][file_index]
-        path, pin = self.cache.get_pinned(self.urls[file_index], s["bytes"], s["sha256"])  # in use before it is read
+        path, pin = self.cache.get_pinned(self.urls[file_index], size=s["bytes"], sha256=s["sha256"])  # in use first
         try:
             r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
             if not r.ok():
@@ -314,6 +341,18 @@ class ArrayRecordSource(Source):
         return int(self.starts[-1])
 
     def read_many(self, ids: np.ndarray) -> list:
+        """The records ``ids``, in that order: one read per file.
+
+        Args:
+            ids: record ids in ``[0, len(self))``.
+
+        Returns:
+            A list of ``bytes``.
+
+        Raises:
+            IndexError: an id is out of range.
+            SourceError: a read failed, or a file changed since the source opened it.
+        """
         ids = check_ids(ids, len(self), f"ArrayRecordSource {self.name!r}")
         out: list = [None] * len(ids)
         file_of = np.searchsorted(self.starts, ids, side="right") - 1
@@ -339,9 +378,16 @@ class ArrayRecordSource(Source):
 
     @property
     def metadata(self) -> dict[str, np.ndarray]:
-        """The metadata index of a prepared folder: ``{field: read-only array}``, one
-        value per record (``length`` and the prepared fields); checked against the
-        manifest's checksums when first read. A ``ValueError`` for plain files."""
+        """The metadata index of a prepared folder, checked against the manifest when first read.
+
+        Returns:
+            ``{field: read-only array}``, one value per record (``length`` and the
+            prepared fields).
+
+        Raises:
+            ValueError: the source reads files, not a prepared folder.
+            SourceError: a metadata file does not match the manifest.
+        """
         if self.manifest is None or self.folder is None:
             raise ValueError(
                 f"ArrayRecordSource {self.name!r} has no metadata: it reads files, not a folder written by quern prepare"
@@ -353,7 +399,7 @@ class ArrayRecordSource(Source):
                 for field, spec in self.manifest["metadata"].items():
                     files[field], pin = self.cache.get_pinned(f"{self.folder}/{spec['file']}", sha256=spec["sha256"])
                     pins.append(pin)
-                self._metadata = prepared.load_metadata(self.folder, self.manifest, files)
+                self._metadata = prepared.load_metadata(self.folder, self.manifest, files=files)
             finally:
                 for pin in pins:
                     pin.close()
@@ -387,13 +433,19 @@ class ArrayRecordSource(Source):
         self._fetch_state()
 
     def identity(self) -> dict:
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name, length and per file its name, size and record count,
+            with the manifest's SHA-256 (a prepared folder) or a sampled hash.
+        """
         if self.manifest is not None:  # exact: the manifest's checksums
             shards = [
                 {"file": s["file"], "size": s["bytes"], "records": s["records"], "sha256": s["sha256"]}
                 for s in self.manifest["shards"]
             ]
             return {**super().identity(), "files": shards}
-        return {**super().identity(), "files": file_identity(self.paths, self.counts, self._file_urls)}
+        return {**super().identity(), "files": file_identity(self.paths, self.counts, names=self._file_urls)}
 
 
 class _Pinned:

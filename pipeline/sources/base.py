@@ -1,6 +1,8 @@
 """The source protocol and what every source shares: paths, ids, handles, file identity and file stats.
 
-See the package docstring for what identities cover."""
+What identities cover and why files are checked after every read is in
+``docs/design/sources.md``.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +18,37 @@ import numpy as np
 
 from ..errors import SourceError
 
+__all__ = [
+    "FileStats",
+    "HandlePool",
+    "Source",
+    "Stat",
+    "ThreadLocalHandles",
+    "check_ids",
+    "expand_paths",
+    "file_identity",
+    "group_by",
+    "host_name",
+    "sample_hash",
+    "sample_ids",
+    "sample_ranges",
+]
+
 
 def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:
-    """Expand a glob, a path or a list of paths/globs into a sorted-per-pattern list of files."""
+    """The files named by a glob, a path, or a list of paths and globs.
+
+    Args:
+        paths: a path or glob, or a list of them.
+        what: the source's name, for the messages.
+
+    Returns:
+        The files, in the order given, each glob's matches sorted.
+
+    Raises:
+        FileNotFoundError: a glob matches nothing, or a path does not exist.
+        ValueError: no path is given.
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out: list[str] = []
@@ -39,7 +69,19 @@ def expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike], what: s
 
 
 def group_by(keys: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
-    """Yield ``(key, positions)`` for each distinct key, positions in ascending order."""
+    """The positions of each distinct key.
+
+    Args:
+        keys: an integer array.
+
+    Yields:
+        ``(key, positions)`` for each distinct key, keys ascending, each key's
+        positions ascending.
+
+    Example:
+        >>> [(k, p.tolist()) for k, p in group_by(np.array([2, 0, 2]))]
+        [(0, [1]), (2, [0, 2])]
+    """
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
     bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
@@ -49,6 +91,19 @@ def group_by(keys: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
 
 
 def check_ids(ids: np.ndarray | Sequence[int], n: int, name: str) -> np.ndarray:
+    """Record ids as a flat ``int64`` array, checked to lie in ``[0, n)``.
+
+    Args:
+        ids: the record ids asked for.
+        n: the number of records of the source.
+        name: the source, for the message.
+
+    Returns:
+        The ids, flattened.
+
+    Raises:
+        IndexError: an id is out of range (the first, named).
+    """
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= n):
         bad = ids[(ids < 0) | (ids >= n)][0]
@@ -57,7 +112,11 @@ def check_ids(ids: np.ndarray | Sequence[int], n: int, name: str) -> np.ndarray:
 
 
 class Source:
-    """Base class: subclasses set ``name`` and implement ``__len__`` and ``read_many``."""
+    """Base class of sources: subclasses set ``name`` and implement ``__len__`` and ``read_many``.
+
+    Attributes:
+        name: the source's name in ``explain`` and messages.
+    """
 
     name: str = "source"
 
@@ -65,6 +124,18 @@ class Source:
         raise NotImplementedError
 
     def read_many(self, ids: np.ndarray) -> Sequence[Any]:  # pragma: no cover - abstract
+        """The records ``ids``, in that order, read in bulk.
+
+        Args:
+            ids: record ids in ``[0, len(self))``; they may repeat.
+
+        Returns:
+            One record per id: a list, or rows already stacked (``CollatedRows``).
+
+        Raises:
+            IndexError: an id is out of range.
+            SourceError: the data cannot be read.
+        """
         raise NotImplementedError
 
     def __getitem__(self, i: int) -> Any:
@@ -74,11 +145,20 @@ class Source:
         return self.read_many(np.asarray(ids, dtype=np.int64))
 
     def identity(self) -> dict:
-        """Type, name and length; subclasses add what describes their data (see the module docstring)."""
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name and length; subclasses add what describes their data
+            (see ``docs/design/sources.md``).
+        """
         return {"type": type(self).__name__, "name": self.name, "len": len(self)}
 
     def block_size(self) -> int:
-        """Natural read granularity in records (row-group size); 1 for pure random access."""
+        """The natural read granularity in records (a row group's size).
+
+        Returns:
+            Records per block; 1 for pure random access.
+        """
         return 1
 
     def __repr__(self) -> str:
@@ -92,7 +172,19 @@ _BLOCKS, _BLOCK = 16, 4 << 10  # and _BLOCKS blocks of _BLOCK bytes, one centred
 
 
 def sample_ranges(size: int) -> list[tuple[int, int]]:
-    """The byte ranges ``[start, stop)`` of a file of ``size`` bytes that :func:`sample_hash` reads."""
+    """The byte ranges of a file of ``size`` bytes that :func:`sample_hash` reads.
+
+    Args:
+        size: the file's size in bytes.
+
+    Returns:
+        ``[(start, stop), ...]``: the whole file up to 1 MiB, else its first 64 KiB,
+        16 blocks of 4 KiB (one centred in each sixteenth) and its last 128 KiB.
+
+    Example:
+        >>> sample_ranges(10), len(sample_ranges(1 << 30))
+        ([(0, 10)], 18)
+    """
     if size <= _WHOLE_FILE_MAX:
         return [(0, size)]
     centres = [(2 * j + 1) * size // (2 * _BLOCKS) for j in range(_BLOCKS)]
@@ -100,17 +192,20 @@ def sample_ranges(size: int) -> list[tuple[int, int]]:
 
 
 def sample_hash(path: str, size: int) -> str:
-    """Hex digest (32 characters) of the bytes of ``path`` in :func:`sample_ranges` of ``size``.
+    """A hash of the bytes of ``path`` in :func:`sample_ranges` of ``size``.
 
     A file of at most 1 MiB is hashed whole, so any byte changed in it changes
-    the hash. A bigger file is hashed over its first 64 KiB, its last 128 KiB
-    (ArrayRecord pads files with under 64 KiB of zeros, so this holds at least
-    its last 64 KiB of data: the footer index of record offsets and the last
-    records; Parquet's footer is at the end) and 16 blocks of 4 KiB, one
-    centred in each sixteenth of the file: 256 KiB read, at most 1 MiB for any
-    file. A change touching any of these ranges changes the hash; a change
-    confined to the other bytes of a file over 1 MiB does not. Depends only on
-    the bytes (not on the path's directory or the modification time)."""
+    the hash; a bigger one over 256 KiB of sampled ranges, so a change confined
+    to its other bytes does not (see ``docs/design/sources.md``).
+
+    Args:
+        path: the file.
+        size: its size in bytes.
+
+    Returns:
+        32 hex digits, depending only on the sampled bytes (not on the path's
+        folder or the modification time).
+    """
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
         for start, stop in sample_ranges(size):
@@ -120,19 +215,24 @@ def sample_hash(path: str, size: int) -> str:
 
 
 def file_identity(
-    paths: list[str], counts: Sequence[int] | np.ndarray, names: Sequence[str] | None = None
+    paths: list[str], counts: Sequence[int] | np.ndarray, *, names: Sequence[str] | None = None
 ) -> list[dict]:
-    """``{"file", "size", "records", "sample"}`` per file: its base name, size in bytes,
-    record count and :func:`sample_hash`.
+    """The identity of a source's files: name, size, record count and sampled hash of each.
 
     Any change of a file's name, size or record count changes it, as does any
-    byte changed in a file of at most 1 MiB and, in a bigger file, any change
-    touching a sampled range (see :func:`sample_hash`); a same-size change
-    confined to the unsampled bytes of a file over 1 MiB is not seen. Exact
-    checks need a manifest of checksums (a later ``quern prepare``). The
-    directory and the modification time are not part of it: a copy of the
-    files elsewhere keeps the identity. ``names``: the files' URLs when ``paths`` are
-    their copies in the disk cache (their base names are used)."""
+    change touching a range :func:`sample_hash` reads. The folder and the
+    modification time are not part of it: a copy of the files elsewhere keeps
+    the identity.
+
+    Args:
+        paths: the files.
+        counts: the record count of each.
+        names: the files' URLs when ``paths`` are their copies in the disk cache
+            (their base names are used).
+
+    Returns:
+        ``[{"file", "size", "records", "sample"}, ...]``, one per file, in order.
+    """
     out = []
     for k, (p, c) in enumerate(zip(paths, counts)):
         size = os.path.getsize(p)
@@ -142,10 +242,21 @@ def file_identity(
 
 
 def sample_ids(n: int, k: int = 5) -> list[int]:
-    """Sorted distinct record ids sampled for an identity: ``0``, ``n - 1`` and one id
-    in each of ``k`` equal strata of ``[0, n)``, placed by a hash of ``n``.
+    """Record ids sampled for an identity: the first, the last and one keyed id per stratum.
 
-    Depends only on ``n`` (the same in every process and session)."""
+    Args:
+        n: the number of records.
+        k: the number of equal strata of ``[0, n)``; each holds one id placed by a
+            hash of ``n``.
+
+    Returns:
+        Sorted distinct ids, depending only on ``n`` and ``k`` (the same in every
+        process and session).
+
+    Example:
+        >>> sample_ids(3), sample_ids(0)
+        ([0, 1, 2], [])
+    """
     if n <= 0:
         return []
     key = hashlib.blake2b(f"quern.sample_ids:{n}".encode(), digest_size=8 * k).digest()
@@ -158,13 +269,18 @@ def sample_ids(n: int, k: int = 5) -> list[int]:
 
 
 class ThreadLocalHandles:
-    """Per-process, per-thread cache of open handles, dropped on pickling."""
+    """Per-process, per-thread dicts of open handles, dropped on pickling and after a fork."""
 
     def __init__(self) -> None:
         self._local = threading.local()
         self._pid = os.getpid()
 
     def get(self) -> dict:
+        """This thread's dict of handles (empty in a new thread or process).
+
+        Returns:
+            A dict the caller fills (key -> open handle).
+        """
         if self._pid != os.getpid():  # forked: never share handles with the parent
             self._local = threading.local()
             self._pid = os.getpid()
@@ -182,12 +298,17 @@ class ThreadLocalHandles:
 
 
 class HandlePool:
-    """Idle open handles per key, shared by the threads of one process: a thread
-    borrows a handle for one call (``take``) and gives it back (``give``), so no
-    handle is used by two threads at once and handles opened once are reused by
-    every thread. At most ``limit`` idle handles are kept (the least recently
-    given back are dropped, which closes them). Dropped on pickling and after a
-    fork."""
+    """Idle open handles per key, shared by the threads of one process.
+
+    A thread borrows a handle for one call (:meth:`take`) and gives it back
+    (:meth:`give`), so no handle is used by two threads at once and handles
+    opened once are reused by every thread. Dropped on pickling and after a
+    fork.
+
+    Args:
+        limit: the most idle handles kept; beyond it the least recently given
+            back are dropped (which closes them).
+    """
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
@@ -197,6 +318,14 @@ class HandlePool:
         self._pid = os.getpid()
 
     def take(self, key: Any) -> Any:
+        """Borrow an idle handle of ``key``.
+
+        Args:
+            key: what the handle opens (a file index).
+
+        Returns:
+            The handle, now this caller's alone, or ``None`` when none is idle.
+        """
         with self._lock:
             if self._pid != os.getpid():
                 self._idle.clear()
@@ -208,6 +337,12 @@ class HandlePool:
             return handles.pop()
 
     def give(self, key: Any, handle: Any) -> None:
+        """Give back (or lend for the first time) an idle handle of ``key``.
+
+        Args:
+            key: what the handle opens.
+            handle: the handle; the caller uses it no more.
+        """
         with self._lock:
             if self._pid != os.getpid():
                 return
@@ -230,7 +365,11 @@ class HandlePool:
 
 
 def host_name() -> str:
-    """This machine's name: file stats (inodes, times) are compared only on the machine that took them."""
+    """This machine's name: file stats (inodes, times) are compared only on the machine that took them.
+
+    Returns:
+        ``os.uname().nodename``.
+    """
     return os.uname().nodename
 
 
@@ -240,14 +379,20 @@ Stat = tuple[int, int | None, int | None, int | None]  # size, mtime_ns, inode, 
 class FileStats:
     """What a source's files were when it opened them, to refuse reading them once changed.
 
-    Holds each file's ``(size, mtime_ns, inode, device)``, taken before the source
-    reads it. :meth:`check` stats the file again (one ``os.stat``) and raises
-    :class:`SourceError` naming it if anything differs: a reader of a file
-    truncated, rewritten or replaced under it returns empty, stale or other
-    records without an error. Pickled to another machine (where inodes and times
-    differ), the size is kept and the rest is taken at the first check there. Not
-    seen: a same-size rewrite that keeps the inode within one tick of the file
-    system's clock."""
+    Holds each file's ``(size, mtime_ns, inode, device)``, taken before the
+    source reads it: a reader of a file truncated, rewritten or replaced under
+    it returns empty, stale or other records without an error. Pickled to
+    another machine (where inodes and times differ), the size is kept and the
+    rest is taken at the first check there. Not seen: a same-size rewrite that
+    keeps the inode within one tick of the file system's clock.
+
+    Args:
+        what: the source, for the messages.
+        paths: its files.
+
+    Raises:
+        SourceError: a file cannot be stat'ed.
+    """
 
     def __init__(self, what: str, paths: Sequence[str]) -> None:
         self.what, self.paths, self.host = what, list(paths), host_name()
@@ -267,7 +412,14 @@ class FileStats:
         return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
     def check(self, i: int) -> None:
-        """Raise :class:`SourceError` naming file ``i`` if it is not the file the source opened."""
+        """Check that file ``i`` is still the file the source opened (one ``os.stat``).
+
+        Args:
+            i: the file's index in ``paths``.
+
+        Raises:
+            SourceError: naming the file, if it was removed, resized, modified or replaced.
+        """
         want = self.stats[i]
         now = self._stat(i, "it was removed since the source opened it")
         if want[1] is None and now[0] == want[0]:  # first check on this machine: its own times and inode

@@ -18,12 +18,26 @@ from .base import (
 
 
 class ArraySource(Source):
-    """In-memory arrays. ``ArraySource({"x": ndarray, ...})``: record ``i`` is
-    ``{"x": x[i], ...}``; ``ArraySource(ndarray)``: record ``i`` is ``x[i]``.
+    """In-memory arrays: record ``i`` is ``x[i]``, or ``{"x": x[i], ...}`` for a dict of arrays.
 
     ``read_many`` gathers each array once with the whole id array and returns
-    the rows already stacked (a :class:`~quern.pipeline.collate.CollatedRows`), so
-    collation costs no copy. The identity hashes the arrays' contents.
+    the rows already stacked (a :class:`~quern.pipeline.collate.CollatedRows`),
+    so collation costs no copy. The identity hashes the arrays' contents.
+
+    Args:
+        arrays: an array, or a non-empty dict of name -> array; every array's
+            first axis is the record axis, of one length.
+        name: the source's name.
+
+    Raises:
+        TypeError: ``arrays`` is neither an array nor a non-empty dict.
+        ValueError: the arrays do not share their first dimension (or one is a scalar).
+
+    Example:
+        >>> import numpy as np
+        >>> src = ArraySource({"x": np.arange(4), "y": np.ones((4, 2))})
+        >>> len(src), src[2]["x"].item(), src.read_many(np.array([0, 3])).collated["y"].shape
+        (4, 2, (2, 2))
     """
 
     def __init__(self, arrays: Mapping[str, np.ndarray] | np.ndarray, name: str = "arrays") -> None:
@@ -43,12 +57,28 @@ class ArraySource(Source):
         return self._len
 
     def read_many(self, ids: np.ndarray) -> Sequence:
+        """The records ``ids``, already stacked.
+
+        Args:
+            ids: record ids in ``[0, len(self))``.
+
+        Returns:
+            A :class:`~quern.pipeline.collate.CollatedRows` of the rows.
+
+        Raises:
+            IndexError: an id is out of range.
+        """
         ids = check_ids(ids, len(self), f"ArraySource {self.name!r}")
         cols = {k: v[ids] for k, v in self.arrays.items()}
         return CollatedRows(cols[""] if self._single else cols, len(ids))
 
     def identity(self) -> dict:
-        """Type, name, length and a hash of the contents (computed once: the arrays must not change)."""
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name, length and a hash of the contents (computed once: the
+            arrays must not change).
+        """
         if getattr(self, "_content", None) is None:
             self._content = self._hash_content()
         return {**super().identity(), "content": self._content}
@@ -62,6 +92,18 @@ class SequenceSource(Source):
 
     ``read_many`` calls the object's ``__getitems__`` when it has one, else
     ``__getitem__`` per id. See :meth:`identity` for how it is described.
+
+    Args:
+        obj: the object.
+        name: the source's name (default: ``obj.name`` when a string, else its type's name).
+
+    Raises:
+        TypeError: ``obj`` lacks ``__len__`` or ``__getitem__``.
+
+    Example:
+        >>> src = SequenceSource(["a", "b", "c"], name="letters")
+        >>> src.name, src.read_many(np.array([2, 0]))
+        ('letters', ['c', 'a'])
     """
 
     def __init__(self, obj: Any, name: str | None = None):
@@ -76,6 +118,18 @@ class SequenceSource(Source):
         return len(self.obj)
 
     def read_many(self, ids: np.ndarray) -> list:
+        """The records ``ids``, in that order.
+
+        Args:
+            ids: record ids in ``[0, len(self))``.
+
+        Returns:
+            A list of what the object returns for them.
+
+        Raises:
+            IndexError: an id is out of range.
+            SourceError: ``__getitems__`` returned another number of records.
+        """
         ids = check_ids(ids, len(self), f"source {self.name!r}")
         getitems = getattr(self.obj, "__getitems__", None)
         if getitems is not None:
@@ -88,19 +142,25 @@ class SequenceSource(Source):
         return [self.obj[i] for i in ids.tolist()]
 
     def identity(self) -> dict:
-        """Type, name, length, the wrapped object's type (``object``) and either
+        """A description of the data for the pipeline fingerprint.
 
-        - ``identity``: the digest of ``obj.identity()`` when the object has
-          that method (a quern source, or any object that describes its data),
-        - ``fingerprint``: the string ``obj.fingerprint()`` returns when it has
-          that method, or else
-        - ``sample``: the digest of the records :func:`sample_ids` picks (first,
-          last and five keyed ones, read in one ``read_many``), by content
-          (:func:`~quern.pipeline.digest.digest`), never by ``repr``: the same
-          data gives the same identity in every process.
+        Returns:
+            The type, name, length, the wrapped object's type (``object``) and either
 
-        Raises :class:`FingerprintError` naming the source and the record when a
-        sampled record cannot be described by its content."""
+            - ``identity``: the digest of ``obj.identity()`` when the object has
+              that method (a quern source, or any object that describes its data),
+            - ``fingerprint``: the string ``obj.fingerprint()`` returns when it has
+              that method, or else
+            - ``sample``: the digest of the records :func:`sample_ids` picks (first,
+              last and five keyed ones, read in one ``read_many``), by content
+              (:func:`~quern.pipeline.digest.digest`), never by ``repr``: the same
+              data gives the same identity in every process.
+
+        Raises:
+            FingerprintError: a sampled record cannot be described by its content,
+                or ``fingerprint()`` returned something else than a string; the
+                message names the source and the record.
+        """
         obj = self.obj
         out = {**super().identity(), "object": type(obj).__qualname__}  # not its module: __main__ or imported
         if callable(getattr(obj, "identity", None)):
@@ -129,8 +189,23 @@ class SequenceSource(Source):
 
 
 def as_source(obj: Any) -> Source:
-    """Wrap ``obj`` as a :class:`Source`: quern sources pass through, arrays and dicts
-    of arrays become :class:`ArraySource`, other ``__len__``/``__getitem__`` objects :class:`SequenceSource`."""
+    """``obj`` as a :class:`Source`.
+
+    Args:
+        obj: a quern source (returned as it is), an array or a dict of arrays
+            (an :class:`ArraySource`), or another object with ``__len__`` and
+            ``__getitem__`` (a :class:`SequenceSource`).
+
+    Returns:
+        The source.
+
+    Raises:
+        TypeError: as the constructors.
+
+    Example:
+        >>> type(as_source(np.zeros(3))).__name__, type(as_source(range(3))).__name__
+        ('ArraySource', 'SequenceSource')
+    """
     if isinstance(obj, Source):
         return obj
     if isinstance(obj, (Mapping, np.ndarray)):

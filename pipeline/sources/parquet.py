@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..cache import ShardCache, is_url
+from ..deprecation import keyword_only
 from ..errors import SourceError
 from .base import (
     FileStats,
@@ -38,7 +39,8 @@ def _values_to_numpy(arr: Any) -> tuple[np.ndarray, np.ndarray | None]:
     null (``arr.drop_null().to_numpy()``), so a value's type never depends on
     whether its row group holds a null; null slots hold a placeholder (zero, or
     ``None`` in object arrays). ``valid`` is the mask of non-null slots, or
-    ``None`` when there is no null."""
+    ``None`` when there is no null.
+    """
     if not arr.null_count:
         return arr.to_numpy(zero_copy_only=False), None
     valid = arr.is_valid().to_numpy(zero_copy_only=False)
@@ -105,7 +107,8 @@ def _widen(a: Any, b: Any) -> Any:
     floats to the wider; ``string``/``large_string`` and ``binary``/``large_binary``
     to the large one; lists (variable-size, large or of one fixed size) of
     widenable elements. Never integer with float (``int64`` values would be
-    rounded), number with string, or timestamps of other units or zones."""
+    rounded), number with string, or timestamps of other units or zones.
+    """
     import pyarrow as pa
 
     t = pa.types
@@ -138,15 +141,17 @@ def _widen(a: Any, b: Any) -> Any:
 def _check_schemas(
     paths: list[str], schemas: list[Any], columns: list[str] | None, unify: bool
 ) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
-    """Check that Parquet files agree on the ``columns`` they are read for (all of
-    the first file's when ``None``); return the column names (the first file's
-    order), the type each column is read as, and per file the columns to cast.
+    """Check that Parquet files agree on the ``columns`` they are read for (all of the first file's when ``None``).
+
+    Returns the column names (the first file's order), the type each column is
+    read as, and per file the columns to cast.
 
     Every file must have every column (and, with ``columns=None``, no other), of
     the first file's type; with ``unify``, of a type :func:`_widen` unifies with
     the others, read as the unified type. Raises :class:`SourceError` naming the
     two files and the column that disagree. Nullability and metadata are not
-    compared."""
+    compared.
+    """
     first = schemas[0]
     names = list(columns) if columns is not None else list(first.names)
     types = {c: first.field(c).type for c in names}
@@ -188,41 +193,58 @@ def _check_schemas(
 
 
 class ParquetSource(Source):
-    """Parquet files (a glob, a path or a list); records are ``{column: value}`` dicts.
+    """Parquet files; records are ``{column: value}`` dicts, one type per column whatever the row group.
 
-    Random access by row through the row-group index: ids map to
-    ``(file, row group, row)``; ``read_many`` decodes each needed row group once
-    (kept in an LRU cache bounded by ``cache_bytes`` of decoded data and, if
-    given, ``cache_row_groups`` row groups), converts
-    it to NumPy column by column in bulk, and slices rows out.
+    Ids map to ``(file, row group, row)``; ``read_many`` decodes each needed
+    row group once (kept in an LRU cache), converts it to NumPy column by
+    column in bulk, and slices rows out.
 
-    A column's non-null values have one type whatever row group they come from
-    (with or without nulls): scalar columns give NumPy scalars of the column's
-    dtype (``np.int64``, ``np.float64``, ``np.bool_``, ``np.datetime64`` for
-    timestamps and dates, ...), strings/binary ``str``/``bytes``; list columns
-    give read-only 1-D arrays of the element dtype (views of the cached row
-    group: copy before changing them in place). A null is ``None`` in every
-    column type; a list holding a null element is a read-only object array of
-    NumPy scalars of the element dtype and ``None``.
+    Scalar columns give NumPy scalars of the column's dtype (``np.int64``,
+    ``np.datetime64`` for timestamps and dates, ...), strings and binary
+    ``str``/``bytes``, list columns read-only 1-D arrays of the element dtype
+    (views of the cached row group: copy before changing them in place). A null
+    is ``None`` in every column type; a list holding a null element is a
+    read-only object array of NumPy scalars and ``None``.
 
-    All files must have one schema over the columns read (``columns``, or all
-    the first file's columns; the order may differ, records follow the first
-    file's): a missing or extra column or a column of another type raises
-    :class:`SourceError` when the source opens, naming both files and the
-    column. With ``unify_schemas=True``, columns of compatible types are read
-    as their common type (int32 and int64 as int64, float32 and float64 as
-    float64, string as large_string, a null column as the other files' type; see
-    :func:`_widen`), cast on read; other differences are still refused.
+    All files must have one schema over the columns read (the order may
+    differ; records follow the first file's); ``unify_schemas=True`` reads
+    compatible types as their common type (int32 and int64 as int64, float32
+    and float64 as float64, string as large_string, a null column as the
+    other files' type; only lossless widenings). Page checksums are verified
+    when the files have them. The details are in ``docs/design/sources.md``.
 
-    Page checksums are verified when the file has them (written with
-    ``pq.write_table(..., write_page_checksum=True)``): a damaged page is then a
-    :class:`SourceError`; without them, Parquet cannot tell a changed byte inside
-    a page from data (``benchmarks/faults.py`` shows how often that happens).
+    Args:
+        paths: a glob, a path or a list of them, or a list of URLs (fetched whole
+            into ``cache`` when the source opens).
+        columns: the columns read (default: all the first file's).
+        name: the source's name (default: from the first file's name).
+        cache_row_groups: the most decoded row groups kept, or ``None`` (no count limit).
+        cache_bytes: the most bytes of decoded row groups kept (at least one is kept).
+        unify_schemas: read compatible column types as their common type.
+        cache: the disk cache of remote files (default: a
+            :class:`~quern.pipeline.cache.ShardCache` in its default folder).
+
+    Raises:
+        FileNotFoundError: a glob matches nothing, or a path does not exist.
+        KeyError: a column asked for is not in the first file.
+        SourceError: a file cannot be opened, or the files disagree on a column
+            (naming both files and the column).
+        TypeError: ``unify_schemas`` is not a bool.
+
+    Example:
+        >>> import tempfile, os
+        >>> import pyarrow as pa, pyarrow.parquet as pq
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     pq.write_table(pa.table({"id": [1, 2], "text": ["a", None]}), os.path.join(d, "t.parquet"))
+        ...     print(ParquetSource(os.path.join(d, "t.parquet")).read_many(np.array([1, 0])))
+        [{'id': np.int64(2), 'text': None}, {'id': np.int64(1), 'text': 'a'}]
     """
 
+    @keyword_only("columns", "name", "cache_row_groups", "cache_bytes", "unify_schemas", "cache")
     def __init__(
         self,
         paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
         columns: Sequence[str] | None = None,
         name: str | None = None,
         cache_row_groups: int | None = None,
@@ -297,6 +319,11 @@ class ParquetSource(Source):
         return int(self.rg_starts[-1])
 
     def block_size(self) -> int:
+        """The median rows per row group: the natural read granularity.
+
+        Returns:
+            Records per row group (1 for no row group).
+        """
         sizes = np.diff(self.rg_starts)
         return int(np.median(sizes)) if sizes.size else 1
 
@@ -343,6 +370,19 @@ class ParquetSource(Source):
         return decoded
 
     def read_many(self, ids: np.ndarray) -> list:
+        """The records ``ids``, in that order: each row group needed decoded once.
+
+        Args:
+            ids: record ids in ``[0, len(self))``.
+
+        Returns:
+            A list of ``{column: value}`` dicts.
+
+        Raises:
+            IndexError: an id is out of range.
+            SourceError: a row group cannot be read, or a file changed since the
+                source opened it.
+        """
         ids = check_ids(ids, len(self), f"ParquetSource {self.name!r}")
         out: list = [None] * len(ids)
         group_of = np.searchsorted(self.rg_starts, ids, side="right") - 1
@@ -374,10 +414,16 @@ class ParquetSource(Source):
         return out
 
     def identity(self) -> dict:
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name, length, the columns asked for and per file its name,
+            size, record count and sampled hash (and ``unify_schemas`` when set).
+        """
         out = {
             **super().identity(),
             "columns": self.columns,
-            "files": file_identity(self.paths, self.file_rows, self.urls),
+            "files": file_identity(self.paths, self.file_rows, names=self.urls),
         }
         if self.unify_schemas:  # only when set: the identity of existing pipelines stays as it was
             out["unify_schemas"] = True

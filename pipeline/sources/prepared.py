@@ -1,45 +1,12 @@
 """A prepared folder, as ``quern prepare`` writes it: the manifest, its checks and the metadata index.
 
-A prepared folder holds ArrayRecord shards, ``manifest.json`` and ``metadata/``::
-
-    out/
-      manifest.json                         written last: its presence means the folder is complete
-      shard-00000-of-00003.array_record     the records, in the documented order
-      ...
-      metadata/length.npy                   per record: its length after the map (bytes or elements)
-      metadata/<field>.npy                  per record: each scalar field asked for (--fields)
-
-The manifest (JSON, keys sorted) names every file relative to itself and holds
-no timestamp, host name or absolute path, so the folder can be copied or moved:
-
-- ``format``: ``"quern-prepared"``, ``version``: :data:`VERSION`, ``quern_version``;
-- ``shards``: ``[{"file", "records", "bytes", "sha256"}]`` in record order;
-- ``records``: ``{"count", "type"}``: ``"bytes"``, or ``"array"`` with ``"dtype"``
-  (each record the raw bytes of a 1-D array of that dtype: decode it with
-  ``quern.transforms.decode(dtype)``);
-- ``metadata``: ``{field: {"file", "dtype", "sha256"}}``, ``length`` always;
-- ``input`` (a description of the input: kinds, names, file and byte counts, a
-  digest of every input byte), ``map`` (``null`` or its ``fn`` and code
-  fingerprint), ``options``, ``job`` (the hash of what decides the output),
-  ``skipped`` (records skipped with ``--skip-errors``: a count and the first
-  errors).
-
-:func:`check_manifest` checks a manifest's form, whoever wrote it (a server
-may be hostile): every key there and of its type, ``job`` a hex digest, every
-``sha256`` one, every shard a plain file name in the folder (``shard-...``)
-and every metadata file ``metadata/<plain name>`` (no ``..``, no ``/`` or
-``\\`` inside a name, no NUL or control character), record counts that add up
-to ``records.count`` and at most one record per byte of each shard (prepare
-writes one chunk per record). :func:`open_manifest` also checks that every
-shard it names is there with its size (a stat per shard) and that no shard or
-metadata file is a link that leads outside the folder; the ArrayRecord source
-then checks each shard's record count against its footer.
-
-What only :func:`verify` (or :func:`load_metadata`, for the metadata files)
-catches: a shard replaced by another of the same size and record count (the
-manifest's SHA-256 checksums are the folder's identity, and hashing every
-shard at every open would read the whole folder); the source then reads the
-other shard's records under the manifest's identity.
+A prepared folder holds ArrayRecord shards, ``manifest.json`` (written last:
+its presence means the folder is complete) and ``metadata/<field>.npy`` (one
+value per record; ``length`` always). :func:`check_manifest` checks a
+manifest's form whoever wrote it, :func:`open_manifest` also that the files it
+names are there with their sizes, :func:`verify` every byte against the
+manifest's SHA-256 checksums. The layout, the manifest's keys and what is
+checked when are described in ``docs/design/prepared.md``.
 """
 
 from __future__ import annotations
@@ -76,7 +43,15 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def file_sha256(path: str, chunk: int = 8 << 20) -> str:
-    """The SHA-256 hex digest of the bytes of ``path``."""
+    """The SHA-256 hex digest of the bytes of ``path``.
+
+    Args:
+        path: the file.
+        chunk: bytes read at a time.
+
+    Returns:
+        64 lowercase hex digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -85,14 +60,23 @@ def file_sha256(path: str, chunk: int = 8 << 20) -> str:
 
 
 def is_prepared(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder that a prepare wrote to (finished or not)."""
+    """Whether ``path`` is a folder that a prepare wrote to (finished or not).
+
+    Args:
+        path: any path.
+
+    Returns:
+        Whether it is a folder holding a manifest or an unfinished prepare's staging folder.
+    """
     p = os.fspath(path)
     return os.path.isdir(p) and (os.path.exists(os.path.join(p, MANIFEST)) or os.path.exists(os.path.join(p, STAGING)))
 
 
 def _plain(name: Any) -> bool:
-    """Whether ``name`` is one plain file name: not empty, ``.`` or ``..``, no ``/``, ``\\``, NUL or
-    control character, at most 255 bytes."""
+    r"""Whether ``name`` is one plain file name.
+
+    Not empty, ``.`` or ``..``; no ``/``, ``\``, NUL or control character; at most 255 bytes.
+    """
     return (
         isinstance(name, str)
         and name not in ("", ".", "..")
@@ -109,8 +93,11 @@ def _form(name: Any, metadata: bool) -> bool:
 
 
 def _inside(folder: str, name: Any, what: str, manifest: str | None = None, metadata: bool = False) -> str:
-    """``folder/name`` for a manifest's relative file name: anything not of the form prepare writes
-    (:func:`_form`) is refused, and so is a path that resolves (links followed) outside ``folder``."""
+    """``folder/name`` for a manifest's relative file name, checked.
+
+    Anything not of the form prepare writes (:func:`_form`) is refused, and so
+    is a path that resolves (links followed) outside ``folder``.
+    """
     where = manifest or os.path.join(folder, MANIFEST)
     if not _form(name, metadata):
         form = "'metadata/<name>'" if metadata else "a plain file name"
@@ -126,10 +113,23 @@ def _inside(folder: str, name: Any, what: str, manifest: str | None = None, meta
 
 
 def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of the prepared folder ``folder``, checked: every key present,
-    every shard and metadata file named inside the folder, present, and of the
-    size the manifest says. Raises :class:`SourceError` naming what is missing
-    (no manifest: an unfinished prepare, or not a prepared folder)."""
+    """The manifest of the prepared folder ``folder``, checked.
+
+    Its form is checked (:func:`check_manifest`), and every shard and metadata
+    file it names is inside the folder (no link leading out) and present, each
+    shard of the size the manifest says.
+
+    Args:
+        folder: the prepared folder.
+
+    Returns:
+        The parsed manifest.
+
+    Raises:
+        SourceError: no manifest (an unfinished prepare, or not a prepared
+            folder), a manifest that cannot be read or is malformed, or a file
+            missing or of the wrong size; the message names it.
+    """
     folder = os.fspath(folder)
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
@@ -167,8 +167,17 @@ def open_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_manifest(m: Any, path: str) -> dict[str, Any]:
-    """``m`` (a parsed manifest read from ``path``, a file or a URL) checked for its form
-    (see the module docstring): format, version, every key and its type, names and digests.
+    """A parsed manifest, checked for its form.
+
+    Format, version, every key and its type, plain file names, digests,
+    record counts that add up and at most one record per byte of each shard.
+
+    Args:
+        m: the parsed JSON.
+        path: where it was read from (a file or a URL), for the messages.
+
+    Returns:
+        ``m`` itself.
 
     Raises:
         SourceError: naming ``path`` and the key or file that is wrong.
@@ -234,8 +243,16 @@ def check_manifest(m: Any, path: str) -> dict[str, Any]:
 
 
 def verify(folder: str | os.PathLike, manifest: dict[str, Any] | None = None) -> None:
-    """Check every byte of the shards and metadata files of ``folder`` against the
-    manifest's SHA-256 checksums; :class:`SourceError` naming the first that differs."""
+    """Check every byte of the shards and metadata files of ``folder`` against the manifest's SHA-256 checksums.
+
+    Args:
+        folder: the prepared folder.
+        manifest: its manifest, already checked (default: :func:`open_manifest`).
+
+    Raises:
+        SourceError: a file differs from its checksum (the first, named), or as
+            :func:`open_manifest`.
+    """
     folder = os.fspath(folder)
     m = manifest if manifest is not None else open_manifest(folder)
     files = [(s["file"], s["sha256"]) for s in m["shards"]]
@@ -250,16 +267,22 @@ def verify(folder: str | os.PathLike, manifest: dict[str, Any] | None = None) ->
 
 
 def load_metadata(
-    folder: str | os.PathLike, manifest: dict[str, Any], files: dict[str, str] | None = None
+    folder: str | os.PathLike, manifest: dict[str, Any], *, files: dict[str, str] | None = None
 ) -> dict[str, np.ndarray]:
-    """The metadata index of a prepared folder: ``{field: read-only array}`` with one
-    value per record, each file checked against its checksum.
+    """The metadata index of a prepared folder, each file checked against its checksum.
 
     Args:
         folder: the prepared folder (or its URL, with ``files``).
         manifest: its manifest, checked (:func:`check_manifest`).
         files: where each field's file is read from instead of ``folder/<file>`` (a remote
             folder's copies in the disk cache); errors name ``folder/<file>``.
+
+    Returns:
+        ``{field: read-only array}`` with one value per record, fields sorted.
+
+    Raises:
+        SourceError: a file does not match its checksum, is not a NumPy array
+            file, or has another shape or dtype than the manifest says.
     """
     folder = os.fspath(folder)
     out: dict[str, np.ndarray] = {}

@@ -37,10 +37,19 @@ def _tensorstore_spec(spec: Any) -> Any:
 class TensorStoreSource(Source):
     """TensorStore arrays; the first axis is the record axis.
 
-    ``TensorStoreSource(spec_or_path)`` yields each row as an array;
-    ``TensorStoreSource({"name": spec_or_path, ...})`` yields a dict of rows
-    (all arrays must have the same first dimension). ``read_many`` issues one
-    read per array for the sorted unique rows needed.
+    One array gives each row as an array; a dict of arrays gives a dict of
+    rows. ``read_many`` issues one read per array for the sorted unique rows
+    needed (one slice when they are contiguous).
+
+    Args:
+        spec: a TensorStore spec or the path of a zarr/zarr3 array folder, or a
+            dict of name -> spec or path (all of one first dimension).
+        name: the source's name (default ``"tensorstore"``, or the names joined by ``+``).
+
+    Raises:
+        FileNotFoundError: a path is not a zarr or zarr3 array folder.
+        SourceError: an array cannot be opened.
+        ValueError: an array is a scalar, or the arrays differ in first dimension.
     """
 
     def __init__(self, spec: Any, name: str | None = None):
@@ -74,6 +83,18 @@ class TensorStoreSource(Source):
         return self._len
 
     def read_many(self, ids: np.ndarray) -> list:
+        """The rows ``ids``, in that order.
+
+        Args:
+            ids: record ids in ``[0, len(self))``.
+
+        Returns:
+            A list of arrays (one array), or of dicts of arrays (a dict of arrays).
+
+        Raises:
+            IndexError: an id is out of range.
+            SourceError: a read failed.
+        """
         ids = check_ids(ids, len(self), f"TensorStoreSource {self.name!r}")
         if not ids.size:
             return []
@@ -98,10 +119,17 @@ class TensorStoreSource(Source):
     SAMPLE_BAND_BYTES = 8 << 20
 
     def identity(self) -> dict:
-        """Type, name, length, the specs (with each ``path`` cut to its last component,
-        so that an array copied to another folder keeps its identity) and, per array
-        (``arrays[key]``, key ``""`` for a single array), its shape, dtype, chunk
-        layout and a content sample (see :meth:`_array_identity`)."""
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name, length, the specs (with each ``path`` cut to its last
+            component, so that an array copied to another folder keeps its identity)
+            and, per array (``arrays[key]``, key ``""`` for a single array), its
+            shape, dtype, chunk layout and a content sample (see :meth:`_array_identity`).
+
+        Raises:
+            SourceError: the sample rows cannot be read.
+        """
         return {
             **super().identity(),
             "specs": {k: _json_safe(_relocatable(v)) for k, v in self.specs.items()},
@@ -116,7 +144,8 @@ class TensorStoreSource(Source):
         last and five keyed ones; reading a row fetches those chunks anyway), or
         of the picked row alone where its band exceeds ``SAMPLE_BAND_BYTES``.
         Rewriting values of the same shape and dtype changes it when a sampled
-        band changes; a change confined to other chunks is not seen."""
+        band changes; a change confined to other chunks is not seen.
+        """
         st = self._store(key)
         layout = st.chunk_layout
         n = int(st.shape[0])
