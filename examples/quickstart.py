@@ -63,7 +63,7 @@ def build_dataset(out: str, shards: int = 4) -> tuple[str, list[str]]:
     pq_paths = [os.path.join(out, f"stdlib-{i:05d}-of-{shards:05d}.parquet") for i in range(shards)]
     stdlib = sysconfig.get_paths()["stdlib"]
     # records: the files sorted by name, each cut into chunks in order (see quern.prepare.inputs)
-    manifest = prepare(os.path.join(stdlib, "*.py"), folder, map=chunk_text, shard_size="1MB", workers=0)
+    manifest = prepare(os.path.join(stdlib, "*.py"), folder, map=chunk_text, shard_size="1MB", num_workers=0)
     if all(os.path.exists(p) for p in pq_paths):
         return folder, pq_paths
     src = quern.sources.ArrayRecordSource(folder)

@@ -16,7 +16,7 @@ def prepared_folder(tmp_path, label: bytes):
     want = [label + b" document %d " % i * (30 + 11 * i) for i in range(30)]
     for i, d in enumerate(want):
         (docs / f"{i:02d}.txt").write_bytes(d)
-    prepare(docs, tmp_path / "prep", shard_size="8KB", workers=0, progress=False)
+    prepare(docs, tmp_path / "prep", shard_size="8KB", num_workers=0, progress=False)
     return tmp_path / "prep", want
 
 

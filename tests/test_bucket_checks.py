@@ -158,7 +158,7 @@ def test_a_full_disk_leaves_no_temporary_file_in_the_packing_cache(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         b = pipe.batch_at(0)
-        print(json.dumps({{"rows": int(b["tokens"].shape[0]), "per_epoch": pipe.packing.rows_before(1)}}))
+        print(json.dumps({{"rows": int(b["tokens"].shape[0]), "per_epoch": pipe.stream.rows_before(1)}}))
         """
     )
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

@@ -35,7 +35,7 @@ def test_a_file_is_fetched_once_verified_and_then_a_hit(served, tmp_path):
     _, files = served
     cache = ShardCache(tmp_path / "cache")
     url, data = next(iter(files.items()))
-    path = cache.get(url, len(data), _sha(data))
+    path = cache.get(url, size=len(data), sha256=_sha(data))
     assert open(path, "rb").read() == data
     assert cache.get(url, sha256=_sha(data)) == path  # keyed by the digest
     assert cache.stats["misses"] == 1 and cache.stats["hits"] == 1 and cache.stats["bytes_fetched"] == len(data)
@@ -46,7 +46,7 @@ def test_two_threads_wanting_one_file_download_it_once(served, tmp_path):
     cache = ShardCache(tmp_path / "cache")
     url, data = next(iter(files.items()))
     got = []
-    threads = [threading.Thread(target=lambda: got.append(cache.get(url, len(data)))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: got.append(cache.get(url, size=len(data)))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -59,14 +59,14 @@ def test_a_wrong_checksum_is_fetched_again_once_then_an_error_naming_the_url(ser
     cache = ShardCache(tmp_path / "cache")
     url, data = next(iter(files.items()))
     with pytest.raises(quern.SourceError, match="SHA-256, twice") as e:
-        cache.get(url, len(data), _sha(b"other bytes"))
+        cache.get(url, size=len(data), sha256=_sha(b"other bytes"))
     assert url in str(e.value)
     assert cache.stats["bytes_fetched"] == 2 * len(data)
     assert not os.path.exists(cache.path(url, _sha(b"other bytes")))  # nothing unverified under the final name
     assert not os.path.exists(cache.path(url))
     assert not [n for n in os.listdir(cache.folder) if n.endswith(".part")]
     with pytest.raises(quern.SourceError, match="bytes, not"):
-        cache.get(url, len(data) + 1)
+        cache.get(url, size=len(data) + 1)
 
 
 def test_a_missing_file_is_an_error_naming_the_url(tmp_path):
@@ -124,7 +124,7 @@ def test_a_prepared_folder_read_by_url_equals_the_local_folder(tmp_path):
     docs.mkdir()
     for i in range(40):
         (docs / f"{i:02d}.txt").write_bytes(b"document %d " % i * (50 + 7 * i))
-    prepare(docs, tmp_path / "prep", shard_size="8KB", workers=0, progress=False)
+    prepare(docs, tmp_path / "prep", shard_size="8KB", num_workers=0, progress=False)
     local = quern.sources.ArrayRecordSource(str(tmp_path / "prep"))
     cache = ShardCache(tmp_path / "cache")
     remote = quern.sources.ArrayRecordSource(f"file://{tmp_path}/prep", cache=cache)
@@ -163,7 +163,7 @@ def test_a_plain_http_server_without_range_requests_or_etags_works(tmp_path):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/shard.bin"
         cache = ShardCache(tmp_path / "cache")
-        assert open(cache.get(url, len(data), _sha(data)), "rb").read() == data
+        assert open(cache.get(url, size=len(data), sha256=_sha(data)), "rb").read() == data
         with pytest.raises(quern.SourceError, match="not found"):
             ShardCache(tmp_path / "cache", retries=0).get(url.replace("shard", "nothing"))
     finally:

@@ -58,5 +58,5 @@ def test_a_download_killed_mid_way_leaves_only_a_part_file_removed_by_the_next_c
         assert not os.path.exists(cache.path(url))  # never a partial file under the final name
         parts = [n for n in os.listdir(folder) if n.endswith(".part")]
         assert len(parts) == 1 and os.path.getsize(folder / parts[0]) < len(data)
-        assert open(cache.get(url, len(data)), "rb").read() == data
+        assert open(cache.get(url, size=len(data)), "rb").read() == data
     assert not [n for n in os.listdir(folder) if n.endswith(".part")]

@@ -126,7 +126,7 @@ def test_a_remote_source_fetched_during_the_loop_is_the_network(tmp_path):
         (docs / f"{i:02d}.txt").write_bytes(b"x" * 3000)
     root = tmp_path / "www"
     root.mkdir()
-    prepare(docs, root / "prep", shard_size="16KB", workers=0, progress=False)
+    prepare(docs, root / "prep", shard_size="16KB", num_workers=0, progress=False)
     with nginx(root, limit_rate="100k") as srv:
         src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache"))
         pipe = quern.Pipeline.from_source(src, seed=1).batch(4)

@@ -132,7 +132,7 @@ def test_code_built_pipeline_round_trips(files):
 
     pipe = (
         quern.Pipeline.from_source(src, seed=9, num_epochs=3)
-        .shuffle("block", block=20, window=4)
+        .shuffle("block", block_size=20, window=4)
         .map(quern.transforms.decode(np.uint8))
         .map(quern.transforms.pad(12, mask_key="mask"))
         .batch(6, drop_remainder=False)

@@ -17,7 +17,7 @@ from test_config import case_ids, docs_folder, doubled_prefixes
 
 import quern
 from quern.pipeline.cli import main
-from quern.pipeline.dataset import Bucketing
+from quern.pipeline.streams import BucketedStream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,7 +104,7 @@ def _write(d, cfg: dict, stem: str = "bucket", suffix: str = "yaml"):
 
 
 def _records_file(has_field: str) -> bool:
-    return has_field in {f.name for f in dataclasses.fields(Bucketing)}
+    return has_field in {f.name for f in dataclasses.fields(BucketedStream)}
 
 
 # --------------------------------------------------------------------------- round trips
@@ -158,7 +158,7 @@ batch_transforms: [{{fn: "{h.__name__}:shift"}}]
     src = quern.sources.ArrayRecordSource(str(d / "toks-*.array_record"))
     want = (
         quern.Pipeline.from_source(src, seed=2)
-        .shuffle("block", block=50, window=4)
+        .shuffle("block", block_size=50, window=4)
         .map(quern.transforms.decode(np.uint8))
         .bucket([8, 16, 40], [12, 6, 4])
         .map_batch(h.shift)
@@ -178,7 +178,7 @@ batch_transforms: [{{fn: "{h.__name__}:shift"}}]
 def test_a_lengths_file_is_read_instead_of_a_scan(folder, tmp_path, cache):
     d, h = folder
     pipe = _bucketed(d, h)
-    np.save(tmp_path / "lengths.npy", pipe.bucketing.inner.length_index("tokens"))  # -1 where the filter drops
+    np.save(tmp_path / "lengths.npy", pipe.stream.inner.length_index("tokens"))  # -1 where the filter drops
     cfg = pipe.to_config()
     cfg["bucket"]["lengths"] = "lengths.npy"  # relative to the config file
     path = tmp_path / "with-lengths.yaml"

@@ -16,6 +16,7 @@ from test_config import case_ids, docs_folder, doubled_prefixes
 
 import quern
 from quern.pipeline.cli import main
+from quern.pipeline.streams import MixtureStream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +146,7 @@ batch_transforms: [{{fn: "{h.__name__}:shift", kwargs: {{by: 2}}}}]
 def test_a_lengths_file_is_read_instead_of_a_scan_and_written_back(folder, tmp_path, cache):
     d, h = folder
     pipe = _docs(d, h)
-    np.save(tmp_path / "lengths.npy", pipe.packing.lengths)  # the scanned index (-1 for what the filter drops)
+    np.save(tmp_path / "lengths.npy", pipe.stream.lengths)  # the scanned index (-1 for what the filter drops)
     cfg = pipe.to_config()
     cfg["pack"]["lengths"] = "lengths.npy"  # relative to the config file
     path = tmp_path / "with-lengths.yaml"
@@ -244,7 +245,7 @@ def test_a_mixture_itself_is_not_packed(folder, where, fragment):
         quern.load_config(cfg)
     ok = {**_mixed(d), "batch": 8, "pack": None, "row_transforms": []}  # no packing, said explicitly
     ok["mix"]["components"]["web"]["pack"] = None
-    assert quern.load_config(ok).mixture is not None
+    assert isinstance(quern.load_config(ok).stream, MixtureStream)
 
 
 def test_a_mixtures_components_may_be_packed(folder):
@@ -254,7 +255,7 @@ def test_a_mixtures_components_may_be_packed(folder):
         c["source"]["columns"] = ["tokens"]
         c["pack"] = {"seq_len": 64, "key": "tokens"}
     pipe = quern.load_config(cfg)
-    assert [c.packing.seq_len for c in pipe.mixture.components] == [64, 64]
+    assert [c.stream.seq_len for c in pipe.stream.components] == [64, 64]
     src = quern.sources.ParquetSource(str(d / "docs.parquet"), columns=["tokens"])
     part = quern.Pipeline.from_source(src).pack(64, key="tokens")
     _same(quern.mix({"web": part, "code": part}, weights={"web": 1, "code": 1}).batch(4), pipe, (0, 5))

@@ -97,7 +97,7 @@ def _mixture(folder, schedule=None, weights=None, batch=16, block=1024):
     batched, shifted."""
     d, h = folder
     web = quern.Pipeline.from_source(_source(d, "a"), seed=1).shuffle().filter(functools.partial(h.longer, min_len=12))
-    code = quern.Pipeline.from_source(_source(d, "b"), seed=2).shuffle("block", block=30, window=4)
+    code = quern.Pipeline.from_source(_source(d, "b"), seed=2).shuffle("block", block_size=30, window=4)
     return (
         quern.mix({"web": web, "code": code}, weights=weights, schedule=schedule, seed=7, block=block)
         .map(quern.transforms.decode(np.uint8))

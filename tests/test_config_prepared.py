@@ -24,7 +24,7 @@ def folder(tmp_path):
 
     sys.path.insert(0, str(tmp_path))
     try:
-        prepare(lines, tmp_path / "prep", map="tok:encode", fields=["q"], workers=0, progress=False)
+        prepare(lines, tmp_path / "prep", map="tok:encode", fields=["q"], num_workers=0, progress=False)
     finally:
         sys.path.remove(str(tmp_path))
     return tmp_path / "prep"

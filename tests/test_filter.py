@@ -401,7 +401,7 @@ _BUILDER = textwrap.dedent(
     def keep(rec):
         return rec["x"] % 7 == 3
 
-    pipe = quern.Pipeline.from_source({"x": np.arange(30000)}).filter(keep, cache_dir=cache, workers=1)
+    pipe = quern.Pipeline.from_source({"x": np.arange(30000)}).filter(keep, cache_dir=cache, num_workers=1)
     print(len(pipe.survivors), int(np.asarray(pipe.survivors).sum()))
     """
 )
@@ -571,10 +571,10 @@ def test_the_scan_in_processes_equals_the_scan_in_this_process(tmp_path, monkeyp
 
     monkeypatch.setattr(scan, "_scan_in_processes", spy)
     CALLS.n = 0
-    here = _src(n).map(plus_one).filter(mod7_is_3, cache_dir=tmp_path / "here", workers=1)
+    here = _src(n).map(plus_one).filter(mod7_is_3, cache_dir=tmp_path / "here", num_workers=1)
     assert CALLS.n == n and spawned == []
     CALLS.n = 0
-    there = _src(n).map(plus_one).filter(mod7_is_3, cache_dir=tmp_path / "there", workers=2)
+    there = _src(n).map(plus_one).filter(mod7_is_3, cache_dir=tmp_path / "there", num_workers=2)
     assert spawned == [2]
     assert CALLS.n == 0  # the predicate ran in the scan processes only
     ids = np.arange(n)
@@ -588,5 +588,5 @@ def test_the_scan_in_processes_equals_the_scan_in_this_process(tmp_path, monkeyp
 def test_a_failure_in_a_scan_process_is_a_scan_error_naming_the_record(tmp_path, monkeypatch):
     monkeypatch.setattr(scan, "PROCESS_MIN", 1000)
     with pytest.raises(quern.ScanError, match=r"record 4321 of source 'arrays'.*no such thing"):
-        _src(5000).filter(fails_on_4321, cache_dir=tmp_path, workers=2)
+        _src(5000).filter(fails_on_4321, cache_dir=tmp_path, num_workers=2)
     assert _cache_files(tmp_path) == []

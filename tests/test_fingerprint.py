@@ -572,3 +572,17 @@ def test_builtin_transforms_are_described_by_name_version_and_arguments(monkeypa
 
     monkeypatch.setitem(quern.pipeline.registry.REGISTRY, "mine_for_test", Mine)
     assert "code" in json.dumps(describe_callable(Mine()))  # not quern's own: by its code
+
+
+def test_quern_functions_a_transform_calls_are_described_by_name():
+    """A user transform that calls a quern function imported by name (``from quern.transforms.random import
+    uniform``) is described with that function by its name, not its code: quern's docstrings and refactors
+    change no fingerprint (its outputs are versioned by the index format and pinned by the golden tests)."""
+    from quern.pipeline.fingerprint import describe_callable
+    from quern.transforms.random import uniform
+
+    def noisy(batch, keys):
+        return {**batch, "u": uniform(keys)}
+
+    d = json.dumps(describe_callable(noisy))
+    assert "function quern.transforms.random.uniform" in d

@@ -76,11 +76,11 @@ def test_a_scan_process_refuses_a_global_changed_at_run_time(mycfg, tmp_path, mo
     with pytest.raises(
         ScanError, match=rf"filter\[0\] keep: global `{mycfg.__name__}\.THR` is 0 here and 1500 in the parent"
     ):
-        quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, workers=2)
+        quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, num_workers=2)
     assert _survivor_files(cache) == []  # nothing cached
     with pytest.raises(ScanError, match=r"pass it as an argument .* or set it at import"):
-        quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, workers=2)
-    here = quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, workers=1)  # in this process
+        quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, num_workers=2)
+    here = quern.Pipeline.from_source(src).filter(mycfg.keep, cache_dir=cache, num_workers=1)  # in this process
     np.testing.assert_array_equal(here.survivors, np.arange(1500, 3000))
 
 
@@ -95,7 +95,7 @@ def test_a_global_set_at_import_scans_in_processes(mycfg, tmp_path, monkeypatch)
 
     monkeypatch.setattr(scan, "_scan_in_processes", spy)
     pipe = quern.Pipeline.from_source({"x": np.arange(3000)}).map(mycfg.add_fixed)
-    kept = pipe.filter(lambda rec: int(rec["x"]) % 3 == 0, cache_dir=tmp_path, workers=2)
+    kept = pipe.filter(lambda rec: int(rec["x"]) % 3 == 0, cache_dir=tmp_path, num_workers=2)
     assert spawned == [2]
     ids = np.arange(3000)
     np.testing.assert_array_equal(kept.survivors, ids[(ids + 10) % 3 == 0])
@@ -110,7 +110,7 @@ def test_a_length_scan_process_refuses_a_global_changed_at_run_time(mycfg, tmp_p
         rf"length scan process .*map\[0\] tag: attribute `{mycfg.__name__}\.tag\.value` is 1 here and 2 in the parent"
     )
     with pytest.raises(ScanError, match=what):
-        pipe.length_index(cache_dir=tmp_path, workers=2)
+        pipe.length_index(cache_dir=tmp_path, num_workers=2)
     assert not list(tmp_path.rglob("*.lengths"))
 
 
@@ -197,7 +197,7 @@ offset = 0.25
 arrays = {"x": np.arange(2000), "y": np.linspace(0, 1, 2000)}
 pipe = (
     quern.Pipeline.from_source(arrays, seed=4).shuffle()
-    .filter(lambda rec: int(rec["x"]) % THR == 0, workers=2)  # scanned in processes
+    .filter(lambda rec: int(rec["x"]) % THR == 0, num_workers=2)  # scanned in processes
     .map(Scale(1.5)).map(lambda rec: {**rec, "y": rec["y"] + offset}).map(functools.partial(clip, lo=0.25))
     .batch(10).map_batch(lambda b: {**b, "s": b["y"].sum(axis=0, keepdims=True) * TABLE["m"][0]})
 )
@@ -210,7 +210,7 @@ for i in range(300):
 w.close()
 records = quern.Pipeline.from_source(quern.sources.ArrayRecordSource([path]), seed=2).shuffle().map(decode)
 check(records.map(quern.transforms.pad(8, key="x")).map(clip).batch(6), 10)
-lengths = records.length_index(key="x", workers=2)
+lengths = records.length_index(key="x", num_workers=2)
 check(records.pack(16, key="x", lengths=lengths).batch(4), 10)
 padded = records.map(quern.transforms.pad(8, key="x"))
 check(quern.mix({"a": padded, "b": padded.map(clip)}, [0.25, 0.75], seed=1).batch(4), 10)
@@ -245,7 +245,7 @@ from quern.pipeline.errors import FingerprintError
 mod = importlib.import_module(sys.argv[2])
 expected = pickle.loads(sys.stdin.buffer.read())
 try:
-    samedef.check(expected, mod.shift, "a Ray task")
+    samedef.check(expected, mod.shift, where="a Ray task")
 except FingerprintError as e:
     print(e)
 else:
@@ -280,13 +280,13 @@ def test_check_names_the_difference_in_this_process(mycfg):
 
     pipe = quern.Pipeline.from_source({"x": np.arange(10)}).map(mycfg.add_fixed).batch(2)
     before = samedef.definition(pipe)
-    samedef.check(before, pipe, "here")  # the same: nothing raised
+    samedef.check(before, pipe, where="here")  # the same: nothing raised
     mycfg.SCALE["a"][0] = 2.5
     with pytest.raises(
         FingerprintError,
         match=rf"map\[0\] add_fixed: global `{mycfg.__name__}\.SCALE`\[.a.\]\[0\] is 2.5 here and 1.5 in the parent",
     ):
-        samedef.check(before, pipe, "here")
+        samedef.check(before, pipe, where="here")
     assert before["source"] == samedef.IDENTITY  # the data are not read again
 
 

@@ -111,9 +111,9 @@ def test_records_a_filter_drops_have_length_minus_one(tmp_path):
 
 def test_the_scan_in_processes_equals_the_scan_here(tmp_path, monkeypatch):
     monkeypatch.setattr(scan, "PROCESS_MIN", 50)
-    a = _pipe().map(twice).length_index(key="tokens", cache_dir=tmp_path / "a", workers=2)
+    a = _pipe().map(twice).length_index(key="tokens", cache_dir=tmp_path / "a", num_workers=2)
     monkeypatch.setattr(scan, "PROCESS_MIN", 10**9)
-    b = _pipe().map(twice).length_index(key="tokens", cache_dir=tmp_path / "b", workers=2)
+    b = _pipe().map(twice).length_index(key="tokens", cache_dir=tmp_path / "b", num_workers=2)
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, 2 * DOC_LEN)
 

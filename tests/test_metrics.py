@@ -274,7 +274,7 @@ def test_a_global_iterator_of_a_source_read_by_url_reports_every_metric(scrape, 
         (docs / f"{i:02d}.txt").write_bytes(b"%02d" % i * 500)
     root = tmp_path / "www"
     root.mkdir()
-    prepare(docs, root / "prep", shard_size="4KB", workers=0, progress=False)
+    prepare(docs, root / "prep", shard_size="4KB", num_workers=0, progress=False)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     with nginx(root) as srv:
         src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache", capacity=1 << 20))

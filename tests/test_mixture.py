@@ -108,7 +108,7 @@ def test_counts_over_whole_blocks_are_exact(weights):
     C = len(weights)
     comps = {f"c{i}": _comp(1000 * i, 50 + i, i) for i in range(C)}
     pipe = quern.mix(comps, weights=weights, seed=11)
-    K = pipe.mixture.block
+    K = pipe.stream.block
     assert K == 1024
     w = np.asarray(weights, dtype=float) / sum(weights)
     absorbing = min(range(C), key=lambda c: (-weights[c], c))
@@ -143,7 +143,7 @@ def test_counts_over_any_window_are_within_the_stated_bound(weights, block, bloc
     C = len(weights)
     comps = {f"c{i}": _comp(100 * i, 5 + i, i) for i in range(C)}
     pipe = quern.mix(comps, weights=weights, seed=3, block=block)
-    K = pipe.mixture.block
+    K = pipe.stream.block
     total = blocks * K
     comp = pipe.segments(np.arange(total)).component
     w = np.asarray(weights, dtype=float) / sum(weights)
@@ -165,9 +165,9 @@ def test_counts_over_any_window_are_within_the_stated_bound(weights, block, bloc
 
 def test_block_is_raised_to_the_number_of_components_squared():
     comps = {f"c{i}": _comp(0, 5, i) for i in range(5)}
-    assert quern.mix(comps, weights=[1] * 5, block=1).mixture.block == 25
-    assert quern.mix(comps, weights=[1] * 5, block=30).mixture.block == 30
-    assert quern.mix(_abc(), weights=W0, block=4).mixture.block == 9
+    assert quern.mix(comps, weights=[1] * 5, block=1).stream.block == 25
+    assert quern.mix(comps, weights=[1] * 5, block=30).stream.block == 30
+    assert quern.mix(_abc(), weights=W0, block=4).stream.block == 9
 
 
 def test_weights_are_matched_by_name_and_schedule_forms_agree():
@@ -188,7 +188,7 @@ def test_weights_are_matched_by_name_and_schedule_forms_agree():
 def test_the_kth_draw_of_a_component_is_position_k_of_its_stream():
     comps = _abc()
     pipe = quern.mix(comps, weights=W0, seed=4)
-    n = 3 * pipe.mixture.block + 100
+    n = 3 * pipe.stream.block + 100
     seg = pipe.segments(np.arange(n))
     for c, (name, comp) in enumerate(comps.items()):
         sel = seg.component == c
@@ -257,7 +257,7 @@ def test_stages_start_at_steps_and_follow_their_weights():
     s = 37
     for B in [48, 64]:
         pipe = quern.mix(comps, schedule=[(0, W0), (s, W1)], seed=9).batch(B)
-        K = pipe.mixture.block
+        K = pipe.stream.block
         start = s * B  # stage 1 starts at this position
         comp = pipe.segments(np.arange(start + 8 * K)).component
         c0 = _counts(comp[:K], 3)  # the first whole block of stage 0
@@ -583,7 +583,7 @@ def _golden_mix():
 
 def test_mixture_order_golden():
     pipe = _golden_mix()
-    assert pipe.mixture.block == 9
+    assert pipe.stream.block == 9
     seg = pipe.segments(np.arange(40))
     assert seg.component.tolist() == GOLDEN_COMPONENTS
     assert seg.positions.tolist() == GOLDEN_POSITIONS
@@ -598,7 +598,7 @@ def test_mixture_order_golden():
 
 
 def test_staged_mixture_order_golden():
-    A, B, C = _golden_mix().mixture.components
+    A, B, C = _golden_mix().stream.components
     pipe = quern.mix(
         {"a": A, "b": B, "c": C}, schedule=[(0, [0.5, 0.3, 0.2]), (3, [0.2, 0.2, 0.6])], seed=7, block=9
     ).batch(5)

@@ -111,7 +111,7 @@ def test_an_edit_that_raises_the_block_size_is_refused():
     old = _old(block=4)  # two components: blocks of 4; three: of 9 (the number squared)
     state = _state(old)
     new = _new(block=4)
-    assert new.mixture.block == 9 and old.mixture.block == 4
+    assert new.stream.block == 9 and old.stream.block == 4
     assert any(not _same(new.batch_at(s), old.batch_at(s)) for s in range(K))  # the past does change
     with pytest.raises(ValueError) as e:
         new.resume(state)
@@ -137,7 +137,7 @@ def test_the_past_of_a_mixture_without_zero_components_is_as_before():
     old = _old()
     past = old.describe_until(K)["mixture"]
     assert past["names"] == ["a", "b"]
-    assert [w for _, w in past["schedule"]] == [list(st.weights) for st in old.mixture.stages]
+    assert [w for _, w in past["schedule"]] == [list(st.weights) for st in old.stream.stages]
     assert old.describe_until(K) == {**old.describe(), "mixture": {**old.describe()["mixture"], **past}}
     assert old.describe_until(None) == old.describe()
     new = _new()

@@ -33,7 +33,7 @@ def _pipe(tmp_path):
 
 def test_a_cold_resume_in_epoch_3_plans_only_epoch_3(tmp_path, monkeypatch):
     warm = _pipe(tmp_path)
-    in_epoch_3 = warm.packing.rows_before(3) // 4 + 2  # a step in epoch 3 (plans epochs 0, 1, 2)
+    in_epoch_3 = warm.stream.rows_before(3) // 4 + 2  # a step in epoch 3 (plans epochs 0, 1, 2)
     want = warm.batch_at(in_epoch_3)
     planned = []
     real = packing.plan_epoch
@@ -43,7 +43,7 @@ def test_a_cold_resume_in_epoch_3_plans_only_epoch_3(tmp_path, monkeypatch):
     assert planned == [3]  # the rows per epoch came from the summary on disk
     assert all(np.array_equal(got[k], want[k]) for k in want)
     [summary] = list((tmp_path / "packing").glob("*.rows.json"))
-    counts = {warm.packing.epoch(e)[0].rows for e in range(5)}
+    counts = {warm.stream.epoch(e)[0].rows for e in range(5)}
     assert len(counts) == 1  # the same in every epoch, whatever the order of the documents
     assert summary.read_text().startswith(f'{{"rows_per_epoch": {counts.pop()}, "check": "')
 
@@ -51,7 +51,7 @@ def test_a_cold_resume_in_epoch_3_plans_only_epoch_3(tmp_path, monkeypatch):
 @pytest.mark.parametrize("damage", ["garbage", "negative", "empty", "another count"])
 def test_a_damaged_summary_is_recomputed(tmp_path, monkeypatch, damage):
     warm = _pipe(tmp_path)
-    step = warm.packing.rows_before(2) // 4 + 1
+    step = warm.stream.rows_before(2) // 4 + 1
     want = warm.batch_at(step)
     [summary] = list((tmp_path / "packing").glob("*.rows.json"))
     good = summary.read_text()

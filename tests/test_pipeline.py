@@ -292,7 +292,7 @@ def test_pickled_pipeline_gives_the_same_batches():
 def test_pipeline_is_immutable():
     base = quern.Pipeline.from_source(_arrays(10))
     shuffled = base.shuffle()
-    assert base.shuffle_mode is None and shuffled.shuffle_mode == "global"
+    assert base.stream.shuffle_mode is None and shuffled.stream.shuffle_mode == "global"
     with pytest.raises(AttributeError, match="seed"):  # dataclasses.FrozenInstanceError is one
         base.seed = 3
     assert base.seed == 0
@@ -303,7 +303,7 @@ def test_pipeline_is_immutable():
 
 
 def test_block_shuffle_pipeline_covers_every_record():
-    pipe = quern.Pipeline.from_source(_arrays(1000), seed=2, num_epochs=1).shuffle("block", block=50, window=3)
+    pipe = quern.Pipeline.from_source(_arrays(1000), seed=2, num_epochs=1).shuffle("block", block_size=50, window=3)
     ids = np.concatenate([pipe.batch(100).batch_at(s)["id"] for s in range(10)])
     assert np.array_equal(np.sort(ids), np.arange(1000))
     assert not np.array_equal(ids, np.arange(1000))  # shuffled...

@@ -103,7 +103,7 @@ def _raise(*args, **kwargs):
 
 def _prepare(inp, out, **kw):
     kw.setdefault("progress", False)
-    kw.setdefault("workers", 0)
+    kw.setdefault("num_workers", 0)
     return prepare(inp, out, **kw)
 
 
@@ -375,7 +375,9 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path):
     trees = {}
     for w in (0, 1, 2):
         out = tmp_path / f"out{w}"
-        prepare(path, out, field="text", map=to_tokens, fields=("score",), shard_size="16KB", workers=w, progress=False)
+        prepare(
+            path, out, field="text", map=to_tokens, fields=("score",), shard_size="16KB", num_workers=w, progress=False
+        )
         trees[w] = tree(out)
     assert sum(n.endswith(".array_record") for n in trees[0]) >= 3  # several shards: the workers share them
     assert trees[1] == trees[0]
@@ -523,7 +525,7 @@ def test_length_index_pack_and_balance_hosts_from_the_metadata(tmp_path, monkeyp
             np.testing.assert_array_equal(batch["tokens"][r][seg == j + 1], w)
 
     bal = pipe.balance_hosts().batch(4)
-    np.testing.assert_array_equal(bal.host_lengths, TOKEN_SIZES)
+    np.testing.assert_array_equal(bal.stream.host_lengths, TOKEN_SIZES)
     h0, h1 = bal.positions(0, 0, 2), bal.positions(0, 1, 2)
     assert sorted(np.concatenate([h0, h1]).tolist()) == [0, 1, 2, 3]
     assert not (cache / "lengths").exists() or not os.listdir(cache / "lengths")
@@ -626,8 +628,8 @@ def test_prepare_refuses_an_empty_input(tmp_path):
 def test_a_shard_is_closed_before_the_item_that_would_take_it_over_its_size():
     from quern.prepare.shards import plan_shards
 
-    assert plan_shards([10] * 10, 35, 1.0) == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert plan_shards([10] * 10, 35, 2.0) == [
+    assert plan_shards([10] * 10, 35, ratio=1.0) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert plan_shards([10] * 10, 35, ratio=2.0) == [
         (0, 1),
         (1, 2),
         (2, 3),
@@ -639,8 +641,8 @@ def test_a_shard_is_closed_before_the_item_that_would_take_it_over_its_size():
         (8, 9),
         (9, 10),
     ]
-    assert plan_shards([10, 100, 10, 10], 35, 1.0) == [(0, 1), (1, 2), (2, 4)]  # a bigger item alone
-    assert plan_shards([5], 35, 1.0) == [(0, 1)]
+    assert plan_shards([10, 100, 10, 10], 35, ratio=1.0) == [(0, 1), (1, 2), (2, 4)]  # a bigger item alone
+    assert plan_shards([5], 35, ratio=1.0) == [(0, 1)]
 
 
 def test_compression_changes_the_bytes_not_the_records(tmp_path):
@@ -651,12 +653,12 @@ def test_compression_changes_the_bytes_not_the_records(tmp_path):
         (docs / f"{i:02d}.txt").write_bytes(text)
     sizes = {}
     for c in ("zstd:1", "snappy", "uncompressed"):
-        m = prepare(docs, tmp_path / c.replace(":", ""), compression=c, workers=0, progress=False)
+        m = prepare(docs, tmp_path / c.replace(":", ""), compression=c, num_workers=0, progress=False)
         assert m["options"]["writer_options"].endswith(c)
         assert _records(tmp_path / c.replace(":", "")) == [text] * 20
         sizes[c] = sum(s["bytes"] for s in m["shards"])
     assert sizes["uncompressed"] >= 20 * len(text) > sizes["zstd:1"]
     for bad in ("zstd:99", "gzip", "", "snappy,group_size:9"):
         with pytest.raises(ValueError, match="compression"):
-            prepare(docs, tmp_path / "bad", compression=bad, workers=0, progress=False)
+            prepare(docs, tmp_path / "bad", compression=bad, num_workers=0, progress=False)
     assert not (tmp_path / "bad").exists()

@@ -255,7 +255,7 @@ def test_prepare_killed_after_its_shards_run_again_completes(killed, tmp_path, m
     monkeypatch.setattr(run_mod, "_atomic_write", dying_write)
     monkeypatch.setattr(run_mod.shutil, "rmtree", dying_rmtree)
     with pytest.raises(_Killed):
-        prepare("IN", out, map="faults_slow:f", shard_size="8KB", workers=0)
+        prepare("IN", out, map="faults_slow:f", shard_size="8KB", num_workers=0)
     monkeypatch.undo()
     assert (out / "manifest.json").exists() == (stage == "cleanup")
 
@@ -611,7 +611,7 @@ def test_an_unfinished_prepare_of_another_job_is_replaced(tmp_path):
         (docs / f"{i}.txt").write_bytes(b"x" * (i + 1))
     out = tmp_path / "out"
     _unfinished_other_job(out)
-    m = prepare(docs, out, workers=0, progress=False)
+    m = prepare(docs, out, num_workers=0, progress=False)
     assert not (out / "shard-00002-of-00003.array_record").exists() and not (out / ".quern-prepare").exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [s["file"] for s in m["shards"]] + ["manifest.json", "metadata"]
@@ -628,7 +628,7 @@ def test_an_unfinished_prepare_of_another_job_beside_other_files_is_refused_unto
     _unfinished_other_job(out)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="notes.txt"):
-        prepare(docs, out, workers=0, progress=False)
+        prepare(docs, out, num_workers=0, progress=False)
     assert (out / "shard-00002-of-00003.array_record").read_bytes() == b"of the other job"
     assert (out / "notes.txt").read_text() == "mine" and (out / ".quern-prepare" / "plan.json").exists()
 

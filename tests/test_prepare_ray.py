@@ -309,7 +309,7 @@ def test_ray_local_cluster_same_bytes_as_local(corpus, tmp_path):
         import ray
         from quern.prepare import prepare
 
-        m = prepare(sys.argv[1], sys.argv[2], map="tok:encode", shard_size="64KB", ray=True, workers=2, progress=False)
+        m = prepare(sys.argv[1], sys.argv[2], map="tok:encode", shard_size="64KB", ray=True, num_workers=2, progress=False)
         assert not ray.is_initialized(), "prepare left Ray initialised"
         print(json.dumps(m["records"]))
         """

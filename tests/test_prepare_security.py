@@ -126,7 +126,7 @@ def test_a_file_changed_after_it_was_read_fails_the_run(workdir, rewrite):
     _age(*(workdir / "IN").iterdir())
     (workdir / "changes_last.py").write_text(REWRITE_LAST_MAP.format(rewrite=rewrite))
     with pytest.raises(PrepareError, match=r"'IN/a\.txt'.*changed during the run"):
-        prepare("IN", workdir / "OUT", map="changes_last:f", workers=0, progress=False)
+        prepare("IN", workdir / "OUT", map="changes_last:f", num_workers=0, progress=False)
     assert not (workdir / "OUT" / "manifest.json").exists()
 
 
@@ -150,7 +150,9 @@ def test_parquet_file_rewritten_between_its_row_groups_fails_naming_it(workdir):
     _age(workdir / "data.parquet")
     (workdir / "changes_parquet.py").write_text(REWRITE_PARQUET_MAP)
     with pytest.raises(PrepareError, match=r"'data\.parquet'.*changed during the run"):
-        prepare("data.parquet", workdir / "OUT", map="changes_parquet:f", columns=["text"], workers=0, progress=False)
+        prepare(
+            "data.parquet", workdir / "OUT", map="changes_parquet:f", columns=["text"], num_workers=0, progress=False
+        )
     assert not (workdir / "OUT" / "manifest.json").exists()
 
 
@@ -165,7 +167,7 @@ def test_linked_folders_are_followed_and_loops_are_not(tmp_path):
     os.symlink("../other", tmp_path / "IN" / "linked")
     os.symlink("..", tmp_path / "IN" / "real" / "up")
     os.symlink(".", tmp_path / "IN" / "self")
-    m = prepare(tmp_path / "IN", tmp_path / "OUT", workers=0, progress=False)
+    m = prepare(tmp_path / "IN", tmp_path / "OUT", num_workers=0, progress=False)
     assert records(tmp_path / "OUT") == [b"beta", b"gamma", b"alpha"]  # linked/b.txt, linked/sub/c.txt, real/a.txt
     assert m["input"]["inputs"][0]["files"] == 3
 
@@ -319,11 +321,13 @@ def test_prepared_records_match_when_nothing_changes(tmp_path):
     write_files(tmp_path, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta"})
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"t": i}) + "\n" for i in range(1000)))
     pq.write_table(pa.table({"text": [f"row {i}" for i in range(300)]}), tmp_path / "d.parquet", row_group_size=100)
-    m = prepare([tmp_path / "IN", tmp_path / "d.jsonl"], tmp_path / "OUT", shard_size="8KB", workers=2, progress=False)
+    m = prepare(
+        [tmp_path / "IN", tmp_path / "d.jsonl"], tmp_path / "OUT", shard_size="8KB", num_workers=2, progress=False
+    )
     assert m["records"]["count"] == 1002
     got = records(tmp_path / "OUT")
     assert got[:2] == [b"alpha", b"beta"] and got[2:] == [json.dumps({"t": i}).encode() for i in range(1000)]
-    prepare(tmp_path / "d.parquet", tmp_path / "P", columns=["text"], workers=0, progress=False)
+    prepare(tmp_path / "d.parquet", tmp_path / "P", columns=["text"], num_workers=0, progress=False)
     assert records(tmp_path / "P") == [f"row {i}".encode() for i in range(300)]
 
 
@@ -364,10 +368,10 @@ def test_a_map_global_changed_at_run_time_is_refused_by_the_worker_processes(wor
     inputs = write_files(workdir / "IN", {f"f{i:03d}.bin": bytes([i]) * 900 for i in range(40)})
     mod.THR = 500  # changed after import: the parent's definition has 500, a fresh import 0
     with pytest.raises(PrepareError, match=rf"global `{name}\.THR` is 0 here and 500 in the parent"):
-        prepare(inputs, workdir / "OUT", map=mod.cut, shard_size="4KB", workers=2, progress=False)
+        prepare(inputs, workdir / "OUT", map=mod.cut, shard_size="4KB", num_workers=2, progress=False)
     assert not (workdir / "OUT" / "manifest.json").exists()
     # the same map in this process: nothing to compare, the records are cut as the parent's THR says
-    m = prepare(inputs, workdir / "OUT0", map=mod.cut, shard_size="4KB", workers=0, progress=False)
+    m = prepare(inputs, workdir / "OUT0", map=mod.cut, shard_size="4KB", num_workers=0, progress=False)
     assert m["records"]["count"] == 40
     src = quern.sources.ArrayRecordSource(str(workdir / "OUT0"))
     assert {len(r) for r in src.read_many(np.arange(40))} == {500}
@@ -376,8 +380,8 @@ def test_a_map_global_changed_at_run_time_is_refused_by_the_worker_processes(wor
 def test_a_map_global_set_at_import_runs_in_the_worker_processes(workdir, installed_module):
     mod = installed_module("THR = 500\n\n\ndef cut(rec):\n    return rec[:THR]\n")
     inputs = write_files(workdir / "IN", {f"f{i:03d}.bin": bytes([i]) * 900 for i in range(40)})
-    a = prepare(inputs, workdir / "A", map=mod.cut, shard_size="4KB", workers=2, progress=False)
-    b = prepare(inputs, workdir / "B", map=mod.cut, shard_size="4KB", workers=0, progress=False)
+    a = prepare(inputs, workdir / "A", map=mod.cut, shard_size="4KB", num_workers=2, progress=False)
+    b = prepare(inputs, workdir / "B", map=mod.cut, shard_size="4KB", num_workers=0, progress=False)
     assert len(a["shards"]) > 1
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
 

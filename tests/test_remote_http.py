@@ -29,7 +29,7 @@ def folder(tmp_path):
         (docs / f"{i:02d}.txt").write_bytes(d)
     root = tmp_path / "www"
     root.mkdir()
-    prepare(docs, root / "prep", shard_size="16KB", workers=0, progress=False)
+    prepare(docs, root / "prep", shard_size="16KB", num_workers=0, progress=False)
     return root, want
 
 
@@ -149,13 +149,13 @@ def test_a_dataset_four_times_the_cache_streams_through_it_each_shard_fetched_on
         (docs / f"{i:02d}.txt").write_bytes(bytes([65 + i % 26]) * 3000 + b"%02d" % i)
     root = tmp_path / "www"
     root.mkdir()
-    prepare(docs, root / "prep", shard_size="12KB", workers=0, progress=False)  # 4 documents per shard
+    prepare(docs, root / "prep", shard_size="12KB", num_workers=0, progress=False)  # 4 documents per shard
     manifest = json.loads((root / "prep" / "manifest.json").read_text())
     assert [s["records"] for s in manifest["shards"]] == [4] * 16
     total = sum(s["bytes"] for s in manifest["shards"])
 
     def pipe(src):
-        return quern.Pipeline.from_source(src, seed=5).shuffle("block", block=4, window=1).batch(1)
+        return quern.Pipeline.from_source(src, seed=5).shuffle("block", block_size=4, window=1).batch(1)
 
     local = pipe(quern.sources.ArrayRecordSource(str(root / "prep")))
     with nginx(root, limit_rate="2m") as srv:
@@ -206,7 +206,7 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
         assert [r["tokens"].tolist() for r in pq_remote.read_many(ids)] == [rows[i].tolist() for i in ids]
         assert list(ar_remote.read_many(ids)) == [rows[i].tobytes() for i in ids]
         assert pq_remote.identity() == pq_local.identity() and ar_remote.identity() == ar_local.identity()
-        assert dump._source_config(ar_remote, "source")["paths"] == [f"{srv.url}/t-{k}.array_record" for k in range(2)]
+        assert dump.source_config(ar_remote, "source")["paths"] == [f"{srv.url}/t-{k}.array_record" for k in range(2)]
         assert cache.stats["misses"] == 4
 
 
@@ -249,7 +249,7 @@ def test_a_download_cut_by_the_server_continues_with_a_range_request(tmp_path):
         cache = ShardCache(tmp_path / "cache", retries=6, backoff=0.2)
         url = f"{srv.url}/shard.bin"
         got = []
-        t = threading.Thread(target=lambda: got.append(cache.get(url, len(data))))
+        t = threading.Thread(target=lambda: got.append(cache.get(url, size=len(data))))
         t.start()
         time.sleep(1.0)
         srv.stop()  # the connection breaks with part of the file fetched

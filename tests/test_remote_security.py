@@ -35,7 +35,7 @@ def _prepare(out, docs: list[bytes], work) -> dict:
     src.mkdir(parents=True)
     for i, d in enumerate(docs):
         (src / f"{i:02d}.bin").write_bytes(d)
-    prepare(src, out, shard_size="12KB", workers=0, progress=False)
+    prepare(src, out, shard_size="12KB", num_workers=0, progress=False)
     return json.loads((out / "manifest.json").read_text())
 
 
@@ -186,14 +186,14 @@ def test_a_forged_entry_that_keeps_its_stat_is_found_by_verify(tmp_path):
     (tmp_path / "f.bin").write_bytes(data)
     url = f"file://{tmp_path}/f.bin"
     cache = ShardCache(tmp_path / "cache")
-    path = cache.get(url, len(data), _sha(data))
+    path = cache.get(url, size=len(data), sha256=_sha(data))
     st = os.stat(path)
     with open(path, "r+b") as f:
         f.seek(1000)
         f.write(b"forged")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cache.verify() == [os.path.basename(path)] and not os.path.exists(path)
-    assert open(cache.get(url, len(data), _sha(data)), "rb").read() == data
+    assert open(cache.get(url, size=len(data), sha256=_sha(data)), "rb").read() == data
     assert cache.verify() == []
 
 
@@ -465,7 +465,7 @@ def test_a_server_that_stalls_is_a_clear_error_after_the_timeouts(tmp_path, mode
     with _stalling_server(mode) as port:
         url = f"http://127.0.0.1:{port}/shard.bin"
         with pytest.raises(quern.SourceError, match="cannot be fetched after 2 tries: ") as e:
-            cache.get(url, 100000 if sha256 else None, sha256)
+            cache.get(url, size=100000 if sha256 else None, sha256=sha256)
     text = str(e.value)
     assert url in text and len(text.split("tries: ", 1)[1]) > 10, text  # the cause, not an empty string
     assert re.search(cause, text), text

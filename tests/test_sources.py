@@ -1118,7 +1118,7 @@ def test_block_shuffle_over_parquet_reads_few_row_groups_per_step(tmp_path):
     pq.write_table(pa.table({"id": np.arange(1000)}), path, row_group_size=50)
     src = S.ParquetSource(path)
     pipe = quern.Pipeline.from_source(src, seed=4, num_epochs=1).shuffle("block", window=2).batch(100)
-    assert pipe.block == 50  # the row-group size
+    assert pipe.stream.block_size == 50  # the row-group size
     ids = np.concatenate([pipe.batch_at(s)["id"] for s in range(10)])
     assert np.array_equal(np.sort(ids), np.arange(1000)) and not np.array_equal(ids, np.arange(1000))
     for s in range(10):  # a step of 100 positions = one window of 2 blocks = 2 row groups

@@ -50,7 +50,7 @@ def test_health_compares_the_wait_with_the_step_time(wait, period, expected):
     ],
 )
 def test_prefetch_window_is_the_rule_of_thumb_within_the_budget(step, load, batch_bytes, budget, expected):
-    assert prefetch_window(step, load, batch_bytes, budget) == expected
+    assert prefetch_window(step, load, batch_bytes=batch_bytes, budget=budget) == expected
 
 
 def test_step_clock_leaves_the_first_batch_out_and_averages_the_window():
