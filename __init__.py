@@ -34,8 +34,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """``load_config``, imported on first use (pydantic and yaml stay out of
-    ``import quern``, and so out of every worker's start-up)."""
+    """``load_config`` and ``prepare``, imported on first use.
+
+    pydantic and yaml stay out of ``import quern``, and so out of every worker's start-up.
+    """
     if name == "load_config":
         from quern.pipeline import config
 

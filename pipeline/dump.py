@@ -54,6 +54,11 @@ __all__ = ["to_config", "weights_config", "batch_config", "source_config", "stag
 
 
 def transform_config(fn: Callable[..., Any], kind: str, where: str) -> dict[str, Any]:
+    """The config entry of transform ``fn``: ``{name, kind, kwargs}`` or ``{fn: "module:qualname", kind, kwargs}``.
+
+    Raises:
+        ValueError: ``fn`` is neither registered nor an importable module-level function (``where`` names it).
+    """
     for name, factory in REGISTRY.items():
         if isinstance(factory, type) and type(fn) is factory and dataclasses.is_dataclass(fn):
             fields = {f.name: getattr(fn, f.name) for f in dataclasses.fields(fn)}
@@ -99,11 +104,13 @@ def stages_config(ops: Any, where: str) -> list[dict[str, Any]]:
 
 
 def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str, float]:
-    """Quantized ``weights`` (integers summing to ``2**32``) by component name, as the
-    shortest decimals (the fewest significant digits, the same for all) whose
+    """Quantized ``weights`` (integers summing to ``2**32``) by component name, as short decimals.
+
+    The shortest decimals (the fewest significant digits, the same for all) whose
     :func:`~quern.pipeline.plan.mixture.quantize` gives ``weights`` back: ``0.7, 0.3``
     for the weights of ``0.7, 0.3`` (or of ``7, 3``). At worst ``w / 2**32`` exactly,
-    which always gives them back (a power of two: exact in a double)."""
+    which always gives them back (a power of two: exact in a double).
+    """
     exact = [w / QUANTUM for w in weights]
     for digits in range(1, 18):
         short = [float(f"{x:.{digits}g}") for x in exact]

@@ -66,8 +66,9 @@ def mix(
     seed: int = 0,
     block: int = _mixture.BLOCK,
 ) -> Pipeline:
-    """A pipeline (without batch) whose records come from named ``components``,
-    each an endless pipeline without batch (any source, its own shuffle, filter and
+    """A pipeline (without batch) whose records come from named ``components``, mixed by weight.
+
+    Each component is an endless pipeline without batch (any source, its own shuffle, filter and
     transforms, or packed rows of ``seq_len`` tokens: rows of a component, mixed by weight), in proportions ``weights`` (a dict by name, or a list in
     component order) or, with ``schedule=[(start_step, weights), ...]``, weights
     that change at those steps (the first stage starts at step 0; stages may start
@@ -92,7 +93,8 @@ def mix(
     Chain ``.map(...)`` (transforms of the mixed records) and ``.batch(B)``;
     ``shuffle`` and ``filter`` belong to the components. ``explain`` names the
     component and the record in its source. Bad weights or schedules are a
-    ``ValueError`` naming the stage and key."""
+    ``ValueError`` naming the stage and key.
+    """
     names, pipes = _components(components)
     stages = _mixture.check_schedule(names, weights, schedule)
     seed = check_seed(seed)

@@ -287,8 +287,10 @@ class Stream(abc.ABC):
     # ------------------------------------------------------------------ the plan
 
     def segments(self, positions: np.ndarray) -> Segments:
-        """Per position: the leaf it comes from, the record id in that leaf's source and the
-        position in that leaf's stream. Pure index arithmetic.
+        """Per position.
+
+        The leaf it comes from, the record id in that leaf's source and the position in that leaf's stream. Pure index
+        arithmetic.
 
         Raises:
             TypeError: this stream's rows are not single records (use :meth:`pieces`).
@@ -330,8 +332,11 @@ class Stream(abc.ABC):
         return contiguous_positions(pipe, step, process_index, process_count, self.length())
 
     def reads(self, positions: np.ndarray) -> list[tuple[Source, np.ndarray, np.ndarray]]:
-        """The records these positions read: ``[(source, ids, row)]``, ``row[i]`` being the index
-        into ``positions`` whose row reads ``ids[i]`` (for the look-ahead of remote sources)."""
+        """The records these positions read.
+
+        ``[(source, ids, row)]``, ``row[i]`` being the index into ``positions`` whose row reads ``ids[i]`` (for the
+        look-ahead of remote sources).
+        """
         if not self.reads_records:
             return []
         src = self.source
@@ -383,8 +388,9 @@ class Stream(abc.ABC):
     def rows(
         self, pipe: Definition, positions: np.ndarray, where: object, clock: Clock | None = None, prefix: str = ""
     ) -> Sequence[Any]:
-        """The rows of ``pipe`` (which holds this stream) at ``positions``, after ``pipe``'s record
-        transforms, for a stream whose rows are not records (:attr:`reads_records` false).
+        """The rows of ``pipe`` (which holds this stream) at ``positions``, after its record transforms.
+
+        For a stream whose rows are not records (:attr:`reads_records` false).
 
         Args:
             pipe: the pipeline that holds this stream (a mixture's component).

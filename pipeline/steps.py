@@ -29,10 +29,12 @@ class StepResult(NamedTuple):
 
 
 class LengthCheck(NamedTuple):
-    """A bucket's check of its records against the length index it was bucketed by:
-    before record transform ``at`` (the bucket's ``pad``), every record's tokens
-    (``len(record[key])``) must be what ``lengths`` (one value per source record) says,
-    else the record could be cut to the bucket's bound or be in another bucket."""
+    """A bucket's check of its records against the length index it was bucketed by.
+
+    Before record transform ``at`` (the bucket's ``pad``), every record's tokens (``len(record[key])``) must be what
+    ``lengths`` (one value per source record) says, else the record could be cut to the bucket's bound or be in another
+    bucket.
+    """
 
     lengths: np.ndarray
     key: str | None

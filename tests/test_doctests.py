@@ -1,15 +1,31 @@
-"""The examples in docstrings run and give what they show."""
+"""The examples in docstrings run and give what they show: every module of the package, found by walking it."""
 
 import doctest
+import importlib
+import pkgutil
 
 import pytest
 
-import quern.pipeline.mix
-import quern.pipeline.timing
-import quern.transforms.metadata
+import quern
+
+SKIP = {"setup", "__main__", "tests", "benchmarks", "examples", "docs"}  # scripts, and folders beside a source tree
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(quern.__path__, "quern.")
+    if not SKIP & set(m.name.split(".")[1:])
+)
 
 
-@pytest.mark.parametrize("module", [quern.pipeline.mix, quern.pipeline.timing, quern.transforms.metadata])
-def test_docstring_examples(module):
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0, result
+def test_the_walk_finds_the_package():
+    assert {"quern.pipeline.dataset", "quern.pipeline.streams.mixture", "quern.transforms.pad"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0, result
+
+
+def test_the_public_api_has_examples():
+    attempted = sum(doctest.testmod(importlib.import_module(n)).attempted for n in MODULES)
+    assert attempted >= 40, attempted

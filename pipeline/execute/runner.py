@@ -41,10 +41,11 @@ __all__ = ["segment_results", "step_positions", "bulk", "read_segments", "record
 
 
 def read_segments(pipe: Definition, seg: Segments, where: object, clock: Clock | None = None) -> list[Any]:
-    """Stage ``read`` for rows from any leaves: one bulk call per leaf, rows in order. The
-    rows of a leaf whose rows are not records (a packed component) are left ``None``:
-    it makes them itself.
-    ``clock`` laps ``read`` (a mixture: ``read: NAME`` per component)."""
+    """Stage ``read`` for rows from any leaves.
+
+    One bulk call per leaf, rows in order. The rows of a leaf whose rows are not records (a packed component) are left
+    ``None``: it makes them itself. ``clock`` laps ``read`` (a mixture: ``read: NAME`` per component).
+    """
     leaves = pipe.leaves
     clock = clock or Clock(None)
     if len(leaves) == 1:
@@ -72,12 +73,13 @@ def record_stages(
     timings: dict[str, float] | None = None,
     check: LengthCheck | None = None,
 ) -> Any:
-    """The record transforms and ``collate`` of one step's records: its batch before
-    the batch transforms. For a mixture: each component's own transforms on its
-    rows (at the rows' positions in the component's stream), the check that the
-    components agree, then the mixture's transforms (at the mixture's positions).
-    ``check``: a single source's records are checked against a length index first
-    (a bucket's, :class:`LengthCheck`)."""
+    """The record transforms and ``collate`` of one step's records.
+
+    Its batch before the batch transforms. For a mixture: each component's own transforms on its rows (at the rows'
+    positions in the component's stream), the check that the components agree, then the mixture's transforms (at the
+    mixture's positions). ``check``: a single source's records are checked against a length index first (a bucket's,
+    :class:`LengthCheck`).
+    """
     clock = Clock(timings)
     leaves = pipe.leaves
     if pipe.stream.source is not None:  # a single source: its transforms are the definition's own
@@ -133,9 +135,11 @@ def record_stages(
 
 
 def _shared_record_ops(pipe: Definition) -> bool:
-    """Whether every leaf has the same record transforms, none of them random (whose
-    keys come from each component's seed): then a mixture's rows can go through them
-    together, in row order, at each row's position in its component's stream."""
+    """Whether every leaf has the same record transforms, none of them random.
+
+    Random ones take their keys from each component's seed. Then a mixture's rows can go
+    through them together, in row order, at each row's position in its component's stream.
+    """
     ops = pipe.leaves[0].record_ops
     if any(op.kind is OpKind.RANDOM_MAP for op in ops) or not all(leaf.stream.reads_records for leaf in pipe.leaves):
         return False
@@ -143,8 +147,10 @@ def _shared_record_ops(pipe: Definition) -> bool:
 
 
 def _structure(x: Any, shapes: bool = True) -> Any:
-    """What must agree between the rows of two components: containers, keys, leaf types,
-    dtypes and shapes (``shapes=False``: numbers of dimensions only)."""
+    """What must agree between the rows of two components.
+
+    Containers, keys, leaf types, dtypes and shapes (``shapes=False``: numbers of dimensions only).
+    """
     if isinstance(x, Mapping):
         return ("dict", tuple(sorted((str(k), _structure(v, shapes)) for k, v in x.items())))
     if isinstance(x, (tuple, list)):
@@ -157,8 +163,11 @@ def _structure(x: Any, shapes: bool = True) -> Any:
 
 
 def _structure_text(x: Any, limit: int = 300, batch: bool = False) -> str:
-    """A record's structure for messages: ``{'x': int64 array of shape (3,), 'y': float}``
-    (``batch=True``: a batch's, by the shape of its rows), cut to ``limit`` characters."""
+    """A record's structure for messages.
+
+    ``{'x': int64 array of shape (3,), 'y': float}`` (``batch=True``: a batch's, by the shape of its rows), cut to
+    ``limit`` characters.
+    """
 
     def text(v: Any) -> str:
         if isinstance(v, Mapping):
@@ -179,10 +188,12 @@ def _structure_text(x: Any, limit: int = 300, batch: bool = False) -> str:
 def _check_components_agree(
     pipe: Definition, records: Sequence[Any], seg: Segments, where: object, cause: BaseException | None = None
 ) -> None:
-    """The first rows of the components in a step must have the same structure (dict
-    keys, types, dtypes and shapes), else a ``StepError`` naming both components, before
+    """Check that the first rows of the step's components have the same structure.
+
+    Dict keys, types, dtypes and shapes, else a ``StepError`` naming both components, before
     any collate error (collate checks the other rows). ``cause``: a transform failed on
-    these records (raw ones, whose shapes may differ), and this is why if they differ."""
+    these records (raw ones, whose shapes may differ), and this is why if they differ.
+    """
     if isinstance(records, CollatedRows):  # stacked already (a vectorised transform): one structure
         return
     first: dict[Any, int] = {}
@@ -204,10 +215,11 @@ def _check_components_agree(
 
 
 def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:
-    """One batch from the batches of a step's components (each of some of its rows):
-    every array is concatenated and put back in row order by one gather. The
-    components must agree in structure, dtype and row shape, else a ``StepError``
-    naming both (what ``collate`` of all the rows would refuse)."""
+    """One batch from the batches of a step's components (each of some of its rows).
+
+    Every array is concatenated and put back in row order by one gather. The components must agree in structure, dtype
+    and row shape, else a ``StepError`` naming both (what ``collate`` of all the rows would refuse).
+    """
     if len(groups) == 1:
         return groups[0][1]
     ref_rows, ref, ref_c = groups[0]
@@ -268,8 +280,9 @@ def segment_results(
     timings: dict[str, float] | None = None,
     check: LengthCheck | None = None,
 ) -> Iterator[StepResult]:
-    """A :class:`StepResult` per step, in order: its batch, bit-identical to
-    ``pipe.batch_at(step)``, or the error that stopped it.
+    """A :class:`StepResult` per step, in order.
+
+    Its batch, bit-identical to ``pipe.batch_at(step)``, or the error that stopped it.
 
     The plan gives each row's segment (leaf, record id); the records of all the
     steps are read with one bulk ``read_many`` call per leaf; if that read fails,
@@ -333,9 +346,12 @@ def bulk(
     timings: dict[str, float] | None,
     check: LengthCheck | None = None,
 ) -> tuple[Any, list[StepResult] | None]:
-    """The records of all ``steps`` in one bulk read (``read_all(where)``), or, if it
-    fails, the steps' results computed one step at a time, so that a read error is
-    reported at its own step and the other steps still succeed (``check`` as there)."""
+    """The records of all ``steps`` in one bulk read (``read_all(where)``), or the results step by step.
+
+    If the bulk read fails, the steps' results are computed one step at a time, so that a
+    read error is reported at its own step and the other steps still succeed (``check`` as
+    for :func:`segment_results`).
+    """
     try:
         return read_all(wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"), None
     except StepError as e:

@@ -60,9 +60,10 @@ class RowNames(NamedTuple):
     def of(
         cls, pipe: Definition, ids: np.ndarray, component: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> RowNames:
-        """Names for rows ``ids`` of a single-source definition (``component=None``) or of
-        the leaves of a mixture; ``rows``: their row numbers in the step, when they are
-        some of its rows (a mixture's component)."""
+        """Names for rows ``ids`` of a single-source definition (``component=None``) or of the leaves of a mixture.
+
+        ``rows``: their row numbers in the step, when they are some of its rows (a mixture's component).
+        """
         sources = pipe.sources
         if component is None or pipe.stream.source is not None:
             src = sources[0]
@@ -76,9 +77,11 @@ class RowNames(NamedTuple):
         return int(self.rows[i]) if self.rows is not None else int(i)
 
     def row(self, i: int) -> str:
+        """``record <id> of <label>`` for row ``i`` of these."""
         return f"record {int(self.ids[i])} of {self.labels[int(self.component[i])]}"
 
     def summary(self) -> str:
+        """The first 8 rows' records, for messages (``x [3, 9, 1]...``)."""
         if len(self.tags) == 1:
             shown = self.ids[:8].tolist()
             return f"{self.tags[0]} {shown}{'...' if len(self.ids) > 8 else ''}"
@@ -87,8 +90,10 @@ class RowNames(NamedTuple):
 
 
 def _token_count(record: Any, key: str | None) -> int | None:
-    """The tokens of a record as the length index counts them, or ``None`` when the record
-    has no 1-D tokens there (the next transform then says what is wrong)."""
+    """The tokens of a record as the length index counts them.
+
+    ``None`` when the record has no 1-D tokens there (the next transform then says what is wrong).
+    """
     value = record if key is None else record.get(key) if isinstance(record, Mapping) else None
     if isinstance(value, np.ndarray):
         return int(value.shape[0]) if value.ndim else None
@@ -103,8 +108,10 @@ def _token_count(record: Any, key: str | None) -> int | None:
 def check_lengths(
     pipe: Definition, check: LengthCheck, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames
 ) -> None:
-    """``StepError`` naming the first record whose tokens differ from the length index
-    (:class:`LengthCheck`): the step, the stage it came to, the record and both lengths."""
+    """``StepError`` naming the first record whose tokens differ from the length index (:class:`LengthCheck`).
+
+    The step, the stage it came to, the record and both lengths.
+    """
     want = np.asarray(check.lengths)[ids]
     for i, rec in enumerate(records):
         n = _token_count(rec, check.key)
@@ -117,9 +124,11 @@ def check_lengths(
 
 
 def steps_per_read(rows_per_step: int, target_records: int, max_steps: int) -> int:
-    """How many consecutive steps to read in one bulk call: about ``target_records``
-    records, at least 1 step and at most ``max_steps``. The one chunk-size policy
-    of the threads and the worker processes alike; never changes a byte."""
+    """How many consecutive steps to read in one bulk call.
+
+    About ``target_records`` records, at least 1 step and at most ``max_steps``. The one chunk-size policy of the
+    threads and the worker processes alike; never changes a byte.
+    """
     return max(1, min(max_steps, target_records // max(1, rows_per_step)))
 
 
@@ -129,14 +138,18 @@ def _ids_text(source: Source, ids: np.ndarray) -> str:
 
 
 def record_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
-    """``uint64`` key per row for record stage ``k`` (``random_map``): a hash of
-    (seed, record level, k, stream position). Part of the published order."""
+    """``uint64`` key per row for record stage ``k`` (``random_map``).
+
+    A hash of (seed, record level, k, stream position). Part of the published order.
+    """
     return _index.derive_key(seed, _RECORD_SALT, k, positions)
 
 
 def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
-    """``uint64`` key per row for batch stage ``k`` (``random_map_batch``): a hash of
-    (seed, batch level, k, stream position). Part of the published order."""
+    """``uint64`` key per row for batch stage ``k`` (``random_map_batch``).
+
+    A hash of (seed, batch level, k, stream position). Part of the published order.
+    """
     return _index.derive_key(seed, _BATCH_SALT, k, positions)
 
 
@@ -161,11 +174,12 @@ def apply_record_op(
     where: object,
     names: RowNames | None = None,
 ) -> Sequence[Any]:
-    """Record stage ``k`` on one step's records: ``fn.map_many(records)`` when a
-    ``map`` transform has it, else ``fn(record)`` (``fn(record, rng)`` for
-    ``random_map``, the Generator keyed by :func:`record_keys`) per record. A
-    ``filter`` stage passes the records through: the plan holds only the records
-    it keeps."""
+    """Record stage ``k`` on one step's records.
+
+    ``fn.map_many(records)`` when a ``map`` transform has it, else ``fn(record)`` (``fn(record, rng)`` for
+    ``random_map``, the Generator keyed by :func:`record_keys`) per record. A ``filter`` stage passes the records
+    through: the plan holds only the records it keeps.
+    """
     op = pipe.record_ops[k]
     if op.kind is OpKind.FILTER:
         return records
@@ -248,8 +262,10 @@ def apply_batch_op(
     where: object,
     names: RowNames | None = None,
 ) -> Any:
-    """Batch stage ``k``: ``fn(batch)``, or ``fn(batch, keys)`` for
-    ``random_map_batch`` with one key per row from :func:`batch_keys`."""
+    """Batch stage ``k``.
+
+    ``fn(batch)``, or ``fn(batch, keys)`` for ``random_map_batch`` with one key per row from :func:`batch_keys`.
+    """
     op = pipe.batch_ops[k]
     names = names if names is not None else RowNames.of(pipe, ids)
     try:
@@ -269,11 +285,12 @@ def apply_batch_op(
 
 
 def _batch_kind(batch: Any) -> type | None:
-    """What a batch transform given ``batch`` must return: a dict for a dict (any
-    mapping), a tuple for a tuple (a namedtuple too), a list for a list, an array
-    for an array (or an object with ``__array__``, such as a ``jax.Array``);
-    ``None`` (anything) for other batches. Only the top level is checked: the
-    leaves of a dict or tuple are the transform's business."""
+    """What a batch transform given ``batch`` must return.
+
+    A dict for a dict (any mapping), a tuple for a tuple (a namedtuple too), a list for a list, an array for an array
+    (or an object with ``__array__``, such as a ``jax.Array``); ``None`` (anything) for other batches. Only the top
+    level is checked: the leaves of a dict or tuple are the transform's business.
+    """
     for kind in (Mapping, tuple, list, np.ndarray):
         if isinstance(batch, kind):
             return kind

@@ -116,12 +116,14 @@ class BucketedStream(Stream):
         }
 
     def check_hosts(self, process_count: int) -> None:
-        """That every bucket's batch splits over ``process_count`` hosts (each host takes
-        ``batch_size / process_count`` rows of every step of the bucket): a ``ValueError``
+        """Check that every bucket's batch splits over ``process_count`` hosts.
+
+        Each host takes ``batch_size / process_count`` rows of every step of the bucket: a ``ValueError``
         naming the first bucket whose batch size is not a multiple of the host count.
         Checked once per host count (by the iterator when it is created, by ``batch_at``
         and ``explain``), so it fails before the first step, not at the first step of that
-        bucket."""
+        bucket.
+        """
         n = _index.check_int(process_count, "process_count", 1)
         done = self.__dict__.setdefault("_host_counts", set())
         if n in done:
@@ -216,11 +218,13 @@ def bucketed_results(
     process_count: int,
     timings: dict[str, float] | None,
 ) -> Iterator[StepResult]:
-    """The results of a bucketed pipeline: each step is step ``k`` of one bucket's
-    batched pipeline (the plan's assignment), then the bucketed pipeline's own batch
-    transforms (keys from the step and row). Steps of one bucket are computed together.
-    Every bucket's batch must split over the hosts (checked once per host count), and
-    every record must have the tokens the length index says (:class:`LengthCheck`)."""
+    """The results of a bucketed pipeline.
+
+    Each step is step ``k`` of one bucket's batched pipeline (the plan's assignment), then the bucketed pipeline's own
+    batch transforms (keys from the step and row). Steps of one bucket are computed together. Every bucket's batch must
+    split over the hosts (checked once per host count), and every record must have the tokens the length index says
+    (:class:`LengthCheck`).
+    """
     bk.check_hosts(process_count)
     for s in steps:
         pipe.check_step(s)

@@ -90,8 +90,11 @@ class MixtureStream(SegmentStream):
         return _mixture.assign(positions, self.stages, self.seed, self.batch_size or 1, self.block)
 
     def segments(self, positions: np.ndarray) -> Segments:
-        """Per position: its component, the record id in the component's source (``-1`` for a
-        row that is not one record, a packed component's) and the position in the component's stream."""
+        """Per position.
+
+        Its component, the record id in the component's source (``-1`` for a row that is not one record, a packed
+        component's) and the position in the component's stream.
+        """
         positions = np.asarray(positions, dtype=np.int64)
         comp, cpos = self.assign(positions)
         ids = np.empty(len(positions), dtype=np.int64)
@@ -130,8 +133,10 @@ class MixtureStream(SegmentStream):
         return "rows" if any(c.stream.row_noun() == "rows" for c in self.components) else "records"
 
     def draws(self, pipe: Definition, first: int, end: int) -> np.ndarray:
-        """Rows per component at the positions ``[first, end)``: no record is read, and the cost
-        does not grow with the range."""
+        """Rows per component at the positions ``[first, end)``.
+
+        No record is read, and the cost does not grow with the range.
+        """
 
         def before(position: int) -> np.ndarray:
             counts = _mixture.draws_before(self.stages, self.seed, pipe.batch_size or 1, self.block, position)

@@ -157,12 +157,13 @@ class PackedStream(Stream):
         return hit
 
     def rows_before(self, e: int) -> int:
-        """Rows in the epochs before ``e``: ``e`` times the rows of one epoch, which are the
-        same in every epoch (``concat``: ``ceil(tokens / seq_len)``; ``best_fit``: best-fit
-        decreasing depends only on the lengths, not on their order). For ``best_fit`` that
-        count is computed once from the lengths and kept in memory and on disk (under
-        ``cache_dir/packing/``, keyed by the fingerprint of this definition), so a cold
-        resume in any epoch plans only that epoch."""
+        """Rows in the epochs before ``e``.
+
+        ``e`` times the rows of one epoch, which are the same in every epoch (``concat``: ``ceil(tokens / seq_len)``;
+        ``best_fit``: best-fit decreasing depends only on the lengths, not on their order). For ``best_fit`` that count
+        is computed once from the lengths and kept in memory and on disk (under ``cache_dir/packing/``, keyed by the
+        fingerprint of this definition), so a cold resume in any epoch plans only that epoch.
+        """
         per = self.__dict__.get("_rows_per_epoch")
         if per is None:
             live = np.asarray(self.lengths)
@@ -184,9 +185,11 @@ class PackedStream(Stream):
         return os.path.join(indexfile.cache_dir(self.cache_dir), "packing", f"{key}.rows.json")
 
     def _load_rows(self) -> int | None:
-        """The rows per epoch cached on disk, or ``None``: used only if the file is
-        ``{"rows_per_epoch": n, "check": ...}`` with a positive ``n`` whose check (a hash of
-        the file's key and ``n``) matches; every epoch planned later is compared with it."""
+        """The rows per epoch cached on disk, or ``None``.
+
+        Used only if the file is ``{"rows_per_epoch": n, "check": ...}`` with a positive ``n`` whose check (a hash of
+        the file's key and ``n``) matches; every epoch planned later is compared with it.
+        """
         try:
             with open(self._rows_path()) as f:
                 got = json.load(f)
@@ -201,8 +204,10 @@ class PackedStream(Stream):
         return fingerprint_of({"file": os.path.basename(self._rows_path()), "rows_per_epoch": rows})
 
     def _store_rows(self, rows: int) -> None:
-        """Write the count atomically (a temporary file renamed); a cache that cannot be
-        written (read-only, full) is skipped, and the temporary file removed."""
+        """Write the count atomically (a temporary file renamed).
+
+        A cache that cannot be written (read-only, full) is skipped, and the temporary file removed.
+        """
         path = self._rows_path()
         tmp = None
         try:
@@ -435,10 +440,11 @@ def _rows_of(
     where: object,
     clock: Clock | None = None,
 ) -> tuple[Sequence[Any], np.ndarray]:
-    """Packed rows at ``positions`` of ``leaf``'s stream from the records of its documents
-    ``docs``: the transforms before ``pack`` on the records, the rows laid (stage
-    ``pack``), then the transforms after it. Also each row's first document, which
-    names the row in messages."""
+    """Packed rows at ``positions`` of ``leaf``'s stream from the records of its documents ``docs``.
+
+    The transforms before ``pack`` on the records, the rows laid (stage ``pack``), then the transforms after it. Also
+    each row's first document, which names the row in messages.
+    """
     clock = clock or Clock(None)
     inner = packing.inner
     for k, op in enumerate(inner.record_ops):
@@ -455,12 +461,14 @@ def _rows_of(
 
 
 def _lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:
-    """Stage ``pack``: the rows ``{"tokens", "segment_ids", "positions", other per-token
-    arrays}`` (``n_rows`` x ``seq_len``) made of ``pieces`` of the transformed ``docs``.
-    Each document is checked once; each piece is one slice copy per array (a contiguous
-    copy: faster here than one scatter of every token of the step, measured on the
-    stdlib corpus, 0.3-0.5 vs 0.9 ms per step of 8 rows)."""
-    S, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
+    """Stage ``pack``.
+
+    The rows ``{"tokens", "segment_ids", "positions", other per-token arrays}`` (``n_rows`` x ``seq_len``) made of
+    ``pieces`` of the transformed ``docs``. Each document is checked once; each piece is one slice copy per array (a
+    contiguous copy: faster here than one scatter of every token of the step, measured on the stdlib corpus, 0.3-0.5 vs
+    0.9 ms per step of 8 rows).
+    """
+    seq_len, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
     source = packing.inner.leaf_names[0]
 
     seen: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
@@ -495,11 +503,11 @@ def _lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_row
         return arr, extra
 
     first_tokens, first_extra = tokens_of(int(pieces.ids[0])) if len(pieces.ids) else (np.zeros(0, np.int32), {})
-    out = {"tokens": np.zeros((n_rows, S), dtype=first_tokens.dtype)}
-    out["segment_ids"] = np.zeros((n_rows, S), dtype=np.int32)
-    out["positions"] = np.zeros((n_rows, S), dtype=np.int32)
+    out = {"tokens": np.zeros((n_rows, seq_len), dtype=first_tokens.dtype)}
+    out["segment_ids"] = np.zeros((n_rows, seq_len), dtype=np.int32)
+    out["positions"] = np.zeros((n_rows, seq_len), dtype=np.int32)
     for name, v in first_extra.items():
-        out[name] = np.zeros((n_rows, S), dtype=v.dtype)
+        out[name] = np.zeros((n_rows, seq_len), dtype=v.dtype)
     fill = np.zeros(n_rows, dtype=np.int64)
     segment = np.zeros(n_rows, dtype=np.int32)
     for r, rid, start, n in zip(

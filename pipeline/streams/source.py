@@ -116,8 +116,11 @@ class SourceStream(SegmentStream):
         return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
 
     def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
-        """Rows ``[h*B/H, (h+1)*B/H)`` of the step, or with ``balance_hosts`` this host's share of
-        the rows sorted by length (dealt in a snake order) of every full batch."""
+        """Rows ``[h*B/H, (h+1)*B/H)`` of the step, or this host's balanced share.
+
+        With ``balance_hosts``: this host's share of the rows of every full batch, sorted by
+        length and dealt in a snake order.
+        """
         b = pipe.need_batch("positions")
         total = self.length()
         start = step * b
