@@ -154,10 +154,7 @@ class Pipeline(Addressed, Identified):
             TypeError: ``fn`` is not callable.
             ValueError: after ``batch()`` (use :meth:`map_batch`).
         """
-        if not callable(fn):
-            raise TypeError(f"map() needs a callable, got {fn!r}")
-        self.need_no_batch("map", "map_batch(fn)")
-        return self._replace(record_ops=self.record_ops + (Op(OpKind.MAP, fn),))
+        return self._record_op(OpKind.MAP, fn, "map_batch(fn)")
 
     def random_map(self, fn: Callable[[Any, np.random.Generator], Any]) -> Pipeline:
         """Apply ``fn(record, rng) -> record`` with a generator keyed by the record's position.
@@ -176,10 +173,14 @@ class Pipeline(Addressed, Identified):
             TypeError: ``fn`` is not callable.
             ValueError: after ``batch()`` (use :meth:`random_map_batch`).
         """
+        return self._record_op(OpKind.RANDOM_MAP, fn, "random_map_batch(fn)")
+
+    def _record_op(self, kind: OpKind, fn: Callable[..., Any], instead: str) -> Pipeline:
+        """This pipeline with record transform ``fn`` of ``kind`` appended (``instead``: what to use after batch())."""
         if not callable(fn):
-            raise TypeError(f"random_map() needs a callable, got {fn!r}")
-        self.need_no_batch("random_map", "random_map_batch(fn)")
-        return self._replace(record_ops=self.record_ops + (Op(OpKind.RANDOM_MAP, fn),))
+            raise TypeError(f"{kind.value}() needs a callable, got {fn!r}")
+        self.need_no_batch(kind.value, instead)
+        return self._replace(record_ops=self.record_ops + (Op(kind, fn),))
 
     @renamed(workers="num_workers")
     def filter(
@@ -491,10 +492,7 @@ class Pipeline(Addressed, Identified):
             TypeError: ``fn`` is not callable.
             ValueError: before ``batch()``.
         """
-        if not callable(fn):
-            raise TypeError(f"map_batch() needs a callable, got {fn!r}")
-        self.need_batch("map_batch")
-        return self._replace(batch_ops=self.batch_ops + (Op(OpKind.MAP_BATCH, fn),))
+        return self._batch_op(OpKind.MAP_BATCH, fn)
 
     def random_map_batch(self, fn: Callable[[Any, np.ndarray], Any]) -> Pipeline:
         """Apply ``fn(batch, keys) -> batch`` with one ``uint64`` key per row.
@@ -513,10 +511,14 @@ class Pipeline(Addressed, Identified):
             TypeError: ``fn`` is not callable.
             ValueError: before ``batch()``.
         """
+        return self._batch_op(OpKind.RANDOM_MAP_BATCH, fn)
+
+    def _batch_op(self, kind: OpKind, fn: Callable[..., Any]) -> Pipeline:
+        """This pipeline with batch transform ``fn`` of ``kind`` appended."""
         if not callable(fn):
-            raise TypeError(f"random_map_batch() needs a callable, got {fn!r}")
-        self.need_batch("random_map_batch")
-        return self._replace(batch_ops=self.batch_ops + (Op(OpKind.RANDOM_MAP_BATCH, fn),))
+            raise TypeError(f"{kind.value}() needs a callable, got {fn!r}")
+        self.need_batch(kind.value)
+        return self._replace(batch_ops=self.batch_ops + (Op(kind, fn),))
 
     def __iter__(self) -> PipelineIterator:
         """``self.iterator()``."""

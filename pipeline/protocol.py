@@ -30,7 +30,7 @@ from .sources import Source
 from .steps import LengthCheck, StepResult
 from .timing import Clock
 
-__all__ = ["Definition", "Stream", "PackedRows", "BucketOfStep", "contiguous_positions"]
+__all__ = ["Definition", "Stream", "PackedRows", "BucketOfStep", "contiguous_positions", "locate_inner"]
 
 
 class PackedRows(NamedTuple):
@@ -488,6 +488,23 @@ class Stream(abc.ABC):
     def stage_text(self) -> str:
         """What ``repr`` adds after the pipeline's stages (``.balance_hosts(...)``)."""
         return ""
+
+
+def locate_inner(path: tuple, key: str, label: str, inner: Definition) -> tuple[str, Definition, tuple] | None:
+    """:meth:`Stream.locate` of a stream made of one pipeline, described under ``key`` as ``{"inner": ...}``.
+
+    Args:
+        path: the path into a description.
+        key: the stream's key in the description (``packing``).
+        label: how messages name the inner pipeline (``the packed pipeline's``).
+        inner: the inner pipeline.
+
+    Returns:
+        ``(label, inner, the rest of the path)`` when ``path`` leads into ``inner``, else ``None``.
+    """
+    if len(path) >= 2 and path[0] == key and path[1] == "inner":
+        return label, inner, path[2:]
+    return None
 
 
 def contiguous_positions(

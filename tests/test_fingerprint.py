@@ -543,15 +543,11 @@ def test_builtin_transforms_are_described_by_name_version_and_arguments(monkeypa
     assert d["transform"] == "pad" and d["version"] == Pad.VERSION and d["args"]["length"] != d["args"]["key"]
     before = p.fingerprint()
 
+    original = Pad._fields
+
     def _fields(self, record, out, n, mask):  # same behaviour, other code (a docstring added)
         """Edited."""
-        fields = {k: v for k, v in record.items() if k != self.key} if isinstance(record, dict) else {}
-        fields[self.output] = out
-        if self.length_key is not None:
-            fields[self.length_key] = np.int32(n)
-        if mask is not None:
-            fields[self.mask_key] = mask
-        return fields
+        return original(self, record, out, n, mask)
 
     monkeypatch.setattr(Pad, "_fields", _fields)
     assert base.map(quern.transforms.pad(8, key="x")).batch(3).fingerprint() == before

@@ -25,7 +25,7 @@ from ..errors import StepError
 from ..execute.stages import LengthCheck, StepResult, Where, batch_stages
 from ..plan import Segments
 from ..plan import mixture as _mixture
-from ..protocol import BucketOfStep, Definition, Stream
+from ..protocol import BucketOfStep, Definition, Stream, locate_inner
 from ..sources import Source
 from ..tree import to_plain
 
@@ -186,9 +186,7 @@ class BucketedStream(Stream):
 
     def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
         """``("bucketing", "inner", ...)`` leads into the inner pipeline."""
-        if len(path) >= 2 and path[0] == "bucketing" and path[1] == "inner":
-            return "the bucketed pipeline's", self.inner, path[2:]
-        return None
+        return locate_inner(path, "bucketing", "the bucketed pipeline's", self.inner)
 
     def to_config(self, pipe: Definition) -> dict[str, Any]:
         """The inner pipeline's config with a ``bucket:`` section instead of ``batch:``, and ``batch_transforms``."""

@@ -40,7 +40,7 @@ from ..execute.stages import (
 from ..fingerprint import fingerprint_of
 from ..plan import Pieces, Segments, indexfile
 from ..plan import packing as _packing
-from ..protocol import Definition, PackedRows, Stream
+from ..protocol import Definition, PackedRows, Stream, locate_inner
 from ..sources import Source
 from ..timing import Clock
 
@@ -307,9 +307,7 @@ class PackedStream(Stream):
 
     def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
         """``("packing", "inner", ...)`` leads into the inner pipeline."""
-        if len(path) >= 2 and path[0] == "packing" and path[1] == "inner":
-            return "the packed pipeline's", self.inner, path[2:]
-        return None
+        return locate_inner(path, "packing", "the packed pipeline's", self.inner)
 
     def to_config(self, pipe: Definition) -> dict[str, Any]:
         """The single-source config with ``num_epochs``, a ``pack:`` section, ``row_transforms`` and ``batch``."""
