@@ -1,40 +1,11 @@
-"""A :class:`~quern.pipeline.dataset.Pipeline` written back as a config dict.
+"""The pieces of a pipeline's config form that every kind of stream shares.
 
-``quern.load_config(to_config(pipe))`` gives a pipeline with the same
-fingerprint and batches. Only pipelines made of file sources, registered
-transforms and importable module-level functions (filters' predicates too) have
-a config form. A mixture (:func:`quern.mix`) is written as a ``mix:`` section:
-its components (as a list of components with a ``name`` each: their order is
-part of the mixture, and a list keeps it through ``yaml.safe_dump``, which sorts
-a mapping's keys), seed, block size and weights (``weights:`` for one stage,
-``schedule:`` for more); each stage's weights are written as the shortest
-decimals that quantize to the same integers as the mixture's (see
-:func:`quern.pipeline.plan.mixture.quantize`), so the schedule, and with it the
-fingerprint, is the same after loading.
-
-A packed pipeline (:meth:`Pipeline.pack`) is written as its single-source
-config, a ``pack:`` section (``seq_len``, ``mode``, ``key``, ``lengths``) and
-``row_transforms`` (the transforms after ``pack``). Its length index is written
-as the ``.npy`` file it was read from when it came from one (a config's
-``pack.lengths``, or a packing that records its ``lengths_file``), else as
-``lengths: null``: loading the config then scans the records for the index (or
-finds it in the cache). A scanned index needs nothing more; an array given to
-``pack(lengths=...)`` has no config form of its own, and the config's scanned
-index has the same content, and the pipeline the same fingerprint, when the
-array held the records' true lengths (otherwise the fingerprints differ, so a
-checkpoint of one is refused by the other).
-
-A mixture of packed components writes each packed component the same way:
-its ``pack:`` section and ``row_transforms`` inside the component.
-
-A bucketed pipeline (:meth:`Pipeline.bucket`) is written as its single-source
-config with a ``bucket:`` section (``boundaries``, ``batch_sizes``, ``key``,
-``pad_value``, ``block``, ``lengths``) instead of ``batch:``, and its batch
-transforms. ``lengths`` is the ``.npy`` file the index was read from when the
-bucketing records it (a ``lengths_file``), else null: as for a packing, the
-config then scans the records for the index (or finds it in the cache), whose
-content, not its origin, is part of the fingerprint. ``block`` is the
-bucketing's block size, which loads back to itself.
+``to_config(pipe)`` is written by the pipeline's stream
+(:meth:`~quern.pipeline.protocol.Stream.to_config`) from these pieces: a file
+source's config, transforms as registered names or importable functions, a
+mixture's weights as the shortest decimals that quantize back to the same
+integers, the batch. ``quern.load_config(to_config(pipe))`` gives a pipeline with
+the same fingerprint and batches. The forms of each kind: ``docs/design/config-form.md``.
 """
 
 from __future__ import annotations
