@@ -7,8 +7,12 @@ version; it is checked against its sidecar at every hit, downloaded once
 however many processes want it (under a lock), renamed into place only once
 verified, and evicted beyond ``capacity`` (least recently used, or the one
 needed furthest ahead) unless in use. Every entry lies inside the cache
-folder, whatever name a server gives. The network side is
-:mod:`quern.pipeline.fetch`; the design is in ``docs/design/remote-cache.md``.
+folder, whatever name a server gives.
+
+The network side is :mod:`quern.pipeline.fetch`; the checks of an entry
+(its bytes, its sidecar) :mod:`quern.pipeline.cache_verify`; the lock, use and
+part files beside it :mod:`quern.pipeline.cache_locks`. The design is in
+``docs/design/remote-cache.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import stat
@@ -25,9 +28,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import cache_locks, cache_verify
+from .cache_locks import Pin, flock
 from .deprecation import keyword_only
 from .errors import SourceError
-from .fetch import BLOCK as _BLOCK
 from .fetch import CONNECT_TIMEOUT as CONNECT_TIMEOUT
 from .fetch import READ_TIMEOUT as READ_TIMEOUT
 from .fetch import RETRIES as RETRIES
@@ -41,7 +45,6 @@ __all__ = ["CACHE_VARIABLE", "RETRIES", "ShardCache", "default_folder", "is_url"
 CACHE_VARIABLE = "QUERN_CACHE_DIR"
 _AUX = (".lock", ".use", ".part", ".ok")  # the suffixes of the files beside each entry
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # a lock or use file planted as a link is never followed
 
 
 def default_folder() -> str:
@@ -58,16 +61,6 @@ def _base(url: str) -> str:
     """The URL's base name, made a safe file name (letters, digits, ``-_.``; at most 80)."""
     base = url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or "file"
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
-
-
-@contextlib.contextmanager
-def _flock(path: str, mode: int) -> Iterator[int]:
-    fd = os.open(path, _LOCK_FLAGS, 0o644)
-    try:
-        fcntl.flock(fd, mode)
-        yield fd
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 class ShardCache:
@@ -138,7 +131,7 @@ class ShardCache:
                 raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
             for n in os.listdir(self.folder):  # what killed downloads left
                 if n.endswith(".part"):
-                    self._remove_part(os.path.join(self.folder, n))
+                    cache_locks.remove_part(os.path.join(self.folder, n))
             self._ready = True
 
     def _make_folder(self) -> None:
@@ -146,28 +139,6 @@ class ShardCache:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
             raise SourceError(f"cache folder {self.folder!r} cannot be made: {e}") from e
-
-    def _remove_part(self, part: str) -> None:
-        """Remove ``part`` (``NAME.PID.THREAD.part``) unless its download may still run.
-
-        It may while its process is this one, or is alive.
-        """
-        try:
-            pid = int(part.rsplit(".", 3)[-3])
-        except (IndexError, ValueError):
-            pid = -1
-        if pid == os.getpid():
-            return
-        if pid > 0:
-            try:
-                os.kill(pid, 0)
-                return  # still downloading
-            except (ProcessLookupError, OverflowError):
-                pass
-            except PermissionError:
-                return
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(part)
 
     # -- names -----------------------------------------------------------------------------------------------
 
@@ -350,14 +321,14 @@ class ShardCache:
                 return final, held
             self._make_folder()  # deleted while running: made again
             self._inside(final)
-            with _flock(final + ".lock", fcntl.LOCK_EX):
+            with flock(final + ".lock", fcntl.LOCK_EX):
                 if not refetch and (st := self._valid(final, key, size)) is not None:  # fetched meanwhile
                     self._hit(final, st)
                     return final, held
-                if sha256 is not None and not refetch and self._still_right(final, key, size, sha256):
+                if sha256 is not None and not refetch and cache_verify.still_right(final, key, size, sha256):
                     self._hit(final, None)  # its sidecar was lost or stale, its bytes are right
                     return final, held
-                self._discard(final)  # stale, damaged or swapped: never used
+                cache_verify.discard(final)  # stale, damaged or swapped: never used
                 with self._lock:
                     self.stats["misses"] += 1
                 self._download(url, final, key, size, sha256, expect)
@@ -380,10 +351,10 @@ class ShardCache:
             part = f"{final}.{os.getpid()}.{threading.get_ident()}.part"
             try:
                 self._fetcher().fetch(url, part, size=size, expect=expect)
-                why = self._check(part, size, sha256)
+                why = cache_verify.check(part, size, sha256)
                 if why is None:
                     os.replace(part, final)
-                    self._seal(final, key)
+                    cache_verify.seal(final, key)
                     return
             finally:
                 with contextlib.suppress(FileNotFoundError):
@@ -391,71 +362,9 @@ class ShardCache:
             if attempt == 2:
                 raise SourceError(f"{url}: the downloaded file {why}, twice; the server's copy is damaged")
 
-    # -- the sidecar -----------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _record(key: str, st: os.stat_result) -> dict[str, Any]:
-        return {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
-
     def _valid(self, final: str, key: str, size: int | None) -> os.stat_result | None:
-        """``final``'s stat if the entry is the file its sidecar was written for, else ``None``.
-
-        The entry must be there, of ``size`` (when known), under ``key`` (one
-        ``stat`` and one small read).
-        """
-        try:
-            st = os.stat(final)
-        except OSError:
-            return None
-        if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
-            return None
-        record = self._record(key, st)
-        if self._sealed.get(final) == record:  # this process read that sidecar for this very file
-            return st
-        try:
-            with open(final + ".ok", "rb") as f:
-                sealed = json.loads(f.read(4096))
-        except (OSError, ValueError):
-            return None
-        if sealed != record:
-            return None
-        self._sealed[final] = record
-        return st
-
-    def _seal(self, final: str, key: str) -> None:
-        """Write ``final``'s sidecar (atomically); a cache that cannot take it re-checks the entry at the next hit."""
-        tmp = f"{final}.ok.{os.getpid()}.{threading.get_ident()}.part"
-        try:
-            st = os.stat(final)
-            with open(tmp, "w") as f:
-                f.write(json.dumps(self._record(key, st)))
-            os.replace(tmp, final + ".ok")
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-
-    def _still_right(self, final: str, key: str, size: int | None, sha256: str) -> bool:
-        """Whether the entry ``final`` (keyed by ``sha256``) holds those bytes although its sidecar is stale.
-
-        The entry is hashed once, and sealed again when right.
-        """
-        try:
-            st = os.stat(final)
-        except OSError:
-            return False
-        if not stat.S_ISREG(st.st_mode) or os.path.islink(final):
-            return False
-        if self._check(final, size, sha256) is not None:
-            return False
-        self._seal(final, key)
-        return True
-
-    def _discard(self, final: str) -> None:
-        for p in (final + ".ok", final):
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.isdir(p) and not os.path.islink(p):
-                    raise SourceError(f"cache entry {p!r} is a folder: remove it")
-                os.remove(p)
+        """``final``'s stat if the entry is the file its sidecar was written for (:func:`.cache_verify.valid`)."""
+        return cache_verify.valid(final, key, size, self._sealed)
 
     def verify(self) -> list[str]:
         """Hash every entry keyed by SHA-256 and remove those whose bytes differ.
@@ -470,9 +379,9 @@ class ShardCache:
             p = os.path.join(self.folder, n)
             if n.endswith(_AUX) or not _SHA256.fullmatch(n[:64]) or not os.path.isfile(p):
                 continue
-            with _flock(p + ".lock", fcntl.LOCK_EX):
-                if self._check(p, None, n[:64]) is not None:
-                    self._discard(p)
+            with flock(p + ".lock", fcntl.LOCK_EX):
+                if cache_verify.check(p, None, n[:64]) is not None:
+                    cache_verify.discard(p)
                     removed.append(n)
         return removed
 
@@ -494,22 +403,6 @@ class ShardCache:
         """
         return self._fetcher().reason(e)
 
-    # -- checks ----------------------------------------------------------------------------------------------
-
-    def _check(self, part: str, size: int | None, sha256: str | None) -> str | None:
-        """Why the file at ``part`` is not the one wanted (``None``: it is)."""
-        got = os.path.getsize(part)
-        if size is not None and got != size:
-            return f"has {got} bytes, not {size}"
-        if sha256 is not None:
-            h = hashlib.sha256()
-            with open(part, "rb") as f:
-                while block := f.read(_BLOCK):
-                    h.update(block)
-            if h.hexdigest() != sha256:
-                return "does not match its SHA-256"
-        return None
-
     # -- in use ----------------------------------------------------------------------------------------------
 
     def pin(self, url: str, sha256: str | None = None) -> Any:
@@ -527,14 +420,12 @@ class ShardCache:
         self._open()
         return self._pin_path(self._resolve(url, sha256))
 
-    def _pin_path(self, final: str) -> _Pin:
+    def _pin_path(self, final: str) -> Pin:
         try:
-            fd = os.open(final + ".use", _LOCK_FLAGS, 0o644)
+            return cache_locks.pin(final)
         except FileNotFoundError:  # the cache folder was deleted while running: made again
             self._make_folder()
-            fd = os.open(final + ".use", _LOCK_FLAGS, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return _Pin(fd)
+            return cache_locks.pin(final)
 
     def __getstate__(self) -> dict:
         keys = ("folder", "capacity", "next_use", "retries", "backoff", "connect_timeout", "read_timeout")
@@ -556,7 +447,7 @@ class ShardCache:
         """
         self._open()
         final = self._resolve(url, sha256)
-        with _flock(final + ".use", fcntl.LOCK_SH):
+        with flock(final + ".use", fcntl.LOCK_SH):
             yield final
 
     # -- size and eviction -----------------------------------------------------------------------------------
@@ -605,14 +496,8 @@ class ShardCache:
         for _n, p, nbytes, _ in entries:
             if total <= self.capacity:
                 break
-            try:
-                fd = os.open(p + ".use", _LOCK_FLAGS, 0o644)
-            except OSError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            with cache_locks.unused(p) as free:
+                if not free:
                     continue  # in use
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(p)
@@ -621,20 +506,3 @@ class ShardCache:
                         self.stats["evictions"] += 1
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(p + ".ok")
-            finally:
-                os.close(fd)
-
-
-class _Pin:
-    """A shared lock on a cache entry's lock file, released by :meth:`close` (or when collected)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def __del__(self) -> None:
-        self.close()

@@ -1,9 +1,10 @@
-"""Execution: iterate a pipeline's steps in order, computing ahead on threads or
-in worker processes (:mod:`quern.pipeline.workers`).
+"""The iterator: a pipeline's steps in order, computed ahead on threads or in worker processes.
 
 The iterator holds no data-order state beyond the next step number: what it
 yields at step ``s`` is exactly ``pipe.batch_at(s, process_index, process_count)``,
-whatever the worker count, thread count, prefetch depth or timing.
+whatever the worker count, thread count, prefetch depth or timing. The threads'
+side is :mod:`quern.pipeline.loader_threads`, the worker processes'
+:mod:`quern.pipeline.workers`; the design is in ``docs/design/iterator.md``.
 """
 
 from __future__ import annotations
@@ -11,20 +12,18 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures as cf
-import math
-import numbers
 import os
-import sys
 import threading
 import time
 import weakref
-from typing import Any, TypedDict
+from typing import Any, NoReturn, TypedDict
 
-from . import execute
-from .errors import StepTimeoutError, exit_if_forked
+from . import execute, loader_threads
+from .errors import StepTimeoutError
 from .index import check_int, host_rows
+from .loader_threads import Chunk
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
-from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window, stage_now
+from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
 from .workers import WorkerPool, sigint_deferred
 
 __all__ = [
@@ -44,8 +43,11 @@ WINDOW_EVERY = 8  # steps between updates of the adaptive prefetch window
 
 
 class IteratorOptions(TypedDict, total=False):
-    """The keyword-only options of :class:`PipelineIterator` (their defaults are its signature's),
-    as ``Pipeline.iterator(start_step, **options)`` and ``Pipeline.resume(state, **options)`` take them."""
+    """The keyword-only options of :class:`PipelineIterator`, typed.
+
+    Their defaults are its signature's; ``Pipeline.iterator(start_step, **options)``
+    and ``Pipeline.resume(state, **options)`` take them.
+    """
 
     process_index: int
     process_count: int
@@ -63,96 +65,37 @@ class IteratorOptions(TypedDict, total=False):
 class PipelineIterator:
     """Yields the batches of ``pipe`` for steps ``start_step, start_step + 1, ...`` in order.
 
-    Work is done in chunks of up to ``read_ahead`` consecutive steps (default:
-    about 4096 records' worth, at most 16 steps, times the number of components
-    of a mixture, whose components are read in calls of their own; the first chunks are smaller,
-    for a quick first batch): the records of a whole chunk are read in one bulk
-    call per file, which is several times faster than one call per step.
-    ``prefetch`` chunks are computed ahead by ``num_threads`` background threads
-    (bulk reads release the GIL for part of their time).
+    What it yields at step ``s`` is exactly ``pipe.batch_at(s, process_index,
+    process_count)``; no option below changes a byte of a batch, only when and
+    where it is computed. How chunks, the prefetch window, workers, lookahead,
+    the deadline and closing work: ``docs/design/iterator.md``.
 
-    ``prefetch=None`` (the default) adapts the depth: 2 chunks (or tasks per
-    worker) always, and more while fewer than the prefetch window are ready or in
-    flight, the window being ``max(2 x step time / load time, 5)`` batches
-    (:func:`quern.pipeline.timing.prefetch_window`; step time: the caller's time
-    between ``next()`` calls, load time: the loader's time per batch over its
-    threads or workers, a moving average), at most ``prefetch_memory`` bytes of
-    batches (default 2 GiB; a batch's size is that of the largest measured, every
-    few steps: :func:`quern.pipeline.timing.batch_nbytes`). The 2 chunks or tasks
-    always in flight are not counted against it. An int fixes the depth at that
-    many chunks or tasks per worker. The depth changes no byte of any batch.
+    Args:
+        pipe: the pipeline.
+        start_step: the first step to yield.
+        process_index: this host.
+        process_count: the number of hosts.
+        num_workers: worker processes computing the steps (0: threads in this process).
+        prefetch: chunks (threads) or tasks per worker kept in flight (``None``:
+            adaptive, at least :data:`PREFETCH`).
+        num_threads: threads computing chunks (``num_workers=0`` only).
+        read_ahead: steps per chunk or task, read in one bulk call (``None``: chosen
+            from the records per step).
+        copy_batches: with workers, copy each batch out of shared memory instead of
+            lending its slot.
+        lookahead: steps whose remote shards are fetched ahead (0: off).
+        prefetch_memory: the bytes of batches the adaptive prefetch window may hold.
+        timings: measure the seconds per stage (see :meth:`stats`).
+        step_timeout: the most seconds ``next()`` waits for a batch (``None``: no
+            deadline); then :class:`quern.StepTimeoutError`.
 
-    With ``num_workers=W > 0``, W worker processes compute the steps instead
-    (step ``s`` on worker ``s % W``), in tasks of ``read_ahead`` of their steps
-    whose records are read in one bulk call (default: about 16384 records, at
-    most 64 steps, fewer if the slots below would pass 256 MiB), with
-    ``prefetch`` tasks per worker in flight. Batches come back through shared
-    memory without a copy: their arrays are views into a worker's slot, lent to
-    you until no array of the batch is alive, so a batch you hold is never
-    overwritten (copy what you keep for long: one kept array keeps its whole
-    batch's slot). Shared memory: at most ``W * prefetch * read_ahead`` batches
-    in flight (with ``prefetch=None``, more while the adaptive window below asks
-    for more: within ``prefetch_memory`` and half the file descriptors this
-    process has free), plus the ones you hold. The stream's
-    end frees the workers; see :mod:`quern.pipeline.workers` for start-up,
-    faults and shutdown.
+    Raises:
+        ValueError: an option is out of range, or ``num_threads`` is given with workers.
+        TypeError: ``step_timeout`` is not a number.
 
-    ``copy_batches=True`` (with workers) copies each batch out of shared memory
-    instead of lending the slot: one more copy per batch, but a batch you keep
-    for long then holds no slot (``benchmarks/handover.py`` measures the cost).
-
-    ``lookahead`` (steps, default 64; 0: off): for sources read by URL through the
-    disk cache, the shards that the next ``lookahead`` steps read are fetched
-    ahead in that order, and the cache evicts the one needed furthest ahead
-    (see :mod:`quern.pipeline.lookahead`). It changes no byte of a batch.
-
-    ``step_timeout`` (seconds, default ``None``: no deadline): when ``next()`` has
-    waited that long for its step's batch, it raises :class:`quern.StepTimeoutError`
-    (a ``StepError`` and a ``TimeoutError``) naming the step, host slice, stage and
-    timeout. What is measured: from the moment ``next()`` begins waiting for step
-    ``s`` (so a step computed ahead has had longer), not counting the time a worker
-    process spends starting; with the threads, the clock starts again whenever the
-    thread computing the chunk moves on to another step. The wait can include the
-    bulk read of the records of the steps computed together with ``s`` (a chunk or
-    task of up to ``read_ahead`` steps, or a remote shard's fetch): allow for that,
-    or pass a smaller ``read_ahead``. With workers, the worker computing ``s`` is
-    asked which stage it is in, killed, and a new one started in its place; the
-    iterator stays usable: ``next()`` again computes step ``s`` again. With
-    ``num_workers=0`` the thread computing it cannot be stopped (Python cannot kill a
-    thread): it is left running (each chunk then runs on a daemon thread of its own,
-    so a stuck one never keeps the process from exiting, nor ``close()`` from
-    returning), and the iterator cannot go on: ``next()`` raises ``RuntimeError``
-    saying so; close it, and make a new one to retry. The deadline never changes a
-    byte of a batch.
-
-    ``timings=True`` (the default) measures the seconds per stage (read, each
-    transform, collate, send, handover) in the threads or workers; ``stats()``
-    gives them, with the data wait and bubble rate of the caller's loop (see
-    :meth:`stats`). ``timings=False`` skips the stage clock (the data wait is
-    always measured: two clock reads per ``next()``).
-
-    ``.step`` is the next step to be yielded (the step of the batch the next
-    ``next()`` returns; after ``next()`` returned the batch of step ``s``, it is
-    ``s + 1``), and
-    ``.state()`` a JSON-serialisable checkpoint; ``pipe.iterator(start_step=
-    state["step"])`` resumes exactly. Use as a context manager or call
-    ``close()``; garbage collection also closes it.
-
-    Processes and threads: an iterator belongs to the process that made it. In a
-    process forked from that one, ``next()`` and ``wait_for_workers()`` raise
-    ``RuntimeError`` (make a new iterator there, e.g. ``pipe.iterator(start_step=
-    it.step)``); ``close()`` (and garbage collection, and exit) there only drops
-    the copy, never touching the threads or worker processes, which stay the
-    maker's (whose iterator stays usable). One thread at a time may use an
-    iterator: ``next()`` while another thread is inside ``next()`` or ``close()``
-    raises ``RuntimeError`` at once. ``close()`` may be called from any thread at
-    any time: a ``next()`` that is waiting for a batch in another thread stops
-    waiting and raises ``RuntimeError``, and ``close()`` returns once that
-    ``next()`` has returned (a ``next()`` with the threads, or one computing a
-    failed chunk's steps, finishes the step it is computing first). Called from a
-    signal handler while ``next()`` runs in the same thread, ``close()`` takes
-    effect when that ``next()`` returns. A Ctrl-C cannot stop ``close()`` half-way:
-    it is held back until every worker process has ended, then raised.
+    Attributes:
+        step: the step of the batch the next ``next()`` returns.
+        window: the adaptive prefetch window, in batches (0: not adaptive).
     """
 
     def __init__(
@@ -185,7 +128,7 @@ class PipelineIterator:
         self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
         self.prefetch_memory = check_int(prefetch_memory, "prefetch_memory", 1)
         self.timed = bool(timings)
-        self.step_timeout = _check_step_timeout(step_timeout)
+        self.step_timeout = loader_threads.check_step_timeout(step_timeout)
         self._failed: StepTimeoutError | None = None  # num_workers=0: a step timed out, its thread left running
         self._abandon = threading.Event()  # ...and the prefetch threads stop waiting for the stuck chunk
         self._computing: dict[int, threading.Thread] = {}  # with step_timeout: first step -> thread computing it
@@ -206,7 +149,9 @@ class PipelineIterator:
         # remote sources: fetch the files of the next steps ahead, in the order they are read
         lookahead = check_int(lookahead, "lookahead", 0)
         self._lookahead = (
-            Lookahead(pipe, process_index, process_count, lookahead) if lookahead and Lookahead.wanted(pipe) else None
+            Lookahead(pipe, process_index, process_count, steps=lookahead)
+            if lookahead and Lookahead.wanted(pipe)
+            else None
         )
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
@@ -217,7 +162,7 @@ class PipelineIterator:
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self._end = pipe.num_steps
-        self._pending: collections.deque[tuple[int, int, cf.Future[_Chunk]]] = collections.deque()
+        self._pending: collections.deque[tuple[int, int, cf.Future[Chunk]]] = collections.deque()
         self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
@@ -237,11 +182,11 @@ class PipelineIterator:
             self._workers = WorkerPool(
                 pipe,
                 self.num_workers,
-                self.process_index,
-                self.process_count,
-                self.prefetch,
-                self.read_ahead,
-                self._end,
+                process_index=self.process_index,
+                process_count=self.process_count,
+                prefetch=self.prefetch,
+                read_ahead=self.read_ahead,
+                end=self._end,
                 copy=bool(copy_batches),
                 timed=self.timed,
             )
@@ -265,12 +210,16 @@ class PipelineIterator:
         return batch
 
     def _holding(self, what: str, fn: Any, wait: bool = False) -> Any:
-        """``fn()`` with the iterator taken by this thread: a ``RuntimeError`` saying why
-        when it belongs to another process, or (unless ``wait``) another thread has it.
+        """``fn()``, with the iterator taken by this thread.
 
         Taking it is one atomic step (``dict.setdefault``), so that a Ctrl-C can never
         leave it taken by nobody: at worst, one landing right after it leaves it taken
-        by this thread but not inside, which this thread's next call takes over."""
+        by this thread but not inside, which this thread's next call takes over.
+
+        Raises:
+            RuntimeError: the iterator belongs to another process, or (unless ``wait``)
+                another thread has it, or this thread is already inside it.
+        """
         if os.getpid() != self._pid:
             raise RuntimeError(
                 f"PipelineIterator.{what}: this iterator belongs to process {self._pid}, which made it; this is "
@@ -306,8 +255,10 @@ class PipelineIterator:
                     self.close()
 
     def _wait_for_owner(self, me: int) -> None:
-        """Wait until the thread that has the iterator gives it back, and take it; one
-        that has it but is not inside (left so by a Ctrl-C) loses it after 0.1 s."""
+        """Wait until the thread that has the iterator gives it back, and take it.
+
+        A thread that has it but is not inside (left so by a Ctrl-C) loses it after 0.1 s.
+        """
         idle_since, delay = None, 0.0005
         while self._owner.setdefault("thread", me) != me:
             if self._inside:
@@ -346,28 +297,22 @@ class PipelineIterator:
             self._fill()
             first, count, fut = self._pending.popleft()
             assert first == self.step
-            moved: object = None  # with step_timeout: the step the chunk's thread was last seen in...
-            since = time.monotonic()  # ...since then
-            try:
-                while True:  # wait, but give up if the iterator is closed (by another thread) meanwhile
-                    try:
-                        batches, spent, seconds = fut.result(timeout=0.1)
-                        add(self.timings, spent)
-                        self._computed += count
-                        self._load = ema(self._load, seconds / count / self.num_threads)
-                        break
-                    except TimeoutError:
-                        if fut.done():
-                            raise
-                        if self._stop_waiting:
-                            raise RuntimeError("iterator closed while next() was waiting for its batch") from None
-                    if self.step_timeout is not None:
-                        thread = self._computing.get(first)
-                        now = stage_now(_frame_of(thread))
-                        if now.where != moved:  # it moved on to another step: the clock starts again
-                            moved, since = now.where, time.monotonic()
-                        elif time.monotonic() - since >= self.step_timeout:
-                            self._time_out(first, count, thread, str(now))
+
+            def stuck(thread: threading.Thread | None, where: str) -> NoReturn:
+                self._time_out(first, count, thread, where)
+
+            try:  # wait, but give up if the iterator is closed (by another thread) meanwhile
+                batches, spent, seconds = loader_threads.wait(
+                    fut,
+                    first,
+                    stopping=self._stopping,
+                    step_timeout=self.step_timeout,
+                    computing=self._computing,
+                    stuck=stuck,
+                )
+                add(self.timings, spent)
+                self._computed += count
+                self._load = ema(self._load, seconds / count / self.num_threads)
             except BaseException as e:
                 self._drop_pending()  # failed steps are recomputed if next() is called again
                 if count == 1 or not isinstance(e, Exception) or self._stop_waiting or e is self._failed:
@@ -382,9 +327,11 @@ class PipelineIterator:
         self.step += 1
         return self._ready.popleft()
 
-    def _time_out(self, first: int, count: int, thread: threading.Thread | None, where: str) -> None:
-        """Step ``self.step`` has not come within ``step_timeout``: raise :class:`StepTimeoutError`
-        and stop the iterator, leaving the thread that computes the chunk running."""
+    def _time_out(self, first: int, count: int, thread: threading.Thread | None, where: str) -> NoReturn:
+        """Step ``self.step`` has not come within ``step_timeout``: raise :class:`StepTimeoutError`.
+
+        The iterator stops; the thread that computes the chunk is left running.
+        """
         steps = f"step {first}" if count == 1 else f"steps {first}..{first + count - 1}"
         name = f" ({thread.name})" if thread is not None else ""
         self._failed = StepTimeoutError(
@@ -398,8 +345,11 @@ class PipelineIterator:
         raise self._failed
 
     def _adapt(self, batch: Any) -> None:
-        """With ``prefetch=None``: every few steps, the prefetch window from the step
-        time, the load time and the largest batch measured so far (``batch`` is measured)."""
+        """With ``prefetch=None``: every few steps, update the prefetch window.
+
+        It comes from the step time, the load time and the largest batch measured
+        so far (``batch`` is measured).
+        """
         if not self.adaptive or (self.step % WINDOW_EVERY and self.window):
             return
         self._batch_bytes = max(self._batch_bytes or 1, batch_nbytes(batch))
@@ -411,9 +361,12 @@ class PipelineIterator:
             self._workers.ahead = self.window
 
     def _fill(self, taking: int = 0) -> None:
-        """Keep ``prefetch`` chunks of steps in flight after the ones already computed,
-        and more while fewer than the adaptive window's batches are ready or in flight
-        (``taking``: of the ready ones, those about to be returned, which do not count)."""
+        """Keep ``prefetch`` chunks of steps in flight after the ones already computed.
+
+        And more while fewer than the adaptive window's batches are ready or in
+        flight (``taking``: of the ready ones, those about to be returned, which do
+        not count).
+        """
         nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
         assert self._pool is not None and self.read_ahead is not None
         ahead = len(self._ready) - taking + sum(c for _, c, _ in self._pending)
@@ -424,9 +377,9 @@ class PipelineIterator:
             args = (self.pipe, nxt, count, self.process_index, self.process_count, self.timed, self._pid)
             with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
                 if self.step_timeout is None:
-                    fut = self._pool.submit(_compute, *args)
+                    fut = self._pool.submit(loader_threads.compute, *args)
                 else:
-                    fut = self._pool.submit(_compute_on_own_thread, self._abandon, self._computing, *args)
+                    fut = self._pool.submit(loader_threads.compute_on_own_thread, self._abandon, self._computing, *args)
                 self._pending.append((nxt, count, fut))
             nxt += count
             ahead += count
@@ -439,22 +392,38 @@ class PipelineIterator:
         self._chunk = 1
 
     def state(self) -> dict:
-        """``{"step": next step, "fingerprint": pipeline fingerprint}`` (a mixture adds
-        what lets a resume accept a schedule edited after that step: see
-        ``Pipeline.state_at``); JSON-serialisable.
+        """A checkpoint: ``pipe.iterator(start_step=state["step"])`` resumes exactly.
 
         The fingerprint is computed on the first call (once per pipeline object): a
-        transform or source it cannot describe stops checkpointing, not iteration."""
+        transform or source it cannot describe stops checkpointing, not iteration.
+
+        Returns:
+            ``{"step": next step, "fingerprint": pipeline fingerprint}`` (a mixture
+            adds what lets a resume accept a schedule edited after that step: see
+            ``Pipeline.state_at``); JSON-serialisable.
+        """
         return self.pipe.state_at(self.step)
 
     def _stopping(self) -> bool:
         return self._stop_waiting
 
     def wait_for_workers(self, timeout: float | None = None) -> bool:
-        """Block until every worker process has started (True), or ``timeout`` seconds
-        pass first (False). Never needed for correctness: ``next()`` waits for the
-        batch it needs (no step is ever computed in this process); useful before
-        timing, say, or to see start-up errors early."""
+        """Block until every worker process has started, or ``timeout`` seconds pass first.
+
+        Never needed for correctness: ``next()`` waits for the batch it needs (no
+        step is ever computed in this process); useful before timing, say, or to
+        see start-up errors early.
+
+        Args:
+            timeout: the most seconds to wait (``None``: no limit).
+
+        Returns:
+            Whether every worker process has started (True without workers).
+
+        Raises:
+            RuntimeError: the iterator is closed, belongs to another process, or
+                another thread is using it.
+        """
         return bool(self._holding("wait_for_workers()", lambda: self._wait_for_workers(timeout)))
 
     def _wait_for_workers(self, timeout: float | None) -> bool:
@@ -463,35 +432,17 @@ class PipelineIterator:
         return True if self._workers is None else self._workers.wait_ready(timeout)
 
     def stats(self) -> dict:
-        """Figures since the iterator started (see :mod:`quern.pipeline.timing`):
+        """Figures since the iterator started (see :mod:`quern.pipeline.timing`).
 
-        - the caller's loop: ``steps`` (batches returned), ``first_batch_s``;
-          ``data_wait`` (seconds blocked in ``next()``: ``last``, ``mean`` and ``max``
-          over the last 100 steps, ``total``), ``step_period`` (seconds between the
-          returns of two ``next()`` calls: ``last``, ``mean``), ``bubble_rate`` (wait /
-          period over the last 100 steps), ``bubble_rate_total``, and ``health``
-          (``healthy``, ``warning``, ``alarm``: the data wait against the step time,
-          under 50% / above 80%; ``unknown`` before the second step). The first
-          batch is only in ``first_batch_s``.
-        - ``stages``: seconds per stage (``read`` (``read: NAME`` per component of a
-          mixture), each transform by its label, ``collate``; with workers ``send``
-          (a worker writing a batch to shared memory) and ``handover`` (this process
-          taking it)), summed over the threads or workers, for the ``stage_steps``
-          steps computed so far (steps computed ahead included); empty with
-          ``timings=False``.
-        - ``host_prefetch``: ``ready`` (batches computed, not yet returned),
-          ``in_flight`` (steps being computed; with workers, sent and not yet
-          delivered), ``depth`` (the most steps kept ahead now), ``window`` (the
-          adaptive prefetch window in batches; 0 with a fixed ``prefetch``).
-        - with workers: ``"workers": W``, ``delivered_by_worker``, ``worker_restarts``
-          and ``computed_in_parent`` (always 0: no step is ever computed in this
-          process when there are workers; kept for compatibility); the counts are
-          kept after the workers stop. ``{"workers": 0}`` without.
-        - ``disk_cache`` for sources read by URL: the counts of their disk caches
-          (``hits``, ``misses``, ``bytes_fetched``, ``evictions``, ``retries``) in
-          this process and, with workers, in the worker processes (each reports with
-          the last batch of a task), and, with ``lookahead``, the bytes the cache
-          folders hold, their ``capacity`` and the files being fetched ahead."""
+        Returns:
+            ``steps``, ``first_batch_s``, ``data_wait``, ``step_period``,
+            ``bubble_rate``, ``bubble_rate_total`` and ``health`` (the caller's loop);
+            ``stages`` and ``stage_steps`` (seconds per stage, empty with
+            ``timings=False``); ``host_prefetch`` (``ready``, ``in_flight``, ``depth``,
+            ``window``); ``workers`` (and, with workers, ``delivered_by_worker``,
+            ``worker_restarts``, ``computed_in_parent``); ``disk_cache`` for sources
+            read by URL. Each figure is described in ``docs/design/iterator.md``.
+        """
         pool = self._workers
         if pool is None:
             out = dict(self._last_stats)
@@ -530,11 +481,13 @@ class PipelineIterator:
         return self._workers.pids if self._workers is not None else []
 
     def close(self) -> None:
-        """Stop the prefetch threads or worker processes and drop computed-ahead
-        batches; with workers, when it returns no worker process and no shared memory
-        is left. Idempotent; a Ctrl-C is held back until the workers have ended; a
-        ``next()`` waiting in another thread gives up (see the class docstring); in a
-        process forked from the iterator's own, it only drops this copy."""
+        """Stop the prefetch threads or worker processes and drop computed-ahead batches.
+
+        With workers, when it returns no worker process and no shared memory is
+        left. Idempotent; a Ctrl-C is held back until the workers have ended; a
+        ``next()`` waiting in another thread gives up (see ``docs/design/iterator.md``);
+        in a process forked from the iterator's own, it only drops this copy.
+        """
         if os.getpid() != self._pid:
             self._forget()
             return
@@ -570,8 +523,11 @@ class PipelineIterator:
                 self._workers = None
 
     def _forget(self) -> None:
-        """In a process forked from the iterator's own: drop this copy without touching
-        the threads and worker processes, which belong to the other process."""
+        """In a process forked from the iterator's own: drop this copy.
+
+        The threads and worker processes, which belong to the other process, are
+        not touched.
+        """
         self._closed = True
         self._pending.clear()
         self._ready.clear()
@@ -597,81 +553,15 @@ class PipelineIterator:
         return f"PipelineIterator(step={self.step}, host={self.process_index}/{self.process_count})"
 
 
-_Chunk = tuple[list[Any], dict[str, float], float]
-
-
-def _compute(
-    pipe: execute.Definition, first: int, count: int, index: int, hosts: int, timed: bool, owner: int
-) -> _Chunk:
-    """On a prefetch thread: the batches of ``count`` steps from ``first``, the seconds
-    per stage they took (empty when not ``timed``) and the wall time. In a process
-    that a transform forked from ``owner`` (the iterator's process) and that came back
-    here, it ends that process instead (:func:`~quern.pipeline.errors.exit_if_forked`):
-    a copy with none of the other threads would wait for them forever."""
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
-    exit_if_forked(owner, "the iterator's process")
-    return batches, timings, time.perf_counter() - t0
-
-
-def _compute_on_own_thread(
-    abandon: threading.Event, computing: dict[int, threading.Thread], pipe: execute.Definition, first: int, *args: Any
-) -> _Chunk:
-    """On a prefetch thread, with ``step_timeout``: :func:`_compute` on a daemon thread of
-    its own (recorded in ``computing`` while it runs, so the iterator can see its stage),
-    waited for here until it ends or ``abandon`` is set (a step timed out): then this
-    prefetch thread is free (``close()`` and interpreter exit can join it) and the
-    daemon thread is left running."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append((True, _compute(pipe, first, *args)))
-        except BaseException as e:
-            out.append((False, e))
-
-    thread = threading.Thread(target=run, name=f"quern-step-{first}", daemon=True)
-    computing[first] = thread
-    try:
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.1)
-            if abandon.is_set() and thread.is_alive():
-                raise RuntimeError(f"the iterator gave up on steps from {first} (step_timeout)")
-    finally:
-        computing.pop(first, None)
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
-
-
-def _frame_of(thread: threading.Thread | None) -> Any:
-    """The innermost frame of ``thread`` (``None`` when it is not running)."""
-    ident = thread.ident if thread is not None else None
-    return sys._current_frames().get(ident) if ident is not None else None
-
-
-def _check_step_timeout(value: object) -> float | None:
-    """``step_timeout``: ``None`` or a finite number of seconds above 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"step_timeout must be a number of seconds or None, got {value!r} ({type(value).__name__})")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"step_timeout must be a finite number of seconds above 0, or None; got {value!r}")
-    return seconds
-
-
 _LIVE: weakref.WeakSet[PipelineIterator] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all() -> None:
-    """At interpreter exit, close the iterators still open (their workers with them),
-    every one of them even if a Ctrl-C comes meanwhile."""
+    """At interpreter exit, close the iterators still open (their workers with them).
+
+    Every one of them is closed, even if a Ctrl-C comes meanwhile.
+    """
     for it in list(_LIVE):
         try:
             it.close()

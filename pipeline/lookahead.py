@@ -91,7 +91,7 @@ class Lookahead:
         last: the step of the last hand-over, or ``None``.
     """
 
-    def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, steps: int = LOOKAHEAD) -> None:
+    def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, *, steps: int = LOOKAHEAD) -> None:
         self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
         self.last: int | None = None  # the step of the last hand-over
         self._thread: Any = None  # the one thread that computes the window's reads

@@ -30,7 +30,6 @@ from typing import Any, Literal
 import numpy as np
 
 from . import samedef
-from .deprecation import keyword_only, renamed
 from .errors import FingerprintError, ScanError, StepError
 from .execute import stages
 from .ops import OpKind
@@ -155,7 +154,6 @@ def keep_mask(prefix: Any, ids: np.ndarray, *, progress: Callable[[int], Any] | 
     return _measure(prefix, ids, "filter", None, progress)
 
 
-@keyword_only("key", "progress")
 def record_lengths(
     prefix: Any, ids: np.ndarray, *, key: str | None = None, progress: Callable[[int], Any] | None = None
 ) -> np.ndarray:
@@ -257,8 +255,6 @@ def _child() -> None:
     np.save(out, mask)
 
 
-@keyword_only("candidates", "n", "cache_dir", "num_workers")
-@renamed(workers="num_workers")
 def survivors(
     prefix: Any,
     key: str,
@@ -320,7 +316,6 @@ def survivors(
     return ids if ids is not None else kept
 
 
-@keyword_only("candidates", "label")
 def metadata_survivors(source: Any, pred: Any, *, candidates: np.ndarray | None, label: str) -> np.ndarray:
     """The sorted ids whose metadata ``pred.keep_metadata`` keeps: one vectorised call, no record read.
 
@@ -365,8 +360,6 @@ def metadata_survivors(source: Any, pred: Any, *, candidates: np.ndarray | None,
     return kept
 
 
-@keyword_only("candidates", "n", "length_key", "cache_dir", "num_workers")
-@renamed(workers="num_workers")
 def lengths(
     prefix: Any,
     key: str,

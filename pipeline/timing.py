@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .deprecation import keyword_only
 from .tree import leaves
 
 __all__ = [
@@ -279,7 +278,6 @@ class StepClock:
         }
 
 
-@keyword_only("batch_bytes", "budget")
 def prefetch_window(step_s: float | None, load_s: float | None, *, batch_bytes: int | None, budget: int) -> int:
     """The host prefetch depth, in batches: the rule of thumb ``max(ceil(2 * step_s / load_s), 5)``.
 

@@ -76,7 +76,7 @@ def _pipelines(tmp_path) -> dict[str, quern.Pipeline]:
         "plain": src(_source(), seed=0).batch(10),
         "global_shuffle_epochs": src(_source(), seed=7, num_epochs=3).shuffle().map(_double).batch(8),
         "block_shuffle_random": src(_source(), seed=2**64 - 1)
-        .shuffle("block", block=4, window=3)
+        .shuffle("block", block_size=4, window=3)
         .random_map(_jitter)
         .batch(5),
         "batch_random_and_remainder": src(_source(), seed=5, num_epochs=1)
