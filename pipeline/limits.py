@@ -1,5 +1,4 @@
-"""Bounds on what a config file can make quern do: its size, its values, its
-nesting, and the size of the messages about it.
+"""Bounds on what a config file can make quern do: its size, values and nesting, and its messages' size.
 
 What a config file can make quern do is bounded: a file is at most
 :data:`MAX_BYTES` (1 MiB); its values, counted with YAML aliases and merge keys
@@ -14,7 +13,6 @@ columns, or a ``kwargs``/``spec`` mapping, is reported by its first bad item:
 the number of problems is bounded before pydantic looks. Messages quote a value
 in at most :data:`MAX_SHOWN` characters, and list at most :data:`MAX_PROBLEMS`
 problems of at most :data:`MAX_LINE` characters each.
-
 """
 
 from __future__ import annotations
@@ -76,13 +74,37 @@ _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozens
 
 
 def clip(text: str, limit: int = MAX_LINE) -> str:
-    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    """``text`` cut to ``limit`` characters, saying how many were left out.
+
+    Args:
+        text: A message, or a part of one.
+        limit: The most characters kept.
+
+    Returns:
+        ``text`` itself when it fits.
+
+    Example:
+        >>> clip("abcdefgh", 3)
+        'abc... (5 more characters)'
+    """
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
 
 
 def show(value: Any) -> str:
-    """``repr(value)`` in at most about :data:`MAX_SHOWN` characters, in time bounded by
-    that too for containers (``reprlib``; not ``repr(value)[:n]``, which would build all of it)."""
+    """``repr(value)`` in at most about :data:`MAX_SHOWN` characters, in time bounded by that too.
+
+    Containers are shown with ``reprlib`` (not ``repr(value)[:n]``, which would build all of it).
+
+    Args:
+        value: Any value a config holds.
+
+    Returns:
+        Its short ``repr`` (``<type>`` when even that fails).
+
+    Example:
+        >>> show(list(range(100)))
+        '[0, 1, 2, 3, 4, 5, 6, 7, ...]'
+    """
     try:
         text = _REPR.repr(value)
     except Exception:  # an int past Python's digit limit, a __repr__ that raises
@@ -91,7 +113,14 @@ def show(value: Any) -> str:
 
 
 def bounded(message: str) -> str:
-    """``message`` with at most :data:`MAX_PROBLEMS` lines after the first, each at most :data:`MAX_LINE` long."""
+    """``message`` with at most :data:`MAX_PROBLEMS` lines after the first, each at most :data:`MAX_LINE` long.
+
+    Args:
+        message: A message, its first line a header and each other line one problem.
+
+    Returns:
+        The message, saying how many lines were left out.
+    """
     lines = message.split("\n")
     more = len(lines) - 1 - MAX_PROBLEMS
     lines = [clip(line, MAX_LINE) for line in lines[: MAX_PROBLEMS + 1]]
@@ -101,12 +130,34 @@ def bounded(message: str) -> str:
 # --------------------------------------------------------------------------- bounded inputs
 
 
-def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], what: str) -> None:
-    """Raise :class:`ConfigError` when the tree ``root`` (a graph whose shared parts,
-    YAML aliases, count once per use) holds more than :data:`MAX_VALUES` values,
-    is nested deeper than :data:`MAX_DEPTH`, or contains itself. ``children(x)``:
-    the children of a container, ``None`` for a leaf. Memoised per node: the time
-    is proportional to the distinct nodes, whatever they expand to."""
+def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], *, what: str) -> None:
+    """Check that the tree ``root`` is within :data:`MAX_VALUES` values and :data:`MAX_DEPTH` levels.
+
+    ``root`` is a graph whose shared parts (YAML aliases) count once per use.
+    Memoised per node: the time is proportional to the distinct nodes, whatever
+    they expand to.
+
+    Args:
+        root: A YAML node or a Python object.
+        children: The children of a container, ``None`` for a leaf
+            (:func:`node_children`, :func:`object_children`).
+        what: The tree, as messages name it ("the document").
+
+    Raises:
+        ConfigError: It holds more than :data:`MAX_VALUES` values, is nested deeper
+            than :data:`MAX_DEPTH`, or contains itself.
+
+    Example:
+        >>> measure({"a": [1, 2, 3]}, object_children, what="the config")
+        >>> nested = []
+        >>> for _ in range(100):
+        ...     nested = [nested]
+        >>> try:
+        ...     measure(nested, object_children, what="the config")
+        ... except ConfigError as e:
+        ...     print(e)
+        nested more than 64 levels deep (the limit is 64)
+    """
     memo: dict[int, tuple[int, int]] = {}  # id -> (values, height)
     active: set[int] = set()
     deep = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"
@@ -142,6 +193,14 @@ def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], what: st
 
 
 def node_children(node: Any) -> Iterable[Any] | None:
+    """The children of a YAML node, for :func:`measure`.
+
+    Args:
+        node: A composed YAML node.
+
+    Returns:
+        A sequence's items, a mapping's keys and values (in turn), or ``None`` for a scalar.
+    """
     if isinstance(node, yaml.SequenceNode):
         return node.value
     if isinstance(node, yaml.MappingNode):
@@ -150,6 +209,14 @@ def node_children(node: Any) -> Iterable[Any] | None:
 
 
 def object_children(value: Any) -> Iterable[Any] | None:
+    """The children of a Python value, for :func:`measure`.
+
+    Args:
+        value: A value of a config.
+
+    Returns:
+        A dict's keys then values, a list's or tuple's items, or ``None`` for anything else.
+    """
     if isinstance(value, dict):
         return itertools.chain(value.keys(), value.values())
     if isinstance(value, list | tuple):
@@ -158,16 +225,38 @@ def object_children(value: Any) -> Iterable[Any] | None:
 
 
 class Loader(yaml.SafeLoader):
-    """YAML's safe loader with the limits: nesting is checked while the document is
-    composed (recursively, so before Python's recursion limit), and the size with
-    aliases expanded on the composed node graph, before any object is constructed
-    (constructing merge keys would copy what they expand to)."""
+    """YAML's safe loader with the limits of this module.
+
+    Nesting is checked while the document is composed (recursively, so before
+    Python's recursion limit), and the size with aliases expanded on the composed
+    node graph, before any object is constructed (constructing merge keys would
+    copy what they expand to).
+
+    Args:
+        stream: The YAML text (or a file).
+
+    Example:
+        >>> yaml.load("batch: 8", Loader=Loader)
+        {'batch': 8}
+    """
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        """Compose one node, refusing one nested deeper than :data:`MAX_DEPTH`.
+
+        Args:
+            parent: As ``yaml.composer.Composer.compose_node``.
+            index: As ``yaml.composer.Composer.compose_node``.
+
+        Returns:
+            The node.
+
+        Raises:
+            ConfigError: The document is nested too deep.
+        """
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH + 1:
@@ -177,8 +266,16 @@ class Loader(yaml.SafeLoader):
             self._depth -= 1
 
     def get_single_data(self) -> Any:
+        """The document's value, built once its node graph is within the limits (:func:`measure`).
+
+        Returns:
+            The value (``None`` for an empty document).
+
+        Raises:
+            ConfigError: The document is over a limit.
+        """
         node = self.get_single_node()
         if node is None:
             return None
-        measure(node, node_children, "the document")
+        measure(node, node_children, what="the document")
         return self.construct_document(node)

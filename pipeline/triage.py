@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from .deprecation import keyword_only, renamed
 from .execute import COLLATE, READ
 from .timing import DEVICE_PUT, HANDOVER, SEND
 
@@ -33,25 +34,55 @@ NETWORK = "network"
 
 
 class SourceFacts(NamedTuple):
-    """What the triage needs to know of one source the pipeline reads."""
+    """What the triage needs to know of one source the pipeline reads.
+
+    Attributes:
+        name: The source's name, as its read stage names it (``read: NAME``).
+        kind: The source's class name: ``ArrayRecordSource``, ``ParquetSource``, ...
+        remote: Read by URL through the local-disk cache.
+        block_size: Its natural read granularity in records (a Parquet row group); 1: random access.
+        shuffle: ``"global"``, ``"block"`` or ``None`` (no shuffle).
+    """
 
     name: str
-    kind: str  # the source's class name: ArrayRecordSource, ParquetSource, ...
-    remote: bool  # read by URL through the local-disk cache
-    block_size: int  # its natural read granularity in records (a Parquet row group); 1: random access
-    shuffle: str | None  # "global", "block" or None (no shuffle)
+    kind: str
+    remote: bool
+    block_size: int
+    shuffle: str | None
 
 
 class Diagnosis(NamedTuple):
-    level: str  # DEVICE, HOST_MEMORY, LOCAL_DISK or NETWORK
-    stage: str  # the stage that bounds the loader ("" when nothing waits)
-    share: float  # of the loader's time spent in that stage
-    reason: str  # one sentence: what the figures show
-    suggestion: str  # one concrete thing to try
+    """Where the data waits, and what to do about it.
+
+    Attributes:
+        level: :data:`DEVICE`, :data:`HOST_MEMORY`, :data:`LOCAL_DISK` or :data:`NETWORK`
+            (``"unknown"`` from :func:`quern.pipeline.bench.diagnose` when too few steps ran).
+        stage: The stage that bounds the loader (``""`` when nothing waits).
+        share: The share of the loader's time spent in that stage.
+        reason: One sentence: what the figures show.
+        suggestion: One concrete thing to try.
+    """
+
+    level: str
+    stage: str
+    share: float
+    reason: str
+    suggestion: str
 
 
 def bounding_stage(stages: Mapping[str, float]) -> tuple[str, float]:
-    """The stage with the most seconds and its share of all of them (``("", 0.0)`` for none)."""
+    """The stage with the most seconds, and its share of all of them.
+
+    Args:
+        stages: Seconds per stage.
+
+    Returns:
+        ``(stage, share)``; ``("", 0.0)`` when there is none or no time was spent.
+
+    Example:
+        >>> bounding_stage({"read": 1.0, "map[0] decode": 3.0})
+        ('map[0] decode', 0.75)
+    """
     total = sum(stages.values())
     if not stages or total <= 0:
         return "", 0.0
@@ -59,22 +90,42 @@ def bounding_stage(stages: Mapping[str, float]) -> tuple[str, float]:
     return stage, stages[stage] / total
 
 
+@keyword_only("health", "bubble_rate", "sources", "num_workers", "cpus", "cache_misses")
+@renamed(workers="num_workers")
 def triage(
     stages: Mapping[str, float],
+    *,
     health: str,
     bubble_rate: float,
     sources: Sequence[SourceFacts],
-    workers: int,
+    num_workers: int,
     cpus: int,
     cache_misses: int = 0,
 ) -> Diagnosis:
     """The level where the data waits, by the triage tree (module docstring).
 
-    ``stages``: seconds per stage of the loader (and ``device_put`` when the loop
-    fed devices); ``health`` and ``bubble_rate``: the loop's, from
-    ``it.stats()``; ``workers``: the worker processes it ran with; ``cpus``: the
-    cores of this host; ``cache_misses``: files the disk cache had to fetch during
-    the loop."""
+    A pure function of its arguments. The old spellings (these options passed
+    positionally, ``workers=``) still work, with a ``DeprecationWarning``.
+
+    Args:
+        stages: Seconds per stage of the loader (and ``device_put`` when the loop fed devices).
+        health: The loop's health, from ``it.stats()`` (``"healthy"``, ``"warning"``, ``"alarm"``).
+        bubble_rate: The loop's bubble rate, from ``it.stats()``.
+        sources: The facts of each source the pipeline reads.
+        num_workers: The worker processes the loop ran with.
+        cpus: The cores of this host.
+        cache_misses: Files the disk cache had to fetch during the loop.
+
+    Returns:
+        The level, the bounding stage and its share, the reason and one suggestion.
+
+    Example:
+        >>> facts = [SourceFacts("docs", "ArrayRecordSource", remote=False, block_size=1, shuffle="global")]
+        >>> d = triage({"read": 1.0, "collate": 8.0}, health="alarm", bubble_rate=0.6, sources=facts,
+        ...            num_workers=0, cpus=8)
+        >>> d.level, d.stage
+        ('host memory', 'collate')
+    """
     stage, share = bounding_stage(stages)
     if health == "healthy":
         return Diagnosis(
@@ -86,8 +137,8 @@ def triage(
         )
     waits = f"the loop waits for data (bubble rate {bubble_rate:.1%}, health {health})"
     more_workers = (
-        f"add worker processes (num_workers={min(max(2 * workers, 2), cpus)}; this host has {cpus} cores)"
-        if workers < cpus
+        f"add worker processes (num_workers={min(max(2 * num_workers, 2), cpus)}; this host has {cpus} cores)"
+        if num_workers < cpus
         else f"cheapen the stage or add hosts (each of the {cpus} cores already runs a worker)"
     )
     where = f"; stage {stage!r} takes {share:.0%} of the loader's time"
@@ -152,7 +203,7 @@ def triage(
             share,
             waits + where + " (a per-record Python transform)",
             f"vectorise this transform: one numpy call over the batch in map_batch instead of a Python call per "
-            f"record{'; or ' + more_workers if workers < cpus else ''}",
+            f"record{'; or ' + more_workers if num_workers < cpus else ''}",
         )
     return Diagnosis(HOST_MEMORY, stage, share, waits + where + " (CPU work on the batch)", more_workers)
 

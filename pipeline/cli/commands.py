@@ -32,15 +32,19 @@ __all__ = ["COMMANDS", "cmd_bench", "cmd_explain", "cmd_inspect", "cmd_prepare",
 
 
 def _load(args: argparse.Namespace) -> Pipeline:
-    """The pipeline of ``args.config``, with the ``--allow`` prefixes given before and after
-    the command's name; a :class:`ConfigError` (which names the file) goes to :func:`main`."""
+    """The pipeline of ``args.config``, with the ``--allow`` prefixes given before and after the command's name.
+
+    A :class:`ConfigError` (which names the file) goes to :func:`main`.
+    """
     allow = [*(getattr(args, "allow_before", None) or ()), *(getattr(args, "allow", None) or ())]
     return load_config(args.config, process_count=getattr(args, "process_count", 1), allow=allow)
 
 
 def _read_state(path: str) -> Any:
-    """The JSON of a state file, read at most :data:`~quern.pipeline.limits.MAX_BYTES`;
-    a ``ValueError`` saying why not (exit 2)."""
+    """The JSON of a state file, read at most :data:`~quern.pipeline.limits.MAX_BYTES`.
+
+    A ``ValueError`` says why not (exit 2).
+    """
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
@@ -55,11 +59,13 @@ def _read_state(path: str) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``quern run``: iterate the pipeline (a progress bar on a terminal), print the throughput
-    and the report of the steps run, and save the state if asked.
+    """``quern run``: iterate the pipeline, print the throughput and the report of the steps run.
+
+    A progress bar goes to stderr on a terminal; the state after the last step is
+    saved with ``--save-state``.
 
     Args:
-        args: the parsed arguments.
+        args: The parsed arguments.
 
     Returns:
         The exit status: 0, or :data:`EXIT_USAGE` for a state file it cannot resume from.
@@ -94,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 batch = next(it)
                 made = len(leaves(batch)[0][1])  # the step's records (rows)
                 records += made
-                report.add(start + i, batch, made)
+                report.add(start + i, batch, rows=made)
                 bar.update(1, made)
             state = it.state()
     seconds = time.perf_counter() - t0
@@ -114,7 +120,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """``quern explain``: which records make each row of one step's host slice (text or JSON).
 
     Args:
-        args: the parsed arguments.
+        args: The parsed arguments.
 
     Returns:
         The exit status, 0.
@@ -124,9 +130,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rows = pipe.explain(*where)  # bad arguments: main() exits 2
     first = pipe.positions(*where)
     if args.json:
-        print(json.dumps(reports.explain_json(pipe, *where, first, rows)))
+        print(json.dumps(reports.explain_json(pipe, *where, first=first, rows=rows)))
     else:
-        print("\n".join(reports.explain_lines(pipe, *where, first, rows)))
+        print("\n".join(reports.explain_lines(pipe, *where, first=first, rows=rows)))
     return 0
 
 
@@ -134,7 +140,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """``quern inspect``: the shapes, dtypes, value summaries and padding of one batch.
 
     Args:
-        args: the parsed arguments.
+        args: The parsed arguments.
 
     Returns:
         The exit status, 0.
@@ -142,18 +148,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     pipe = _load(args)
     batch = pipe.batch_at(args.step, args.process_index, args.process_count)  # errors: main() exits 1 or 2
     print(f"step {args.step}, host {args.process_index} of {args.process_count}")
-    lines = reports.inspect_lines(pipe, args.step, args.process_index, args.process_count, batch)
+    lines = reports.inspect_lines(pipe, args.step, args.process_index, args.process_count, batch=batch)
     for line in lines + reports.batch_lines(batch):
         print("  " + line)
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``quern bench``: time each stage, then a training loop's data wait, and say where the
-    data waits (:mod:`quern.pipeline.bench`); draw it with ``--plot``.
+    """``quern bench``: time each stage, then a training loop's data wait, and say where the data waits.
+
+    The measurements are :mod:`quern.pipeline.bench`'s; ``--plot`` draws them.
 
     Args:
-        args: the parsed arguments.
+        args: The parsed arguments.
 
     Returns:
         The exit status: 0, or :data:`EXIT_USAGE` for ``--plot`` without matplotlib.
@@ -170,22 +177,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         end = min(end, pipe.num_steps)
     steps = end - args.start_step
     noun = reports.row_noun(pipe)
-    prof = bench.profile(pipe, args.start_step, steps)
-    run = bench.loop(pipe, args.start_step, steps, args.workers, args.step_ms / 1e3)
+    prof = bench.profile(pipe, args.start_step, count=steps)
+    run = bench.loop(pipe, args.start_step, count=steps, num_workers=args.workers, step_s=args.step_ms / 1e3)
     diagnosis = bench.diagnose(pipe, run)
-    print("\n".join(bench.report(prof, run, diagnosis, noun)))
+    print("\n".join(bench.report(prof, run, diagnosis=diagnosis, noun=noun)))
     if args.plot:
-        bench.plot(prof, run, diagnosis, args.plot)
+        bench.plot(prof, run, diagnosis=diagnosis, path=args.plot)
         print(f"plot: {args.plot}")
     return 0
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    """``quern prepare``: convert inputs to ArrayRecord shards with a manifest
-    (:func:`quern.prepare.prepare`), and print what was written.
+    """``quern prepare``: convert inputs to ArrayRecord shards with a manifest, and print what was written.
+
+    The conversion is :func:`quern.prepare.prepare`'s.
 
     Args:
-        args: the parsed arguments.
+        args: The parsed arguments.
 
     Returns:
         The exit status, 0.

@@ -65,8 +65,17 @@ def message(error: BaseException) -> str:
 
 
 def expected(error: BaseException) -> bool:
-    """Whether ``error`` is one the command expects (the data's, or bad arguments, config or
-    state): an unexpected one's message says that ``--traceback`` shows where."""
+    """Whether ``error`` is one a command expects: the data's, or bad arguments, config or state.
+
+    An unexpected one's message says that ``--traceback`` shows where.
+
+    Args:
+        error: What the command raised.
+
+    Returns:
+        ``True`` for quern's data errors and the usage errors (``ValueError``,
+        ``IndexError``, ``OSError``, :class:`FingerprintError`).
+    """
     return isinstance(error, _DATA_ERRORS + _USAGE_ERRORS)
 
 
@@ -80,5 +89,9 @@ def status(error: BaseException) -> int:
         :data:`EXIT_USAGE` for bad arguments, configs and state files; :data:`EXIT_DATA`
         for the data's errors (a :class:`CollateError` is a ``ValueError``, but the
         data's: data errors take precedence) and unexpected ones.
+
+    Example:
+        >>> status(ValueError("bad step")), status(StepError("step 3: ...")), status(RuntimeError())
+        (2, 1, 1)
     """
     return EXIT_USAGE if expected(error) and not isinstance(error, _DATA_ERRORS) else EXIT_DATA

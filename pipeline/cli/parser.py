@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser; ``args.command`` names the command parsed (``run``, ``explain``,
         ``inspect``, ``bench``, ``prepare``).
+
+    Example:
+        >>> args = build_parser().parse_args(["run", "pipe.yaml", "--workers", "2"])
+        >>> args.command, args.config, args.workers, args.steps
+        ('run', 'pipe.yaml', 2, 100)
     """
     ap = argparse.ArgumentParser(
         prog="quern",

@@ -52,8 +52,10 @@ __all__ = [
 
 
 def _drawn(pipe: Pipeline, counts: np.ndarray, what: str) -> str:
-    """``components drawn: web 0.897, code 0.103 (what, 6,400 rows)``: the share of
-    ``counts`` (rows per component, in the mixture's order) of each component."""
+    """``components drawn: web 0.897, code 0.103 (what, 6,400 rows)``: each component's share of ``counts``.
+
+    ``counts``: rows per component, in the mixture's order.
+    """
     total = int(counts.sum())
     shares = ", ".join(f"{name} {c / max(total, 1):.3f}" for name, c in zip(pipe.leaf_names, counts.tolist()))
     return f"components drawn: {shares} ({what}, {total:,} rows)"
@@ -81,9 +83,10 @@ PACK_CHUNK = 1 << 16
 
 
 def _per_step(pipe: Pipeline, start: int, steps: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
-    """``seq_len`` and the tokens, rows and documents (pieces) of each of the ``steps`` steps from
-    ``start`` of a pipeline of packed rows (host 0 of 1), from the plan, in chunks of whole steps;
-    ``None`` when its rows are not packed."""
+    """``seq_len``, and the tokens, rows and documents (pieces) of each of ``steps`` packed steps from ``start``.
+
+    From the plan (host 0 of 1), in chunks of whole steps; ``None`` when the rows are not packed.
+    """
     b = pipe.batch_size or 1
     tokens, rows, docs = (np.zeros(steps, dtype=np.int64) for _ in range(3))
     chunk = max(1, PACK_CHUNK // b)
@@ -105,8 +108,10 @@ def _per_step(pipe: Pipeline, start: int, steps: int) -> tuple[int, np.ndarray, 
 
 
 def _pieces_text(whole: np.ndarray, name: str, ids: list[int], starts: list[int], lengths: list[int]) -> str:
-    """``toks[5], toks[12][2048:3000]``: the documents of one packed row; a piece that is not
-    the whole document (``whole``: the tokens of each) with its token range."""
+    """``toks[5], toks[12][2048:3000]``: the documents of one packed row.
+
+    A piece that is not the whole document (``whole``: the tokens of each) is shown with its token range.
+    """
     return ", ".join(
         f"{name}[{i}]" if s == 0 and n == int(whole[i]) else f"{name}[{i}][{s}:{s + n}]"
         for i, s, n in zip(ids, starts, lengths)
@@ -117,9 +122,12 @@ def _pieces_text(whole: np.ndarray, name: str, ids: list[int], starts: list[int]
 
 
 def _real_tokens(bucket: BucketOfStep, batch: Any) -> int | None:
-    """The real (unpadded) tokens of a bucketed step's rows: from the length index when the
-    bucketing keeps one (index arithmetic), else from the ``length`` values of ``batch`` (the
-    step's batch, already made); ``None`` when neither is there."""
+    """The real (unpadded) tokens of a bucketed step's rows.
+
+    From the length index when the bucketing keeps one (index arithmetic), else
+    from the ``length`` values of ``batch`` (the step's batch, already made);
+    ``None`` when neither is there.
+    """
     if bucket.real_tokens is not None:
         return bucket.real_tokens
     if isinstance(batch, dict) and "length" in batch:
@@ -139,8 +147,10 @@ def _bucket_line(bucket: BucketOfStep, rows: int, real: int | None, what: str) -
 
 
 def _bucket_lines(start: int, of_steps: list[BucketOfStep], rows: list[int], reals: list[int | None]) -> list[str]:
-    """The lines ``run`` prints for the steps from ``start`` of a bucketed pipeline (their
-    buckets, rows and real tokens): one per bucket they went to, then one for all of them."""
+    """The lines ``run`` prints for the bucketed steps from ``start``: one per bucket, then one for all.
+
+    ``of_steps``, ``rows``, ``reals``: each step's bucket, rows and real tokens.
+    """
     steps = len(rows)
     buckets = np.asarray([b.bucket for b in of_steps], dtype=np.int64)
     bounds = np.asarray([b.bound for b in of_steps], dtype=np.int64)
@@ -192,17 +202,25 @@ def _summary(path: str, leaf: Any) -> str:
 
 
 def row_noun(pipe: Pipeline) -> str:
-    """What a row of ``pipe`` is called in reports: ``rows`` when they are packed rows (a
-    packed row holds several records), else ``records``."""
+    """What a row of ``pipe`` is called in reports.
+
+    Args:
+        pipe: The pipeline.
+
+    Returns:
+        ``rows`` when they are packed rows (a packed row holds several records), else ``records``.
+    """
     return pipe.stream.row_noun()
 
 
 class RunReport:
     """The lines ``quern run`` prints after its steps, for the kind of stream it ran.
 
+    Feed it each step run (:meth:`add`), then ask for its :meth:`lines`.
+
     Args:
-        pipe: the pipeline run.
-        start: the first step run.
+        pipe: The pipeline run.
+        start: The first step run.
     """
 
     def __init__(self, pipe: Pipeline, start: int) -> None:
@@ -211,8 +229,14 @@ class RunReport:
         self.rows: list[int] = []
         self.reals: list[int | None] = []
 
-    def add(self, step: int, batch: Any, rows: int) -> None:
-        """Keep what the report needs of one step run: its ``rows`` and the ``batch`` made."""
+    def add(self, step: int, batch: Any, *, rows: int) -> None:
+        """Keep what the report needs of one step run (host 0 of 1).
+
+        Args:
+            step: The step.
+            batch: Its batch, just made (a bucketed step's real tokens may come from its ``length``).
+            rows: Its rows.
+        """
         bucket = self.pipe.stream.bucket_of(step, 0, 1)
         if bucket is not None:
             self.buckets.append(bucket)
@@ -223,7 +247,7 @@ class RunReport:
         """The report of the ``steps`` steps run from ``start`` (host 0 of 1).
 
         Args:
-            steps: how many steps were run.
+            steps: How many steps were run.
 
         Returns:
             A mixture's components drawn, a packed stream's fill, a bucketed stream's
@@ -268,22 +292,28 @@ class _Pieces(NamedTuple):
 
 
 def _explained_components(pipe: Pipeline, first: np.ndarray) -> np.ndarray | None:
-    """Rows per leaf at the positions ``first`` (a packed row names several records); ``None``
-    for a stream of one leaf."""
+    """Rows per leaf at the positions ``first`` (a packed row names several records).
+
+    ``None`` for a stream of one leaf.
+    """
     if pipe.stream.draws(pipe, 0, 0) is None:
         return None
     return np.bincount(pipe.segments(first).component, minlength=len(pipe.leaf_names))
 
 
 def _explained_bucket(pipe: Pipeline, step: int, process_index: int, process_count: int) -> BucketOfStep | None:
-    """The step's bucket (with its real tokens when the bucketing keeps its index); ``None``
-    for a stream that is not bucketed."""
+    """The step's bucket (with its real tokens when the bucketing keeps its index).
+
+    ``None`` for a stream that is not bucketed.
+    """
     return pipe.stream.bucket_of(step, process_index, process_count)
 
 
 def _explained_pieces(pipe: Pipeline, step: int, first: np.ndarray) -> _Pieces | None:
-    """The documents of each packed row at the positions ``first``, with where each piece is;
-    ``None`` for a stream that is not packed."""
+    """The documents of each packed row at the positions ``first``, with where each piece is.
+
+    ``None`` for a stream that is not packed.
+    """
     packed: PackedRows | None = pipe.stream.packed_rows(first)
     if packed is None:
         return None
@@ -296,17 +326,19 @@ def _explained_pieces(pipe: Pipeline, step: int, first: np.ndarray) -> _Pieces |
 
 
 def explain_json(
-    pipe: Pipeline, step: int, process_index: int, process_count: int, first: np.ndarray, rows: list
+    pipe: Pipeline, step: int, process_index: int, process_count: int, *, first: np.ndarray, rows: list
 ) -> dict[str, Any]:
     """What ``quern explain --json`` prints of one step's host slice.
 
+    Every figure comes from the plan: no record is read.
+
     Args:
-        pipe: the pipeline.
-        step: the step.
-        process_index: the host.
-        process_count: the number of hosts.
-        first: the stream positions of the slice's rows (:meth:`Pipeline.positions`).
-        rows: the records of each row (:meth:`Pipeline.explain`).
+        pipe: The pipeline.
+        step: The step.
+        process_index: The host.
+        process_count: The number of hosts.
+        first: The stream positions of the slice's rows (:meth:`Pipeline.positions`).
+        rows: The records of each row (:meth:`Pipeline.explain`).
 
     Returns:
         The step, host and rows (position, records), with a mixture's rows per
@@ -348,9 +380,19 @@ def explain_json(
 
 
 def explain_lines(
-    pipe: Pipeline, step: int, process_index: int, process_count: int, first: np.ndarray, rows: list
+    pipe: Pipeline, step: int, process_index: int, process_count: int, *, first: np.ndarray, rows: list
 ) -> list[str]:
-    """What ``quern explain`` prints of one step's host slice (arguments as :func:`explain_json`).
+    """What ``quern explain`` prints of one step's host slice.
+
+    Every figure comes from the plan: no record is read.
+
+    Args:
+        pipe: The pipeline.
+        step: The step.
+        process_index: The host.
+        process_count: The number of hosts.
+        first: The stream positions of the slice's rows (:meth:`Pipeline.positions`).
+        rows: The records of each row (:meth:`Pipeline.explain`).
 
     Returns:
         A header line, a mixture's components drawn, a bucketed step's bucket, a packed
@@ -377,15 +419,15 @@ def explain_lines(
     return lines
 
 
-def inspect_lines(pipe: Pipeline, step: int, process_index: int, process_count: int, batch: Any) -> list[str]:
+def inspect_lines(pipe: Pipeline, step: int, process_index: int, process_count: int, *, batch: Any) -> list[str]:
     """What ``quern inspect`` prints of the stream at one step's host slice, before the batch.
 
     Args:
-        pipe: the pipeline.
-        step: the step.
-        process_index: the host.
-        process_count: the number of hosts.
-        batch: the slice's batch, just made.
+        pipe: The pipeline.
+        step: The step.
+        process_index: The host.
+        process_count: The number of hosts.
+        batch: The slice's batch, just made.
 
     Returns:
         A mixture's components drawn, a packed step's fill, a bucketed step's bucket and
@@ -409,8 +451,19 @@ def inspect_lines(pipe: Pipeline, step: int, process_index: int, process_count: 
 
 
 def batch_lines(batch: Any) -> list[str]:
-    """One line per array of ``batch`` (dtype, shape, value summary), and the padding of its
-    ``tokens`` when it has ``tokens`` and ``length``."""
+    """What ``quern inspect`` prints of a batch: one line per array, and the padding of its tokens.
+
+    Args:
+        batch: The batch (a pytree of arrays).
+
+    Returns:
+        One line per array (its path, dtype, shape and a value summary), and the
+        padding of ``tokens`` when the batch is a dict with ``tokens`` and ``length``.
+
+    Example:
+        >>> batch_lines({"tokens": np.array([[1, 2, 0, 0]]), "length": np.array([2])})[-1]
+        'padding: 50.0% of 1 x 4 token slots'
+    """
     lines = [_summary(path, leaf) for path, leaf in leaves(batch)]
     if isinstance(batch, dict) and "length" in batch and "tokens" in batch:
         tokens, lengths = np.asarray(batch["tokens"]), np.asarray(batch["length"])

@@ -57,11 +57,12 @@ __all__ = ["load_config"]
 
 
 def _read(config: Any) -> tuple[dict, str, str | None]:
-    """The config as a dict, the folder relative paths are resolved against, and
-    the file's path (``None`` for a dict). Messages name the file. Bounded: see
-    :mod:`quern.pipeline.limits`."""
+    """The config as a dict, the folder relative paths are resolved against, and the file's path.
+
+    The path is ``None`` for a dict. Messages name the file. Bounded: see :mod:`quern.pipeline.limits`.
+    """
     if isinstance(config, dict):
-        measure(config, object_children, "the config")
+        measure(config, object_children, what="the config")
         return config, os.getcwd(), None
     path = os.fspath(config)
     if not os.path.exists(path):
@@ -77,7 +78,7 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
     try:
         if path.endswith(".json"):
             data = json.loads(text)
-            measure(data, object_children, "the document")
+            measure(data, object_children, what="the document")
         else:
             data = yaml.load(text, Loader=Loader)  # a SafeLoader, with the limits
     except ConfigError as e:
@@ -92,17 +93,22 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
 
 
 def _prefixed(key: str, error: BaseException) -> str:
-    """``"key: message"`` of ``error``, with ``key`` said once: not added when the
-    message already starts with it (``source 'x' is empty``); a ``KeyError``'s
-    message without the quotes its ``str`` adds. Bounded (a list of paths)."""
+    """``"key: message"`` of ``error``, with ``key`` said once.
+
+    ``key`` is not added when the message already starts with it (``source 'x' is
+    empty``); a ``KeyError``'s message is without the quotes its ``str`` adds.
+    Bounded (a list of paths).
+    """
     text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
     return bounded(text if text.startswith((f"{key}:", f"{key} ")) else f"{key}: {text}")
 
 
 def _resolve(cfg: TransformConfig, where: str, policy: Policy) -> Callable:
-    """The callable of one transform entry: a registered factory called with
-    ``kwargs``, or the imported ``fn`` (if ``policy`` allows it) with ``kwargs``
-    bound by ``functools.partial``."""
+    """The callable of one transform entry.
+
+    A registered factory called with ``kwargs``, or the imported ``fn`` (if
+    ``policy`` allows it) with ``kwargs`` bound by ``functools.partial``.
+    """
     if cfg.name is not None:
         registry = REGISTRY
         if cfg.name not in registry:
@@ -171,22 +177,30 @@ def load_config(config: Any, *, process_count: int = 1, allow: str | Iterable[st
     :meth:`Pipeline.filter`).
 
     Args:
-        config: a YAML or JSON file's path, or a dict.
-        process_count: the number of hosts the pipeline will run on, checked to divide
+        config: A YAML or JSON file's path, or a dict.
+        process_count: The number of hosts the pipeline will run on, checked to divide
             the batch size.
-        allow: module prefixes whose functions ``fn`` entries may name (``["mypkg"]``
+        allow: Module prefixes whose functions ``fn`` entries may name (``["mypkg"]``
             allows ``mypkg`` and ``mypkg.sub``), added to those of the ``QUERN_ALLOW``
             environment variable; without them a config names only registered
             transforms and functions of modules in its own folder (the rule of
             :mod:`quern.pipeline.config.trust`).
 
     Returns:
-        The pipeline the config describes.
+        The pipeline the config describes; it depends on the config, the files it
+        names and the code of the transforms it names.
 
     Raises:
-        ConfigError: naming every problem, and the file first when ``config`` is one
+        ConfigError: Naming every problem, and the file first when ``config`` is one
             (each prefix said once).
-        ScanError: a filter's predicate raised on a record; it names the stage's key path.
+        ScanError: A filter's predicate raised on a record; it names the stage's key path.
+
+    Example:
+        >>> import numpy as np
+        >>> spec = {"driver": "array", "array": np.arange(10), "dtype": "int64"}  # an in-memory TensorStore
+        >>> pipe = load_config({"source": {"type": "tensorstore", "spec": spec}, "batch": 4})
+        >>> pipe.batch_at(0).tolist()
+        [0, 1, 2, 3]
     """
     allowed = prefixes(allow)
     path = None if isinstance(config, dict) else os.fspath(config)
@@ -239,9 +253,12 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
 
 
 def _rows(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, where: str) -> Pipeline:
-    """The records of one source without batch, or its packed rows: ``transforms``, then
-    ``pack`` and ``row_transforms`` if there is a ``pack``; a config's top level or a
-    mixture's component (``where``: its key path and a dot, ``""`` for the top level)."""
+    """The records of one source without batch, or its packed rows.
+
+    ``transforms``, then ``pack`` and ``row_transforms`` if there is a ``pack``; of
+    a config's top level or a mixture's component (``where``: its key path and a
+    dot, ``""`` for the top level).
+    """
     if cfg.pack is None:
         if cfg.row_transforms:
             raise ConfigError(
@@ -264,8 +281,10 @@ def _rows(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, wher
 
 
 def _no_random_map_before(stages: list[TransformConfig], where: str, what: str, instead: str) -> None:
-    """A :class:`ConfigError` for a ``random_map`` among the record ``stages`` before ``what``
-    (``pack`` or ``bucket``), which plans with the records' lengths; checked before any scan."""
+    """A :class:`ConfigError` for a ``random_map`` among the record ``stages`` before ``what``.
+
+    ``what`` (``pack`` or ``bucket``) plans with the records' lengths; checked before any scan.
+    """
     for i, t in enumerate(stages):
         if t.kind == "random_map":
             raise ConfigError(
@@ -277,8 +296,10 @@ def _no_random_map_before(stages: list[TransformConfig], where: str, what: str, 
 def _leaf(
     cfg: PipelineConfig | ComponentConfig | BucketPipelineConfig, base: str, policy: Policy, where: str
 ) -> Pipeline:
-    """The pipeline of one source, without batch: a config's top level or a mixture's
-    component (``where``: its key path and a dot, ``""`` for the top level)."""
+    """The pipeline of one source, without batch: a config's top level or a mixture's component.
+
+    ``where``: its key path and a dot, ``""`` for the top level.
+    """
     source = _source(cfg.source, base, f"{where}source")
     try:
         pipe = Pipeline.from_source(source, seed=cfg.seed, num_epochs=cfg.num_epochs)
@@ -292,8 +313,10 @@ def _leaf(
 
 
 def _lengths_file(lengths: str | None, base: str, where: str) -> str | None:
-    """The absolute path of a length index's file (``lengths`` against ``base``), checked to
-    exist; ``where``: the key path of its section (``pack``, ``bucket``)."""
+    """The absolute path of a length index's file (``lengths`` against ``base``), checked to exist.
+
+    ``where``: the key path of its section (``pack``, ``bucket``).
+    """
     if lengths is None:
         return None
     path = os.path.abspath(_path(lengths, base))
@@ -303,8 +326,11 @@ def _lengths_file(lengths: str | None, base: str, where: str) -> str | None:
 
 
 def _planned(make: Callable[[], Pipeline], lengths: str | None, where: str) -> Pipeline:
-    """``make()`` (a ``pack`` or ``bucket`` of the section at key path ``where``, with the
-    length index file ``lengths``), its errors said with their key path."""
+    """``make()``, its errors said with their key path.
+
+    ``make`` is a ``pack`` or ``bucket`` of the section at key path ``where``, with
+    the length index file ``lengths``.
+    """
     try:
         return make()
     except ScanError as e:  # a record without tokens (no key, not 1-D): the data's error, said with its key
@@ -391,10 +417,12 @@ def _add_stages(
     policy: Policy,
     filter_hint: str = "a mixture's records are filtered in its components (mix.components.<name>.transforms)",
 ) -> Pipeline:
-    """``pipe`` with the stages of one config section (at key path ``section``); ``kinds``:
-    the kinds that belong there, the first the default; ``other``: the section to suggest
-    for a stage of another kind (``filter_hint`` for a filter, when ``other`` is
-    ``batch_transforms``)."""
+    """``pipe`` with the stages of one config section (at key path ``section``).
+
+    ``kinds``: the kinds that belong there, the first the default; ``other``: the
+    section to suggest for a stage of another kind (``filter_hint`` for a filter,
+    when ``other`` is ``batch_transforms``).
+    """
     for i, t in enumerate(stages):
         kind = t.kind or kinds[0]
         if kind not in kinds:

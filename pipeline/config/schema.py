@@ -51,6 +51,8 @@ __all__ = [
 
 
 class _Model(BaseModel):
+    """A config section: unknown keys are errors, and a mapping of too many keys is one error."""
+
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
@@ -65,14 +67,18 @@ class _Model(BaseModel):
 
 
 def _first_bad(bad: list, message: str, others: str) -> ValueError:
-    """The error ``message`` (about ``bad[0]``), with the count of ``bad`` when there are
-    several (``"(3 items are not strings)"``): one error instead of one per item."""
+    """The error ``message`` (about ``bad[0]``), with the count of ``bad`` when there are several.
+
+    ``"(3 items are not strings)"``: one error instead of one per item.
+    """
     return ValueError(message + (f" ({len(bad):,} {others})" if len(bad) > 1 else ""))
 
 
 def _strings(value: Any) -> Any:
-    """A list of strings as it is; otherwise an error naming the first item that is not one
-    (pydantic would report each: as many errors as items)."""
+    """A list of strings as it is; otherwise an error naming the first item that is not one.
+
+    Pydantic would report each: as many errors as items.
+    """
     if isinstance(value, list):
         bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
         if bad:
@@ -110,9 +116,11 @@ _NAME = "The source's name in messages, explain and stage names (default: derive
 
 
 class ArrayRecordConfig(_Model):
-    """``source: {type: array_record, ...}``: ArrayRecord files, or a folder written by
-    ``quern prepare`` (or its URL); records are the raw ``bytes``
-    (:class:`~quern.pipeline.sources.ArrayRecordSource`)."""
+    """``source: {type: array_record, ...}``: ArrayRecord files, or a folder written by ``quern prepare``.
+
+    The folder may be given by its URL. Records are the raw ``bytes``
+    (:class:`~quern.pipeline.sources.ArrayRecordSource`).
+    """
 
     type: Literal["array_record"] = Field(description="``array_record``.")
     paths: str | list[str] = Field(
@@ -127,8 +135,10 @@ class ArrayRecordConfig(_Model):
 
 
 class ParquetConfig(_Model):
-    """``source: {type: parquet, ...}``: Parquet files; records are ``{column: value}`` dicts
-    (:class:`~quern.pipeline.sources.ParquetSource`)."""
+    """``source: {type: parquet, ...}``: Parquet files; records are ``{column: value}`` dicts.
+
+    The source is a :class:`~quern.pipeline.sources.ParquetSource`.
+    """
 
     type: Literal["parquet"] = Field(description="``parquet``.")
     paths: str | list[str] = Field(description=_PATHS)
@@ -156,8 +166,10 @@ class ParquetConfig(_Model):
 
 
 class TensorStoreConfig(_Model):
-    """``source: {type: tensorstore, ...}``: TensorStore arrays, the first axis the record
-    axis (:class:`~quern.pipeline.sources.TensorStoreSource`)."""
+    """``source: {type: tensorstore, ...}``: TensorStore arrays, the first axis the record axis.
+
+    The source is a :class:`~quern.pipeline.sources.TensorStoreSource`.
+    """
 
     type: Literal["tensorstore"] = Field(description="``tensorstore``.")
     spec: str | dict[str, Any] = Field(
@@ -179,9 +191,10 @@ SourceConfig = Annotated[
 
 
 class ShuffleConfig(_Model):
-    """``shuffle: {mode: ..., block: ..., window: ...}``: a new permutation each epoch
-    (:meth:`Pipeline.shuffle`). ``shuffle: global`` and ``shuffle: block`` are this mapping's
-    ``mode`` alone."""
+    """``shuffle: {mode: ..., block: ..., window: ...}``: a new permutation each epoch (:meth:`Pipeline.shuffle`).
+
+    ``shuffle: global`` and ``shuffle: block`` are this mapping's ``mode`` alone.
+    """
 
     mode: Literal["global", "block"] = Field(
         default="global",
@@ -198,10 +211,12 @@ class ShuffleConfig(_Model):
 
 
 class TransformConfig(_Model):
-    """One stage: ``{name: ..., kwargs: ...}`` (a registered transform) or ``{fn: ..., kind: ...,
-    kwargs: ...}`` (user code). What an ``fn`` may name is :mod:`quern.pipeline.config.trust`'s
+    """One stage: ``{name: ..., kwargs: ...}`` (a registered transform) or ``{fn: ..., kind: ..., kwargs: ...}``.
+
+    An ``fn`` names user code; what it may name is :mod:`quern.pipeline.config.trust`'s
     rule: registered transforms, modules in the config's own folder, and modules under the
-    prefixes the user allows (``--allow``, ``QUERN_ALLOW``, ``load_config(allow=...)``)."""
+    prefixes the user allows (``--allow``, ``QUERN_ALLOW``, ``load_config(allow=...)``).
+    """
 
     name: str | None = Field(
         default=None,
@@ -281,12 +296,14 @@ def _npy_path(value: str | None) -> str | None:
 
 
 class PackConfig(_Model):
-    """``pack: {seq_len: ..., mode: ..., key: ..., lengths: ...}`` (``pack: N`` is
-    ``{seq_len: N}``): the records, after ``transforms``, packed into rows of ``seq_len``
-    tokens (:meth:`Pipeline.pack`). A row is ``{tokens, segment_ids, positions}`` plus the
+    """``pack: {seq_len: ..., mode: ..., key: ..., lengths: ...}``: the records packed into rows of ``seq_len`` tokens.
+
+    ``pack: N`` is ``{seq_len: N}``. The records are packed after ``transforms``
+    (:meth:`Pipeline.pack`). A row is ``{tokens, segment_ids, positions}`` plus the
     packed copies of the record's other per-token arrays. The record ``transforms`` before it
     may filter but not random_map (the lengths it plans with must not depend on the stream
-    position: put a random_map under ``row_transforms``)."""
+    position: put a random_map under ``row_transforms``).
+    """
 
     seq_len: StrictInt = Field(ge=1, description="The row length in tokens, an integer >= 1.")
     mode: Literal["best_fit", "concat"] = Field(
@@ -304,8 +321,10 @@ Pack = Annotated[StrictInt, Field(ge=1)] | PackConfig
 
 
 def _positive_ints(value: Any) -> Any:
-    """A list of integers >= 1 as it is; otherwise an error naming the first item that
-    is not one (pydantic would report each: as many errors as items)."""
+    """A list of integers >= 1 as it is; otherwise an error naming the first item that is not one.
+
+    Pydantic would report each: as many errors as items.
+    """
     if isinstance(value, list):
         bad = [i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
@@ -314,14 +333,16 @@ def _positive_ints(value: Any) -> Any:
 
 
 class BucketConfig(_Model):
-    """``bucket:``, instead of ``batch:``: every step a batch of records from one bucket of
-    lengths, padded to the bucket's upper bound (:meth:`Pipeline.bucket`: few static shapes).
+    """``bucket:``, instead of ``batch:``: every step a batch of records from one bucket of lengths.
+
+    The records are padded to the bucket's upper bound (:meth:`Pipeline.bucket`: few static shapes).
     A step's batch is ``{tokens, length}`` (shape ``(batch_size, bound)``) plus the records'
     other fields as they are (drop or pad other variable-length fields before). Steps go to
     buckets in proportion to records per batch, so every bucket goes through its records at
     the same pace; each bucket has its own epochs: the stream is endless. The record
     ``transforms`` before it may filter but not random_map (randomize the padded batches with
-    a random_map_batch under ``batch_transforms``)."""
+    a random_map_batch under ``batch_transforms``).
+    """
 
     boundaries: Annotated[list[StrictInt], Field(min_length=1, max_length=MAX_COMPONENTS)] = Field(
         description="Increasing lengths >= 1: bucket b holds lengths in (boundaries[b-1], boundaries[b]]; "
@@ -392,9 +413,16 @@ _PACK = (
 
 
 class PipelineConfig(_Model):
-    """A single-source config: ``source``, the order, the record stages, packing if any, the
-    batch and the batch stages. Relative paths are relative to the config file's folder (the
-    current directory for a dict config)."""
+    """A single-source config: ``source``, the order, the record stages, packing, the batch and the batch stages.
+
+    Relative paths are relative to the config file's folder (the current
+    directory for a dict config).
+
+    Example:
+        >>> cfg = PipelineConfig.model_validate({"source": {"type": "array_record", "paths": "d/*"}, "batch": 8})
+        >>> cfg.batch, cfg.shuffle, cfg.source.max_open_files
+        (8, None, 256)
+    """
 
     source: SourceConfig
     seed: StrictInt = Field(default=0, ge=0, lt=2**64, description=_SEED)
@@ -412,8 +440,10 @@ class PipelineConfig(_Model):
 
 
 class BucketPipelineConfig(_Model):
-    """A single-source config batched by length buckets (``bucket:``) instead of ``batch:``:
-    no ``batch``, ``pack``, ``row_transforms`` or ``mix``."""
+    """A single-source config batched by length buckets (``bucket:``) instead of ``batch:``.
+
+    It has no ``batch``, ``pack``, ``row_transforms`` or ``mix``.
+    """
 
     source: SourceConfig
     seed: StrictInt = Field(default=0, ge=0, lt=2**64, description=_SEED)
@@ -451,11 +481,13 @@ def _numbers(value: Any) -> Any:
 
 
 class ComponentConfig(_Model):
-    """One component of a mixture (``mix.components.<name>``): the keys of a single-source
-    config but ``batch``, ``batch_transforms``, ``bucket`` and ``num_epochs`` (a component is
+    """One component of a mixture (``mix.components.<name>``): the keys of a single-source config but the batch's.
+
+    It has no ``batch``, ``batch_transforms``, ``bucket`` or ``num_epochs`` (a component is
     endless, with its own epochs). Its transforms may filter, and it may be packed (``pack``
     and ``row_transforms``); the components' rows must then have the same keys, dtypes and
-    ``seq_len`` (checked when a batch is collated)."""
+    ``seq_len`` (checked when a batch is collated).
+    """
 
     source: SourceConfig
     seed: StrictInt = Field(
@@ -482,8 +514,10 @@ class StageConfig(_Model):
 
 
 class MixConfig(_Model):
-    """``mix:``, instead of ``source:``: the records come from named components in given
-    proportions (:func:`quern.mix`). Give exactly one of ``weights`` and ``schedule``."""
+    """``mix:``, instead of ``source:``: the records come from named components in given proportions.
+
+    The mixture is :func:`quern.mix`'s. Give exactly one of ``weights`` and ``schedule``.
+    """
 
     seed: StrictInt = Field(
         default=0, ge=0, lt=2**64, description="The seed of the assignment of positions to components."
@@ -512,8 +546,10 @@ class MixConfig(_Model):
     @field_validator("components", mode="before")
     @classmethod
     def _names(cls, value: Any) -> Any:
-        """The components by name, in order: a mapping as it is, a list of components
-        with a ``name`` each as the mapping of their names."""
+        """The components by name, in order.
+
+        A mapping as it is; a list of components with a ``name`` each as the mapping of their names.
+        """
         if isinstance(value, list):
             if len(value) > MAX_COMPONENTS:
                 raise ValueError(f"{len(value):,} components, more than {MAX_COMPONENTS} (the most of a mixture)")
@@ -544,9 +580,11 @@ class MixConfig(_Model):
 
 
 class MixPipelineConfig(_Model):
-    """A config whose records come from a mixture (``mix:``) instead of one ``source:``. Its
-    top level has no ``source``, ``seed`` (the mixture's is ``mix.seed``), ``shuffle``,
-    ``num_epochs``, ``pack``, ``row_transforms`` or ``bucket``."""
+    """A config whose records come from a mixture (``mix:``) instead of one ``source:``.
+
+    Its top level has no ``source``, ``seed`` (the mixture's is ``mix.seed``),
+    ``shuffle``, ``num_epochs``, ``pack``, ``row_transforms`` or ``bucket``.
+    """
 
     mix: MixConfig = Field(description="The mixture: its seed, block, components and weights or schedule.")
     transforms: Stages = Field(

@@ -1,67 +1,13 @@
 """What a config may import: the trust model of ``fn: "module:function"`` entries.
 
 A config is data: loading one runs only code that its reader trusts, never code
-its author merely names. An ``fn`` entry may name
-
-1. a function of a module that lies in the config file's own folder:
-   ``fn: "mytransforms:f"`` with ``mytransforms.py`` beside the config, or
-   ``fn: "mypkg.sub:f"`` with a package folder ``mypkg/`` (with
-   ``__init__.py``) beside it. Whoever can put a ``.py`` file in that folder is
-   trusted like the config's author (keep configs you did not write out of
-   folders that hold Python files, such as a downloads folder). Only Python
-   source counts: a module there that is a compiled file (``sneaky.pyc``, an
-   extension module ``.so``, a package whose ``__init__`` is one) is refused
-   with a :class:`ConfigError` naming it and nothing of it runs, a
-   ``__pycache__/*.pyc`` without its ``.py`` is not a module, and the modules of
-   the folder (those the named one imports while the config loads included) are
-   compiled from their ``.py`` source, never from ``__pycache__`` (whose files a
-   reader does not inspect: an unchecked hash-based ``.pyc`` would run whatever
-   the ``.py`` says). The module's
-   top-level name must not also name a module of the standard library or any
-   other importable or imported module (``os.py``, ``numpy.py`` beside a config
-   would shadow it): such a file is refused, rename it. A dict config has no
-   folder.
-2. a function of a module under a prefix the user allowed, outside the config:
-   ``quern ... --allow PREFIX`` (repeatable; before or after the command),
-   ``QUERN_ALLOW=PREFIX,PREFIX`` in the environment, or
-   ``load_config(..., allow=["PREFIX"])`` from Python (the three add up). A
-   prefix is a dotted module name, matched by whole components: ``mypkg``
-   allows ``mypkg`` and ``mypkg.sub``, not ``mypkgevil``; there is no wildcard
-   (``""``, ``"*"``, ``"mypkg.*"`` are refused), and a config cannot allow
-   anything itself. The standard library gets no exception: ``os``,
-   ``builtins``, ``subprocess``, ``importlib``, ``pickle``... are refused like
-   any module until a prefix names them (``--allow os``). Allowing ``a.b`` lets
-   importing it run ``a/__init__.py`` too. Such modules are imported from
-   ``sys.path``, searched after the config file's folder and the current
-   directory (so no ``PYTHONPATH`` is needed for them).
-
-(and ``name:`` entries name :data:`REGISTRY`, which only Python code extends.)
-Anything else is refused before anything is imported, so no import-time code of
-a refused module runs: a :class:`ConfigError` (exit status 2 from ``quern``)
-names the entry and says how to allow it.
-
-The rest of an ``fn`` is checked too. Before any import: the module is a dotted
-path of ASCII identifiers (no relative ``.mod``, no dunder part such as
-``__main__``), and the part after ``:`` a dotted path of ASCII identifiers of
-which none starts with ``_`` (``mod:_helper``, ``mod:__builtins__.exec``,
-``mod:f.__globals__`` are refused: private and special attributes are not a
-module's transforms). After the import (as Hydra learned, a name is not an
-identity: ``logging:os.system`` is ``os.system``), the path must not pass
-through a module (``mod:os.system``), and the object it finds must be defined
-in a trusted module by rule 1 or 2: its ``__module__`` (a function's, a
-class's, an instance's class's, through ``functools.partial``) is checked, so
-``from os import system`` in an allowed module does not make ``mod:system``
-allowed, nor a method a class inherits from the standard library. An instance
-of a registered transform class is accepted wherever it is defined.
-
-Modules loaded from the config's folder or the current directory (off
-``sys.path``) are registered with ``cloudpickle.register_pickle_by_value``:
-worker processes, which start with the parent's ``sys.path``, receive their
-code with the pipeline. A module that is already imported is used as it is
-(module names are global to a process: two configs cannot use two different
-``mytransforms.py``; the second is refused, as it would shadow the first).
-
-
+its author merely names. An ``fn`` entry may name a function of a module in the
+config file's own folder (Python source only, not shadowing another module), or
+of a module under a prefix the user allowed (``quern --allow PREFIX``,
+``QUERN_ALLOW``, ``load_config(allow=...)``); ``name:`` entries name
+:data:`REGISTRY`. Anything else is refused with a :class:`ConfigError` before
+anything is imported, and the object found must be defined in a trusted module.
+The whole rule, and why: ``docs/design/config-trust.md``.
 """
 
 from __future__ import annotations
@@ -86,7 +32,7 @@ from ..registry import REGISTRY
 __all__ = ["ALLOW_VARIABLE", "FN", "FN_FORM", "IDENT", "MODULE", "Policy", "import_object", "prefixes"]
 
 ALLOW_VARIABLE = "QUERN_ALLOW"
-"""The environment variable of allowed module prefixes, comma-separated (see the module docstring)."""
+"""The environment variable of allowed module prefixes, comma-separated (``docs/design/config-trust.md``)."""
 
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -101,7 +47,17 @@ FN_FORM = "fn must look like 'package.module:function'"
 
 
 def prefixes(allow: str | Iterable[str] | None) -> tuple[str, ...]:
-    """The allowed module prefixes: those of ``allow`` and of :data:`ALLOW_VARIABLE`, checked."""
+    """The allowed module prefixes: those of ``allow`` and of :data:`ALLOW_VARIABLE`, checked.
+
+    Args:
+        allow: A prefix, prefixes, or ``None``.
+
+    Returns:
+        Each prefix once, in order: ``allow``'s, then the environment variable's.
+
+    Raises:
+        ConfigError: A prefix is not a dotted module name (there is no wildcard).
+    """
     given = [allow] if isinstance(allow, str) else list(allow or ())
     found = []
     for prefix in given:
@@ -146,17 +102,23 @@ def _origin(spec: importlib.machinery.ModuleSpec | None) -> str | None:
 
 
 class Policy:
-    """What one config may import: modules under the allowed ``prefixes``, and
-    modules whose top-level module or package lies in ``folder`` (the config
-    file's; ``None`` for a dict). See the module docstring."""
+    """What one config may import (the rule of ``docs/design/config-trust.md``).
+
+    Args:
+        prefixes: The allowed module prefixes (:func:`prefixes`): modules under them may be imported.
+        folder: The config file's folder: modules whose top-level module or package
+            lies there may be imported too (``None`` for a dict config).
+    """
 
     def __init__(self, prefixes: Sequence[str], folder: str | None):
         self.prefixes = tuple(prefixes)
         self.folder = folder
 
     def _spec_in_folder(self, module: str) -> importlib.machinery.ModuleSpec | None:
-        """The spec of ``module``'s top-level name directly in the config's folder, or
-        ``None``. Found without importing anything."""
+        """The spec of ``module``'s top-level name directly in the config's folder, or ``None``.
+
+        Found without importing anything.
+        """
         if self.folder is None:
             return None
         top = module.partition(".")[0]
@@ -168,12 +130,21 @@ class Policy:
         return spec if origin is not None and _inside(origin, self.folder) else None
 
     def _in_folder(self, module: str) -> str | None:
-        """The file or package folder that ``module``'s top-level name has directly in
-        the config's folder, or ``None``. Found without importing anything."""
+        """The file or package folder that ``module``'s top-level name has directly in the config's folder, or ``None``.
+
+        Found without importing anything.
+        """
         return _origin(self._spec_in_folder(module))
 
     def how_to_allow(self, module: str) -> str:
-        """What a config may name, and how to allow ``module`` (a sentence for messages)."""
+        """What a config may name, and how to allow ``module``: a sentence for messages.
+
+        Args:
+            module: A module name.
+
+        Returns:
+            The sentence, with a warning when ``module`` is in the standard library.
+        """
         top = module.partition(".")[0]
         stdlib = (
             f" ({top!r} is Python's standard library: allow it only if configs may call anything in it.)"
@@ -191,8 +162,19 @@ class Policy:
         )
 
     def check_module(self, module: str) -> bool:
-        """Whether ``module`` may be imported: ``True`` under an allowed prefix,
-        ``False`` from the config's folder; else a :class:`ConfigError`. Imports nothing."""
+        """Check that ``module`` may be imported, and say from where; imports nothing.
+
+        Args:
+            module: A dotted module name.
+
+        Returns:
+            ``True`` when it is under an allowed prefix, ``False`` when it is in the
+            config's folder.
+
+        Raises:
+            ConfigError: It may not be imported: neither, compiled code in the folder,
+                or a file in the folder that would shadow another module.
+        """
         if _under(module, self.prefixes):
             return True
         top = module.partition(".")[0]
@@ -222,8 +204,10 @@ class Policy:
         return False
 
     def _compiled_only(self, top: str) -> str:
-        """What the config's folder holds of ``top`` that is not a module (compiled files
-        in ``__pycache__`` without their ``.py``), as the start of a message, or ``""``."""
+        """What the config's folder holds of ``top`` that is not a module, as the start of a message, or ``""``.
+
+        Compiled files in ``__pycache__`` without their ``.py``.
+        """
         if self.folder is None:
             return ""
         cache = os.path.join(self.folder, "__pycache__")
@@ -239,7 +223,14 @@ class Policy:
         )
 
     def trusted(self, module: Any) -> bool:
-        """Whether code defined in the module named ``module`` (an object's ``__module__``) is trusted."""
+        """Whether code defined in the module named ``module`` is trusted.
+
+        Args:
+            module: An object's ``__module__`` (anything: only a string can be trusted).
+
+        Returns:
+            ``True`` under an allowed prefix, or when the module was imported from the config's folder.
+        """
         if not isinstance(module, str):
             return False
         if _under(module, self.prefixes):
@@ -257,8 +248,17 @@ class Policy:
         )
 
     def resolve(self, spec: str) -> Any:
-        """The object ``spec`` (``"module:qualname"``, its form already checked) names,
-        imported only when :meth:`check_module` allows; see :func:`import_object`."""
+        """The object ``spec`` names, its module imported only when :meth:`check_module` allows.
+
+        Args:
+            spec: ``"module:qualname"``, its form already checked (the schema's :data:`FN`).
+
+        Returns:
+            The object (not yet checked for where it is defined: :meth:`check_origin`).
+
+        Raises:
+            ConfigError: The module may not be imported, or the name reaches another module.
+        """
         module_name, _, qualname = spec.partition(":")
         allowed = self.check_module(module_name)
         folders = ([self.folder] if self.folder else []) + ([os.getcwd()] if allowed else [])
@@ -275,7 +275,15 @@ class Policy:
         return obj
 
     def check_origin(self, spec: str, obj: Any) -> None:
-        """Refuse ``obj`` (what ``spec`` found) unless it is defined in a trusted module."""
+        """Refuse ``obj`` unless it is defined in a trusted module (or is a registered transform).
+
+        Args:
+            spec: The ``fn`` entry that found it (for the message).
+            obj: What :meth:`resolve` found; a ``functools.partial`` is looked through.
+
+        Raises:
+            ConfigError: Its ``__module__`` is not trusted.
+        """
         inner = obj
         while isinstance(inner, functools.partial):
             inner = inner.func
@@ -316,11 +324,14 @@ class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
 
 
 class _SourceOnlyFinder:
-    """On ``sys.meta_path`` (before the ``PathFinder``) while :func:`import_object` runs:
-    a module whose top-level module or package lies directly in one of ``folders``
+    """Loads the modules of ``folders`` from their ``.py`` source only; on ``sys.meta_path`` during an import.
+
+    It is placed before the ``PathFinder`` while :func:`import_object` runs: a
+    module whose top-level module or package lies directly in one of ``folders``
     is loaded by :class:`_SourceOnlyLoader` from its ``.py`` file, and refused with a
     :class:`ConfigError` when it is compiled code. Other modules are left to the
-    finders after it."""
+    finders after it.
+    """
 
     def __init__(self, folders: Sequence[str]) -> None:
         self.folders = [os.path.abspath(f) for f in folders]
@@ -349,19 +360,31 @@ def _top_lies_in(file: str, folder: str, top: str) -> bool:
     return first == top or first.partition(".")[0] == top
 
 
-def import_object(module_name: str, folders: Sequence[str], source_only: Sequence[str] = ()) -> Any:
-    """The module ``module_name``, imported as usual except that ``folders`` are
-    searched first: those not already on ``sys.path`` are put at its front while
-    the import runs and taken off again, so the process's ``sys.path`` is left as
-    it was. Modules whose top-level module or package lies directly in a folder of
-    ``source_only`` (the config's) are compiled from their ``.py`` source only,
-    never from ``__pycache__``, and compiled code there is refused with a
-    :class:`ConfigError`. Modules that the import loaded from such a folder are registered with
+def import_object(module_name: str, folders: Sequence[str], *, source_only: Sequence[str] = ()) -> Any:
+    """Import the module ``module_name`` as usual, except that ``folders`` are searched first.
+
+    The one place a config imports code, and only after :meth:`Policy.check_module`
+    allowed it. Folders not already on ``sys.path`` are put at its front while the
+    import runs and taken off again, so the process's ``sys.path`` is left as it
+    was. Modules that the import loaded from such a folder are registered with
     ``cloudpickle.register_pickle_by_value``: worker processes, which start with
     the parent's ``sys.path`` and could not import them, receive their code with
     the pipeline. A module that is already imported is used as it is. Not
-    thread-safe against imports running concurrently. The one place a config
-    imports code, and only after :meth:`Policy.check_module` allowed it."""
+    thread-safe against imports running concurrently.
+
+    Args:
+        module_name: The dotted module name.
+        folders: Folders searched before ``sys.path``.
+        source_only: Folders (the config's) whose modules are compiled from their
+            ``.py`` source only, never from ``__pycache__``.
+
+    Returns:
+        The module.
+
+    Raises:
+        ConfigError: A module of a ``source_only`` folder is compiled code.
+        ImportError: The module cannot be imported (or whatever its code raises).
+    """
     added = [f for f in dict.fromkeys(os.path.abspath(f) for f in folders) if not _on_sys_path(f)]
     before = set(sys.modules)
     finder = _SourceOnlyFinder(source_only)

@@ -82,6 +82,7 @@ _TYPE_TAGS = {"int", "str", "float", "constrained-int"}  # names pydantic gives 
 
 
 def _keys_of(section: str) -> list[str]:
+    """The keys a section may hold (of any of its models), sorted."""
     models = _SECTIONS.get(section, ())
     models = models if isinstance(models, tuple) else (models,)
     return sorted({k for m in models for k in m.model_fields})
@@ -99,8 +100,10 @@ def _section(parent: list) -> str:
 
 
 def _location(loc: tuple) -> list:
-    """An error location without the names pydantic gives union branches; a component's
-    name (whatever it is) is kept."""
+    """An error location without the names pydantic gives union branches.
+
+    A component's name (whatever it is) is kept.
+    """
     path: list = []
     for i, p in enumerate(loc):
         name = i == 2 and loc[:2] == ("mix", "components")
@@ -110,8 +113,10 @@ def _location(loc: tuple) -> list:
 
 
 def _problems(err: ValidationError, bucket_hint: bool = False) -> list[str]:
-    """One line per problem of ``err``: the key path, what is wrong, the value
-    (``bucket_hint``: a missing ``batch`` says that ``bucket`` may batch instead)."""
+    """One line per problem of ``err``: the key path, what is wrong, the value.
+
+    ``bucket_hint``: a missing ``batch`` says that ``bucket`` may batch instead.
+    """
     errors = [(_location(e["loc"]), e) for e in err.errors(include_url=False)]
     lines = []
     for path, e in errors:
@@ -156,8 +161,11 @@ def _explain(err: ValidationError, bucket_hint: bool = False) -> str:
 
 
 def _refused(data: dict, refused: dict[str, str], always: tuple[str, ...] = ()) -> list[str]:
-    """``"key: why"`` for each key of ``refused`` that ``data`` gives: present and not
-    null (the keys of ``always``: present at all), ``row_transforms`` not an empty list."""
+    """``"key: why"`` for each key of ``refused`` that ``data`` gives.
+
+    Given: present and not null (the keys of ``always``: present at all),
+    ``row_transforms`` not an empty list.
+    """
     lines = []
     for key, why in refused.items():
         given = key in data and (key in always or data[key] is not None)
@@ -167,7 +175,31 @@ def _refused(data: dict, refused: dict[str, str], always: tuple[str, ...] = ()) 
 
 
 def validate(data: dict) -> PipelineConfig | MixPipelineConfig | BucketPipelineConfig:
-    """The config's schema checked: every problem in one :class:`ConfigError`."""
+    """Check a config against the schema, saying every problem at once.
+
+    The form is picked by the top-level keys: ``mix`` a mixture, a ``bucket`` that
+    is not null length buckets, else one source.
+
+    Args:
+        data: The config, as read from its file.
+
+    Returns:
+        The checked model of its form; nothing is built or read.
+
+    Raises:
+        ConfigError: Naming every problem: its key path, what is wrong, the value,
+            and for an unknown key the nearest known one or the section it belongs under.
+
+    Example:
+        >>> validate({"source": {"type": "parquet", "paths": "t/*.parquet"}, "batch": 32}).batch
+        32
+        >>> try:
+        ...     validate({"source": {"type": "parquet", "paths": "t/*.parquet"}, "batch": 32, "shufle": "global"})
+        ... except ConfigError as e:
+        ...     print(e)
+        invalid config:
+          shufle: unknown key 'shufle'; did you mean 'shuffle'?
+    """
     model: type[MixPipelineConfig] | type[BucketPipelineConfig]
     if "mix" in data:
         model, refused = MixPipelineConfig, _NOT_WITH_MIX

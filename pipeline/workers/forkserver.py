@@ -38,9 +38,15 @@ _PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent
 
 
 def serve(fd: int) -> None:
-    """Entry point of the fork server; ``fd`` is its socket to the parent. Ends the
-    process, after killing and reaping every worker it started, when the parent
-    closes the socket or goes away."""
+    """Run the fork server; it ends the process (``os._exit``).
+
+    The process ends, after killing and reaping every worker it started, when the
+    parent closes the socket or goes away: status 0, or 1 (with the traceback
+    printed) on an error of its own.
+
+    Args:
+        fd: The fork server's socket to the parent.
+    """
     setup_process()
     os.set_inheritable(fd, False)
     server = _ForkServer(socket.socket(fileno=fd))
@@ -104,7 +110,7 @@ class _ForkServer:
             except Exception:  # pragma: no cover - no libc prctl: workers still end with their socket
                 self.prctl = None
             self.threads = _thread_count()
-            self.definition, self.pipe = load_pipeline(init, fds, "the fork server")
+            self.definition, self.pipe = load_pipeline(init, fds, where="the fork server")
         except BaseException as e:
             shm.send(self.sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
             return
@@ -153,9 +159,12 @@ class _ForkServer:
                 shm.send(self.sock, Exited(pid, os.waitstatus_to_exitcode(status)))
 
     def start(self, msg: Fork, fds: list[int]) -> None:
-        """Start worker ``msg.worker`` on the socket ``fds[0]``: forked from this process,
-        or, if it has more threads than before it loaded the pipeline (or any Python
-        thread besides the main one), as a fresh interpreter."""
+        """Start worker ``msg.worker`` on the socket ``fds[0]``, and tell the parent its pid.
+
+        It is forked from this process, or started as a fresh interpreter if this
+        process has more threads than before it loaded the pipeline (or any Python
+        thread besides the main one).
+        """
         fd, rest = fds[0], fds[1:]
         for extra in rest:
             os.close(extra)
@@ -198,14 +207,19 @@ class _ForkServer:
         if os.getppid() != server:  # it died before that: so do we
             os._exit(0)
         self.children.clear()
-        serve_tasks(socket.socket(fileno=fd), self.pipe, self.init.process_index, self.init.process_count)
+        serve_tasks(
+            socket.socket(fileno=fd),
+            self.pipe,
+            process_index=self.init.process_index,
+            process_count=self.init.process_count,
+        )
 
     def spawn(self, fd: int) -> int:
         """A worker as a fresh interpreter, which gets the pipeline on a socket of its own."""
         assert self.init is not None and self.definition is not None
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            shm.send(mine, self.init, [self.definition.fd])  # small: it waits in the socket
+            shm.send(mine, self.init, fds=[self.definition.fd])  # small: it waits in the socket
             code = (
                 f"import sys; sys.path[:] = {sys.path!r}; "
                 f"from quern.pipeline.workers.worker import main; main({fd}, {theirs.fileno()})"

@@ -35,8 +35,19 @@ READERS = {
 
 
 def how_it_ended(code: int | None) -> str:
-    """How a process ended, in words, from its ``Popen.returncode``-style ``code``
-    (``None``: still running; negative: the signal that killed it)."""
+    """How a process ended, in words.
+
+    Args:
+        code: As ``Popen.returncode``: ``None`` while it runs, the exit status, or
+            minus the signal that killed it.
+
+    Returns:
+        A phrase to follow the process's name.
+
+    Example:
+        >>> how_it_ended(-9), how_it_ended(3)
+        ('was killed by SIGKILL', 'exited with status 3')
+    """
     if code is None:
         return "is still running"
     if code < 0:
@@ -48,16 +59,32 @@ def how_it_ended(code: int | None) -> str:
 
 
 def readable(sock: socket.socket, timeout: float = 0.0) -> bool:
-    """Whether ``sock`` has data (or end of file) waiting, within ``timeout`` seconds."""
+    """Whether ``sock`` has data (or end of file) waiting, within ``timeout`` seconds.
+
+    Args:
+        sock: The socket.
+        timeout: Seconds to wait (0: only what is there now).
+
+    Returns:
+        ``True`` when a read would not block.
+    """
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(int(timeout * 1000)))
 
 
 def preloads(pipe: execute.Definition) -> tuple[str, ...]:
-    """The reader modules (:data:`READERS`) of the pipeline's sources (and of their
-    parts, for a source made of others), those this process has imported: the fork
-    server imports them once, before it forks the workers."""
+    """The reader modules (:data:`READERS`) of the pipeline's sources that this process has imported.
+
+    The fork server imports them once, before it forks the workers. A source made
+    of others (a mixture's, say) counts its parts' readers.
+
+    Args:
+        pipe: The pipeline.
+
+    Returns:
+        The module names, sorted.
+    """
     found: set[str] = set()
     todo: list = list(pipe.sources)
     seen: set[int] = set()
@@ -77,7 +104,14 @@ def preloads(pipe: execute.Definition) -> tuple[str, ...]:
 
 
 class ServerHandle:
-    """The parent's handle on a fork server (see :mod:`quern.pipeline.workers.forkserver`)."""
+    """The parent's handle on a fork server (see :mod:`quern.pipeline.workers.forkserver`).
+
+    Making one starts the fork server, in its own process group, with
+    ``JAX_PLATFORMS=cpu``; it waits for the pipeline (:class:`Init`, sent with :meth:`send`).
+
+    Raises:
+        OSError: The process cannot be started.
+    """
 
     def __init__(self) -> None:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -116,26 +150,44 @@ class ServerHandle:
 
     @property
     def pid(self) -> int:
+        """The fork server's process id."""
         return self.proc.pid
 
     def send(self, msg: object, fds: list[int] | tuple[int, ...] = ()) -> None:
-        """Send ``msg``, never half of it (Ctrl-C waits); a dead server is marked dead."""
+        """Send ``msg``, never half of it (Ctrl-C waits); a dead server is marked dead.
+
+        Args:
+            msg: The message (:mod:`quern.pipeline.workers.messages`).
+            fds: File descriptors sent with it.
+        """
         if self.dead:
             return
         try:
             with sigint_deferred():
-                shm.send(self.sock, msg, fds)
+                shm.send(self.sock, msg, fds=fds)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.dead = True
 
     def fork(self, index: int, fd: int) -> int:
-        """Ask for worker ``index`` on socket ``fd``; its serial number."""
+        """Ask the fork server for worker ``index`` on the socket ``fd``.
+
+        Args:
+            index: The worker's index in the pool.
+            fd: Its end of its socket to the parent (sent along; the caller closes its copy).
+
+        Returns:
+            The worker's serial number: this server's ``pids`` has its pid once it is known.
+        """
         self.serial += 1
         self.send(Fork(index, self.serial), [fd])
         return self.serial
 
     def kill(self, serial: int) -> None:
-        """SIGKILL the ``serial``-th worker (as soon as its pid is known)."""
+        """SIGKILL the ``serial``-th worker (as soon as its pid is known).
+
+        Args:
+            serial: The worker's serial number (:meth:`fork`).
+        """
         pid = self.pids.get(serial)
         if pid is None:
             self.orphans.add(serial)
@@ -143,6 +195,11 @@ class ServerHandle:
             self.send(Kill(pid))
 
     def handle(self, msg: object) -> None:
+        """Keep what a message of the fork server says: it is ready, a worker's pid, how a worker ended.
+
+        Args:
+            msg: The message (:class:`Ready`, :class:`Forked` or :class:`Exited`; others are ignored).
+        """
         if isinstance(msg, Ready):
             self.ready = True
         elif isinstance(msg, Forked):
@@ -155,6 +212,11 @@ class ServerHandle:
             self.exits[msg.pid] = msg.code
 
     def exit_text(self) -> str:
+        """How the fork server ended, in words.
+
+        Returns:
+            :func:`how_it_ended` of its exit status (``is still running`` while it runs).
+        """
         return how_it_ended(self.proc.poll())
 
     def close(self) -> None:
@@ -179,7 +241,14 @@ class ServerHandle:
 
 
 class WorkerHandle:
-    """The parent's handle on one worker process (forked by the fork server)."""
+    """The parent's handle on one worker process (forked by the fork server).
+
+    Making one asks ``server`` for the worker; tasks sent on :attr:`sock` wait there until it runs.
+
+    Args:
+        index: The worker's index in the pool.
+        server: The fork server that starts it.
+    """
 
     def __init__(self, index: int, server: ServerHandle):
         self.index = index
@@ -209,16 +278,30 @@ class WorkerHandle:
 
     @property
     def exit_code(self) -> int | None:
+        """How it ended, as ``Popen.returncode`` (``None`` while it runs, or before the server says)."""
         pid = self.pid
         return None if pid is None else self.server.exits.get(pid)
 
     def exit_text(self) -> str:
+        """How the worker ended, in words.
+
+        Returns:
+            :func:`how_it_ended` of its exit status, or that it ended with its fork server
+            (when the server died before saying).
+        """
         if self.exit_code is None and self.server.dead:
             return f"ended with its fork server, which {self.server.exit_text()}"
         return how_it_ended(self.exit_code)
 
     def assign(self, step: int) -> int:
-        """A free slot for ``step`` (a new slot id when none is free)."""
+        """Reserve a slot for ``step``.
+
+        Args:
+            step: A step about to be sent to this worker.
+
+        Returns:
+            A free slot id (a new one when none is free).
+        """
         if self.free:
             slot = self.free.pop()
         else:
@@ -227,7 +310,11 @@ class WorkerHandle:
         return slot
 
     def release(self, step: int) -> None:
-        """``step`` has been copied out (or failed): its slot is free again."""
+        """Free the slot of ``step``, which has been copied out (or failed).
+
+        Args:
+            step: The step.
+        """
         slot = self.slot_of.pop(step, None)
         if slot is not None:
             self.free.append(slot)

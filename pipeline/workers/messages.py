@@ -37,93 +37,157 @@ Span = tuple[int, int]  # (offset, length) of one out-of-band buffer inside a sh
 
 
 class Init(NamedTuple):
-    """The pipeline to load: a shared buffer (its descriptor travels with the message)
-    of ``size`` bytes holding the pickle (first span) and its large arrays (the
-    other spans); the host slice whose steps the worker computes."""
+    """The pipeline to load, and the host slice whose steps the workers compute.
+
+    The pipeline is in a shared buffer whose descriptor travels with the message.
+
+    Attributes:
+        spans: Where the pickle (the first span) and its large arrays (the others) lie in the buffer.
+        size: The buffer's size in bytes.
+        process_index: The host whose steps are computed.
+        process_count: The number of hosts.
+        preload: Modules the fork server imports before loading the pipeline.
+    """
 
     spans: list[Span]
     size: int
     process_index: int
     process_count: int
-    preload: tuple[str, ...] = ()  # modules the fork server imports before loading the pipeline
+    preload: tuple[str, ...] = ()
 
 
 class Fork(NamedTuple):
-    """Start worker number ``worker`` (the ``serial``-th worker asked of this fork server)
-    on the socket whose descriptor travels with the message."""
+    """Start a worker on the socket whose descriptor travels with the message.
+
+    Attributes:
+        worker: The worker's index in the pool.
+        serial: The number of workers asked of this fork server so far, this one included.
+    """
 
     worker: int
     serial: int
 
 
 class Forked(NamedTuple):
-    """The ``serial``-th worker runs as process ``pid``."""
+    """The ``serial``-th worker runs as process ``pid``.
+
+    Attributes:
+        serial: The worker's serial number (:class:`Fork`).
+        pid: Its process id.
+    """
 
     serial: int
     pid: int
 
 
 class Kill(NamedTuple):
-    """SIGKILL worker process ``pid`` (if it is still running)."""
+    """SIGKILL worker process ``pid`` (if it is still running).
+
+    Attributes:
+        pid: The worker's process id.
+    """
 
     pid: int
 
 
 class Exited(NamedTuple):
-    """Worker process ``pid`` ended: ``code`` as ``Popen.returncode`` gives it
-    (the exit status, or minus the number of the signal that killed it)."""
+    """Worker process ``pid`` ended.
+
+    Attributes:
+        pid: The worker's process id.
+        code: How it ended, as ``Popen.returncode`` gives it: the exit status, or
+            minus the number of the signal that killed it.
+    """
 
     pid: int
     code: int
 
 
 class Task(NamedTuple):
-    """Compute ``steps`` (records read in one bulk call) into the slots ``slots``."""
+    """Compute ``steps`` (records read in one bulk call) into the slots ``slots``.
+
+    Attributes:
+        steps: The steps, in order.
+        slots: The shared-memory slot of each step.
+        timed: Send the task's stage timings with its last :class:`Done`.
+    """
 
     steps: list[int]
     slots: list[int]
-    timed: bool = True  # send the task's stage timings with its last Done
+    timed: bool = True
 
 
 class Drop(NamedTuple):
-    """The parent no longer needs these slots: unmap them."""
+    """The parent no longer needs these slots: unmap them.
+
+    Attributes:
+        slots: The slot ids.
+    """
 
     slots: list[int]
 
 
 class Ready(NamedTuple):
-    """The fork server (or a worker) has loaded the pipeline."""
+    """The fork server (or a worker) has loaded the pipeline.
+
+    Attributes:
+        pid: The process id of the one that says so.
+    """
 
     pid: int
 
 
 class Fatal(NamedTuple):
-    """The fork server (or a worker) could not load the pipeline, nor could any other
-    process: the iterator fails for good."""
+    """The fork server (or a worker) could not load the pipeline: the iterator fails for good.
+
+    No other process could load it either.
+
+    Attributes:
+        text: The error's message.
+        traceback: Its traceback, as text.
+    """
 
     text: str
     traceback: str
 
 
 class Done(NamedTuple):
-    """``step``'s batch is in slot ``slot`` (a new shared buffer of ``size`` bytes travels
-    with the message when the slot is new or grew): ``data`` is the pickle, ``spans``
-    where its arrays lie in the slot."""
+    """``step``'s batch is in slot ``slot``.
+
+    A new shared buffer of ``size`` bytes travels with the message when the slot
+    is new or grew. The last four fields are set on the last step of a task only.
+
+    Attributes:
+        step: The step.
+        slot: The slot its arrays were written to.
+        data: The batch's pickle (its arrays out of band).
+        spans: Where its arrays lie in the slot.
+        size: The slot's size in bytes.
+        timings: Seconds per stage of the whole task.
+        seconds: The wall time the worker spent on the task.
+        task_steps: The task's number of steps (0 on its other steps).
+        cache: The disk caches' counters that grew since the worker's last report.
+    """
 
     step: int
     slot: int
     data: bytes
     spans: list[Span]
     size: int
-    timings: tuple[tuple[str, float], ...] = ()  # the last step of a task: seconds per stage of the whole task
-    seconds: float = 0.0  # and the wall time the worker spent on the task
-    task_steps: int = 0  # and its number of steps (0 on the other steps of the task)
-    cache: tuple[tuple[str, int], ...] = ()  # and the disk caches' counters that grew since the worker's last report
+    timings: tuple[tuple[str, float], ...] = ()
+    seconds: float = 0.0
+    task_steps: int = 0
+    cache: tuple[tuple[str, int], ...] = ()
 
 
 class ErrorReport(NamedTuple):
-    """A failed step, as the parent shows it: message, the worker's traceback, and the
-    original exception pickled (``None`` when it cannot be)."""
+    """A failed step, as the parent shows it.
+
+    Attributes:
+        text: The error's message.
+        traceback: The worker's traceback, as text.
+        cause: The original exception, pickled (``None`` when it cannot be).
+    """
 
     text: str
     traceback: str
@@ -131,7 +195,12 @@ class ErrorReport(NamedTuple):
 
 
 class Failed(NamedTuple):
-    """``step`` raised; nothing was written to its slot."""
+    """``step`` raised; nothing was written to its slot.
+
+    Attributes:
+        step: The step.
+        report: What it raised.
+    """
 
     step: int
     report: ErrorReport

@@ -69,19 +69,38 @@ class WorkerPool:
     its steps, growing from 1 step to ``read_ahead`` (1, 2, 4, 8, ...), with at most
     ``prefetch * read_ahead`` steps in flight, so shared memory holds at most
     ``num_workers * prefetch * read_ahead`` batches in flight (each worker's
-    slots, reused) plus the batches the caller holds (lent slots). ``copy=True``
-    copies each batch out of its slot instead (``pipe.iterator(copy_batches=True)``).
-    ``read_ahead=None`` picks about :data:`~quern.pipeline.workers.sizing.TASK_RECORDS`
-    records per task (:func:`~quern.pipeline.workers.sizing.task_sizes`), lowered once
-    the first batch's size is known so that the slots stay within
-    :data:`~quern.pipeline.workers.sizing.SHARED_MEMORY_BUDGET`; until then tasks are
-    one step. No step is ever computed in this process.
+    slots, reused) plus the batches the caller holds (lent slots). A batch depends
+    only on the pipeline, the step and the host slice; no step is ever computed in
+    this process. Making a pool starts the fork server and asks for every worker;
+    :meth:`close` stops them.
+
+    Args:
+        pipe: The pipeline (picklable with cloudpickle).
+        num_workers: Worker processes, >= 1.
+        process_index: The host whose steps are computed.
+        process_count: The number of hosts.
+        prefetch: Tasks each worker has in flight.
+        read_ahead: Steps per task; ``None`` picks about
+            :data:`~quern.pipeline.workers.sizing.TASK_RECORDS` records per task
+            (:func:`~quern.pipeline.workers.sizing.task_sizes`), lowered once the first
+            batch's size is known so that the slots stay within
+            :data:`~quern.pipeline.workers.sizing.SHARED_MEMORY_BUDGET`; until then
+            tasks are one step.
+        end: The step where the stream ends (``None``: endless).
+        copy: Copy each batch out of its slot instead of lending the slot
+            (``pipe.iterator(copy_batches=True)``).
+        timed: Workers send each task's stage timings (:attr:`timings`).
+
+    Raises:
+        TypeError: The pipeline cannot be pickled.
+        WorkerError: Through :meth:`get` and :meth:`wait_ready`, when workers cannot start or keep dying.
     """
 
     def __init__(
         self,
         pipe: execute.Definition,
         num_workers: int,
+        *,
         process_index: int,
         process_count: int,
         prefetch: int,
@@ -96,7 +115,12 @@ class WorkerPool:
         self.num_workers, self.prefetch = num_workers, prefetch
         self._auto = read_ahead is None
         read_ahead, self._most_in_flight = task_sizes(
-            pipe.batch_size, num_workers, process_index, process_count, prefetch, read_ahead
+            pipe.batch_size,
+            num_workers,
+            process_index=process_index,
+            process_count=process_count,
+            prefetch=prefetch,
+            read_ahead=read_ahead,
         )
         self.max_read_ahead: int = read_ahead
         self.read_ahead: int = 1 if self._auto else read_ahead  # until the size of a batch is known
@@ -121,12 +145,14 @@ class WorkerPool:
         self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         # what becomes of a dead worker's steps: a function of these two, not of the pool (no reference cycle)
         lose = functools.partial(_lose, self._results, self._sent)
-        self._procs = Supervisor(num_workers, process_index, process_count, self._selector, lose)
+        self._procs = Supervisor(
+            num_workers, process_index=process_index, process_count=process_count, selector=self._selector, lose=lose
+        )
         self._definition: shm.Buffer | None = None
         try:
             self._procs.start_server()  # it starts (imports numpy...) while the pipeline is pickled
             try:
-                data, buffers = shm.dumps(pipe, cloudpickle.dumps, _ARRAY_INLINE_BYTES)
+                data, buffers = shm.dumps(pipe, pickler=cloudpickle.dumps, min_bytes=_ARRAY_INLINE_BYTES)
             except Exception as e:
                 raise TypeError(
                     f"num_workers={num_workers}: the pipeline cannot be sent to worker processes "
@@ -135,7 +161,7 @@ class WorkerPool:
             buffers.insert(0, pickle.PickleBuffer(data))
             spans, size = shm.layout(buffers)
             self._definition = shm.Buffer.create(size)  # shared by all workers, read-only there
-            shm.write(self._definition, buffers, spans)
+            shm.write(self._definition, buffers, spans=spans)
             self._procs.load(Init(spans, size, process_index, process_count, preloads(pipe)), self._definition)
         except BaseException:
             self.close()
@@ -152,7 +178,17 @@ class WorkerPool:
         return self._procs.pids
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Block until every worker has started (True) or ``timeout`` seconds pass (False)."""
+        """Block until every worker has started, or ``timeout`` seconds pass.
+
+        Args:
+            timeout: Seconds to wait at most (``None``: no bound).
+
+        Returns:
+            ``True`` when every worker has loaded the pipeline, ``False`` on timeout.
+
+        Raises:
+            WorkerError: The workers cannot start (the pipeline cannot be loaded, or they keep dying).
+        """
         procs = self._procs
         deadline = None if timeout is None else time.monotonic() + timeout
         while not all(w is not None and w.ready for w in procs.workers):
@@ -225,7 +261,9 @@ class WorkerPool:
                 worker.slots[msg.slot] = shm.Buffer(fds.pop(0), msg.size)
             if self._auto and self.read_ahead == 1 and self.max_read_ahead > 1:
                 nbytes = msg.spans[-1][0] + msg.spans[-1][1] if msg.spans else 0
-                self.read_ahead = fit_read_ahead(nbytes, self.num_workers, self.prefetch, self.max_read_ahead)
+                self.read_ahead = fit_read_ahead(
+                    nbytes, self.num_workers, prefetch=self.prefetch, max_read_ahead=self.max_read_ahead
+                )
             add(self.timings, msg.timings)
             for k, v in msg.cache:
                 self.cache_counts[k] = self.cache_counts.get(k, 0) + v
@@ -256,14 +294,15 @@ class WorkerPool:
     # ------------------------------------------------------------------ scheduling
 
     def _dispatch(self, step: int) -> None:
-        """Send every worker its next steps (from ``step`` on, not yet sent) while it
-        has fewer than ``prefetch * read_ahead`` steps in flight (sent or delivered,
-        and not yet taken), in tasks of 1, 2, 4, 8, ... steps up to ``read_ahead`` (a
-        worker's first tasks are small, so its first batches come soon). A task
-        shorter than that goes only at the end of the stream or when it holds
-        ``step`` itself. A worker that is still starting gets its tasks too: they
-        wait in its socket."""
-        W, ra = self.num_workers, self.read_ahead
+        """Send every worker its next steps (from ``step`` on, not yet sent) while it has room in flight.
+
+        Room: fewer than :meth:`in_flight_limit` steps sent or delivered and not yet
+        taken. Tasks have 1, 2, 4, 8, ... steps up to ``read_ahead`` (a worker's first
+        tasks are small, so its first batches come soon). A task shorter than that
+        goes only at the end of the stream or when it holds ``step`` itself. A
+        worker that is still starting gets its tasks too: they wait in its socket.
+        """
+        num_workers, ra = self.num_workers, self.read_ahead
         limit = self.in_flight_limit()
         if self._returned:
             self._reclaim(limit)
@@ -273,16 +312,16 @@ class WorkerPool:
             room = limit - len(worker.slot_of)
             if room <= 0:
                 continue
-            first = step + (worker.index - step) % W
-            hi = first + W * limit
+            first = step + (worker.index - step) % num_workers
+            hi = first + num_workers * limit
             if self.end is not None:
                 hi = min(hi, self.end)
-            todo = [s for s in range(first, hi, W) if s not in self._sent and s not in self._results][:room]
+            todo = [s for s in range(first, hi, num_workers) if s not in self._sent and s not in self._results][:room]
             i = 0
             while i < len(todo):
                 size = min(ra, 1 << min(worker.tasks, 30))
                 task = todo[i : i + size]
-                if len(task) < size and step not in task and (self.end is None or task[-1] + W < self.end):
+                if len(task) < size and step not in task and (self.end is None or task[-1] + num_workers < self.end):
                     break  # wait until a whole task's worth of slots is free
                 i += len(task)
                 worker.tasks += 1
@@ -298,21 +337,31 @@ class WorkerPool:
                     raise
 
     def in_flight_limit(self) -> int:
-        """Steps each worker may have in flight (sent or delivered, not yet taken):
-        ``prefetch`` tasks of ``read_ahead`` steps, or ``ahead / num_workers`` when the
-        iterator's window wants more (within the descriptors' room)."""
+        """Steps each worker may have in flight (sent or delivered, not yet taken).
+
+        Returns:
+            ``prefetch`` tasks of ``read_ahead`` steps, or ``ahead / num_workers`` when
+            the iterator's window (:attr:`ahead`) wants more, within the descriptors' room.
+        """
         base = self.prefetch * self.read_ahead
         want = -(-self.ahead // self.num_workers)
         return max(base, min(want, self._most_in_flight))
 
     def in_flight(self) -> tuple[int, int]:
-        """``(steps delivered and not yet taken, steps sent to workers and not yet delivered)``."""
+        """The steps on their way.
+
+        Returns:
+            ``(steps delivered and not yet taken, steps sent to workers and not yet delivered)``.
+        """
         return len(self._results), len(self._sent)
 
     def _reclaim(self, limit: int) -> None:
-        """Take back the slots of lent batches that nobody holds any more; a worker
-        keeps one spare slot beyond its ``limit`` in flight, the others are unmapped
-        (here and in the worker), so memory held for batches once kept is given back."""
+        """Take back the slots of lent batches that nobody holds any more.
+
+        A worker keeps one spare slot beyond its ``limit`` in flight; the others are
+        unmapped (here and in the worker), so memory held for batches once kept is
+        given back.
+        """
         touched = set()
         while self._returned:
             _, worker, slot = self._leases.pop(id(self._returned.popleft()))
@@ -334,18 +383,31 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ batches
 
-    def get(self, step: int, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
-        """The batch of ``step``; steps must be asked for in order. A step delivered
-        is returned even if its worker has failed since; otherwise the failure that
-        stops its worker is raised here. ``stop()`` true: give up waiting
-        (``RuntimeError``); :meth:`wake` makes a waiting ``get`` look at once.
+    def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
+        """The batch of ``step``, waiting for it; steps must be asked for in order.
 
-        ``timeout`` (seconds): when the step has not come that long after this call
-        (or after its worker said it was ready, if later: start-up is not counted),
-        the worker computing it is asked where it is
-        (:data:`~quern.pipeline.workers.supervise.STAGE_GRACE` seconds to answer),
-        killed and replaced, and :class:`StepTimeoutError` is raised; asking for the
-        step again computes it again on the new worker."""
+        A step delivered is returned even if its worker has failed since; otherwise
+        the failure that stops its worker is raised here.
+
+        Args:
+            step: The step (the one after the last asked for, or that one again after it raised).
+            stop: Called while waiting: when it returns true, give up; :meth:`wake`
+                makes a waiting ``get`` look at once.
+            timeout: Seconds: when the step has not come that long after this call (or
+                after its worker said it was ready, if later: start-up is not counted),
+                the worker computing it is asked where it is
+                (:data:`~quern.pipeline.workers.supervise.STAGE_GRACE` seconds to
+                answer), killed and replaced. ``None``: no deadline.
+
+        Returns:
+            The batch: its arrays view a lent slot (or are copies with ``copy=True``).
+
+        Raises:
+            StepError: The step raised in its worker (asking again retries it).
+            StepTimeoutError: ``timeout`` passed; asking again computes the step on the new worker.
+            WorkerError: The workers cannot start or keep dying.
+            RuntimeError: ``stop()`` became true while waiting.
+        """
         procs = self._procs
         w = step % self.num_workers
         began = time.monotonic()
@@ -370,23 +432,25 @@ class WorkerPool:
             if timeout is not None and worker is not None and worker.ready:
                 left = max(began, worker.ready_at) + timeout - time.monotonic()
                 if left <= 0:
-                    procs.time_out(worker, step, timeout)
+                    procs.time_out(worker, step, timeout=timeout)
                 wait = min(wait, left)
             self._poll(wait)
 
     def wake(self) -> None:
-        """Make a :meth:`get` waiting in another thread look at its ``stop`` at once. Thread-safe."""
+        """Make a :meth:`get` waiting in another thread look at its ``stop`` at once; thread-safe."""
         try:
             self._wake_w.send(b"\0")
         except OSError:
             pass
 
     def _take(self, step: int) -> Any:
-        """The batch of delivered ``step``. A Ctrl-C may land anywhere in here: the step
-        stays delivered (asked again, it is taken again) until the lease is committed in
-        one uninterruptible run of dictionary stores (no call in between); after that,
-        a batch lost on the way back is computed again and its slot comes back when
-        the lost batch dies."""
+        """The batch of delivered ``step``.
+
+        A Ctrl-C may land anywhere in here: the step stays delivered (asked again, it
+        is taken again) until the lease is committed in one uninterruptible run of
+        dictionary stores (no call in between); after that, a batch lost on the way
+        back is computed again and its slot comes back when the lost batch dies.
+        """
         result = self._results[step]
         if isinstance(result, _StepFailed):
             del self._results[step]
@@ -409,7 +473,7 @@ class WorkerPool:
             result.worker.release(step)
         else:  # lend the slot: it comes back once no array of the batch is alive
             worker, slot = result.worker, result.slot
-            batch, owner = shm.lease(result.data, worker.slots[slot], result.spans)
+            batch, owner = shm.lease(result.data, worker.slots[slot], spans=result.spans)
             # the callback is a C function (no Python code runs when the batch dies, so a
             # Ctrl-C can never land in it and be lost)
             ref = weakref.ref(owner, self._returned.append)
@@ -424,10 +488,11 @@ class WorkerPool:
     # ------------------------------------------------------------------ the end
 
     def close(self) -> None:
-        """Stop the workers and the fork server (which kills and reaps every worker
-        before it exits: when this returns, none is left) and free all shared memory.
+        """Stop the workers and the fork server and free all shared memory; when this returns, no worker is left.
+
         Idempotent, and a Ctrl-C cannot stop it half-way (it is deferred until the
-        end); a process forked from the pool's own only forgets its copy (:meth:`forget`)."""
+        end); a process forked from the pool's own only forgets its copy (:meth:`forget`).
+        """
         if os.getpid() != self._pid:
             self.forget()
             return
@@ -436,9 +501,11 @@ class WorkerPool:
             self._release()
 
     def forget(self) -> None:
-        """Drop this copy of a pool made by another process (this one is a fork of
-        it): close this process's descriptors and mappings, without a message or a
-        signal to the worker processes, which belong to the other process."""
+        """Drop this copy of a pool made by another process (this one is a fork of it).
+
+        This process's descriptors and mappings are closed, without a message or a
+        signal to the worker processes, which belong to the other process.
+        """
         self._procs.forget()
         self._release()
 
@@ -457,12 +524,14 @@ class WorkerPool:
 
 def _copy_out(result: _Delivered) -> Any:
     """The batch of ``result``, copied out of its worker's slot."""
-    return shm.loads(result.data, result.worker.slots[result.slot], result.spans, copy=True)
+    return shm.loads(result.data, result.worker.slots[result.slot], spans=result.spans, copy=True)
 
 
 def _lose(results: dict[int, _Result], sent: set[int], worker: WorkerHandle) -> None:
-    """``worker`` died (or was stopped): keep the batches it delivered (copied out of
-    its slots, which go with it) and forget the steps it had not, to be sent again."""
+    """Keep the batches a dead (or stopped) ``worker`` delivered, and forget the steps it had not.
+
+    The batches are copied out of its slots, which go with it; the steps forgotten are sent again.
+    """
     try:
         for step, r in list(results.items()):
             if isinstance(r, _Delivered) and r.worker is worker:

@@ -55,11 +55,20 @@ class Buffer:
     send to other processes; ``drop_fd()`` closes it once sent. ``Buffer(fd, size)``
     maps one received from another process and closes ``fd`` at once (the mapping
     holds the memory; one descriptor per buffer is all a process keeps).
-    ``private=True`` maps it copy-on-write: this process may write to it, and
-    nobody else sees the writes. ``close()`` unmaps it (or leaves that to the
-    arrays still viewing it); the memory is freed once no process maps it."""
+    ``close()`` unmaps it (or leaves that to the arrays still viewing it); the
+    memory is freed once no process maps it.
 
-    def __init__(self, fd: int, size: int, private: bool = False, keep_fd: bool = False) -> None:
+    Args:
+        fd: The buffer's file descriptor (closed here if mapping it fails).
+        size: Its size in bytes.
+        private: Map it copy-on-write: this process may write to it, and nobody else sees the writes.
+        keep_fd: Keep ``fd`` open (as ``self.fd``) after mapping it.
+
+    Raises:
+        OSError: The descriptor cannot be mapped.
+    """
+
+    def __init__(self, fd: int, size: int, *, private: bool = False, keep_fd: bool = False) -> None:
         self.size = size
         try:
             flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
@@ -74,6 +83,14 @@ class Buffer:
 
     @classmethod
     def create(cls, size: int) -> Buffer:
+        """A new anonymous buffer of at least ``size`` bytes (whole pages), keeping its descriptor.
+
+        Args:
+            size: The bytes it must hold.
+
+        Returns:
+            The buffer, zero-filled, with ``fd`` open to send to other processes.
+        """
         size = -(-max(size, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         return cls(_anonymous_fd(size), size, keep_fd=True)
 
@@ -84,9 +101,19 @@ class Buffer:
             self.fd = -1
 
     def view(self, offset: int, nbytes: int) -> memoryview:
+        """A view of ``nbytes`` bytes of the buffer from ``offset`` (no copy).
+
+        Args:
+            offset: The first byte.
+            nbytes: The number of bytes.
+
+        Returns:
+            A writable ``memoryview`` into the mapping.
+        """
         return memoryview(self.mm)[offset : offset + nbytes]
 
     def close(self) -> None:
+        """Close the descriptor and unmap the buffer, or leave the unmapping to the arrays still viewing it."""
         self.drop_fd()
         self.array = None
         try:
@@ -95,9 +122,20 @@ class Buffer:
             pass
 
 
-def dumps(obj: Any, pickler: Callable = pickle.dumps, min_bytes: int = 0) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Pickle ``obj`` with protocol 5; contiguous array buffers of at least
-    ``min_bytes`` are returned out of band instead of being copied into the pickle."""
+def dumps(obj: Any, *, pickler: Callable = pickle.dumps, min_bytes: int = 0) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj`` with protocol 5, its large array buffers out of band.
+
+    Args:
+        obj: What to pickle.
+        pickler: The function that pickles (``pickle.dumps``, ``cloudpickle.dumps``, ...),
+            called with ``protocol`` and ``buffer_callback``.
+        min_bytes: Contiguous buffers of at least this many bytes go out of band;
+            smaller ones are copied into the pickle.
+
+    Returns:
+        ``(pickle, buffers)``: the pickle, and the out-of-band buffers in the order
+        :func:`loads` wants them.
+    """
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(pb: pickle.PickleBuffer) -> bool:
@@ -110,7 +148,14 @@ def dumps(obj: Any, pickler: Callable = pickle.dumps, min_bytes: int = 0) -> tup
 
 
 def layout(buffers: list[pickle.PickleBuffer]) -> tuple[list[tuple[int, int]], int]:
-    """``([(offset, nbytes), ...], total bytes)`` placing ``buffers`` one after another, aligned."""
+    """Where ``buffers`` go in a shared buffer: one after another, each aligned to :data:`ALIGN` bytes.
+
+    Args:
+        buffers: The out-of-band buffers of :func:`dumps`.
+
+    Returns:
+        ``([(offset, nbytes), ...], total bytes)``.
+    """
     spans, end = [], 0
     for pb in buffers:
         n = pb.raw().nbytes
@@ -119,19 +164,33 @@ def layout(buffers: list[pickle.PickleBuffer]) -> tuple[list[tuple[int, int]], i
     return spans, end
 
 
-def write(dst: Buffer, buffers: list[pickle.PickleBuffer], spans: list[tuple[int, int]]) -> None:
-    """Copy each out-of-band buffer to its span of ``dst``."""
+def write(dst: Buffer, buffers: list[pickle.PickleBuffer], *, spans: list[tuple[int, int]]) -> None:
+    """Copy each out-of-band buffer to its span of ``dst``.
+
+    Args:
+        dst: The shared buffer, at least as large as the spans reach.
+        buffers: The out-of-band buffers of :func:`dumps`.
+        spans: The ``(offset, nbytes)`` of each (:func:`layout`).
+    """
     assert dst.array is not None, "the buffer is closed"
     for pb, (off, n) in zip(buffers, spans):
         dst.array[off : off + n] = np.frombuffer(pb.raw(), np.uint8)
 
 
-def loads(data: bytes | memoryview, src: Buffer, spans: list[tuple[int, int]], copy: bool = True) -> Any:
+def loads(data: bytes | memoryview, src: Buffer, *, spans: list[tuple[int, int]], copy: bool = True) -> Any:
     """Rebuild an object pickled by :func:`dumps` whose buffers were written to ``src``.
 
-    ``copy=True`` copies each buffer out (the result owns its memory and ``src``
-    can be reused at once); ``copy=False`` returns views into ``src`` (valid only
-    while ``src`` keeps its contents)."""
+    Args:
+        data: The pickle.
+        src: The shared buffer holding its out-of-band buffers.
+        spans: Where each lies in ``src``.
+        copy: Copy each buffer out (the result owns its memory and ``src`` can be
+            reused at once); ``False``: views into ``src``, valid only while ``src``
+            keeps its contents.
+
+    Returns:
+        The object.
+    """
     bufs: list[np.ndarray] | list[memoryview]
     if copy:
         bufs = [np.frombuffer(src.mm, np.uint8, n, off).copy() for off, n in spans]
@@ -140,11 +199,21 @@ def loads(data: bytes | memoryview, src: Buffer, spans: list[tuple[int, int]], c
     return pickle.loads(data, buffers=bufs)
 
 
-def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]]) -> tuple[Any, np.ndarray]:
-    """Rebuild an object pickled by :func:`dumps` with its arrays as views into ``src``
-    (no copy): ``(object, owner)``, where ``owner`` is the one array all those views
-    derive from, so it dies exactly when no array of the object is alive any more
-    (watch it with ``weakref.ref``); until then ``src`` must not be reused."""
+def lease(data: bytes, src: Buffer, *, spans: list[tuple[int, int]]) -> tuple[Any, np.ndarray]:
+    """Rebuild an object pickled by :func:`dumps` with its arrays as views into ``src`` (no copy).
+
+    ``src`` must not be reused while ``owner`` is alive.
+
+    Args:
+        data: The pickle.
+        src: The shared buffer holding its out-of-band buffers.
+        spans: Where each lies in ``src``.
+
+    Returns:
+        ``(object, owner)``: ``owner`` is the one array all the views derive from,
+        so it dies exactly when no array of the object is alive any more (watch it
+        with ``weakref.ref``).
+    """
     owner = np.frombuffer(src.mm, np.uint8, spans[-1][0] + spans[-1][1]) if spans else np.empty(0, np.uint8)
     return pickle.loads(data, buffers=[owner[off : off + n] for off, n in spans]), owner
 
@@ -152,8 +221,17 @@ def lease(data: bytes, src: Buffer, spans: list[tuple[int, int]]) -> tuple[Any, 
 # --------------------------------------------------------------------------- messages
 
 
-def send(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
-    """Send one pickled message, with ``fds`` (file descriptors) attached to it."""
+def send(sock: socket.socket, obj: Any, *, fds: Sequence[int] = ()) -> None:
+    """Send one pickled message, with file descriptors attached to it.
+
+    Args:
+        sock: A connected Unix stream socket.
+        obj: The message (picklable with the standard ``pickle``).
+        fds: File descriptors to send with it (``SCM_RIGHTS``); the sender keeps its own.
+
+    Raises:
+        OSError: The socket is closed or the peer is gone (``BrokenPipeError``, ...).
+    """
     payload = pickle.dumps(obj, protocol=5)
     frame = _HEADER.pack(len(payload)) + payload
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
@@ -163,12 +241,20 @@ def send(sock: socket.socket, obj: Any, fds: Sequence[int] = ()) -> None:
 
 
 def recv(sock: socket.socket) -> tuple[Any, list[int]]:
-    """Receive one message sent by :func:`send`: ``(object, file descriptors)``.
+    """Receive one message sent by :func:`send`.
 
-    Raises ``EOFError`` when the peer has closed its end (or died), and
-    ``OSError`` (after reading the whole message) when the kernel had to drop the
-    descriptors attached to it because this process has too many files open.
-    Descriptors arrive close-on-exec."""
+    Args:
+        sock: A connected Unix stream socket.
+
+    Returns:
+        ``(object, file descriptors)``; the descriptors arrive close-on-exec and are
+        the caller's to close.
+
+    Raises:
+        EOFError: The peer has closed its end (or died).
+        OSError: After reading the whole message, when the kernel had to drop the
+            descriptors attached to it because this process has too many files open.
+    """
     head, truncated = b"", False
     fds: list[int] = []
     try:

@@ -44,8 +44,9 @@ class _SigintDeferred:
 
 
 def sigint_deferred() -> _SigintDeferred:
-    """A context manager: inside the block, a Ctrl-C (SIGINT) cannot interrupt the
-    main thread; the SIGINT handler runs when the block ends (by default raising
+    """A context manager inside which a Ctrl-C (SIGINT) cannot interrupt the main thread.
+
+    The SIGINT handler runs when the block ends (by default raising
     ``KeyboardInterrupt`` there), once, if a Ctrl-C came meanwhile. For the short
     critical sections that must run to the end once started (stopping the workers,
     a message to the fork server). Nests; a no-op outside the main thread (no
@@ -53,5 +54,9 @@ def sigint_deferred() -> _SigintDeferred:
 
     Returns:
         The context manager (a fresh one per call).
+
+    Example:
+        >>> with sigint_deferred():
+        ...     pass  # a Ctrl-C here is handled after the block
     """
     return _SigintDeferred()

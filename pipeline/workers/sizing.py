@@ -25,6 +25,7 @@ SHARED_MEMORY_BUDGET = 256 << 20  # ...and the default task size keeps all slots
 def task_sizes(
     batch_size: int | None,
     num_workers: int,
+    *,
     process_index: int,
     process_count: int,
     prefetch: int,
@@ -60,18 +61,39 @@ def task_sizes(
     return read_ahead, most_in_flight
 
 
-def fit_read_ahead(nbytes: int, num_workers: int, prefetch: int, max_read_ahead: int) -> int:
-    """Steps per task once a batch is known to take ``nbytes`` of shared memory: as
-    many as keep every worker's slots within :data:`SHARED_MEMORY_BUDGET`, between 1
-    and ``max_read_ahead``."""
+def fit_read_ahead(nbytes: int, num_workers: int, *, prefetch: int, max_read_ahead: int) -> int:
+    """Steps per task once a batch is known to take ``nbytes`` of shared memory.
+
+    Args:
+        nbytes: The shared memory one batch takes.
+        num_workers: Worker processes of the pool.
+        prefetch: Tasks each worker has in flight.
+        max_read_ahead: The most steps per task.
+
+    Returns:
+        As many steps as keep every worker's slots within :data:`SHARED_MEMORY_BUDGET`,
+        between 1 and ``max_read_ahead``.
+
+    Example:
+        >>> fit_read_ahead(1 << 20, 4, prefetch=2, max_read_ahead=64)  # 1 MiB batches: 256 MiB / (4 * 2 * 1 MiB)
+        32
+    """
     fit = SHARED_MEMORY_BUDGET // (num_workers * prefetch * max(nbytes, 1))
     return max(1, min(max_read_ahead, fit))
 
 
 def descriptor_room(wanted: int) -> int:
-    """How many more files this process may open, after raising its soft limit
-    (``RLIMIT_NOFILE``) towards the hard one if ``wanted`` more would not fit; the
-    parent maps one descriptor per shared-memory slot, and workers inherit the limit."""
+    """How many more files this process may open, after raising its limit if ``wanted`` more would not fit.
+
+    The soft limit (``RLIMIT_NOFILE``) is raised towards the hard one; the parent
+    maps one descriptor per shared-memory slot, and workers inherit the limit.
+
+    Args:
+        wanted: The descriptors the caller wants to open.
+
+    Returns:
+        The descriptors left (``wanted`` when there is no limit).
+    """
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

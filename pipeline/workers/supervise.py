@@ -44,6 +44,7 @@ class Supervisor:
     def __init__(
         self,
         num_workers: int,
+        *,
         process_index: int,
         process_count: int,
         selector: selectors.BaseSelector,
@@ -68,9 +69,12 @@ class Supervisor:
         self.server = self._new_server()
 
     def load(self, init: Init, definition: shm.Buffer) -> None:
-        """Send the pipeline (``init``, in the shared buffer ``definition``, which stays
-        the pool's to close) to the fork server, and to any that replaces it; ask for
-        every worker."""
+        """Send the pipeline to the fork server, and to any that replaces it; ask for every worker.
+
+        Args:
+            init: The message that describes the pipeline.
+            definition: The shared buffer that holds it (it stays the pool's to close).
+        """
         assert self.server is not None, "start_server() first"
         self._init, self._definition = init, definition
         self.server.send(init, [definition.fd])
@@ -83,8 +87,13 @@ class Supervisor:
         return server
 
     def start(self, w: int) -> None:
-        """Ask the fork server for worker ``w`` (tasks can be sent to it at once: they
-        wait in its socket). Nothing happens while the server is being replaced."""
+        """Ask the fork server for worker ``w``; nothing happens while the server is being replaced.
+
+        Tasks can be sent to the worker at once: they wait in its socket.
+
+        Args:
+            w: The worker's index.
+        """
         server = self.server
         if server is None or server.dead:
             return
@@ -94,7 +103,11 @@ class Supervisor:
             self._selector.register(worker.sock, selectors.EVENT_READ, worker)
 
     def delivered(self, w: int) -> None:
-        """Worker ``w`` delivered a step: its deaths (and the server's) in a row start again from 0."""
+        """Worker ``w`` delivered a step: its deaths (and the server's) in a row start again from 0.
+
+        Args:
+            w: The worker's index.
+        """
         self._deaths[w] = 0
         self._server_deaths = 0
 
@@ -105,14 +118,20 @@ class Supervisor:
 
     # ------------------------------------------------------------------ deaths
 
-    def on_death(self, worker: WorkerHandle, count: bool = True, restart: bool = True) -> None:
+    def on_death(self, worker: WorkerHandle, *, count: bool = True, restart: bool = True) -> None:
         """Let the pool keep what the dead worker delivered and forget what it had not; start another.
 
-        ``count=False``: the parent itself stopped the worker (its message stream
-        was interrupted half-way, by Ctrl-C say, or its fork server died), which is
-        not the worker's fault. After :data:`MAX_DEATHS` deaths in a row without a
-        delivered step, the worker is not restarted: :meth:`raise_failures` raises
-        :class:`WorkerError` for it. ``restart=False``: none is started."""
+        After :data:`MAX_DEATHS` counted deaths in a row without a delivered step,
+        the worker is not restarted: :meth:`raise_failures` raises
+        :class:`WorkerError` for it.
+
+        Args:
+            worker: The worker that died (or is to be stopped: it is killed if it still runs).
+            count: Count the death; ``False`` when the parent itself stopped the worker
+                (its message stream was interrupted half-way, by Ctrl-C say, or its
+                fork server died), which is not the worker's fault.
+            restart: Start another in its place.
+        """
         with sigint_deferred():  # never half-replaced
             self._replace(worker, count, restart)
 
@@ -150,8 +169,12 @@ class Supervisor:
         self.start(w)
 
     def await_exit(self, worker: WorkerHandle, timeout: float) -> None:
-        """Handle the fork server's messages until it says how ``worker`` ended, or
-        ``timeout`` seconds pass, or the server is gone."""
+        """Handle the fork server's messages until it says how ``worker`` ended.
+
+        Args:
+            worker: The worker.
+            timeout: Seconds to wait at most; it also stops when the server is gone.
+        """
         server = worker.server
         deadline = time.monotonic() + timeout
         while worker.exit_code is None and not server.dead:
@@ -162,17 +185,22 @@ class Supervisor:
                 self.pump(server)
 
     def reap_exited(self) -> None:
-        """Replace the workers that the fork server says have ended: their socket's end
-        of file may never come while a process that a transform forked holds a copy of it."""
+        """Replace the workers that the fork server says have ended.
+
+        Their socket's end of file may never come while a process that a transform
+        forked holds a copy of it.
+        """
         for worker in list(self.workers):
             if worker is not None and worker.exit_code is not None and self.workers[worker.index] is worker:
                 self.on_death(worker)
 
     def revive(self) -> None:
-        """If the fork server has died, account for its workers (gone with it) and
-        start another server and workers; a server that dies before it has loaded
-        the pipeline, or :data:`MAX_DEATHS` times in a row without a step delivered in
-        between, stops the pool for good."""
+        """If the fork server has died, account for its workers (gone with it) and start another server and workers.
+
+        A server that dies before it has loaded the pipeline, or :data:`MAX_DEATHS`
+        times in a row without a step delivered in between, stops the pool for good
+        (:meth:`raise_failures` then raises).
+        """
         server = self.server
         if server is None or not server.dead or self.fatal is not None:
             return
@@ -214,6 +242,9 @@ class Supervisor:
     def raise_failures(self, w: int | None = None) -> None:
         """Raise the error that stops worker ``w`` (any worker when ``None``), if there is one.
 
+        Args:
+            w: The worker's index, or ``None``.
+
         Raises:
             WorkerError: The pipeline cannot be loaded, the fork server keeps dying,
                 or worker ``w`` died :data:`MAX_DEATHS` times in a row.
@@ -225,7 +256,13 @@ class Supervisor:
             raise self.broken.pop(broken[0])
 
     def pump(self, server: ServerHandle) -> None:
-        """Handle the fork server's messages waiting now (never half of one: Ctrl-C waits)."""
+        """Handle the fork server's messages waiting now (never half of one: Ctrl-C waits).
+
+        A server whose socket is closed is marked dead (:meth:`revive` replaces it).
+
+        Args:
+            server: The fork server.
+        """
         try:
             while True:
                 with sigint_deferred():
@@ -249,9 +286,13 @@ class Supervisor:
 
     # ------------------------------------------------------------------ step_timeout
 
-    def time_out(self, worker: WorkerHandle, step: int, timeout: float) -> None:
-        """``step`` has not come within ``timeout`` seconds: ask ``worker`` where it is,
-        kill it and start another in its place.
+    def time_out(self, worker: WorkerHandle, step: int, *, timeout: float) -> None:
+        """Ask ``worker``, late with ``step``, where it is; kill it and start another in its place.
+
+        Args:
+            worker: The worker computing ``step``.
+            step: The step that has not come.
+            timeout: The step timeout it missed, in seconds (for the message).
 
         Raises:
             StepTimeoutError: Always, naming the step, host slice, stage and timeout.
@@ -276,9 +317,11 @@ class Supervisor:
         )
 
     def _stage_report(self, worker: WorkerHandle) -> str | None:
-        """Where ``worker`` is (:func:`quern.pipeline.timing.stage_now` of its main
-        thread), as it answers :data:`~quern.pipeline.timing.STAGE_SIGNAL` within
-        :data:`STAGE_GRACE` seconds; ``None`` when it does not."""
+        """Where ``worker`` is (:func:`quern.pipeline.timing.stage_now` of its main thread).
+
+        As it answers :data:`~quern.pipeline.timing.STAGE_SIGNAL` within
+        :data:`STAGE_GRACE` seconds; ``None`` when it does not.
+        """
         server = worker.server
         if not server.dead and readable(server.sock):
             self.pump(server)  # has it ended meanwhile (then its pid may not be its any more)?
@@ -308,8 +351,10 @@ class Supervisor:
     # ------------------------------------------------------------------ the end
 
     def close(self) -> None:
-        """Stop the workers and the fork server (which kills and reaps every worker
-        before it exits: when this returns, none is left). Idempotent."""
+        """Stop the workers and the fork server; when this returns, no worker is left. Idempotent.
+
+        The fork server kills and reaps every worker before it exits.
+        """
         for i, worker in enumerate(self.workers):
             if worker is not None:
                 worker.close()  # end of file: an idle worker exits at once
@@ -322,8 +367,10 @@ class Supervisor:
             self.server = None
 
     def forget(self) -> None:
-        """Close this process's descriptors of processes that belong to another process
-        (this one is a fork of it), without a message or a signal to them."""
+        """Close the descriptors of processes that belong to another process (this one is a fork of it).
+
+        Nothing is sent to those processes: no message, no signal.
+        """
         for i, worker in enumerate(self.workers):
             if worker is not None:
                 worker.close()

@@ -35,9 +35,11 @@ __all__ = ["main", "serve_tasks", "work_then_exit", "setup_process", "flush", "l
 
 
 def setup_process() -> None:
-    """What every process of a worker pool starts with: Ctrl-C ignored (the parent
-    handles it and stops the pool), and whole lines written as they come, so that
-    what a transform prints is not lost when a worker is killed."""
+    """Set up a process of a worker pool: Ctrl-C ignored, stdout line-buffered.
+
+    The parent handles Ctrl-C and stops the pool; whole lines are written as they
+    come, so that what a transform prints is not lost when a worker is killed.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -54,16 +56,28 @@ def flush() -> None:
             pass
 
 
-def load_pipeline(init: Init, fds: list[int], where: str) -> tuple[shm.Buffer, Any]:
-    """The shared buffer of the pipeline (mapped copy-on-write: its arrays are
-    writable here, and nobody else sees the writes) and the pipeline loaded from it:
-    its pickle is the buffer's first span, its large arrays the others. The pipeline
-    is checked to be the parent's definition (:func:`quern.pipeline.samedef.check_sent`:
-    ``FingerprintError`` naming what differs, sent to the parent as :class:`Fatal`);
-    ``where`` names this process in that message."""
+def load_pipeline(init: Init, fds: list[int], *, where: str) -> tuple[shm.Buffer, Any]:
+    """Load the pipeline the parent sent, checked to be the parent's definition.
+
+    Its pickle is the shared buffer's first span, its large arrays the others; the
+    buffer is mapped copy-on-write (its arrays are writable here, and nobody else
+    sees the writes).
+
+    Args:
+        init: The message that describes the pipeline.
+        fds: The descriptors sent with it: the shared buffer's first.
+        where: This process, as the error message names it ("the fork server").
+
+    Returns:
+        ``(buffer, pipeline)``: the shared buffer (its descriptor kept) and the pipeline.
+
+    Raises:
+        FingerprintError: The pipeline loaded here differs from the parent's
+            (:func:`quern.pipeline.samedef.check_sent`), naming what differs.
+    """
     definition = shm.Buffer(fds[0], init.size, private=True, keep_fd=True)
     (start, n), spans = init.spans[0], init.spans[1:]
-    pipe = shm.loads(definition.view(start, n), definition, spans, copy=False)
+    pipe = shm.loads(definition.view(start, n), definition, spans=spans, copy=False)
     samedef.check_sent(pipe, where)
     return definition, pipe
 
@@ -72,10 +86,14 @@ def load_pipeline(init: Init, fds: list[int], where: str) -> tuple[shm.Buffer, A
 
 
 def main(fd: int, init_fd: int) -> None:
-    """Entry point of a worker started as a fresh interpreter; ``fd`` is its socket to
-    the parent, ``init_fd`` a socket on which the fork server has sent it the
-    :class:`Init` message. Ends the process (``os._exit``) when the parent closes
-    the socket or goes away."""
+    """Run a worker started as a fresh interpreter; it ends the process (``os._exit``).
+
+    The process ends when the parent closes the socket or goes away.
+
+    Args:
+        fd: The worker's socket to the parent.
+        init_fd: A socket on which the fork server has sent it the :class:`Init` message.
+    """
     setup_process()
     os.set_inheritable(fd, False)  # a process a transform starts must not hold the parent's socket
     sock = socket.socket(fileno=fd)
@@ -86,20 +104,26 @@ def main(fd: int, init_fd: int) -> None:
         if not isinstance(init, Init):
             raise RuntimeError(f"expected the Init message first, got {type(init).__name__}")
         try:
-            definition, pipe = load_pipeline(init, fds, "the worker (a fresh interpreter)")
+            definition, pipe = load_pipeline(init, fds, where="the worker (a fresh interpreter)")
             definition.drop_fd()
         except BaseException as e:
             shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
             return
-        serve_tasks(sock, pipe, init.process_index, init.process_count)
+        serve_tasks(sock, pipe, process_index=init.process_index, process_count=init.process_count)
 
     work_then_exit(work)
 
 
 def work_then_exit(work: Callable[[], None]) -> NoReturn:
-    """Run a worker's ``work``, then end the process (``os._exit``): status 0 when the
-    parent closed the socket or went away, what ``sys.exit`` asked for when a transform
-    called it, 1 (with the traceback printed) on any other error."""
+    """Run a worker's ``work``, then end the process (``os._exit``).
+
+    The exit status is 0 when the parent closed the socket or went away, what
+    ``sys.exit`` asked for when a transform called it, and 1 (with the traceback
+    printed) on any other error.
+
+    Args:
+        work: The worker's program.
+    """
     status = 0
     try:
         work()
@@ -125,8 +149,21 @@ def _exit_status(e: SystemExit) -> int:
     return 1
 
 
-def serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
-    """Say the worker is ready, then compute the tasks the parent sends, until end of file."""
+def serve_tasks(sock: socket.socket, pipe: Any, *, process_index: int, process_count: int) -> None:
+    """Say the worker is ready, then compute the tasks the parent sends, until end of file.
+
+    A step's batch depends only on ``pipe``, the step and the host slice; a step
+    that raises is reported (:class:`Failed`) and the worker goes on.
+
+    Args:
+        sock: The worker's socket to the parent.
+        pipe: The pipeline.
+        process_index: The host whose steps are computed.
+        process_count: The number of hosts.
+
+    Raises:
+        EOFError: The parent closed the socket (the normal end).
+    """
     me = os.getpid()
     report_stage_on_signal()  # step_timeout: the parent may ask where a stuck step is
     shm.send(sock, Ready(me))
@@ -144,17 +181,17 @@ def serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
         timings: dict[str, float] | None = {} if msg.timed else None
         clock = Clock(timings)
         t0 = time.perf_counter()
-        results = execute.step_results(pipe, msg.steps, index, count, timings)
+        results = execute.step_results(pipe, msg.steps, process_index, process_count, timings=timings)
         last = msg.steps[-1]
         for (step, batch, error), slot in zip(results, msg.slots):
             exit_if_forked(me, "worker process")  # a transform's forked child came back here: it must not answer
             clock.t = time.perf_counter()
             if error is None:
                 try:
-                    data, buffers = shm.dumps(batch, _pickle_for_parent)
+                    data, buffers = shm.dumps(batch, pickler=_pickle_for_parent)
                 except Exception as e:
                     error = StepError(
-                        f"step {step} (host {index} of {count}), stage 'send': the batch cannot be pickled "
+                        f"step {step} (host {process_index} of {process_count}), stage 'send': the batch cannot be pickled "
                         f"to send it to the parent: {type(e).__name__}: {e}"
                     )
                     error.__cause__ = e
@@ -168,7 +205,7 @@ def serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
                     slots[slot].close()
                 slots[slot] = shm.Buffer.create(size)
                 fds = [slots[slot].fd]
-            shm.write(slots[slot], buffers, spans)
+            shm.write(slots[slot], buffers, spans=spans)
             clock.lap(SEND)
             if step == last:  # the task's figures travel with its last batch: one small tuple per task
                 spent = tuple(timings.items()) if timings is not None else ()
@@ -177,9 +214,9 @@ def serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
                 grew = tuple((k, v - reported[k]) for k, v in now.items() if v != reported[k])
                 reported = now
                 done = Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps), grew)
-                shm.send(sock, done, fds)
+                shm.send(sock, done, fds=fds)
             else:
-                shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds)
+                shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds=fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
 
 
@@ -187,9 +224,11 @@ def serve_tasks(sock: socket.socket, pipe: Any, index: int, count: int) -> None:
 
 
 class _ParentPickler(pickle.Pickler):
-    """Pickles classes of ``__main__`` by name, so that a batch or an exception whose
-    class the user's script defines is rebuilt in the parent with the parent's class
-    (a worker's ``__main__`` is not the script; cloudpickle rebuilt those classes by value)."""
+    """Pickles classes of ``__main__`` by name, so that the parent rebuilds them with its own class.
+
+    For a batch or an exception whose class the user's script defines: a worker's
+    ``__main__`` is not the script (cloudpickle rebuilt those classes by value).
+    """
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type) and obj.__module__ == "__main__":
