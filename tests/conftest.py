@@ -61,3 +61,12 @@ def small_disk(tmp_path):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False, timeout=30)
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """Length indexes and survivors under this test's folder (``QUERN_CACHE_DIR=tmp_path/cache``),
+    and nothing allowed from the environment running the tests (no ``QUERN_ALLOW``): the cache folder."""
+    monkeypatch.setenv("QUERN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("QUERN_ALLOW", raising=False)
+    return tmp_path / "cache"

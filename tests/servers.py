@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import pytest
+from helpers import free_port
 
 
 def _find_nginx() -> str | None:
@@ -103,12 +104,6 @@ def _nginx_build(nginx: str) -> tuple[tuple[int, ...], str]:
     out = subprocess.run([nginx, "-V"], capture_output=True, text=True, timeout=10).stderr
     m = re.search(r"nginx/(\d+(?:\.\d+)*)", out)
     return (tuple(int(x) for x in m.group(1).split(".")) if m else (0,)), out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _quote(path: str) -> str:
@@ -156,7 +151,7 @@ class _ServerProcess:
     def __init__(self, binary: str, conf_name: str, port: int | None = None):
         self._binary = binary
         self._fixed_port = port is not None
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else free_port()
         self.dir = tempfile.mkdtemp(prefix=f"quern-{self.name}-")
         self.conf = os.path.join(self.dir, conf_name)
         self.output = os.path.join(self.dir, "output.log")  # the process's stdout and stderr
@@ -205,7 +200,7 @@ class _ServerProcess:
             except _PortTaken:
                 if self._fixed_port or self._started or attempt == 2:
                     raise
-                self.port = _free_port()  # another process took the free port picked: pick another
+                self.port = free_port()  # another process took the free port picked: pick another
         self._started = True
 
     def _start_once(self) -> None:
@@ -540,7 +535,7 @@ def _accepts(port: int) -> bool:
 def process_on_port(argv: Callable[[int], list[str]], what: str, cwd: str | None = None) -> Iterator[int]:
     """Start ``argv(port)`` (a server of the tests: moto, the GCS emulator) on a free port of
     127.0.0.1, wait up to 30 s until the port accepts connections, yield the port; stopped on exit."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
     try:
         deadline = time.monotonic() + 30

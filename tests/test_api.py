@@ -51,6 +51,8 @@ def test_the_iterator_options_are_declared_once():
 
 def test_every_error_class_is_at_the_top_level():
     public = set(errors.__all__)  # RecordError is internal to quern prepare (raised as a PrepareError)
-    names = [n for n, obj in vars(errors).items() if inspect.isclass(obj) and issubclass(obj, BaseException) and n in public]
+    names = [
+        n for n, obj in vars(errors).items() if inspect.isclass(obj) and issubclass(obj, BaseException) and n in public
+    ]
     missing = [n for n in names if getattr(quern, n, None) is not vars(errors)[n] or n not in quern.__all__]
     assert names and not missing, missing

@@ -1,4 +1,6 @@
-"""Pipeline.bucket: a wrong length index, a host count a bucket does not split over, a full
+"""Tests of pipeline/streams/bucketed.py.
+
+Pipeline.bucket: a wrong length index, a host count a bucket does not split over, a full
 cache folder and empty records (issue 21, points 5 and 11).
 
 Record ``i`` holds ``LEN[i]`` copies of ``i``, so every row names its record and its
@@ -18,6 +20,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
 import quern
 
@@ -102,8 +105,7 @@ def test_a_right_index_gives_the_same_batches_and_longer_records_are_still_cut_t
     assert scanned.fingerprint() == given.fingerprint()
     s = _steps_with(scanned, 51)[0]
     for t in range(s + 1):
-        a, b = scanned.batch_at(t), given.batch_at(t)
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), t
+        assert_batches_equal(given.batch_at(t), scanned.batch_at(t), f"step {t}")
     b = scanned.batch_at(s)
     r = b["tokens"][:, 0].tolist().index(51)
     assert b["tokens"].shape[1] == 8 and b["length"][r] == 8 and (b["tokens"][r] == 51).all()

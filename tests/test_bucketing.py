@@ -1,4 +1,6 @@
-"""Pipeline.bucket: every step a batch from one length bucket, padded to its bound (issue 12, point 5).
+"""Tests of pipeline/streams/bucketed.py.
+
+Pipeline.bucket: every step a batch from one length bucket, padded to its bound (issue 12, point 5).
 
 Record ``i`` holds ``LEN[i]`` copies of ``i``, so every row names its record and
 its true length; expectations are computed here from ``LEN``.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
 import quern
 
@@ -82,13 +85,11 @@ def test_the_same_for_any_worker_or_host_count_and_on_resume(tmp_path):
     want = [pipe.batch_at(s) for s in range(12)]
     with pipe.iterator(num_workers=2) as it:
         for s in range(6):
-            got = next(it)
-            assert all(np.array_equal(got[k], want[s][k]) for k in got), s
+            assert_batches_equal(next(it), want[s], f"step {s}")
         state = it.state()
     with pipe.resume(state) as it:
         for s in range(6, 12):
-            got = next(it)
-            assert all(np.array_equal(got[k], want[s][k]) for k in got), s
+            assert_batches_equal(next(it), want[s], f"step {s}")
     for s in range(6):
         parts = [pipe.batch_at(s, h, 2)["tokens"] for h in range(2)]
         assert np.array_equal(np.concatenate(parts), want[s]["tokens"])

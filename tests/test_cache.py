@@ -1,20 +1,18 @@
-"""The local-disk cache of remote files, and a prepared folder read through it by URL
+"""Tests of pipeline/cache.py, pipeline/cache_locks.py and pipeline/cache_verify.py.
+
+The local-disk cache of remote files, and a prepared folder read through it by URL
 (``file://`` here; the HTTP server tests are in test_remote_http.py)."""
 
-import hashlib
 import os
 import threading
 
 import numpy as np
 import pytest
+from helpers import sha256
 
 import quern
 from quern.pipeline.cache import ShardCache
 from quern.prepare import prepare
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @pytest.fixture
@@ -35,9 +33,9 @@ def test_a_file_is_fetched_once_verified_and_then_a_hit(served, tmp_path):
     _, files = served
     cache = ShardCache(tmp_path / "cache")
     url, data = next(iter(files.items()))
-    path = cache.get(url, size=len(data), sha256=_sha(data))
+    path = cache.get(url, size=len(data), sha256=sha256(data))
     assert open(path, "rb").read() == data
-    assert cache.get(url, sha256=_sha(data)) == path  # keyed by the digest
+    assert cache.get(url, sha256=sha256(data)) == path  # keyed by the digest
     assert cache.stats["misses"] == 1 and cache.stats["hits"] == 1 and cache.stats["bytes_fetched"] == len(data)
 
 
@@ -59,10 +57,10 @@ def test_a_wrong_checksum_is_fetched_again_once_then_an_error_naming_the_url(ser
     cache = ShardCache(tmp_path / "cache")
     url, data = next(iter(files.items()))
     with pytest.raises(quern.SourceError, match="SHA-256, twice") as e:
-        cache.get(url, size=len(data), sha256=_sha(b"other bytes"))
+        cache.get(url, size=len(data), sha256=sha256(b"other bytes"))
     assert url in str(e.value)
     assert cache.stats["bytes_fetched"] == 2 * len(data)
-    assert not os.path.exists(cache.path(url, _sha(b"other bytes")))  # nothing unverified under the final name
+    assert not os.path.exists(cache.path(url, sha256(b"other bytes")))  # nothing unverified under the final name
     assert not os.path.exists(cache.path(url))
     assert not [n for n in os.listdir(cache.folder) if n.endswith(".part")]
     with pytest.raises(quern.SourceError, match="bytes, not"):
@@ -163,7 +161,7 @@ def test_a_plain_http_server_without_range_requests_or_etags_works(tmp_path):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/shard.bin"
         cache = ShardCache(tmp_path / "cache")
-        assert open(cache.get(url, size=len(data), sha256=_sha(data)), "rb").read() == data
+        assert open(cache.get(url, size=len(data), sha256=sha256(data)), "rb").read() == data
         with pytest.raises(quern.SourceError, match="not found"):
             ShardCache(tmp_path / "cache", retries=0).get(url.replace("shard", "nothing"))
     finally:

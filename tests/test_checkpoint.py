@@ -1,4 +1,6 @@
-"""Orbax round trip of the iterator state next to model state, and the fingerprint refusal."""
+"""Tests of sharding/checkpoint.py.
+
+Orbax round trip of the iterator state next to model state, and the fingerprint refusal."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -1,29 +1,17 @@
-"""The `quern` command, run as a subprocess on real files."""
+"""Tests of pipeline/cli/.
+
+The `quern` command, run as a subprocess on real files."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
-from array_record.python import array_record_module
-from test_config import (
-    BAD,
-    DOUBLE,
-    PREFIX_ONCE,
-    _good,
-    _set,
-    _transforms_module,
-    case_ids,
-    doubled_prefixes,
-    write_parquets,
-    write_shards,
-)
+from helpers import case_ids, doubled_prefixes, quern_cmd, set_path, write_array_record, write_parquets, write_shards
+from test_config import BAD, DOUBLE, PREFIX_ONCE, _good, _transforms_module
 
 import quern
 
@@ -35,24 +23,6 @@ def allow_test_config(monkeypatch):
     """The configs here name ``test_config:shift``, a module outside their folder: allowed through
     ``QUERN_ALLOW``, here and in the commands run (tests of the trust model: test_config_security.py)."""
     monkeypatch.setenv("QUERN_ALLOW", "test_config")
-
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(sys.executable), "quern")  # the installed console script
-
-
-def quern_cmd(*args, check=True, script=False, cwd=None, pythonpath=TESTS) -> subprocess.CompletedProcess:
-    """``python -m quern ARGS`` (or the ``quern`` script) with ``tests/`` on ``PYTHONPATH`` (for ``test_config:shift``)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    command = [SCRIPT] if script else [sys.executable, "-m", "quern"]
-    out = subprocess.run(
-        [*command, *map(str, args)], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=cwd
-    )
-    if check:
-        assert out.returncode == 0, out.stdout + out.stderr
-    return out
 
 
 @pytest.fixture
@@ -76,10 +46,7 @@ def test_run_refuses_to_resume_against_changed_data(config, tmp_path):
     quern_cmd("run", config, "--steps", 5, "--save-state", tmp_path / "state.json")
     resumed = quern_cmd("run", config, "--steps", 5, "--state", tmp_path / "state.json")
     assert "next step 10" in resumed.stdout
-    w = array_record_module.ArrayRecordWriter(str(tmp_path / "toks-1.array_record"), "group_size:1")
-    for i in range(300):
-        w.write(bytes([1 + i % 200]) * 7)
-    w.close()
+    write_array_record(tmp_path / "toks-1.array_record", [bytes([1 + i % 200]) * 7 for i in range(300)])
     refused = quern_cmd("run", config, "--steps", 5, "--state", tmp_path / "state.json", check=False)
     assert refused.returncode == 2
     assert "does not match this pipeline's" in refused.stderr
@@ -126,7 +93,7 @@ def test_help(command):
 
 @pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_config_exits_2_with_the_message(tmp_path, config, path, value, fragment):
-    cfg = _set(yaml.safe_load(config.read_text()), path, value)
+    cfg = set_path(yaml.safe_load(config.read_text()), path, value)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
     out = quern_cmd("inspect", bad, "--step", 0, check=False)
@@ -260,10 +227,8 @@ def test_a_failing_step_is_one_message_and_exit_1(config, failing, tmp_path, fn,
 def test_unreadable_records_and_collate_failures_are_messages(config, tmp_path):
     rng = np.random.default_rng(0)
     (tmp_path / "big").mkdir()
-    w = array_record_module.ArrayRecordWriter(str(tmp_path / "big" / "big-0.array_record"), "group_size:1,uncompressed")
-    for _ in range(200):
-        w.write(rng.integers(0, 255, 1000, dtype=np.uint8).tobytes())
-    w.close()
+    records = [rng.integers(0, 255, 1000, dtype=np.uint8).tobytes() for _ in range(200)]
+    write_array_record(tmp_path / "big" / "big-0.array_record", records, "group_size:1,uncompressed")
     data = bytearray((tmp_path / "big" / "big-0.array_record").read_bytes())
     data[len(data) // 2 : len(data) // 2 + 500] = bytes(500)  # a chunk in the middle: opens, fails to read
     (tmp_path / "big" / "big-0.array_record").write_bytes(bytes(data))

@@ -1,15 +1,16 @@
-"""``quern bench CONFIG``: the stage times, the loop's data wait and bubble rate, the
+"""Tests of pipeline/bench.py.
+
+``quern bench CONFIG``: the stage times, the loop's data wait and bubble rate, the
 level where the data waits (the triage tree) with a suggestion, and ``--plot``."""
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
+from helpers import quern_cmd, write_parquets, write_shards
 from servers import needs_nginx, nginx
-from test_config import _good, write_parquets, write_shards
+from test_config import _good
 
 import quern
 from quern.pipeline import bench
@@ -21,16 +22,7 @@ SLOW = "import time\n\ndef slow(record):\n    time.sleep(0.0005)\n    return rec
 
 
 def _bench(path, *args, check=True):
-    out = subprocess.run(
-        [sys.executable, "-m", "quern", "bench", str(path), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"QUERN_ALLOW": "test_config", "PYTHONPATH": str(__import__("os").path.dirname(__file__))},
-    )
-    if check:
-        assert out.returncode == 0, out.stdout + out.stderr
-    return out
+    return quern_cmd("bench", path, *args, check=check, env={"QUERN_ALLOW": "test_config"})
 
 
 @pytest.fixture
@@ -113,7 +105,7 @@ def test_the_sources_facts_follow_the_definition(tmp_path):
     assert not facts.remote
     blocked = quern.Pipeline.from_source(src, seed=1).shuffle("block").batch(10)
     assert bench.source_facts(blocked)[0].shuffle == "block"
-    run = bench.loop(pipe, 0, 6, 0, 0.0)
+    run = bench.loop(pipe, 0, count=6, num_workers=0, step_s=0.0)
     d = bench.diagnose(pipe, run, fallback=None)
     assert d.level in (DEVICE, HOST_MEMORY, LOCAL_DISK)  # a tiny file: whichever stage is largest
 
@@ -130,7 +122,7 @@ def test_a_remote_source_fetched_during_the_loop_is_the_network(tmp_path):
     with nginx(root, limit_rate="100k") as srv:
         src = quern.sources.ArrayRecordSource(f"{srv.url}/prep", cache=ShardCache(tmp_path / "cache"))
         pipe = quern.Pipeline.from_source(src, seed=1).batch(4)
-        run = bench.loop(pipe, 0, 8, 0, 0.0)
+        run = bench.loop(pipe, 0, count=8, num_workers=0, step_s=0.0)
         d = bench.diagnose(pipe, run)
     assert bench.source_facts(pipe)[0].remote
     assert d.level == NETWORK and d.stage == "read", d

@@ -1,18 +1,18 @@
-"""``quern run`` draws a progress bar (steps, rates) on a terminal, and nothing otherwise."""
+"""Tests of pipeline/progress.py.
+
+``quern run`` draws a progress bar (steps, rates) on a terminal, and nothing otherwise."""
 
 from __future__ import annotations
 
 import os
-import pty
 import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_config import write_shards
+from helpers import QUERN, on_a_terminal, write_shards
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +46,7 @@ def packed(tmp_path):
 
 
 def _command(config, steps=30):
-    return [sys.executable, "-m", "quern", "run", str(config), "--steps", str(steps)]
+    return [*QUERN, "run", str(config), "--steps", str(steps)]
 
 
 def _env(tmp_path):
@@ -54,26 +54,6 @@ def _env(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QUERN_ALLOW"}
     env["QUERN_CACHE_DIR"] = str(tmp_path / "cache")
     return env
-
-
-def on_a_terminal(command, env=None, status=0) -> str:
-    """What ``command`` wrote on a pseudo-terminal (its stdout and stderr), after it exits ``status``."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 1 << 16)
-        except OSError:  # the other end closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    text = b"".join(chunks).decode(errors="replace")
-    assert proc.wait(timeout=120) == status, text
-    return text
 
 
 def test_the_bar_is_drawn_on_a_terminal_with_steps_and_rates(config, tmp_path):

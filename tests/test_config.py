@@ -1,21 +1,28 @@
-"""Config files <-> pipelines: round trips, validation messages, data identity."""
+"""Tests of pipeline/config/.
+
+Config files <-> pipelines: round trips, validation messages, data identity."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import re
 import sys
-import uuid
 from uuid import uuid4  # noqa: F401 (re-exported from here: a config may not name it as test_config:uuid4)
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
-from array_record.python import array_record_module
+from helpers import (
+    DELETE,
+    assert_same_pipeline,
+    case_ids,
+    doubled_prefixes,
+    set_path,
+    write_array_record,
+    write_module,
+    write_parquets,
+    write_shards,
+)
 
 import quern
 
@@ -30,64 +37,6 @@ def allow_test_config(monkeypatch):
 def shift(batch, by=1):
     """A module-level batch transform with a keyword argument (for ``fn`` configs)."""
     return {**batch, "shifted": np.roll(batch["tokens"], -by, axis=1)}
-
-
-def case_ids(cases, width: int = 40) -> list[str]:
-    """Test ids ``path=value`` for bad-config cases, cut to ``width``, with no object address
-    (``<object object at 0x...>`` differs between processes: pytest-xdist needs equal ids)."""
-    return [re.sub(r" at 0x[0-9a-f]+", "", f"{p}={v!r}")[:width] for p, v, _ in cases]
-
-
-def write_shards(d, seed: int = 0) -> None:
-    """Two ArrayRecord shards ``toks-{0,1}.array_record`` of 300 variable-length byte records each."""
-    rng = np.random.default_rng(seed)
-    for k in range(2):
-        w = array_record_module.ArrayRecordWriter(str(d / f"toks-{k}.array_record"), "group_size:1")
-        for _ in range(300):
-            w.write(rng.integers(0, 255, size=int(rng.integers(1, 40)), dtype=np.uint8).tobytes())
-        w.close()
-
-
-def docs_folder(d, n: int, max_len: int, seed: int, helpers: str, prefix: str):
-    """``d`` with ``docs.parquet`` (``n`` documents of 1..``max_len - 1`` tokens: list columns
-    ``tokens`` and ``mask``), the shards of :func:`write_shards` and a module of ``helpers``
-    (a unique name under ``prefix``) made importable: a context manager yielding ``(d, module)``."""
-    import contextlib
-    import uuid
-
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, max_len, n)
-    pq.write_table(
-        pa.table(
-            {
-                "tokens": [rng.integers(1, 1000, k).astype(np.int32).tolist() for k in lengths],
-                "mask": [(np.arange(k) % 2).astype(np.int8).tolist() for k in lengths],
-            }
-        ),
-        d / "docs.parquet",
-        row_group_size=100,
-    )
-    write_shards(d)
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    (d / f"{name}.py").write_text(helpers)
-
-    @contextlib.contextmanager
-    def importable():
-        with pytest.MonkeyPatch.context() as mp:
-            mp.syspath_prepend(str(d))
-            yield d, __import__(name)
-
-    return importable()
-
-
-def write_parquets(d) -> None:
-    """``part.parquet`` (200 rows: a list column ``v`` and ``i``) and ``empty.parquet`` (no rows)."""
-    pq.write_table(
-        pa.table({"v": [[float(i)] * (i % 4) for i in range(200)], "i": np.arange(200)}),
-        d / "part.parquet",
-        row_group_size=50,
-    )
-    pq.write_table(pa.table({"v": np.arange(0)}), d / "empty.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -109,20 +58,13 @@ def _good(files) -> dict:
     }
 
 
-def _same(a, b):
-    assert a.fingerprint() == b.fingerprint()
-    for s in [0, 7, 123]:
-        x, y = a.batch_at(s), b.batch_at(s)
-        assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
-
-
 def test_yaml_json_and_dict_give_the_same_pipeline(files, tmp_path):
     cfg = _good(files)
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "p.json").write_text(json.dumps(cfg))
     from_dict = quern.load_config(cfg)
-    _same(from_dict, quern.load_config(tmp_path / "p.yaml"))
-    _same(from_dict, quern.load_config(str(tmp_path / "p.json")))
+    assert_same_pipeline(from_dict, quern.load_config(tmp_path / "p.yaml"))
+    assert_same_pipeline(from_dict, quern.load_config(str(tmp_path / "p.json")))
     assert from_dict.batch_at(0)["shifted"].shape == (8, 16)
 
 
@@ -138,8 +80,8 @@ def test_code_built_pipeline_round_trips(files):
         .batch(6, drop_remainder=False)
         .map_batch(functools.partial(shift, by=3))
     )
-    _same(pipe, quern.load_config(pipe.to_config()))
-    _same(pipe, quern.load_config(json.loads(json.dumps(pipe.to_config()))))  # JSON-able
+    assert_same_pipeline(pipe, quern.load_config(pipe.to_config()))
+    assert_same_pipeline(pipe, quern.load_config(json.loads(json.dumps(pipe.to_config()))))  # JSON-able
 
 
 def test_parquet_config_round_trips(files):
@@ -149,7 +91,7 @@ def test_parquet_config_round_trips(files):
         "batch": 10,
     }
     pipe = quern.load_config(cfg)
-    _same(pipe, quern.load_config(pipe.to_config()))
+    assert_same_pipeline(pipe, quern.load_config(pipe.to_config()))
 
 
 def test_relative_paths_are_relative_to_the_config_file(files, tmp_path):
@@ -176,34 +118,15 @@ def test_changing_a_data_file_changes_the_fingerprint(files, tmp_path):
     cfg = _good(files)
     cfg["source"]["paths"] = str(tmp_path / "toks-*.array_record")
     before = quern.load_config(cfg).fingerprint()
-    w = array_record_module.ArrayRecordWriter(str(tmp_path / "toks-1.array_record"), "group_size:1")
-    for i in range(300):
-        w.write(bytes([i % 255]) * 5)
-    w.close()
+    write_array_record(tmp_path / "toks-1.array_record", [bytes([i % 255]) * 5 for i in range(300)])
     assert quern.load_config(cfg).fingerprint() != before
 
-
-def _set(cfg: dict, path: str, value):
-    *head, last = path.split(".")
-    node = cfg
-    for k in head:
-        node = node[int(k)] if isinstance(node, list) else node[k]
-    if value is _DELETE:
-        del node[last]
-    elif isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-    return cfg
-
-
-_DELETE = object()
 
 BAD = [
     ("sourse", {"type": "array_record"}, "unknown key 'sourse'; did you mean 'source'?"),
     ("shufle", "global", "unknown key 'shufle'; did you mean 'shuffle'?"),
     ("batch.sise", 3, "unknown key 'sise'; did you mean 'size'?"),
-    ("source", _DELETE, "source: Field required"),
+    ("source", DELETE, "source: Field required"),
     ("source.type", "hdf5", "source: Input tag 'hdf5' found using 'type' does not match"),
     ("source.paths", "nowhere/*.array_record", "source: ArrayRecordSource: no file matches"),
     ("seed", -1, "seed: Input should be greater than or equal to 0 (got -1)"),
@@ -222,7 +145,7 @@ BAD = [
     ("batch_transforms.0.fn", ":shift", "fn must look like 'package.module:function'"),
     ("batch_transforms.0.fn", "test_config:DOUBLE", "batch_transforms.0.fn: 'test_config:DOUBLE' is a str, not a"),
     ("batch_transforms.0.fn", ".test_config:shift", "fn must look like 'package.module:function'"),
-    ("batch_transforms.0.fn", "test_config:_set", "a name after ':' starting with '_' (a private or special"),
+    ("batch_transforms.0.fn", "test_config:_good", "a name after ':' starting with '_' (a private or special"),
     ("batch_transforms.0.fn", "os:system", "batch_transforms.0.fn: module 'os' is not allowed: "),
     ("batch_transforms.0.fn", "test_config:os.system", "reaches the module 'os' through 'test_config'"),
     ("batch_transforms.0.fn", "test_config:uuid4", "'test_config:uuid4' is defined in uuid, which is not allowed"),
@@ -231,7 +154,7 @@ BAD = [
 
 @pytest.mark.parametrize("path,value,fragment", BAD, ids=case_ids(BAD))
 def test_bad_configs_name_the_key_the_value_and_the_expectation(files, path, value, fragment):
-    cfg = _set(_good(files), path, value)
+    cfg = set_path(_good(files), path, value)
     with pytest.raises(quern.ConfigError) as info:
         quern.load_config(cfg)
     assert fragment in str(info.value)
@@ -258,13 +181,6 @@ def test_unreadable_config_files(tmp_path):
     assert str(info.value).startswith(f"{tmp_path / 'list.yaml'}: ") and str(info.value).count("list.yaml") == 1
 
 
-def doubled_prefixes(message: str) -> list[tuple[str, str]]:
-    """Consecutive ``a: b`` parts of ``message`` where ``b`` repeats ``a`` (``source: source: ...``,
-    ``source: source 'x' is empty``)."""
-    parts = [p.strip() for line in message.splitlines() for p in line.split(": ")]
-    return [(a, b) for a, b in itertools.pairwise(parts) if a and (b == a or b.startswith(a + " "))]
-
-
 def test_doubled_prefixes_are_found():
     assert doubled_prefixes("source: source: ArrayRecordSource: no file matches 'x'") == [("source", "source")]
     assert doubled_prefixes("cfg.yaml: cfg.yaml: cannot parse")
@@ -276,48 +192,48 @@ def test_doubled_prefixes_are_found():
 PREFIX_ONCE = [
     (
         "missing glob",
-        lambda c, d: _set(c, "source.paths", "nowhere/*.array_record"),
+        lambda c, d: set_path(c, "source.paths", "nowhere/*.array_record"),
         "source: ArrayRecordSource: no file matches",
     ),
     (
         "missing file",
-        lambda c, d: _set(c, "source.paths", str(d / "nowhere.array_record")),
+        lambda c, d: set_path(c, "source.paths", str(d / "nowhere.array_record")),
         "source: ArrayRecordSource: file not found",
     ),
-    ("no paths", lambda c, d: _set(c, "source.paths", []), "source: ArrayRecordSource: no files given"),
+    ("no paths", lambda c, d: set_path(c, "source.paths", []), "source: ArrayRecordSource: no files given"),
     (
         "not array_record",
-        lambda c, d: _set(c, "source.paths", str(d / "part.parquet")),
+        lambda c, d: set_path(c, "source.paths", str(d / "part.parquet")),
         "source: ArrayRecordSource: cannot open",
     ),
     (
         "bad columns",
-        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "part.parquet"), "columns": ["zz"]}),
+        lambda c, d: set_path(c, "source", {"type": "parquet", "paths": str(d / "part.parquet"), "columns": ["zz"]}),
         "source: ParquetSource: columns ['zz'] not in",
     ),
     (
         "not parquet",
-        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "toks-0.array_record")}),
+        lambda c, d: set_path(c, "source", {"type": "parquet", "paths": str(d / "toks-0.array_record")}),
         "source: ParquetSource: cannot open",
     ),
     (
         "empty source",
-        lambda c, d: _set(c, "source", {"type": "parquet", "paths": str(d / "empty.parquet")}),
+        lambda c, d: set_path(c, "source", {"type": "parquet", "paths": str(d / "empty.parquet")}),
         "source 'empty' is empty",
     ),
     (
         "tensorstore",
-        lambda c, d: _set(c, "source", {"type": "tensorstore", "spec": str(d / "nope.zarr")}),
+        lambda c, d: set_path(c, "source", {"type": "tensorstore", "spec": str(d / "nope.zarr")}),
         "source: TensorStoreSource: ",
     ),
     (
         "fn format",
-        lambda c, d: _set(c, "batch_transforms.0.fn", "no_colon_here"),
+        lambda c, d: set_path(c, "batch_transforms.0.fn", "no_colon_here"),
         "batch_transforms.0: fn must look like 'package.module:function', got 'no_colon_here'",
     ),
     (
         "short stream",
-        lambda c, d: _set(_set(c, "num_epochs", 1), "batch.size", 1000),
+        lambda c, d: set_path(set_path(c, "num_epochs", 1), "batch.size", 1000),
         "batch: source 'toks' has 600 records x 1 epoch(s), fewer than one batch of 1000",
     ),
 ]
@@ -340,9 +256,7 @@ def test_each_prefix_is_said_once(files, tmp_path, change, fragment):
 
 def _transforms_module(folder, body: str) -> str:
     """A module of transforms, with a name no other test uses, written in ``folder``; its name."""
-    name = f"quern_test_tx_{uuid.uuid4().hex[:10]}"
-    (folder / f"{name}.py").write_text(body)
-    return name
+    return write_module(folder, body, "quern_test_tx")
 
 
 DOUBLE = "import numpy as np\n\ndef double(batch):\n    return {**batch, 'tokens': batch['tokens'] * np.uint8(2)}\n"
@@ -351,14 +265,14 @@ DOUBLE = "import numpy as np\n\ndef double(batch):\n    return {**batch, 'tokens
 def test_fn_modules_are_found_in_the_config_folder(files, tmp_path, monkeypatch):
     (tmp_path / "cfg").mkdir()
     module = _transforms_module(tmp_path / "cfg", DOUBLE)
-    cfg = _set(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
+    cfg = set_path(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
     (tmp_path / "cfg" / "pipe.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     path_before = list(sys.path)
     pipe = quern.load_config(tmp_path / "cfg" / "pipe.yaml")
     assert sys.path == path_before  # the folder was searched while importing, and taken off again
-    plain = quern.load_config(_set(_good(files), "batch_transforms", []))
+    plain = quern.load_config(set_path(_good(files), "batch_transforms", []))
     assert np.array_equal(pipe.batch_at(3)["tokens"], plain.batch_at(3)["tokens"] * 2)
     # worker processes start with the parent's sys.path, without the config folder: they get the module by value
     with pipe.iterator(num_workers=1, read_ahead=1) as it:
@@ -375,7 +289,7 @@ def test_allowed_fn_modules_are_found_in_the_current_directory(files, tmp_path, 
     monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != os.getcwd()])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cfgs").mkdir()
-    as_dict = _set(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
+    as_dict = set_path(_good(files), "batch_transforms", [{"fn": f"{module}:double"}])
     in_another_folder = tmp_path / "cfgs" / "pipe.yaml"
     in_another_folder.write_text(yaml.safe_dump(as_dict))
     for config in [as_dict, in_another_folder]:
@@ -389,7 +303,7 @@ def test_allowed_fn_modules_are_found_in_the_current_directory(files, tmp_path, 
 
 
 def test_a_missing_fn_module_says_where_it_was_looked_for(files, tmp_path):
-    cfg = _set(_good(files), "batch_transforms", [{"fn": "quern_test_no_such_module:f"}])
+    cfg = set_path(_good(files), "batch_transforms", [{"fn": "quern_test_no_such_module:f"}])
     with pytest.raises(quern.ConfigError, match="batch_transforms.0.fn: cannot import 'quern_test_no_such_module:f'"):
         quern.load_config(cfg, allow=["quern_test_no_such_module"])
 
@@ -403,5 +317,7 @@ def test_example_configs_are_the_example_pipelines(tmp_path, monkeypatch):
 
     folder, _ = quickstart.build_dataset(str(tmp_path / "data"))
     shutil.copytree(os.path.join(root, "examples", "configs"), tmp_path / "configs")
-    _same(quern.load_config(tmp_path / "configs" / "quickstart.yaml"), quickstart.make_pipeline(folder, 64))
-    _same(quern.load_config(tmp_path / "configs" / "lm.yaml"), quickstart.make_pipeline(folder, 32))
+    assert_same_pipeline(
+        quern.load_config(tmp_path / "configs" / "quickstart.yaml"), quickstart.make_pipeline(folder, 64)
+    )
+    assert_same_pipeline(quern.load_config(tmp_path / "configs" / "lm.yaml"), quickstart.make_pipeline(folder, 32))

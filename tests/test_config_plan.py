@@ -14,8 +14,17 @@ import uuid
 import numpy as np
 import pytest
 import yaml
-from test_cli import quern_cmd
-from test_config import case_ids, doubled_prefixes, write_shards
+from helpers import (
+    DELETE,
+    assert_same_pipeline,
+    case_ids,
+    config_refusal,
+    importable,
+    quern_cmd,
+    set_path,
+    write_module,
+    write_shards,
+)
 
 import quern
 from quern.pipeline.cli import main
@@ -23,7 +32,7 @@ from quern.pipeline.dump import weights_config
 from quern.pipeline.plan.mixture import QUANTUM, quantize
 from quern.pipeline.registry import REGISTRY
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("isolated_cache")]
 
 HELPERS = '''
 import dataclasses
@@ -64,32 +73,12 @@ def folder(tmp_path_factory):
     for sub, seed in [("a", 0), ("b", 1)]:
         (d / sub).mkdir()
         write_shards(d / sub, seed=seed)
-    name = f"quern_test_plan_{uuid.uuid4().hex[:10]}"
-    (d / f"{name}.py").write_text(HELPERS)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(d))
-        module = __import__(name)
+    with importable(d, write_module(d, HELPERS, "quern_test_plan")) as module:
         yield d, module
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    """Filters' survivors go under this test's folder, never to ~/.cache/quern; nothing allowed
-    from the environment running the tests."""
-    monkeypatch.setenv("QUERN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("QUERN_ALLOW", raising=False)
-    return tmp_path / "cache"
 
 
 def _source(d, sub):
     return quern.sources.ArrayRecordSource(str(d / sub / "toks-*.array_record"), name=sub)
-
-
-def _same(a, b, steps=(0, 7, 123)):
-    assert a.fingerprint() == b.fingerprint()
-    for s in steps:
-        x, y = a.batch_at(s), b.batch_at(s)
-        assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x), s
 
 
 def _mixture(folder, schedule=None, weights=None, batch=16, block=1024):
@@ -132,7 +121,7 @@ def test_quantized_weights_are_written_so_that_they_quantize_back():
 # --------------------------------------------------------------------------- filters
 
 
-def test_filtered_pipeline_round_trips(folder, tmp_path, cache):
+def test_filtered_pipeline_round_trips(folder, tmp_path, isolated_cache):
     d, h = folder
     pipe = (
         quern.Pipeline.from_source(_source(d, "a"), seed=3, num_epochs=2)
@@ -145,14 +134,14 @@ def test_filtered_pipeline_round_trips(folder, tmp_path, cache):
     )
     cfg = pipe.to_config()
     assert cfg["transforms"][0] == {"fn": f"{h.__name__}:longer", "kind": "filter", "kwargs": {"min_len": 12}}
-    assert list(cache.glob("filters/*.survivors"))  # the scan's cache: under QUERN_CACHE_DIR
+    assert list(isolated_cache.glob("filters/*.survivors"))  # the scan's cache: under QUERN_CACHE_DIR
     loaded = quern.load_config(cfg, allow=[h.__name__])
-    _same(pipe, loaded, steps=(0, 5, pipe.num_steps - 1))
+    assert_same_pipeline(pipe, loaded, steps=(0, 5, pipe.num_steps - 1))
     assert np.array_equal(loaded.survivors, pipe.survivors)
     assert all(batch.min() >= 12 for batch in [loaded.batch_at(s)["length"] for s in range(10)])
     path = d / f"filtered-{uuid.uuid4().hex[:6]}.yaml"  # beside the module: named without --allow
     path.write_text(yaml.safe_dump(json.loads(json.dumps(cfg))))
-    _same(pipe, quern.load_config(path), steps=(0, 107))
+    assert_same_pipeline(pipe, quern.load_config(path), steps=(0, 107))
     with pytest.raises(quern.ConfigError, match=rf"transforms.0.fn: module '{h.__name__}' is not allowed"):
         quern.load_config(cfg)  # a dict has no folder: the same trust rule as any fn
 
@@ -174,7 +163,7 @@ def test_a_registered_filter_by_name(folder, monkeypatch):
     assert pipe.record_ops[0].kind == "filter" and 0 < len(pipe.survivors) < 600
     assert all(len(r) >= 30 for r in pipe.source.read_many(pipe.survivors.tolist()))
     assert pipe.to_config()["transforms"][0] == {"name": name, "kind": "filter", "kwargs": {"min_len": 30}}
-    _same(pipe, quern.load_config(pipe.to_config()))
+    assert_same_pipeline(pipe, quern.load_config(pipe.to_config()))
 
 
 # --------------------------------------------------------------------------- mixtures
@@ -194,19 +183,19 @@ def test_scheduled_mixture_round_trips_through_yaml_and_json(folder):
     ]
     assert "source" not in cfg and "shuffle" not in cfg and [t["name"] for t in cfg["transforms"]] == ["decode", "pad"]
     steps = (0, 7, 19, 20, 21, 49, 50, 300)
-    _same(pipe, quern.load_config(cfg, allow=[h.__name__]), steps)
-    _same(pipe, quern.load_config(json.loads(json.dumps(cfg)), allow=[h.__name__]), steps)
+    assert_same_pipeline(pipe, quern.load_config(cfg, allow=[h.__name__]), steps)
+    assert_same_pipeline(pipe, quern.load_config(json.loads(json.dumps(cfg)), allow=[h.__name__]), steps)
     path = d / f"mixture-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(cfg))  # sorts mappings' keys: the components' order is kept by the list
     loaded = quern.load_config(path)
-    _same(pipe, loaded, steps)
+    assert_same_pipeline(pipe, loaded, steps)
     assert loaded.explain(21) == pipe.explain(21) and {n for row in loaded.explain(0) for n, _ in row} <= {
         "web",
         "code",
     }
     single = _mixture(folder, weights={"web": 7, "code": 3})
     assert single.to_config()["mix"]["weights"] == {"web": 0.7, "code": 0.3}
-    _same(single, quern.load_config(single.to_config(), allow=[h.__name__]))
+    assert_same_pipeline(single, quern.load_config(single.to_config(), allow=[h.__name__]))
 
 
 def test_a_hand_written_mixture_is_the_python_one(folder):
@@ -235,7 +224,7 @@ batch_transforms: [{{fn: "{h.__name__}:shift", kwargs: {{by: 2}}}}]
 """
     path = d / f"hand-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(text)
-    _same(_mixture(folder, schedule=SCHEDULE), quern.load_config(path), (0, 20, 50))
+    assert_same_pipeline(_mixture(folder, schedule=SCHEDULE), quern.load_config(path), (0, 20, 50))
 
 
 def _good_mix(d, h) -> dict:
@@ -256,31 +245,16 @@ def _good_mix(d, h) -> dict:
     }
 
 
-def _change(cfg: dict, path: str, value) -> dict:
-    *head, last = path.split(".")
-    node = cfg
-    for k in head:
-        node = node[int(k)] if isinstance(node, list) else node[k]
-    if value is _DELETE:
-        del node[last]
-    elif isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-    return cfg
-
-
-_DELETE = object()
 _FILTER = {"fn": "HELPERS:longer", "kind": "filter"}
 
 BAD_MIX = [
     ("source", {"type": "array_record", "paths": "x"}, "source: give either source (one source) or mix"),
-    ("mix", _DELETE, "source: Field required (or a mix: section"),
+    ("mix", DELETE, "source: Field required (or a mix: section"),
     ("seed", 3, "seed: with mix, the mixture's seed is mix.seed"),
     ("shuffle", "global", "shuffle: a mixture is not shuffled itself: shuffle its components"),
     ("num_epochs", 2, "num_epochs: a mixture is endless"),
     ("mix.weights", {"web": 1, "code": 1}, "mix: give exactly one of 'weights'"),
-    ("mix.schedule", _DELETE, "mix: give exactly one of 'weights'"),
+    ("mix.schedule", DELETE, "mix: give exactly one of 'weights'"),
     ("mix.schedule", [], "mix.schedule: List should have at least 1 item"),
     ("mix.schedule.1.weights", {"web": 1}, "mix.schedule.1.weights: weights must name exactly the components"),
     ("mix.schedule.1.weights", {"web": -1, "code": 1}, "mix.schedule.1.weights: the weight of 'web' is -1.0; weig"),
@@ -309,17 +283,14 @@ BAD_MIX = [
 @pytest.mark.parametrize("path,value,fragment", BAD_MIX, ids=case_ids(BAD_MIX))
 def test_bad_mixture_configs_name_the_key(folder, tmp_path, path, value, fragment):
     d, h = folder
-    value = json.loads(json.dumps(value).replace("HELPERS", h.__name__)) if value is not _DELETE else value
-    cfg = _change(_good_mix(d, h), path, value)
-    with pytest.raises(quern.ConfigError) as info:
-        quern.load_config(cfg, allow=[h.__name__])
-    assert fragment in str(info.value), str(info.value)
-    assert "Value error" not in str(info.value) and not doubled_prefixes(str(info.value)), str(info.value)
+    value = json.loads(json.dumps(value).replace("HELPERS", h.__name__)) if value is not DELETE else value
+    message = config_refusal(_good_mix(d, h), (path, value), allow=[h.__name__])
+    assert fragment in message, message
 
 
 def test_mixture_errors_in_a_file_say_the_file_once(folder, tmp_path):
     d, h = folder
-    cfg = _change(_good_mix(d, h), "mix.schedule.1.weights", {"web": -1, "code": 1})
+    cfg = set_path(_good_mix(d, h), "mix.schedule.1.weights", {"web": -1, "code": 1})
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(quern.ConfigError) as info:
@@ -333,7 +304,7 @@ def test_components_as_a_list_and_their_order(folder):
     cfg = _good_mix(d, h)
     as_list = json.loads(json.dumps(cfg))
     as_list["mix"]["components"] = [{"name": k, **v} for k, v in cfg["mix"]["components"].items()]
-    _same(quern.load_config(cfg), quern.load_config(as_list))
+    assert_same_pipeline(quern.load_config(cfg), quern.load_config(as_list))
     reordered = json.loads(json.dumps(cfg))
     reordered["mix"]["components"] = dict(reversed(list(cfg["mix"]["components"].items())))
     assert quern.load_config(reordered).fingerprint() != quern.load_config(cfg).fingerprint()  # order is meaning

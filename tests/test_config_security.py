@@ -1,4 +1,6 @@
-"""What a config may run, and how much it may cost: the trust model and the limits of
+"""Tests of pipeline/config/trust.py and pipeline/limits.py.
+
+What a config may run, and how much it may cost: the trust model and the limits of
 :mod:`quern.pipeline.config` (issue 10, items 1 and 6). Each attack is tried for real:
 what it would do (create a file) is checked not to have happened."""
 
@@ -8,15 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from array_record.python import array_record_module
-from test_cli import quern_cmd
+from helpers import parquet_config, parquet_folder, quern_cmd, unique_name, write_array_record, write_module
 
 import quern
 from quern.pipeline import limits
@@ -30,41 +30,17 @@ def nothing_allowed(monkeypatch):
     monkeypatch.delenv("QUERN_ALLOW", raising=False)
 
 
-def _name(stem: str = "quern_sec") -> str:
-    """A module name no other test uses (modules are global to a process)."""
-    return f"{stem}_{uuid.uuid4().hex[:10]}"
-
-
-def _records(path, records: list[bytes]) -> None:
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
-
-
 def _side_effect_module(folder, marker, body: str = "") -> str:
     """A module in ``folder`` whose import creates the file ``marker``; its name. It defines
     ``ident(x)`` (returns ``x``) and whatever ``body`` adds."""
-    name = _name()
-    (folder / f"{name}.py").write_text(
-        f"open({str(marker)!r}, 'w').write('imported')\n\n\ndef ident(x):\n    return x\n\n{body}"
-    )
-    return name
+    body = f"open({str(marker)!r}, 'w').write('imported')\n\n\ndef ident(x):\n    return x\n\n{body}"
+    return write_module(folder, body, "quern_sec")
 
 
 @pytest.fixture
 def parquet(tmp_path):
     """A folder ``cfg/`` with a 40-row parquet file; configs written there find it as ``d.parquet``."""
-    (tmp_path / "cfg").mkdir()
-    pq.write_table(pa.table({"x": np.arange(40)}), tmp_path / "cfg" / "d.parquet")
-    return tmp_path / "cfg"
-
-
-def _config(folder, transforms: list[dict], name: str = "c.yaml", **extra) -> os.PathLike:
-    path = folder / name
-    cfg = {"source": {"type": "parquet", "paths": "d.parquet"}, "transforms": transforms, "batch": 4, **extra}
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return parquet_folder(tmp_path)
 
 
 def _one_message(out: subprocess.CompletedProcess) -> str:
@@ -78,19 +54,17 @@ def _one_message(out: subprocess.CompletedProcess) -> str:
 # --------------------------------------------------------------------------- the attacks of the issue
 
 
+def _attack(folder, record: bytes, fns: list[str]):
+    """``folder/attack.yaml``: 8 copies of ``record`` (``attack.array_record``) through the transforms ``fns``."""
+    write_array_record(folder / "attack.array_record", [record] * 8)
+    cfg = {"source": {"type": "array_record", "paths": "attack.array_record"}, "transforms": [{"fn": f} for f in fns]}
+    (folder / "attack.yaml").write_text(yaml.safe_dump({**cfg, "batch": 4}))
+    return folder / "attack.yaml"
+
+
 def test_os_system_after_builtins_bytes_is_refused_by_quern_inspect(tmp_path):
     marker = tmp_path / "PWNED"
-    _records(tmp_path / "cmd.array_record", [f"touch {marker}".encode()] * 8)
-    path = tmp_path / "attack.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "source": {"type": "array_record", "paths": "cmd.array_record"},
-                "transforms": [{"fn": "builtins:bytes"}, {"fn": "os:system"}],
-                "batch": 4,
-            }
-        )
-    )
+    path = _attack(tmp_path, f"touch {marker}".encode(), ["builtins:bytes", "os:system"])
     for command in ["inspect", "explain", "run", "bench"]:
         args = ["--step", 0] if command in ("inspect", "explain") else ["--steps", 1]
         message = _one_message(quern_cmd(command, path, *args, check=False, pythonpath=None))
@@ -109,17 +83,7 @@ def test_os_system_after_builtins_bytes_is_refused_by_quern_inspect(tmp_path):
 
 def test_builtins_exec_is_refused(tmp_path):
     marker = tmp_path / "PWNED"
-    _records(tmp_path / "code.array_record", [f"open({str(marker)!r}, 'w')".encode()] * 8)
-    path = tmp_path / "attack.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "source": {"type": "array_record", "paths": "code.array_record"},
-                "transforms": [{"fn": "builtins:exec"}],
-                "batch": 4,
-            }
-        )
-    )
+    path = _attack(tmp_path, f"open({str(marker)!r}, 'w')".encode(), ["builtins:exec"])
     message = _one_message(quern_cmd("inspect", path, "--step", 0, check=False))
     assert "module 'builtins' is not allowed" in message and "allow" in message
     assert not marker.exists()
@@ -135,7 +99,7 @@ def test_explain_does_not_import_a_module_it_may_not(parquet, tmp_path, where):
     (tmp_path / "lib").mkdir()
     marker = tmp_path / "IMPORTED"
     module = _side_effect_module(tmp_path / "lib", marker)
-    path = _config(parquet, [{"fn": f"{module}:ident"}])
+    path = parquet_config(parquet, [{"fn": f"{module}:ident"}])
     env = {"pythonpath": str(tmp_path / "lib")} if where == "pythonpath" else {"pythonpath": None}
     for command in ["explain", "inspect"]:
         out = quern_cmd(command, path, "--step", 0, check=False, cwd=tmp_path / "lib", **env)
@@ -153,7 +117,7 @@ def test_each_way_to_allow(parquet, tmp_path, monkeypatch):
     (tmp_path / "lib").mkdir()
     marker = tmp_path / "IMPORTED"
     module = _side_effect_module(tmp_path / "lib", marker)
-    path = _config(parquet, [{"fn": f"{module}:ident"}])
+    path = parquet_config(parquet, [{"fn": f"{module}:ident"}])
     lib = str(tmp_path / "lib")
     ways = {
         "--allow after the command": (["explain", path, "--step", 0, "--allow", module], {}),
@@ -180,7 +144,7 @@ def test_each_way_to_allow(parquet, tmp_path, monkeypatch):
 
 
 def test_a_prefix_allows_whole_module_names(tmp_path, monkeypatch, parquet):
-    top = _name("quern_pkg")
+    top = unique_name("quern_pkg")
     (tmp_path / "lib" / top / "sub").mkdir(parents=True)
     for init in [tmp_path / "lib" / top / "__init__.py", tmp_path / "lib" / top / "sub" / "__init__.py"]:
         init.write_text("def ident(x):\n    return x\n")
@@ -205,7 +169,7 @@ def test_a_prefix_allows_whole_module_names(tmp_path, monkeypatch, parquet):
 
 @pytest.mark.parametrize("prefix", ["", "*", " ", "mypkg.*", ".mypkg", "mypkg.", "a..b", "my-pkg", "__main__", "a b"])
 def test_what_is_not_a_prefix(parquet, monkeypatch, prefix):
-    path = _config(parquet, [])
+    path = parquet_config(parquet, [])
     with pytest.raises(quern.ConfigError, match="is not a module prefix.*no wildcard"):
         quern.load_config(path, allow=[prefix])
     message = _one_message(quern_cmd("explain", path, "--step", 0, "--allow", prefix, check=False))
@@ -217,7 +181,7 @@ def test_what_is_not_a_prefix(parquet, monkeypatch, prefix):
 
 
 def test_a_config_cannot_allow_itself(parquet):
-    path = _config(parquet, [{"fn": "os:getcwd"}], allow=["os"])
+    path = parquet_config(parquet, [{"fn": "os:getcwd"}], allow=["os"])
     with pytest.raises(quern.ConfigError, match="unknown key 'allow'"):
         quern.load_config(path)
 
@@ -227,12 +191,12 @@ def test_a_config_cannot_allow_itself(parquet):
 
 def test_modules_and_packages_beside_the_config_need_no_allow(parquet):
     module = _side_effect_module(parquet, parquet / "IMPORTED")
-    package = _name("quern_pkg")
+    package = unique_name("quern_pkg")
     (parquet / package / "ops").mkdir(parents=True)
     (parquet / package / "__init__.py").write_text("")
     (parquet / package / "ops" / "__init__.py").write_text("")
     (parquet / package / "ops" / "add.py").write_text("def add_one(r):\n    return {'x': r['x'] + 1}\n")
-    path = _config(parquet, [{"fn": f"{module}:ident"}, {"fn": f"{package}.ops.add:add_one"}])
+    path = parquet_config(parquet, [{"fn": f"{module}:ident"}, {"fn": f"{package}.ops.add:add_one"}])
     out = quern_cmd("inspect", path, "--step", 0, pythonpath=None, cwd="/")
     assert "batch['x']: int64 (4,)" in out.stdout
     batch = quern.load_config(path).batch_at(0)
@@ -247,7 +211,7 @@ def test_modules_and_packages_beside_the_config_need_no_allow(parquet):
 def test_a_module_beside_the_config_may_not_shadow_another(parquet, name):
     marker = parquet / "IMPORTED"
     (parquet / f"{name}.py").write_text(f"open({str(marker)!r}, 'w')\n\ndef loads(x):\n    return x\n")
-    path = _config(parquet, [{"fn": f"{name}:loads"}])
+    path = parquet_config(parquet, [{"fn": f"{name}:loads"}])
     with pytest.raises(quern.ConfigError, match=f"{name}.py in the config's folder has the name of .*rename it"):
         quern.load_config(path)
     message = _one_message(quern_cmd("explain", path, "--step", 0, check=False, pythonpath=None))
@@ -259,7 +223,7 @@ def test_a_file_that_is_not_a_module_beside_the_config_is_not_one(parquet):
     (parquet / "notes").mkdir()  # a folder without __init__.py: a namespace package elsewhere, not trusted here
     (parquet / "notes" / "x.py").write_text("def f(r):\n    return r\n")
     with pytest.raises(quern.ConfigError, match="module 'notes.x' is not allowed"):
-        quern.load_config(_config(parquet, [{"fn": "notes.x:f"}]))
+        quern.load_config(parquet_config(parquet, [{"fn": "notes.x:f"}]))
 
 
 # --------------------------------------------------------------------------- what after the ':' may name
@@ -301,9 +265,9 @@ SYSTEM_PARTIAL = functools.partial(os.system)
     ],
 )
 def test_names_after_the_colon(parquet, attribute, fragment):
-    module = _name()
+    module = unique_name("quern_sec")
     (parquet / f"{module}.py").write_text(_TRICKS)
-    path = _config(parquet, [{"fn": f"{module}:{attribute}"}])
+    path = parquet_config(parquet, [{"fn": f"{module}:{attribute}"}])
     with pytest.raises(quern.ConfigError, match="transforms.0") as info:
         quern.load_config(path)
     assert fragment in str(info.value), str(info.value)
@@ -315,10 +279,10 @@ def test_names_after_the_colon(parquet, attribute, fragment):
 @pytest.mark.parametrize("attribute", ["own", "OWN_PARTIAL", "PAD"])
 def test_functions_defined_beside_the_config_and_registered_transforms_are_fine(parquet, attribute):
     """``PAD`` is an instance of a registered transform, defined in quern: accepted wherever it is made."""
-    module = _name()
+    module = unique_name("quern_sec")
     (parquet / f"{module}.py").write_text(_TRICKS)
     pq.write_table(pa.table({"x": [np.arange(3) + i for i in range(40)]}), parquet / "d.parquet")
-    batch = quern.load_config(_config(parquet, [{"fn": f"{module}:{attribute}"}])).batch_at(0)
+    batch = quern.load_config(parquet_config(parquet, [{"fn": f"{module}:{attribute}"}])).batch_at(0)
     assert batch["tokens" if attribute == "PAD" else "x"].shape == ((4, 4) if attribute == "PAD" else (4, 3))
 
 
@@ -435,9 +399,9 @@ def test_the_file_size_is_bounded(parquet):
 
 
 def test_a_big_list_within_the_limits_still_loads(parquet):
-    module = _name()
+    module = unique_name("quern_sec")
     (parquet / f"{module}.py").write_text("def add(r, table):\n    return {'x': r['x'] + table[0]}\n")
-    path = _config(parquet, [{"fn": f"{module}:add", "kwargs": {"table": list(range(50_000))}}])
+    path = parquet_config(parquet, [{"fn": f"{module}:add", "kwargs": {"table": list(range(50_000))}}])
     assert quern.load_config(path).batch_at(0)["x"].shape == (4,)
 
 
@@ -482,7 +446,7 @@ def test_messages_quote_values_briefly(parquet, change, fragment):
 
 
 def test_a_relative_fn_is_one_message(parquet):
-    path = _config(parquet, [{"fn": ".foo:bar"}])
+    path = parquet_config(parquet, [{"fn": ".foo:bar"}])
     message = _one_message(quern_cmd("inspect", path, "--step", 0, check=False))
     assert "fn must look like 'package.module:function', got '.foo:bar'" in message
     assert message.count("\n") == 2  # "invalid config:" and the problem
@@ -491,7 +455,7 @@ def test_a_relative_fn_is_one_message(parquet):
 @pytest.mark.parametrize("step", ["3", 3.0, True, None, [3], {"s": 3}, -1, 2**70])
 @pytest.mark.parametrize("force", [True, False], ids=["force", "same fingerprint"])
 def test_a_state_step_that_is_not_a_step_is_one_message(parquet, step, force):
-    path = _config(parquet, [])
+    path = parquet_config(parquet, [])
     fingerprint = "x" if force else quern.load_config(path).fingerprint()
     (parquet / "state.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint}))
     out = quern_cmd(
@@ -507,7 +471,7 @@ def test_a_state_step_that_is_not_a_step_is_one_message(parquet, step, force):
     ids=["list", "number", "not json", "deep", "huge", "binary"],
 )
 def test_a_state_file_that_is_not_a_state_is_one_message(parquet, content):
-    path = _config(parquet, [])
+    path = parquet_config(parquet, [])
     (parquet / "state.json").write_bytes(content)
     out = quern_cmd("run", path, "--steps", 1, "--state", parquet / "state.json", "--force", check=False)
     message = _one_message(out)
@@ -515,9 +479,9 @@ def test_a_state_file_that_is_not_a_state_is_one_message(parquet, content):
 
 
 def test_a_huge_error_of_a_transform_is_one_bounded_message(parquet):
-    module = _name()
+    module = unique_name("quern_sec")
     (parquet / f"{module}.py").write_text("def boom(r):\n    raise ValueError('x' * 1_000_000)\n")
-    path = _config(parquet, [{"fn": f"{module}:boom"}])
+    path = parquet_config(parquet, [{"fn": f"{module}:boom"}])
     out = quern_cmd("inspect", path, "--step", 0, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[:3000]
     assert out.stderr.startswith("quern: step 0") and "more characters left out" in out.stderr

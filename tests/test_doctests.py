@@ -10,9 +10,7 @@ import quern
 
 SKIP = {"setup", "__main__", "tests", "benchmarks", "examples", "docs"}  # scripts, and folders beside a source tree
 MODULES = sorted(
-    m.name
-    for m in pkgutil.walk_packages(quern.__path__, "quern.")
-    if not SKIP & set(m.name.split(".")[1:])
+    m.name for m in pkgutil.walk_packages(quern.__path__, "quern.") if not SKIP & set(m.name.split(".")[1:])
 )
 
 

@@ -10,21 +10,11 @@ import sysconfig
 
 import numpy as np
 import pyarrow.parquet as pq
-from array_record.python import array_record_module
+from helpers import read_array_records
 
 import quern
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _read_array_records(paths):
-    """Every record of ``paths``, in order, read with the ArrayRecord reader itself."""
-    out = []
-    for p in paths:
-        reader = array_record_module.ArrayRecordReader(str(p))
-        out += reader.read_all()
-        reader.close()
-    return out
 
 
 def test_quickstart_runs_and_resumes_exactly(tmp_path):
@@ -69,7 +59,7 @@ def test_quickstart_runs_and_resumes_exactly(tmp_path):
     with np.load(saved) as z:
         steps, tokens, lengths = z["steps"].tolist(), z["batch.tokens"], z["batch.length"]
     assert steps == [20, 21, 22, 23, 24] and tokens.shape == (5, 64, 512) and tokens.dtype == np.uint8
-    records = _read_array_records(ar_paths)
+    records = read_array_records(ar_paths)
     # prepare's record order: the stdlib's top-level .py files by name, each cut in order into <= 512 bytes
     stdlib = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(stdlib, "*.py")))

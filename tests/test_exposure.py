@@ -21,10 +21,8 @@ import uuid
 import jax
 import numpy as np
 import psutil
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
+from helpers import parquet_config, parquet_folder, unique_name
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -163,10 +161,10 @@ def test_stage_labels_name_transforms_not_their_arguments_nor_addresses(tmp_path
         thread.join(timeout=10)
     assert stages == _EXPECTED, stages
     assert scraped == _EXPECTED, scraped
-    profile = bench.profile(pipe, 0, 2)  # quern bench: its table, plot and diagnosis
+    profile = bench.profile(pipe, 0, count=2)  # quern bench: its table, plot and diagnosis
     assert set(bench.stage_names(pipe)) == set(profile.stages) == _EXPECTED, profile.stages
-    run = bench.loop(pipe, 0, 4, workers=0, step_s=0.0)
-    lines = bench.report(profile, run, bench.diagnose(pipe, run))
+    run = bench.loop(pipe, 0, count=4, num_workers=0, step_s=0.0)
+    lines = bench.report(profile, run, diagnosis=bench.diagnose(pipe, run))
     assert not [line for line in lines if "s3cr3t" in line], lines
     _assert_clean([repr(pipe)])
 
@@ -258,20 +256,11 @@ def test_two_fresh_processes_give_the_same_stage_labels(tmp_path):
 @pytest.fixture
 def folder(tmp_path):
     """A config folder ``cfg/`` with a 40-row parquet file ``d.parquet``."""
-    (tmp_path / "cfg").mkdir()
-    pq.write_table(pa.table({"x": np.arange(40)}), tmp_path / "cfg" / "d.parquet")
-    return tmp_path / "cfg"
-
-
-def _name() -> str:
-    return f"quern_exp_{uuid.uuid4().hex[:10]}"
+    return parquet_folder(tmp_path)
 
 
 def _config(folder, fn: str):
-    path = folder / "c.yaml"
-    cfg = {"source": {"type": "parquet", "paths": "d.parquet"}, "transforms": [{"fn": fn}], "batch": 4}
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return parquet_config(folder, [{"fn": fn}])
 
 
 def _hostile(marker, add: int = 100) -> str:
@@ -294,7 +283,7 @@ def _compile(source: str, scratch, cfile, **kw) -> None:
 
 
 def test_a_pyc_beside_the_config_is_refused_and_not_run(folder, tmp_path):
-    name, marker = _name(), tmp_path / "RAN"
+    name, marker = unique_name("quern_exp"), tmp_path / "RAN"
     _compile(_hostile(marker), tmp_path, folder / f"{name}.pyc")
     with pytest.raises(quern.ConfigError, match=rf"module '{name}' is {name}\.pyc in the config's folder.*not Python"):
         quern.load_config(_config(folder, f"{name}:fn"))
@@ -303,7 +292,7 @@ def test_a_pyc_beside_the_config_is_refused_and_not_run(folder, tmp_path):
 
 
 def test_a_package_of_compiled_code_is_refused_and_not_run(folder, tmp_path):
-    name, marker = _name(), tmp_path / "RAN"
+    name, marker = unique_name("quern_exp"), tmp_path / "RAN"
     _compile(_hostile(marker), tmp_path, folder / name / "__init__.pyc")
     with pytest.raises(quern.ConfigError, match=rf"module '{name}' is {name}/__init__\.pyc .*not Python source"):
         quern.load_config(_config(folder, f"{name}:fn"))
@@ -316,7 +305,7 @@ def test_a_package_of_compiled_code_is_refused_and_not_run(folder, tmp_path):
 
 
 def test_an_extension_module_beside_the_config_is_refused_before_it_is_loaded(folder):
-    name = _name()
+    name = unique_name("quern_exp")
     so = f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     (folder / so).write_bytes(b"\x7fELF not really")
     with pytest.raises(quern.ConfigError, match=rf"module '{name}' is {so} in the config's folder.*not Python"):
@@ -326,7 +315,7 @@ def test_an_extension_module_beside_the_config_is_refused_before_it_is_loaded(fo
 def test_a_module_is_compiled_from_its_source_never_from_pycache(folder, tmp_path):
     """A ``__pycache__`` file that does not match the ``.py`` (an unchecked hash-based ``.pyc`` is
     never compared with it) would run code that the reader of the ``.py`` never saw."""
-    name, marker = _name(), tmp_path / "RAN"
+    name, marker = unique_name("quern_exp"), tmp_path / "RAN"
     (folder / f"{name}.py").write_text("def fn(r):\n    return {'x': r['x'] + 1}\n")
     cached = importlib.util.cache_from_source(str(folder / f"{name}.py"))
     _compile(
@@ -342,7 +331,7 @@ def test_a_module_is_compiled_from_its_source_never_from_pycache(folder, tmp_pat
 
 @pytest.mark.parametrize("kind", ["pycache", "pth"])
 def test_compiled_leftovers_and_pth_files_are_not_modules(folder, tmp_path, kind):
-    name, marker = _name(), tmp_path / "RAN"
+    name, marker = unique_name("quern_exp"), tmp_path / "RAN"
     if kind == "pycache":
         cached = importlib.util.cache_from_source(str(folder / f"{name}.py"))
         _compile(_hostile(marker), tmp_path, pathlib.Path(cached))

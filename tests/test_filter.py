@@ -1,4 +1,7 @@
-"""Pipeline.filter: the stream over the survivors, the verified on-disk cache, errors, the scan in processes.
+"""Tests of pipeline/scan.py, pipeline/plan/survivors.py, pipeline/plan/indexfile.py and pipeline/streams/source.py
+(a filtered source).
+
+Pipeline.filter: the stream over the survivors, the verified on-disk cache, errors, the scan in processes.
 
 Every expected set of survivors is computed here by brute force over the source's
 values (``np.arange``), never by the code under test. Cache folders are
@@ -19,6 +22,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal, assert_iterator_gives_batch_at, spy_scan_processes
 
 import quern
 from quern.pipeline import scan
@@ -114,13 +118,6 @@ def _cache_files(cache):
     return sorted((cache / "filters").glob("*.survivors"))
 
 
-def _equal(a, b, where=""):
-    assert a.keys() == b.keys(), where
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{where} key {k}")
-        assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype, where
-
-
 # --------------------------------------------------------------------------- 1. the stream over the survivors
 
 
@@ -186,11 +183,7 @@ def test_explain_names_survivors_matching_batch_at(tmp_path):
 
 def test_iterator_equals_batch_at(tmp_path):
     pipe = _pipe(tmp_path, seed=5, num_epochs=2, batch=10, drop_remainder=False)
-    with pipe.iterator() as it:
-        got = list(it)
-    assert len(got) == pipe.num_steps
-    for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+    assert_iterator_gives_batch_at(pipe)
 
 
 def test_worker_processes_give_the_same_batches(tmp_path):
@@ -202,7 +195,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
         want = list(it)
     assert len(got) == len(want) == pipe.num_steps
     for s, (g, w) in enumerate(zip(got, want)):
-        _equal(g, w, f"step {s}")
+        assert_batches_equal(g, w, f"step {s}")
 
 
 def test_host_slices_concatenate_to_the_global_batch(tmp_path):
@@ -241,7 +234,7 @@ def test_resume_mid_epoch_gives_the_remaining_batches(tmp_path):
         resumed = list(it)
     assert len(resumed) == len(rest) == again.num_steps - 20
     for s, (g, w) in enumerate(zip(resumed, rest), 20):
-        _equal(g, w, f"step {s}")
+        assert_batches_equal(g, w, f"step {s}")
     other = _src(N, 5, 2).shuffle().map(plus_one).filter(even, cache_dir=tmp_path).batch(10, drop_remainder=False)
     with pytest.raises(ValueError, match="fingerprint"):
         other.resume(state)
@@ -561,15 +554,7 @@ def test_keep_many_is_called_per_chunk(tmp_path):
 
 def test_the_scan_in_processes_equals_the_scan_in_this_process(tmp_path, monkeypatch):
     n = 5000
-    monkeypatch.setattr(scan, "PROCESS_MIN", 1000)
-    spawned = []
-    real = scan._scan_in_processes
-
-    def spy(*args, **kwargs):
-        spawned.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(scan, "_scan_in_processes", spy)
+    spawned = spy_scan_processes(monkeypatch)
     CALLS.n = 0
     here = _src(n).map(plus_one).filter(mod7_is_3, cache_dir=tmp_path / "here", num_workers=1)
     assert CALLS.n == n and spawned == []

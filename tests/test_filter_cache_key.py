@@ -1,4 +1,6 @@
-"""A filter's cache is tied to what it caches: each cache file records the key it was
+"""Tests of pipeline/plan/survivors.py and pipeline/scan.py.
+
+A filter's cache is tied to what it caches: each cache file records the key it was
 built for; the fingerprint of a filtered pipeline is the one its survivors were
 computed with; reads a predicate must not depend on are refused where they can be
 detected."""

@@ -1,4 +1,6 @@
-"""Fresh processes (scan processes, the fork server and its workers, a task shipped
+"""Tests of pipeline/samedef.py.
+
+Fresh processes (scan processes, the fork server and its workers, a task shipped
 with a definition) refuse to compute when the definition they load is not the
 parent's: a module global changed at run time is seen there with its value at
 import, and would silently give other data under the parent's fingerprint."""
@@ -14,7 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
-from array_record.python import array_record_module
+from helpers import spy_scan_processes, write_array_record
 
 import quern
 from quern import ScanError, WorkerError
@@ -85,15 +87,7 @@ def test_a_scan_process_refuses_a_global_changed_at_run_time(mycfg, tmp_path, mo
 
 
 def test_a_global_set_at_import_scans_in_processes(mycfg, tmp_path, monkeypatch):
-    monkeypatch.setattr(scan, "PROCESS_MIN", 1000)
-    spawned = []
-    real = scan._scan_in_processes
-
-    def spy(*args, **kwargs):
-        spawned.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(scan, "_scan_in_processes", spy)
+    spawned = spy_scan_processes(monkeypatch)
     pipe = quern.Pipeline.from_source({"x": np.arange(3000)}).map(mycfg.add_fixed)
     kept = pipe.filter(lambda rec: int(rec["x"]) % 3 == 0, cache_dir=tmp_path, num_workers=2)
     assert spawned == [2]
@@ -294,10 +288,7 @@ def test_array_record_source_identity_is_not_read_by_the_check(tmp_path):
     from quern.pipeline import samedef
 
     path = tmp_path / "r.array_record"
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for i in range(50):
-        w.write(np.arange(i % 3 + 1, dtype=np.int32).tobytes())
-    w.close()
+    write_array_record(path, [np.arange(i % 3 + 1, dtype=np.int32).tobytes() for i in range(50)])
     pipe = quern.Pipeline.from_source(quern.sources.ArrayRecordSource([str(path)])).batch(5)
     loaded = pickle.loads(pickle.dumps(pipe))
     os.remove(path)  # the identity samples the file: the check must not need it

@@ -1,4 +1,6 @@
-"""global_iterator in one process: values, prefetch, state, errors at their own step."""
+"""Tests of sharding/global_arrays.py.
+
+global_iterator in one process: values, prefetch, state, errors at their own step."""
 
 import threading
 

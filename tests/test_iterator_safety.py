@@ -1,4 +1,6 @@
-"""An iterator across processes and threads, and under Ctrl-C storms.
+"""Tests of pipeline/loader.py and pipeline/workers/.
+
+An iterator across processes and threads, and under Ctrl-C storms.
 
 - fork: an iterator belongs to the process that made it. In a forked child,
   ``next()`` and ``wait_for_workers()`` raise a clear ``RuntimeError`` at once
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from helpers import TESTS, alive, assert_batches_equal
 
 import quern
 from quern.pipeline import loader
@@ -58,22 +61,19 @@ def _pipe():
     return quern.Pipeline.from_source({"x": np.arange(4000, dtype=np.int64)}, seed=0).shuffle().batch(16)
 
 
-def _equal(got, want, where=""):
-    assert got.keys() == want.keys(), where
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k], err_msg=f"{where}.{k}")
+def _next_on_another_thread(it) -> tuple[threading.Thread, dict]:
+    """A started thread calling ``next(it)``, and the dict that gets its ``"batch"`` or ``"error"``."""
+    result: dict = {}
 
-
-def _alive(pids):
-    """Those of ``pids`` that are still running (not gone, not zombies)."""
-    out = []
-    for pid in pids:
+    def consume():
         try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+            result["batch"] = next(it)
+        except BaseException as e:
+            result["error"] = e
+
+    other = threading.Thread(target=consume)
+    other.start()
+    return other, result
 
 
 def _descendants(before, n, timeout=60):
@@ -151,13 +151,13 @@ def test_next_in_a_forked_child_raises_and_the_parent_goes_on(workers):
             return True
 
         assert _in_a_fork(child) == 0
-        assert sorted(it.worker_pids) == pids and _alive(pids) == pids
+        assert sorted(it.worker_pids) == pids and alive(pids) == pids
         got += [next(it) for _ in range(30)]
         if workers:
             assert it.stats()["worker_restarts"] == 0
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
-    assert _alive(pids) == []
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
+    assert alive(pids) == []
 
 
 # --------------------------------------------------------------------------- threads
@@ -168,16 +168,7 @@ def test_two_threads_at_once_is_a_clear_error(tmp_path, workers):
     gate = tmp_path / "gate"
     pipe = _pipe().map_batch(Gate(gate))
     with pipe.iterator(num_workers=workers) as it:
-        result = {}
-
-        def consume():
-            try:
-                result["batch"] = next(it)
-            except BaseException as e:
-                result["error"] = e
-
-        other = threading.Thread(target=consume)
-        other.start()
+        other, result = _next_on_another_thread(it)
         try:
             _inside(it)
             for call in (lambda: next(it), lambda: it.wait_for_workers(0)):
@@ -187,9 +178,9 @@ def test_two_threads_at_once_is_a_clear_error(tmp_path, workers):
             gate.touch()
             other.join(60)
         assert not other.is_alive() and "error" not in result, result
-        _equal(result["batch"], pipe.batch_at(0), "step 0")
+        assert_batches_equal(result["batch"], pipe.batch_at(0), "step 0")
         for s in range(1, 5):  # and this thread may use it now
-            _equal(next(it), pipe.batch_at(s), f"step {s}")
+            assert_batches_equal(next(it), pipe.batch_at(s), f"step {s}")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -198,16 +189,7 @@ def test_close_from_another_thread_while_next_waits(tmp_path, workers):
     pipe = _pipe().map_batch(Gate(gate))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     it = pipe.iterator(num_workers=workers)
-    result = {}
-
-    def consume():
-        try:
-            result["batch"] = next(it)
-        except BaseException as e:
-            result["error"] = e
-
-    other = threading.Thread(target=consume)
-    other.start()
+    other, result = _next_on_another_thread(it)
     # with threads, close() waits for the step being computed: let it finish a moment later
     opener = threading.Timer(0.5, gate.touch) if not workers else None
     try:
@@ -216,7 +198,7 @@ def test_close_from_another_thread_while_next_waits(tmp_path, workers):
         if opener is not None:
             opener.start()
         it.close()
-        assert _alive(pids) == []  # the workers are gone as close() returns
+        assert alive(pids) == []  # the workers are gone as close() returns
         other.join(60)
         assert not other.is_alive()
         assert isinstance(result.get("error"), RuntimeError), result
@@ -242,7 +224,7 @@ def test_close_from_a_signal_handler_inside_next(tmp_path):
         timer.start()
         with pytest.raises(RuntimeError, match="closed while next"):
             next(it)  # the handler's close() takes effect as next() returns
-        assert _alive(pids) == [] and it.worker_pids == []
+        assert alive(pids) == [] and it.worker_pids == []
         with pytest.raises(RuntimeError, match="iterator is closed"):
             next(it)
     finally:
@@ -259,6 +241,8 @@ _STORM = textwrap.dedent(
     """
     import os, random, signal, sys, threading, time
     import numpy as np, psutil, quern
+    sys.path.insert(0, {tests!r})
+    from helpers import alive
 
     ROOT = os.path.dirname(quern.__file__)
     QUERN = tuple(os.path.join(ROOT, d) + os.sep for d in ("pipeline", "transforms", "sharding"))
@@ -270,16 +254,6 @@ _STORM = textwrap.dedent(
             if frame.f_code.co_filename.startswith(QUERN):
                 raise KeyboardInterrupt
             frame = frame.f_back
-
-    def alive(pids):
-        out = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    out.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
 
     signal.signal(signal.SIGINT, ctrl_c)
     pipe = quern.Pipeline.from_source({{"x": np.arange(100_000)}}, seed=0).shuffle().batch(64)
@@ -327,7 +301,7 @@ _STORM = textwrap.dedent(
 def test_ctrl_c_storms_leave_no_process_behind(tmp_path):
     runs = 10
     script = tmp_path / "storm.py"
-    script.write_text(_STORM.format(runs=runs, seconds=0.3))
+    script.write_text(_STORM.format(runs=runs, seconds=0.3, tests=TESTS))
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=170, check=False, cwd=tmp_path
     )

@@ -1,4 +1,6 @@
-"""Pipeline.length_index: tokens per record after the record transforms, scanned once and
+"""Tests of pipeline/lengths.py.
+
+Pipeline.length_index: tokens per record after the record transforms, scanned once and
 cached (or given and checked), and token-balanced host slices from it (issue 12, points 1 and 6).
 
 Every expected length is computed here from the documents' definition (``DOC_LEN``),

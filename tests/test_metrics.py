@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import urllib.request
 import jax
 import numpy as np
 import pytest
+from helpers import free_port
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from servers import needs_nginx, needs_prometheus, nginx, prometheus
@@ -33,12 +33,6 @@ def slow(batch):
 
 def _pipe(n=1000, **kw):
     return quern.Pipeline.from_source({"x": np.arange(n, dtype=np.int64)}, seed=1, **kw).batch(10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Scrape:
@@ -177,7 +171,7 @@ def test_a_global_iterator_reports_its_device_prefetch_and_device_put_and_not_it
 
 
 def test_the_default_registry_serves_on_two_ports_and_registers_once():
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     servers = [quern.metrics.start_http_server(port, "127.0.0.1") for port in ports]  # twice: no duplicate error
     assert quern.metrics.register() is quern.metrics.collector()  # again: nothing
     try:
@@ -301,7 +295,7 @@ def test_a_global_iterator_of_a_source_read_by_url_reports_every_metric(scrape, 
 
 @needs_prometheus
 def test_a_real_prometheus_scrapes_the_iterators():
-    port = _free_port()
+    port = free_port()
     server, thread = quern.metrics.start_http_server(port, "127.0.0.1")
     try:
         with _pipe().map_batch(slow).iterator(process_index=1, process_count=2) as it:

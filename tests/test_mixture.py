@@ -1,4 +1,6 @@
-"""quern.mix: exact counts per block, each component's own stream, zero weights, schedules,
+"""Tests of pipeline/mix.py, pipeline/streams/mixture.py and pipeline/plan/mixture.py.
+
+quern.mix: exact counts per block, each component's own stream, zero weights, schedules,
 resume across a schedule edited after the saved step, explain, workers and hosts, errors, golden order.
 
 Bounds and expected counts are computed here from the weights (and the
@@ -14,6 +16,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
 import quern
 from quern.pipeline.plan import mixture as plan
@@ -47,13 +50,6 @@ def _value(name, rid):
 
 def _counts(component, C):
     return np.bincount(component, minlength=C)
-
-
-def _equal(a, b, where=""):
-    assert a.keys() == b.keys(), where
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{where} key {k}")
-        assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype, where
 
 
 def add_ten(rec):
@@ -179,7 +175,7 @@ def test_weights_are_matched_by_name_and_schedule_forms_agree():
     for other in (reordered, as_list, as_schedule):
         assert other.fingerprint() == ref.fingerprint()
         for s in (0, 40):
-            _equal(other.batch_at(s), ref.batch_at(s), f"step {s}")
+            assert_batches_equal(other.batch_at(s), ref.batch_at(s), f"step {s}")
 
 
 # --------------------------------------------------------------------------- 2. each component's own stream
@@ -278,10 +274,10 @@ def test_batches_before_a_stage_do_not_depend_on_it():
     with_stage = quern.mix(comps, schedule=[(0, W0), (s, W1)], seed=9).batch(B)
     two_stages = quern.mix(comps, schedule=[(0, W0), (s, W1), (s + 3, W0)], seed=9).batch(B)
     for step in range(s):
-        _equal(with_stage.batch_at(step), without.batch_at(step), f"step {step}")
+        assert_batches_equal(with_stage.batch_at(step), without.batch_at(step), f"step {step}")
         assert with_stage.explain(step) == without.explain(step)
     for step in range(s + 3):
-        _equal(two_stages.batch_at(step), with_stage.batch_at(step), f"step {step}")
+        assert_batches_equal(two_stages.batch_at(step), with_stage.batch_at(step), f"step {step}")
     after = [step for step in range(s, s + 6) if with_stage.explain(step) != without.explain(step)]
     assert s in after and len(after) == 6
 
@@ -316,9 +312,9 @@ def test_resume_accepts_a_stage_added_at_or_after_the_saved_step(start):
     with other.resume(state) as it:
         assert it.step == k
         for s in range(k, k + 20):  # across the new stage
-            _equal(next(it), other.batch_at(s), f"step {s}")
+            assert_batches_equal(next(it), other.batch_at(s), f"step {s}")
     for s in range(k):  # the batches already taken are the same in both
-        _equal(other.batch_at(s), _mixed().batch_at(s), f"step {s}")
+        assert_batches_equal(other.batch_at(s), _mixed().batch_at(s), f"step {s}")
 
 
 def test_resume_accepts_a_future_stage_removed():
@@ -329,7 +325,7 @@ def test_resume_accepts_a_future_stage_removed():
     other = _mixed()
     with other.resume(state) as it:
         assert it.step == 13
-        _equal(next(it), other.batch_at(13))
+        assert_batches_equal(next(it), other.batch_at(13))
 
 
 def _changed(message):
@@ -361,7 +357,7 @@ def test_resume_refuses_a_change_before_the_saved_step_and_names_it(make, change
     assert _changed(str(e.value)) == changed
     with other.resume(state, force=True) as it:  # force overrides
         assert it.step == k
-        _equal(next(it), other.batch_at(k))
+        assert_batches_equal(next(it), other.batch_at(k))
 
 
 # --------------------------------------------------------------------------- 6. explain
@@ -411,10 +407,10 @@ def test_worker_count_and_host_count_do_not_change_batches():
         assert it.wait_for_workers(60), "workers did not start"
         got = [{k: np.array(v) for k, v in next(it).items()} for _ in range(8)]
     for s, (g, w) in enumerate(zip(got, want)):
-        _equal(g, w, f"num_workers=2 step {s}")
+        assert_batches_equal(g, w, f"num_workers=2 step {s}")
     with pipe.iterator(num_workers=0) as it:
         for s in range(8):
-            _equal(next(it), want[s], f"num_workers=0 step {s}")
+            assert_batches_equal(next(it), want[s], f"num_workers=0 step {s}")
     for hosts in [2, 3]:
         for s in [0, 2, 3, 7]:
             parts = [pipe.batch_at(s, h, hosts)["x"] for h in range(hosts)]
@@ -525,7 +521,7 @@ def test_a_stage_beyond_the_addressable_stream_is_refused_or_harmless():
         assert "schedule stage 1" in str(e)
         return
     want = quern.mix(comps, schedule=[(0, W0)], seed=1).batch(64)
-    _equal(pipe.batch_at(0), want.batch_at(0))
+    assert_batches_equal(pipe.batch_at(0), want.batch_at(0))
 
 
 # --------------------------------------------------------------------------- 10. golden values

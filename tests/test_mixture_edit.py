@@ -1,4 +1,6 @@
-"""quern.mix: resuming on a mixture with a component added that is zero before the saved
+"""Tests of pipeline/streams/mixture.py.
+
+quern.mix: resuming on a mixture with a component added that is zero before the saved
 step (issue 21, point 12).
 
 A component whose weight is zero in every stage starting before step ``k`` takes no
@@ -17,6 +19,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import batches_equal
 
 import quern
 
@@ -64,10 +67,6 @@ def _state(pipe, k=K):
     return json.loads(json.dumps(state))  # as saved and read back
 
 
-def _same(a, b):
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
-
-
 def _changed(message):
     m = re.search(r"what changed for the steps before \d+: (.*?); pass force=True", message)
     assert m, message
@@ -83,13 +82,13 @@ def test_a_component_zero_before_the_saved_step_is_accepted_on_resume(at, transf
     assert new.fingerprint() != old.fingerprint()  # the full fingerprint names every component
     assert "new" in new.describe()["mixture"]["names"]
     for s in range(K):  # the batches already taken are bit-identical
-        assert _same(new.batch_at(s), old.batch_at(s)), s
+        assert batches_equal(new.batch_at(s), old.batch_at(s)), s
     assert new.describe_until(K) == old.describe_until(K)
     with new.resume(state) as it:
         assert it.step == K
         got = [next(it) for _ in range(10)]
     for s, batch in zip(range(K, K + 10), got):
-        assert _same(batch, new.batch_at(s)), s
+        assert batches_equal(batch, new.batch_at(s)), s
     drawn = {name for s in range(K, K + 10) for row in new.explain(s) for name, _ in row}
     assert "new" in drawn  # and it is drawn from step K on
 
@@ -99,12 +98,12 @@ def test_a_component_added_for_a_later_stage_and_one_dropped_are_accepted():
     later = _new(new_from=K + 7)
     with later.resume(state) as it:
         assert it.step == K
-        assert _same(next(it), later.batch_at(K))
+        assert batches_equal(next(it), later.batch_at(K))
     # the other way: a state of the mixture with the component, resumed without it
     state = _state(_new(new_from=K + 7), K)
     old = _old()
     with old.resume(state) as it:
-        assert _same(next(it), old.batch_at(K))
+        assert batches_equal(next(it), old.batch_at(K))
 
 
 def test_an_edit_that_raises_the_block_size_is_refused():
@@ -112,7 +111,7 @@ def test_an_edit_that_raises_the_block_size_is_refused():
     state = _state(old)
     new = _new(block=4)
     assert new.stream.block == 9 and old.stream.block == 4
-    assert any(not _same(new.batch_at(s), old.batch_at(s)) for s in range(K))  # the past does change
+    assert any(not batches_equal(new.batch_at(s), old.batch_at(s)) for s in range(K))  # the past does change
     with pytest.raises(ValueError) as e:
         new.resume(state)
     assert _changed(str(e.value)) == ["mixture block"]
@@ -124,7 +123,7 @@ def test_a_component_with_a_weight_before_the_saved_step_is_refused():
     old = _old()
     state = _state(old)
     new = _new(before=0.1)
-    assert any(not _same(new.batch_at(s), old.batch_at(s)) for s in range(K))
+    assert any(not batches_equal(new.batch_at(s), old.batch_at(s)) for s in range(K))
     with pytest.raises(ValueError) as e:
         new.resume(state)
     changed = _changed(str(e.value))

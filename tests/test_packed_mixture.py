@@ -1,4 +1,6 @@
-"""Mixtures of packed components: rows of a component, mixed by weight (issue 12, point 7).
+"""Tests of pipeline/streams/mixture.py and pipeline/streams/packed.py.
+
+Mixtures of packed components: rows of a component, mixed by weight (issue 12, point 7).
 
 Document ``i`` of a component holds ``n_i`` copies of ``base + i``, so every token
 names its component and document; expectations come from the components alone.

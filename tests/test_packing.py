@@ -1,4 +1,6 @@
-"""Pipeline.pack: documents packed into rows of ``seq_len`` tokens, planned from the length
+"""Tests of pipeline/streams/packed.py and pipeline/plan/packing.py.
+
+Pipeline.pack: documents packed into rows of ``seq_len`` tokens, planned from the length
 index alone (issue 12, points 2 and 3).
 
 Document ``i`` holds the tokens ``1000 * (i + 1) + arange(DOC_LEN[i])``, so every token
@@ -16,6 +18,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal, assert_iterator_gives_batch_at
 
 import quern
 from quern.pipeline.plan.packing import EpochPlan, best_fit_decreasing, plan_epoch
@@ -105,13 +108,6 @@ def _all_rows(pipe):
     """Every row of a finite pipeline, in order: a dict of (rows, S) arrays."""
     batches = pipe.batches_at(0, pipe.num_steps)
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-
-
-def _equal(a, b, where=""):
-    assert a.keys() == b.keys(), where
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{where} key {k}")
-        assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype, where
 
 
 def _decode(rows, mode):
@@ -283,7 +279,7 @@ def test_concat_rows_are_the_stream_cut_into_rows(tmp_path):
         want = _concat_epoch(e)
         assert len(want["tokens"]) == per_epoch
         got = {k: v[e * per_epoch : (e + 1) * per_epoch] for k, v in rows.items()}
-        _equal(got, want, f"epoch {e}")
+        assert_batches_equal(got, want, f"epoch {e}")
         assert (got["segment_ids"][-1] == 0).sum() == per_epoch * S - TOTAL > 0  # the last row is padded
     pieces = _decode(rows, "concat")  # positions count from each piece's offset in its document
     continued = [r for r in range(1, len(pieces)) if pieces[r][0][1] > 0]
@@ -442,11 +438,7 @@ def test_golden_plans():
 @pytest.mark.parametrize("mode", ["best_fit", "concat"])
 def test_iterator_equals_batch_at(tmp_path, mode):
     pipe = _pipe(tmp_path, mode, num_epochs=2)
-    with pipe.iterator() as it:
-        got = list(it)
-    assert len(got) == pipe.num_steps
-    for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+    assert_iterator_gives_batch_at(pipe)
 
 
 def test_worker_processes_give_the_same_batches(tmp_path):
@@ -458,7 +450,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
     with pipe.iterator(start_step=start, num_workers=0) as it:
         want = [next(it) for _ in range(8)]
     for s, (g, w) in enumerate(zip(got, want), start):
-        _equal(g, w, f"step {s}")
+        assert_batches_equal(g, w, f"step {s}")
 
 
 @pytest.mark.parametrize("mode", ["best_fit", "concat"])
@@ -470,7 +462,7 @@ def test_host_slices_concatenate_to_the_global_batch(tmp_path, mode):
     for s in [0, 1, boundary, pipe.num_steps - 1]:  # the last one is partial (4 rows)
         whole = pipe.batch_at(s)
         parts = [pipe.batch_at(s, h, 2) for h in range(2)]
-        _equal({k: np.concatenate([p[k] for p in parts]) for k in whole}, whole, f"step {s}")
+        assert_batches_equal({k: np.concatenate([p[k] for p in parts]) for k in whole}, whole, f"step {s}")
         assert pipe.explain(s, 0, 2) + pipe.explain(s, 1, 2) == pipe.explain(s)
     assert len(pipe.batch_at(pipe.num_steps - 1)["tokens"]) == 4
 
@@ -488,7 +480,7 @@ def test_resume_mid_epoch_gives_the_remaining_batches(tmp_path):
         resumed = list(it)
     assert len(resumed) == len(rest) == again.num_steps - 20
     for s, (g, w) in enumerate(zip(resumed, rest), 20):
-        _equal(g, w, f"step {s}")
+        assert_batches_equal(g, w, f"step {s}")
     other = _inner(3, 2).pack(S + 1, key="tokens", cache_dir=tmp_path).batch(B, drop_remainder=False)
     with pytest.raises(ValueError, match="fingerprint"):
         other.resume(state)
@@ -502,9 +494,9 @@ def test_a_step_in_epoch_3_is_the_same_cold_and_warm(tmp_path, mode):
     with warm.iterator() as it:
         seen = [next(it) for _ in range(4 * per_epoch // B + 2)]  # into epoch 4
     for s in [target, 3, target + 10]:  # then back to epoch 0: its plan was dropped since
-        _equal(warm.batch_at(s), seen[s], f"warm step {s}")
+        assert_batches_equal(warm.batch_at(s), seen[s], f"warm step {s}")
     cold = _pipe(tmp_path, mode, num_epochs=None)  # a fresh object: no plan known yet
-    _equal(cold.batch_at(target), seen[target], f"cold step {target}")
+    assert_batches_equal(cold.batch_at(target), seen[target], f"cold step {target}")
     assert cold.explain(target) == warm.explain(target)
     fresh = _pipe(tmp_path, mode, num_epochs=None)
     assert fresh.explain(target + 10) == warm.explain(target + 10)
@@ -533,7 +525,9 @@ def test_a_finite_best_fit_stream_loses_no_document(tmp_path, drop_remainder):
     else:
         assert pipe.num_steps == rows_total // B
         got = _all_rows(pipe)
-        _equal(got, {k: v[: pipe.num_steps * B] for k, v in full.items()})  # only the partial batch is dropped
+        assert_batches_equal(
+            got, {k: v[: pipe.num_steps * B] for k, v in full.items()}
+        )  # only the partial batch is dropped
         with pytest.raises(IndexError, match="past the end"):
             pipe.batch_at(pipe.num_steps)
     with pytest.raises(ValueError, match="fewer than one batch"):
@@ -575,7 +569,7 @@ def test_the_plan_reads_nothing(tmp_path):
     given = _inner().pack(S, key="tokens", lengths=DOC_LEN)
     assert CALLS.n <= 5  # a given index: a few records checked
     assert given.fingerprint() == pipe.fingerprint()
-    _equal(given.batch(B).batch_at(200), batched.batch_at(200))
+    assert_batches_equal(given.batch(B).batch_at(200), batched.batch_at(200))
 
 
 def test_pieces_match_the_rows(tmp_path):
@@ -666,7 +660,7 @@ def test_transforms_after_pack_see_rows(tmp_path):
     mapped = _packed(tmp_path, "best_fit", num_epochs=2).map(add_one).batch(B, drop_remainder=False)
     for s in [0, 40]:
         want = plain.batch_at(s)
-        _equal(mapped.batch_at(s), {**want, "tokens": want["tokens"] + 1}, f"step {s}")
+        assert_batches_equal(mapped.batch_at(s), {**want, "tokens": want["tokens"] + 1}, f"step {s}")
 
 
 # --------------------------------------------------------------------------- 10. fingerprint

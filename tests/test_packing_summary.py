@@ -1,4 +1,6 @@
-"""Across epochs, best_fit packing is a closed form: every epoch has the same number of rows
+"""Tests of pipeline/plan/packing.py.
+
+Across epochs, best_fit packing is a closed form: every epoch has the same number of rows
 (best-fit decreasing depends on the lengths only), counted once and kept on disk, so a
 cold resume in a later epoch plans only that epoch (issue 12, point 3)."""
 
@@ -6,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
 import quern
 from quern.pipeline.plan import packing
@@ -41,7 +44,7 @@ def test_a_cold_resume_in_epoch_3_plans_only_epoch_3(tmp_path, monkeypatch):
     cold = _pipe(tmp_path)  # a fresh definition, as after a restart
     got = cold.batch_at(in_epoch_3)
     assert planned == [3]  # the rows per epoch came from the summary on disk
-    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert_batches_equal(got, want)
     [summary] = list((tmp_path / "packing").glob("*.rows.json"))
     counts = {warm.stream.epoch(e)[0].rows for e in range(5)}
     assert len(counts) == 1  # the same in every epoch, whatever the order of the documents
@@ -60,4 +63,4 @@ def test_a_damaged_summary_is_recomputed(tmp_path, monkeypatch, damage):
         {"garbage": "{not json", "negative": '{"rows_per_epoch": -5}', "empty": "", "another count": wrong}[damage]
     )
     got = _pipe(tmp_path).batch_at(step)
-    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert_batches_equal(got, want)

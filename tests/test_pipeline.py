@@ -1,4 +1,6 @@
-"""Pipeline: coverage, batch_at == iterator, host slices, explain, randomness, errors, resume."""
+"""Tests of pipeline/dataset.py.
+
+Pipeline: coverage, batch_at == iterator, host slices, explain, randomness, errors, resume."""
 
 import json
 import pickle
@@ -9,6 +11,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
 import quern
 from quern.pipeline import index
@@ -29,12 +32,6 @@ def noisy(rec, rng):
 def _pipe(n=1000, batch=64, seed=0, num_epochs=None, drop_remainder=True):
     p = quern.Pipeline.from_source(quern.sources.ArraySource(_arrays(n)), seed=seed, num_epochs=num_epochs)
     return p.shuffle().map(add_one).random_map(noisy).batch(batch, drop_remainder=drop_remainder)
-
-
-def _equal(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
 
 
 @pytest.mark.parametrize("batch", [100, 64, 300, 7, 1000, 1500])
@@ -73,7 +70,7 @@ def test_iterator_equals_batch_at(start, threads, prefetch, read_ahead):
     with pipe.iterator(start_step=start, num_threads=threads, prefetch=prefetch, read_ahead=read_ahead) as it:
         for s in range(start, start + 20):
             assert it.step == s
-            _equal(next(it), pipe.batch_at(s))
+            assert_batches_equal(next(it), pipe.batch_at(s))
 
 
 @pytest.mark.parametrize("hosts", [1, 2, 4])
@@ -87,7 +84,7 @@ def test_host_slices_concatenate_to_the_global_batch(hosts):
         # and the iterator of each host yields its slice
         for h in range(hosts):
             with pipe.iterator(start_step=step, process_index=h, process_count=hosts) as it:
-                _equal(next(it), parts[h])
+                assert_batches_equal(next(it), parts[h])
 
 
 def test_partial_last_batch_is_split_by_host_rows():
@@ -195,10 +192,10 @@ def test_state_is_json_and_resume_is_exact():
         expected = [next(it) for _ in range(3)]
     assert state["step"] == 7
     for k, want in enumerate(expected):
-        _equal(want, pipe.batch_at(7 + k))
+        assert_batches_equal(want, pipe.batch_at(7 + k))
     with pipe.resume(state) as it2:
         for want in expected:
-            _equal(next(it2), want)
+            assert_batches_equal(next(it2), want)
 
 
 def test_resume_refuses_a_changed_pipeline_unless_forced():
@@ -217,7 +214,7 @@ def test_batches_at_equals_batch_at_step_by_step():
     for h, hosts in [(0, 1), (3, 4)]:
         many = pipe.batches_at(1, 4, h, hosts)  # steps 1..4; step 4 is partial, host 3 has no rows in it
         for s, got in zip(range(1, 5), many):
-            _equal(got, pipe.batch_at(s, h, hosts))
+            assert_batches_equal(got, pipe.batch_at(s, h, hosts))
     with pytest.raises(IndexError, match="step 5 is past the end"):
         pipe.batches_at(3, 3)
 
@@ -285,7 +282,7 @@ def test_a_failing_transform_names_step_stage_and_record():
 def test_pickled_pipeline_gives_the_same_batches():
     pipe = _pipe()
     clone = pickle.loads(pickle.dumps(pipe))
-    _equal(clone.batch_at(11), pipe.batch_at(11))
+    assert_batches_equal(clone.batch_at(11), pipe.batch_at(11))
     assert clone.fingerprint() == pipe.fingerprint()
 
 
@@ -400,7 +397,7 @@ def test_iterator_error_surfaces_at_exactly_its_step(read_ahead, prefetch):
     pipe = quern.Pipeline.from_source(_arrays(200)).map(_fail_at_position_50).batch(10)  # unshuffled: step 5
     with pipe.iterator(read_ahead=read_ahead, prefetch=prefetch) as it:
         for s in range(5):
-            _equal(next(it), pipe.batch_at(s))
+            assert_batches_equal(next(it), pipe.batch_at(s))
         for _ in range(2):  # and again on retry: nothing skipped, nothing raised early
             with pytest.raises(quern.StepError, match=r"^step 5 .*record 50"):
                 next(it)

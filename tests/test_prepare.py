@@ -1,4 +1,6 @@
-"""quern prepare: small files, JSON lines, Parquet and ArrayRecord in; ArrayRecord shards with a
+"""Tests of prepare/ (inputs.py, records.py, shards.py, run.py, processes.py).
+
+quern prepare: small files, JSON lines, Parquet and ArrayRecord in; ArrayRecord shards with a
 manifest and a metadata index out; ArrayRecordSource reading a prepared folder; filters,
 length index, packing and host balancing from the metadata.
 
@@ -12,19 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pathlib
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from array_record.python import array_record_module
+from helpers import prepared_records, tree, write_array_record
 
 import quern
 from quern.pipeline import scan
@@ -41,37 +40,6 @@ def _write(path, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
-
-
-def _records(folder) -> list[bytes]:
-    src = quern.sources.ArrayRecordSource(folder)
-    return list(src.read_many(np.arange(len(src), dtype=np.int64)))
-
-
-def tree(folder) -> dict[str, bytes]:
-    """Every file under ``folder`` (hidden ones too): ``{relative POSIX path: bytes}``."""
-    folder = pathlib.Path(folder)
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def run_prepare(*args, cwd, env=None, timeout=180) -> subprocess.CompletedProcess:
-    """``python -m quern prepare ARGS`` as a subprocess in ``cwd`` (where map modules are)."""
-    return subprocess.run(
-        [sys.executable, "-m", "quern", "prepare", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _write_array_record(path, records) -> None:
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
 
 
 def _random_files(root, rng, count, lo, hi) -> list[tuple[str, bytes]]:
@@ -140,7 +108,7 @@ def test_small_files_tree_records_in_sorted_relative_path_order(tmp_path):
     assert len(txt) == 5
     m2 = _prepare(root, tmp_path / "only_txt", include=["*.txt"])
     assert m2["records"]["count"] == len(txt)
-    assert _records(tmp_path / "only_txt") == [files[p] for p in txt]
+    assert prepared_records(tmp_path / "only_txt") == [files[p] for p in txt]
 
 
 # --------------------------------------------------------------------------- 2. JSON lines
@@ -166,11 +134,11 @@ def test_jsonl_whole_lines_a_field_and_scalar_fields(tmp_path):
 
     m = _prepare(path, tmp_path / "lines")
     assert m["records"]["count"] == len(JSON_OBJECTS)
-    assert _records(tmp_path / "lines") == lines  # each line's bytes without its newline; blank lines skipped
+    assert prepared_records(tmp_path / "lines") == lines  # each line's bytes without its newline; blank lines skipped
 
     _prepare(path, tmp_path / "text", field="text")
     want = [o["text"].encode("utf-8") for o in JSON_OBJECTS]
-    assert _records(tmp_path / "text") == want
+    assert prepared_records(tmp_path / "text") == want
     src = quern.sources.ArrayRecordSource(tmp_path / "text")
     np.testing.assert_array_equal(src.metadata["length"], [len(w) for w in want])
 
@@ -205,10 +173,10 @@ def test_parquet_one_column_is_the_record(tmp_path):
         score=pa.array(SCORES, pa.float64()),
     )
     _prepare(path, tmp_path / "blob", columns=["blob"])
-    assert _records(tmp_path / "blob") == BLOBS
+    assert prepared_records(tmp_path / "blob") == BLOBS
 
     _prepare(path, tmp_path / "text", columns=["text"], fields=("score",))
-    assert _records(tmp_path / "text") == [t.encode("utf-8") for t in TEXTS]
+    assert prepared_records(tmp_path / "text") == [t.encode("utf-8") for t in TEXTS]
     meta = quern.sources.ArrayRecordSource(tmp_path / "text").metadata
     np.testing.assert_array_equal(meta["length"], [len(t.encode("utf-8")) for t in TEXTS])
     assert meta["score"].dtype == np.float64
@@ -220,7 +188,7 @@ def test_parquet_without_columns_the_record_is_the_column_that_is_not_a_field(tm
     path = tmp_path / "t.parquet"
     _write_parquet(path, text=pa.array(TEXTS, pa.string()), score=pa.array(SCORES, pa.float64()))
     _prepare(path, tmp_path / "out", fields=("score",))
-    assert _records(tmp_path / "out") == [t.encode("utf-8") for t in TEXTS]
+    assert prepared_records(tmp_path / "out") == [t.encode("utf-8") for t in TEXTS]
     np.testing.assert_array_equal(quern.sources.ArrayRecordSource(tmp_path / "out").metadata["score"], SCORES)
 
 
@@ -230,7 +198,7 @@ def test_parquet_list_int32_column_gives_raw_int32_records(tmp_path):
     _write_parquet(path, tokens=pa.array(rows, pa.list_(pa.int32())))
     m = _prepare(path, tmp_path / "out")
     assert m["records"] == {"count": len(rows), "type": "array", "dtype": "int32"}
-    assert _records(tmp_path / "out") == [np.asarray(r, dtype=np.int32).tobytes() for r in rows]
+    assert prepared_records(tmp_path / "out") == [np.asarray(r, dtype=np.int32).tobytes() for r in rows]
     src = quern.sources.ArrayRecordSource(tmp_path / "out")
     np.testing.assert_array_equal(src.metadata["length"], [len(r) for r in rows])
 
@@ -250,7 +218,7 @@ def test_parquet_several_columns_with_a_map_returning_a_dict(tmp_path):
     )
     m = _prepare(path, tmp_path / "out", map=text_and_double_n, fields=("k",))
     assert m["records"]["count"] == len(TEXTS)
-    assert _records(tmp_path / "out") == [t.encode("utf-8") for t in TEXTS]
+    assert prepared_records(tmp_path / "out") == [t.encode("utf-8") for t in TEXTS]
     meta = quern.sources.ArrayRecordSource(tmp_path / "out").metadata
     assert meta["k"].dtype == np.int64
     np.testing.assert_array_equal(meta["k"], [2 * n for n in NS])
@@ -263,16 +231,16 @@ def test_parquet_several_columns_with_a_map_returning_a_dict(tmp_path):
 def test_array_record_file_and_prepared_folder_are_resharded_in_order(tmp_path):
     rng = np.random.default_rng(4)
     recs = [rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes() for _ in range(60)]
-    _write_array_record(tmp_path / "in.array_record", recs)
+    write_array_record(tmp_path / "in.array_record", recs)
 
     m1 = _prepare(tmp_path / "in.array_record", tmp_path / "first", shard_size="64KB")
     assert m1["records"]["count"] == len(recs)
-    assert _records(tmp_path / "first") == recs
+    assert prepared_records(tmp_path / "first") == recs
     assert len(m1["shards"]) >= 2  # the folder re-sharded below spans several shards
 
     m2 = _prepare(tmp_path / "first", tmp_path / "second", shard_size="16KB")
     assert len(m2["shards"]) > len(m1["shards"])
-    assert _records(tmp_path / "second") == recs
+    assert prepared_records(tmp_path / "second") == recs
     np.testing.assert_array_equal(
         quern.sources.ArrayRecordSource(tmp_path / "second").metadata["length"], [len(r) for r in recs]
     )
@@ -383,7 +351,7 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path):
     assert trees[1] == trees[0]
     assert trees[2] == trees[0]
     want = [to_tokens(o["text"]).tobytes() for o in objs]
-    assert _records(tmp_path / "out2") == want
+    assert prepared_records(tmp_path / "out2") == want
     np.testing.assert_array_equal(
         quern.sources.ArrayRecordSource(tmp_path / "out2").metadata["score"], [o["score"] for o in objs]
     )
@@ -475,7 +443,7 @@ def test_metadata_range_filter_reads_no_record(tmp_path, monkeypatch):
 
 
 def test_metadata_filter_on_plain_array_record_files_is_refused(tmp_path):
-    _write_array_record(tmp_path / "plain.array_record", [b"a", b"bb", b"ccc"])
+    write_array_record(tmp_path / "plain.array_record", [b"a", b"bb", b"ccc"])
     src = quern.sources.ArrayRecordSource(str(tmp_path / "plain.array_record"))
     assert not src.has_metadata
     with pytest.raises(ValueError, match="metadata"):
@@ -655,7 +623,7 @@ def test_compression_changes_the_bytes_not_the_records(tmp_path):
     for c in ("zstd:1", "snappy", "uncompressed"):
         m = prepare(docs, tmp_path / c.replace(":", ""), compression=c, num_workers=0, progress=False)
         assert m["options"]["writer_options"].endswith(c)
-        assert _records(tmp_path / c.replace(":", "")) == [text] * 20
+        assert prepared_records(tmp_path / c.replace(":", "")) == [text] * 20
         sizes[c] = sum(s["bytes"] for s in m["shards"])
     assert sizes["uncompressed"] >= 20 * len(text) > sizes["zstd:1"]
     for bad in ("zstd:99", "gzip", "", "snappy,group_size:9"):

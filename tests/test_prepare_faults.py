@@ -21,18 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from array_record.python import array_record_module
-from test_prepare import run_prepare, tree
+from helpers import STAGING, prepare_cli, prepared_records, run_prepare, sidecars, tree, write_array_record, write_files
 
 import quern.prepare.run as run_mod
 from quern import SourceError
-from quern.pipeline.cli import main
 from quern.pipeline.sources import ArrayRecordSource
 from quern.prepare import prepare
 
 pytestmark = pytest.mark.timeout(120)
 
-STAGING = ".quern-prepare"
 SLOW_MAP = """\
 import pathlib
 import time
@@ -61,14 +58,6 @@ def quern_prepare(*args, cwd, sleep=0.0, timeout=60) -> subprocess.CompletedProc
         wait.unlink()
 
 
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """``quern prepare ARGS`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    rc = main(["prepare", *map(str, args)])
-    got = capsys.readouterr()
-    return rc, got.out, got.err
-
-
 def stats(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: relative path -> (inode, mtime_ns)."""
     return {
@@ -85,19 +74,6 @@ def flip_byte(path: Path, offset: int = 100) -> None:
     path.write_bytes(bytes(data))
 
 
-def sidecars(out: Path) -> list[str]:
-    """The shards committed so far (a sidecar each; ``*.json.PID.tmp`` is a sidecar being written)."""
-    done = out / STAGING / "done"
-    if not done.is_dir():
-        return []
-    return sorted(n[: -len(".json")] for n in os.listdir(done) if n.endswith(".array_record.json"))
-
-
-def records(out: Path) -> list[bytes]:
-    src = ArrayRecordSource(out)
-    return [bytes(r) for r in src.read_many(np.arange(len(src)))]
-
-
 def assert_clean_and_equal(out: Path, ref: Path) -> None:
     """``out`` is a finished prepare, byte-identical to the uninterrupted ``ref``, with no leftover."""
     assert not (out / STAGING).exists(), sorted(p.name for p in (out / STAGING).rglob("*"))
@@ -106,13 +82,6 @@ def assert_clean_and_equal(out: Path, ref: Path) -> None:
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name] == want[name], name
-
-
-def write_files(folder: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_bytes(data)
-    return folder
 
 
 # --------------------------------------------------------------------------- killed and restarted
@@ -223,7 +192,7 @@ def test_killed_prepare_run_again_completes_byte_identical(killed, tmp_path, dam
         else:
             assert (st.st_ino, st.st_mtime_ns) == before[n], f"{n} was rewritten"
     assert_clean_and_equal(out, killed / "REF")
-    assert records(out) == records(killed / "REF")
+    assert prepared_records(out) == prepared_records(killed / "REF")
 
 
 class _Killed(BaseException):
@@ -273,7 +242,7 @@ def test_rerun_on_finished_folder_verifies_and_touches_nothing(killed, tmp_path,
     out = tmp_path / "OUT"
     shutil.copytree(killed / "REF", out)
     before = stats(out)
-    rc, stdout, err = cli(capsys, *ARGS, "--output", out)
+    rc, stdout, err = prepare_cli(capsys, *ARGS, "--output", out)
     assert rc == 0, err
     assert "is complete" in stdout and "every checksum verified" in stdout
     assert stats(out) == before
@@ -281,13 +250,13 @@ def test_rerun_on_finished_folder_verifies_and_touches_nothing(killed, tmp_path,
 
     shard = "shard-00003-of-00008.array_record"
     flip_byte(out / shard)
-    rc, stdout, err = cli(capsys, *ARGS, "--output", out)
+    rc, stdout, err = prepare_cli(capsys, *ARGS, "--output", out)
     assert rc == 1
     assert shard in err and "checksum" in err
     flip_byte(out / shard)  # repaired: fine again
 
     flip_byte(out / "metadata" / "length.npy", offset=-1)
-    rc, stdout, err = cli(capsys, *ARGS, "--output", out)
+    rc, stdout, err = prepare_cli(capsys, *ARGS, "--output", out)
     assert rc == 1
     assert "metadata/length.npy" in err and "checksum" in err
 
@@ -337,7 +306,7 @@ def test_output_holding_another_prepares_manifest_is_refused(killed, tmp_path, m
         args[0] = tmp_path / "IN"
     else:
         args += other
-    rc, stdout, err = cli(capsys, *args)
+    rc, stdout, err = prepare_cli(capsys, *args)
     assert rc == 2, err
     assert "holds the manifest of another prepare" in err and str(out) in err
     assert stats(out) == before
@@ -348,7 +317,7 @@ def test_non_empty_folder_that_is_not_a_prepare_is_refused(workdir, capsys):
     write_files(workdir, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta"})
     out = write_files(workdir / "OUT", {"notes.txt": b"mine", "sub/data.bin": b"\x00\x01"})
     before = stats(out)
-    rc, stdout, err = cli(capsys, "IN", "--output", out, "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", out, "--workers", "0")
     assert rc == 2, err
     assert "not empty" in err and "holds no quern prepare" in err and str(out) in err
     assert stats(out) == before
@@ -372,12 +341,12 @@ def _jsonl_lines(n: int, bad: int, pad: int = 0) -> list[bytes]:
 def test_invalid_json_line_is_named_by_file_and_line(workdir, capsys, n, bad, pad, size):
     lines = _jsonl_lines(n, bad, pad)
     (workdir / "data.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    rc, stdout, err = cli(capsys, "data.jsonl", "--output", "OUT", "--workers", "0", "--shard-size", size)
+    rc, stdout, err = prepare_cli(capsys, "data.jsonl", "--output", "OUT", "--workers", "0", "--shard-size", size)
     assert rc == 1
     assert f"data.jsonl line {bad}:" in err and "invalid JSON" in err, err
     assert not (workdir / "OUT" / "manifest.json").exists()
 
-    rc, stdout, err = cli(
+    rc, stdout, err = prepare_cli(
         capsys, "data.jsonl", "--output", "SKIP", "--workers", "0", "--shard-size", size, "--skip-errors"
     )
     assert rc == 0, err
@@ -387,7 +356,7 @@ def test_invalid_json_line_is_named_by_file_and_line(workdir, capsys, n, bad, pa
     assert m["skipped"]["first"][0]["where"] == f"data.jsonl line {bad}"
     assert "invalid JSON" in m["skipped"]["first"][0]["error"]
     assert m["records"]["count"] == n - 1
-    assert records(workdir / "SKIP") == lines[: bad - 1] + lines[bad:]
+    assert prepared_records(workdir / "SKIP") == lines[: bad - 1] + lines[bad:]
 
 
 BOOM_MAP = """\
@@ -401,18 +370,20 @@ def f(x):
 def test_map_that_raises_names_the_file_and_the_exception(workdir, capsys):
     write_files(workdir, {"IN/a.txt": b"alpha", "IN/sub/b.txt": b"say BOOM", "IN/c.txt": b"gamma"})
     (workdir / "faults_boom.py").write_text(BOOM_MAP)
-    rc, stdout, err = cli(capsys, "IN", "--output", "OUT", "--map", "faults_boom:f", "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", "OUT", "--map", "faults_boom:f", "--workers", "0")
     assert rc == 1
     assert "IN/sub/b.txt" in err and "the map raised RuntimeError: cannot map this one" in err, err
     assert not (workdir / "OUT" / "manifest.json").exists()
 
-    rc, stdout, err = cli(capsys, "IN", "--output", "SKIP", "--map", "faults_boom:f", "--workers", "0", "--skip-errors")
+    rc, stdout, err = prepare_cli(
+        capsys, "IN", "--output", "SKIP", "--map", "faults_boom:f", "--workers", "0", "--skip-errors"
+    )
     assert rc == 0, err
     m = json.loads((workdir / "SKIP" / "manifest.json").read_text())
     assert m["skipped"]["count"] == 1
     assert m["skipped"]["first"][0]["where"] == "IN/sub/b.txt"
     assert "RuntimeError: cannot map this one" in m["skipped"]["first"][0]["error"]
-    assert records(workdir / "SKIP") == [b"alpha", b"gamma"]
+    assert prepared_records(workdir / "SKIP") == [b"alpha", b"gamma"]
 
 
 @pytest.mark.parametrize(
@@ -430,7 +401,7 @@ def test_map_returning_an_unsupported_type_names_the_record(workdir, capsys, ret
     write_files(workdir, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta"})
     name = f"faults_bad_{abs(hash(returned))}"
     (workdir / f"{name}.py").write_text(f"def f(x):\n    return {returned}\n")
-    rc, stdout, err = cli(capsys, "IN", "--output", "OUT", "--map", f"{name}:f", "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", "OUT", "--map", f"{name}:f", "--workers", "0")
     assert rc == 1
     assert "IN/a.txt" in err and says in err, err
     if says != "under 'record'":
@@ -442,24 +413,24 @@ def test_map_returning_arrays_of_two_dtypes_names_both_records(workdir, capsys):
     (workdir / "faults_dtype.py").write_text(
         "import numpy as np\n\n\ndef f(x):\n    return np.frombuffer(x, np.uint8).astype(np.int32 if x == b'beta' else np.int64)\n"
     )
-    rc, stdout, err = cli(capsys, "IN", "--output", "OUT", "--map", "faults_dtype:f", "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", "OUT", "--map", "faults_dtype:f", "--workers", "0")
     assert rc == 1
     assert "IN/b.txt" in err and "IN/a.txt" in err and "int32" in err and "int64" in err, err
 
 
 def test_empty_input_is_refused(workdir, capsys):
     (workdir / "EMPTY").mkdir()
-    rc, stdout, err = cli(capsys, "EMPTY", "--output", "OUT")
+    rc, stdout, err = prepare_cli(capsys, "EMPTY", "--output", "OUT")
     assert rc == 1
     assert "no input record" in err and "EMPTY" in err, err
 
     write_files(workdir, {"IN/a.txt": b"alpha"})
-    rc, stdout, err = cli(capsys, "IN", "--output", "OUT", "--include", "*.py")
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", "OUT", "--include", "*.py")
     assert rc == 1
     assert "no input record" in err and "*.py" in err, err
 
     (workdir / "empty.jsonl").write_bytes(b"")
-    rc, stdout, err = cli(capsys, "empty.jsonl", "--output", "OUT")
+    rc, stdout, err = prepare_cli(capsys, "empty.jsonl", "--output", "OUT")
     assert rc == 1
     assert "no input record" in err and "empty.jsonl" in err, err
 
@@ -475,33 +446,26 @@ def test_input_holding_no_record_is_refused(workdir, capsys, case):
         (workdir / "in.jsonl").write_bytes(b'{"a": 1}\n{"a": 2}\n')
         (workdir / "faults_empty.py").write_text("def f(x):\n    return []\n")
         extra = ["--map", "faults_empty:f"]
-    rc, stdout, err = cli(capsys, "in.jsonl", "--output", "OUT", "--workers", "0", *extra)
+    rc, stdout, err = prepare_cli(capsys, "in.jsonl", "--output", "OUT", "--workers", "0", *extra)
     assert "no record was prepared" in err, err
     assert rc == 1
     assert not (workdir / "OUT" / "manifest.json").exists()
 
 
 def test_missing_input_is_named(workdir, capsys):
-    rc, stdout, err = cli(capsys, "nowhere", "--output", "OUT")
+    rc, stdout, err = prepare_cli(capsys, "nowhere", "--output", "OUT")
     assert rc in (1, 2)
     assert "'nowhere'" in err and "does not exist" in err, err
-    rc, stdout, err = cli(capsys, "nowhere-*.jsonl", "--output", "OUT")
+    rc, stdout, err = prepare_cli(capsys, "nowhere-*.jsonl", "--output", "OUT")
     assert rc in (1, 2)
     assert "nowhere-*.jsonl" in err, err
     assert not (workdir / "OUT").exists()
 
 
-def _array_record(path: Path, n: int) -> None:
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for i in range(n):
-        w.write(b"record %d " % i * 150)
-    w.close()
-
-
 def test_unreadable_inputs_are_named(workdir, capsys):
     rng = random.Random(1)
     (workdir / "noise.parquet").write_bytes(rng.randbytes(5000))
-    rc, stdout, err = cli(capsys, "noise.parquet", "--output", "OUT")
+    rc, stdout, err = prepare_cli(capsys, "noise.parquet", "--output", "OUT")
     assert rc == 1
     assert "'noise.parquet' is not a readable Parquet file" in err, err
 
@@ -515,22 +479,22 @@ def test_unreadable_inputs_are_named(workdir, capsys):
     for i in range(200, 1200):  # the data page; the footer stays readable
         data[i] ^= 0x5A
     (workdir / "mid.parquet").write_bytes(bytes(data))
-    rc, stdout, err = cli(capsys, "mid.parquet", "--output", "OUT", "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "mid.parquet", "--output", "OUT", "--workers", "0")
     assert rc == 1
     assert "mid.parquet row group 0: cannot read it" in err, err
 
     for size in (5000, 70000):  # too short for ArrayRecord; long enough, but noise
         (workdir / "noise.array_record").write_bytes(rng.randbytes(size))
-        rc, stdout, err = cli(capsys, "noise.array_record", "--output", "OUT")
+        rc, stdout, err = prepare_cli(capsys, "noise.array_record", "--output", "OUT")
         assert rc == 1
         assert "'noise.array_record' is not a readable ArrayRecord file" in err, err
 
-    _array_record(workdir / "mid.array_record", 6)
+    write_array_record(workdir / "mid.array_record", [b"record %d " % i * 150 for i in range(6)])
     data = bytearray((workdir / "mid.array_record").read_bytes())
     for i in range(100, 300):  # the first record's chunk; the footer stays readable
         data[i] ^= 0x5A
     (workdir / "mid.array_record").write_bytes(bytes(data))
-    rc, stdout, err = cli(capsys, "mid.array_record", "--output", "OUT", "--workers", "0")
+    rc, stdout, err = prepare_cli(capsys, "mid.array_record", "--output", "OUT", "--workers", "0")
     assert rc == 1
     assert "mid.array_record records 0-6: cannot read it" in err, err
     assert not (workdir / "OUT" / "manifest.json").exists()
@@ -553,7 +517,7 @@ def test_file_vanishing_after_listing_is_named(workdir, capsys, skip):
     ``IN/z.txt``: reading it fails, named, or skipped and counted."""
     write_files(workdir, {"IN/a.txt": b"alpha", "IN/b.txt": b"beta", "IN/z.txt": b"zeta"})
     (workdir / "faults_vanish.py").write_text(VANISH_MAP)
-    rc, stdout, err = cli(
+    rc, stdout, err = prepare_cli(
         capsys,
         "IN",
         "--output",
@@ -572,12 +536,12 @@ def test_file_vanishing_after_listing_is_named(workdir, capsys, skip):
     assert rc == 0, err
     m = json.loads((workdir / "OUT" / "manifest.json").read_text())
     assert m["skipped"]["count"] == 1 and m["skipped"]["first"][0]["where"] == "IN/z.txt"
-    assert records(workdir / "OUT") == [b"alpha", b"beta"]
+    assert prepared_records(workdir / "OUT") == [b"alpha", b"beta"]
 
 
 def test_every_record_skipped_is_an_error_not_an_empty_dataset(workdir, capsys):
     (workdir / "bad.jsonl").write_bytes(b"{oops\nnot json\n[1,\n")
-    rc, stdout, err = cli(capsys, "bad.jsonl", "--output", "OUT", "--workers", "0", "--skip-errors")
+    rc, stdout, err = prepare_cli(capsys, "bad.jsonl", "--output", "OUT", "--workers", "0", "--skip-errors")
     assert rc == 1
     assert "no record was prepared" in err and "3 skipped" in err and "bad.jsonl line 1" in err, err
     assert not (workdir / "OUT" / "manifest.json").exists()
@@ -588,7 +552,7 @@ def test_every_record_skipped_is_an_error_not_an_empty_dataset(workdir, capsys):
 @pytest.mark.parametrize("value", ["12XB", "0", "MB", "1.5.5MB", "KB12"])
 def test_bad_shard_size_is_a_usage_error_naming_it(workdir, capsys, value):
     write_files(workdir, {"IN/a.txt": b"alpha"})
-    rc, stdout, err = cli(capsys, "IN", "--output", "OUT", "--shard-size", value)
+    rc, stdout, err = prepare_cli(capsys, "IN", "--output", "OUT", "--shard-size", value)
     assert rc == 2
     assert repr(value) in err, err
     assert not (workdir / "OUT").exists()

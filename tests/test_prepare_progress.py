@@ -1,10 +1,11 @@
-"""``quern prepare`` draws a progress bar (bytes, rates, ETA) on a terminal, and nothing otherwise."""
+"""Tests of pipeline/progress.py.
+
+``quern prepare`` draws a progress bar (bytes, rates, ETA) on a terminal, and nothing otherwise."""
 
 import subprocess
-import sys
 
 import pytest
-from test_cli_progress import on_a_terminal
+from helpers import QUERN, on_a_terminal
 
 
 def _input(tmp_path):
@@ -16,7 +17,7 @@ def _input(tmp_path):
 
 
 def _command(docs, out):
-    return [sys.executable, "-m", "quern", "prepare", str(docs), "--output", str(out), "--workers", "0"]
+    return [*QUERN, "prepare", str(docs), "--output", str(out), "--workers", "0"]
 
 
 def test_the_bar_is_drawn_on_a_terminal_with_rates_and_eta(tmp_path):

@@ -29,7 +29,7 @@ import textwrap
 import time
 
 import pytest
-from test_prepare import run_prepare, tree
+from helpers import run_prepare, tree
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quern[ray]'): quern prepare --ray")
 psutil = pytest.importorskip("psutil")

@@ -21,8 +21,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_prepare import run_prepare
-from test_prepare_faults import cli, records, sidecars, write_files
+from helpers import prepare_cli, prepared_records, run_prepare, sidecars, write_files
 
 import quern
 from quern.prepare import PrepareError, prepare
@@ -92,7 +91,7 @@ def test_jsonl_rewritten_during_the_run_fails_naming_it(tmp_path, workers, rewri
     assert again.returncode == 0, again.stderr
     if rewrite == "same-size":  # the same items: the same job, but of another file
         assert "inputs changed since" in again.stderr, again.stderr
-    assert records(tmp_path / "OUT") == [v.encode() for v in new]
+    assert prepared_records(tmp_path / "OUT") == [v.encode() for v in new]
 
 
 REWRITE_LAST_MAP = """\
@@ -168,13 +167,17 @@ def test_linked_folders_are_followed_and_loops_are_not(tmp_path):
     os.symlink("..", tmp_path / "IN" / "real" / "up")
     os.symlink(".", tmp_path / "IN" / "self")
     m = prepare(tmp_path / "IN", tmp_path / "OUT", num_workers=0, progress=False)
-    assert records(tmp_path / "OUT") == [b"beta", b"gamma", b"alpha"]  # linked/b.txt, linked/sub/c.txt, real/a.txt
+    assert prepared_records(tmp_path / "OUT") == [
+        b"beta",
+        b"gamma",
+        b"alpha",
+    ]  # linked/b.txt, linked/sub/c.txt, real/a.txt
     assert m["input"]["inputs"][0]["files"] == 3
 
 
 def test_a_fifo_input_is_named_as_not_a_regular_file(workdir, capsys):
     os.mkfifo(workdir / "in.jsonl")
-    rc, _, err = cli(capsys, "in.jsonl", "--output", "OUT")
+    rc, _, err = prepare_cli(capsys, "in.jsonl", "--output", "OUT")
     assert rc == 1
     assert "'in.jsonl' is not a regular file" in err and "FIFO" in err, err
     assert "does not exist" not in err
@@ -184,7 +187,7 @@ def test_a_fifo_input_is_named_as_not_a_regular_file(workdir, capsys):
 @pytest.mark.parametrize("under", ["", "/sub/deeper"])
 def test_an_output_that_is_a_file_is_named(workdir, capsys, under):
     write_files(workdir, {"IN/a.txt": b"alpha", "taken.txt": b"mine"})
-    rc, _, err = cli(capsys, "IN", "--output", f"taken.txt{under}", "--workers", "0")
+    rc, _, err = prepare_cli(capsys, "IN", "--output", f"taken.txt{under}", "--workers", "0")
     assert rc == 2
     assert f"'{workdir / 'taken.txt'}'" in err and "is a file, not a folder" in err, err
     assert "NotADirectoryError" not in err
@@ -201,7 +204,7 @@ def test_a_full_disk_is_said_naming_the_output_and_a_rerun_with_room_completes(w
     write_files(workdir, files)
     out = small_disk / "OUT"
     args = ("IN", "--output", out, "--workers", workers, "--shard-size", "128KB")
-    rc, _, err = cli(capsys, *args)
+    rc, _, err = prepare_cli(capsys, *args)
     assert rc == 1, err
     assert f"the disk holding the output folder '{out}' is full" in err and "No space left on device" in err, err
     assert "unexpected error" not in err and "RuntimeError" not in err
@@ -210,9 +213,9 @@ def test_a_full_disk_is_said_naming_the_output_and_a_rerun_with_room_completes(w
 
     remount = ["mount", "-o", "remount,size=8m", str(small_disk)]
     assert subprocess.run(remount, capture_output=True, timeout=30).returncode == 0
-    rc, _, err = cli(capsys, *args)
+    rc, _, err = prepare_cli(capsys, *args)
     assert rc == 0, err
-    assert records(out) == [files[k] for k in sorted(files)]
+    assert prepared_records(out) == [files[k] for k in sorted(files)]
 
 
 # --------------------------------------------------------------------------- processes
@@ -301,7 +304,7 @@ def test_a_map_that_forks_in_a_worker_neither_hangs_nor_changes_the_output(tmp_p
             proc.wait(timeout=30)
     assert proc.returncode == 0, err
     assert "the map forked" in err, err
-    assert records(tmp_path / "OUT") == [files[k] for k in sorted(files)]
+    assert prepared_records(tmp_path / "OUT") == [files[k] for k in sorted(files)]
 
 
 def test_quern_prepare_is_reachable_after_import_quern_alone(tmp_path):
@@ -325,10 +328,10 @@ def test_prepared_records_match_when_nothing_changes(tmp_path):
         [tmp_path / "IN", tmp_path / "d.jsonl"], tmp_path / "OUT", shard_size="8KB", num_workers=2, progress=False
     )
     assert m["records"]["count"] == 1002
-    got = records(tmp_path / "OUT")
+    got = prepared_records(tmp_path / "OUT")
     assert got[:2] == [b"alpha", b"beta"] and got[2:] == [json.dumps({"t": i}).encode() for i in range(1000)]
     prepare(tmp_path / "d.parquet", tmp_path / "P", columns=["text"], num_workers=0, progress=False)
-    assert records(tmp_path / "P") == [f"row {i}".encode() for i in range(300)]
+    assert prepared_records(tmp_path / "P") == [f"row {i}".encode() for i in range(300)]
 
 
 # --------------------------------------------------------------------------- the map in fresh processes

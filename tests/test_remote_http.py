@@ -1,4 +1,6 @@
-"""A prepared folder read over HTTP from a real nginx on 127.0.0.1, through the local-disk cache."""
+"""Tests of pipeline/cache.py and pipeline/fetch.py.
+
+A prepared folder read over HTTP from a real nginx on 127.0.0.1, through the local-disk cache."""
 
 import collections
 import json
@@ -10,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import write_array_record
 from servers import needs_nginx, nginx
 
 import quern
@@ -183,7 +186,6 @@ def test_a_dataset_four_times_the_cache_streams_through_it_each_shard_fetched_on
 def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_local_ones(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from array_record.python import array_record_module
 
     from quern.pipeline import dump
 
@@ -192,10 +194,7 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
     rows = [np.arange(i % 9 + 1, dtype=np.int32) * i for i in range(50)]
     for k in range(2):
         pq.write_table(pa.table({"tokens": rows[k * 25 : (k + 1) * 25]}), root / f"t-{k}.parquet", row_group_size=10)
-        w = array_record_module.ArrayRecordWriter(str(root / f"t-{k}.array_record"), "group_size:1")
-        for r in rows[k * 25 : (k + 1) * 25]:
-            w.write(r.tobytes())
-        w.close()
+        write_array_record(root / f"t-{k}.array_record", [r.tobytes() for r in rows[k * 25 : (k + 1) * 25]])
     with nginx(root) as srv:
         cache = ShardCache(tmp_path / "cache")
         pq_remote = quern.sources.ParquetSource([f"{srv.url}/t-{k}.parquet" for k in range(2)], cache=cache)

@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import sha256, write_array_record
 from servers import needs_nginx, nginx
 
 import quern
@@ -46,10 +47,6 @@ def _edit(folder, change) -> None:
     path.write_text(json.dumps(m))
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 @pytest.fixture
 def served(tmp_path):
     """A prepared folder of 24 random documents (6 shards of 4) under ``www/prep``: ``(www, docs)``."""
@@ -79,7 +76,7 @@ def test_a_served_manifest_whose_job_leaves_the_cache_writes_nothing_outside_it(
 
     def hostile(m):
         m["job"] = "../../../outside"
-        m["metadata"]["planted"] = {"file": "metadata/planted.pth", "dtype": "int64", "sha256": _sha(payload)}
+        m["metadata"]["planted"] = {"file": "metadata/planted.pth", "dtype": "int64", "sha256": sha256(payload)}
 
     _edit(www / "prep", hostile)
     cache = ShardCache(tmp_path / "a" / "b" / "cache")
@@ -100,7 +97,7 @@ def test_a_served_metadata_file_name_not_of_the_prepared_form_is_refused_by_name
     www, _ = served
 
     def hostile(m):
-        m["metadata"]["planted"] = {"file": name, "dtype": "int64", "sha256": _sha(b"x")}
+        m["metadata"]["planted"] = {"file": name, "dtype": "int64", "sha256": sha256(b"x")}
 
     _edit(www / "prep", hostile)
     with nginx(www) as srv:
@@ -186,14 +183,14 @@ def test_a_forged_entry_that_keeps_its_stat_is_found_by_verify(tmp_path):
     (tmp_path / "f.bin").write_bytes(data)
     url = f"file://{tmp_path}/f.bin"
     cache = ShardCache(tmp_path / "cache")
-    path = cache.get(url, size=len(data), sha256=_sha(data))
+    path = cache.get(url, size=len(data), sha256=sha256(data))
     st = os.stat(path)
     with open(path, "r+b") as f:
         f.seek(1000)
         f.write(b"forged")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cache.verify() == [os.path.basename(path)] and not os.path.exists(path)
-    assert open(cache.get(url, size=len(data), sha256=_sha(data)), "rb").read() == data
+    assert open(cache.get(url, size=len(data), sha256=sha256(data)), "rb").read() == data
     assert cache.verify() == []
 
 
@@ -202,7 +199,6 @@ def test_a_forged_entry_that_keeps_its_stat_is_found_by_verify(tmp_path):
 def test_a_file_by_url_changed_on_the_server_with_the_same_size_is_fetched_again(tmp_path, kind):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from array_record.python import array_record_module
 
     www = tmp_path / "www"
     www.mkdir()
@@ -213,10 +209,7 @@ def test_a_file_by_url_changed_on_the_server_with_the_same_size_is_fetched_again
             table = pa.table({"x": values})
             pq.write_table(table, path, compression="none", use_dictionary=False, write_statistics=False)
         else:
-            w = array_record_module.ArrayRecordWriter(str(path), "group_size:1,uncompressed")
-            for v in values:
-                w.write(v.tobytes())
-            w.close()
+            write_array_record(path, [v.tobytes() for v in values], "group_size:1,uncompressed")
 
     def open_(url: str):
         cache = ShardCache(tmp_path / "cache")

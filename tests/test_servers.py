@@ -182,8 +182,8 @@ def test_a_port_taken_is_an_error_when_given_and_another_is_picked_when_not(site
         assert time.monotonic() - t < 2  # not nginx's own retries (5 x 0.5 s)
 
         ports = iter([taken])
-        free_port = servers._free_port
-        monkeypatch.setattr(servers, "_free_port", lambda: next(ports, None) or free_port())
+        free_port = servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: next(ports, None) or free_port())
         with nginx(root) as srv:
             assert srv.port != taken and get(srv.url + "/data.bin")[2] == data
 
@@ -225,7 +225,7 @@ def refused(port: int) -> bool:
 
 @needs_prometheus
 def test_prometheus_scrapes_a_target_and_says_why_when_a_query_has_no_result(exporter):
-    dead = f"127.0.0.1:{servers._free_port()}"  # nothing listens there
+    dead = f"127.0.0.1:{servers.free_port()}"  # nothing listens there
     with prometheus([exporter, dead], job="demo") as prom:
         assert prom.url == f"http://127.0.0.1:{prom.port}"
         [series] = prom.wait_for("demo_metric")
@@ -283,7 +283,7 @@ def test_prometheus_picks_another_port_when_the_one_picked_is_taken(monkeypatch)
         held.listen()
         taken = held.getsockname()[1]
         ports = iter([taken])
-        free_port = servers._free_port
-        monkeypatch.setattr(servers, "_free_port", lambda: next(ports, None) or free_port())
+        free_port = servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: next(ports, None) or free_port())
         with prometheus([]) as prom:
             assert prom.port != taken and prom.query("vector(1)")

@@ -1,4 +1,6 @@
-"""Tests for quern.sources against real files written by the libraries themselves.
+"""Tests of pipeline/sources/.
+
+Tests for quern.sources against real files written by the libraries themselves.
 
 Every expected value comes from the writing library (the bytes handed to
 ArrayRecordWriter, pyarrow's own ``read_table(...).to_pylist()``, the NumPy array
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorstore as ts
-from array_record.python import array_record_module
+from helpers import write_array_record, write_zarr
 
 import quern
 from quern import sources as S
@@ -34,13 +36,6 @@ pytestmark = pytest.mark.timeout(120)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _write_array_record(path: Path, records: list[bytes], options: str = "group_size:1") -> None:
-    w = array_record_module.ArrayRecordWriter(str(path), options)
-    for r in records:
-        w.write(r)
-    w.close()
 
 
 def _make_records(rng: np.random.Generator, shard: int, n: int) -> list[bytes]:
@@ -66,20 +61,6 @@ def _parquet_table(rng: np.random.Generator, n: int, start: int) -> pa.Table:
             "text": pa.array([f"row-{start + i}-" + "ab" * int(rng.integers(0, 5)) for i in range(n)]),
         }
     )
-
-
-def _write_zarr(path: Path, driver: str, array: np.ndarray, chunk0: int = 7) -> dict:
-    spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
-    st = ts.open(
-        spec,
-        create=True,
-        delete_existing=True,
-        dtype=ts.dtype(array.dtype.name),
-        shape=array.shape,
-        chunk_layout=ts.ChunkLayout(chunk_shape=[chunk0, *array.shape[1:]]),
-    ).result()
-    st.write(array).result()
-    return spec
 
 
 def _assert_value_equal(got, want, where: str = "") -> None:
@@ -197,7 +178,7 @@ def ar_shards(tmp_path):
     for k, n in enumerate(counts):
         p = d / f"train-{k:05d}-of-00003.array_record"
         r = _make_records(rng, k, n)
-        _write_array_record(p, r)
+        write_array_record(p, r)
         paths.append(p)
         recs.append(r)
     return paths, recs
@@ -600,7 +581,7 @@ def zarr_array(request, tmp_path):
     rng = np.random.default_rng(len(shape))
     a = (rng.standard_normal(shape) * 100).astype(dtype)
     path = tmp_path / f"arr_{driver}"
-    spec = _write_zarr(path, driver, a)
+    spec = write_zarr(path, driver, a)
     return path, spec, a
 
 
@@ -627,8 +608,8 @@ def test_tensorstore_dict_of_specs(tmp_path):
     rng = np.random.default_rng(0)
     img = rng.integers(0, 255, (30, 4, 4)).astype(np.uint8)
     lab = rng.integers(0, 10, (30,)).astype(np.int64)
-    _write_zarr(tmp_path / "img", "zarr", img)
-    lab_spec = _write_zarr(tmp_path / "lab", "zarr3", lab)
+    write_zarr(tmp_path / "img", "zarr", img)
+    lab_spec = write_zarr(tmp_path / "lab", "zarr3", lab)
     src = S.TensorStoreSource({"image": str(tmp_path / "img"), "label": lab_spec})
     assert len(src) == 30
     assert src.name == "image+label"
@@ -640,8 +621,8 @@ def test_tensorstore_dict_of_specs(tmp_path):
 
 
 def test_tensorstore_mismatched_first_dims(tmp_path):
-    _write_zarr(tmp_path / "a", "zarr", np.zeros((10, 2), np.float32))
-    _write_zarr(tmp_path / "b", "zarr3", np.zeros((11,), np.int32))
+    write_zarr(tmp_path / "a", "zarr", np.zeros((10, 2), np.float32))
+    write_zarr(tmp_path / "b", "zarr3", np.zeros((11,), np.int32))
     with pytest.raises(ValueError, match="first dimension"):
         S.TensorStoreSource({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")})
 
@@ -746,8 +727,8 @@ def every_source(tmp_path, ar_shards, pq_files):
     rng = np.random.default_rng(8)
     a3 = rng.integers(-50, 50, (40, 3, 2)).astype(np.int32)
     a2 = rng.standard_normal((40, 5)).astype(np.float32)
-    _write_zarr(tmp_path / "z2", "zarr", a3)
-    spec3 = _write_zarr(tmp_path / "z3", "zarr3", a2)
+    write_zarr(tmp_path / "z2", "zarr", a3)
+    spec3 = write_zarr(tmp_path / "z3", "zarr3", a2)
     seq = [f"seq-{i}" for i in range(25)]
     x = rng.standard_normal((33, 2))
     return {
@@ -816,7 +797,7 @@ def test_array_record_identity(ar_shards):
     # Rewrite shard 1 with more (incompressible) data: the identity of the data changes.
     old_size = os.path.getsize(paths[1])
     bigger = recs[1] + [np.random.default_rng(5).bytes(4000) for _ in range(40)]
-    _write_array_record(paths[1], bigger)
+    write_array_record(paths[1], bigger)
     assert os.path.getsize(paths[1]) != old_size
     ident2 = S.ArrayRecordSource([str(p) for p in paths]).identity()
     assert ident2 != ident
@@ -905,7 +886,7 @@ def one_ar_file(tmp_path):
     rng = np.random.default_rng(21)
     recs = [rng.bytes(2000) for _ in range(100)]
     p = tmp_path / "good.array_record"
-    _write_array_record(p, recs)
+    write_array_record(p, recs)
     return p, recs
 
 
@@ -1022,7 +1003,7 @@ def test_corrupted_parquet_data_page_fails_at_read_naming_file(tmp_path):
 def test_damaged_zarr_chunk_raises_naming_file(tmp_path, driver, chunk_file):
     a = np.arange(30 * 4, dtype=np.int16).reshape(30, 4)
     path = tmp_path / f"damaged_{driver}"
-    _write_zarr(path, driver, a)
+    write_zarr(path, driver, a)
     chunk = path / chunk_file
     b = chunk.read_bytes()
     chunk.write_bytes(b[: len(b) // 2])
@@ -1087,10 +1068,7 @@ def test_array_record_keeps_at_most_max_open_files_readers(tmp_path):
     paths = []
     for i in range(20):
         p = tmp_path / f"s-{i:03d}.array_record"
-        w = array_record_module.ArrayRecordWriter(str(p), "group_size:1")
-        for j in range(3):
-            w.write(bytes([i, j]))
-        w.close()
+        write_array_record(p, [bytes([i, j]) for j in range(3)])
         paths.append(p)
     fds_before = len(os.listdir("/proc/self/fd"))
     src = S.ArrayRecordSource(str(tmp_path / "*.array_record"), max_open_files=3)

@@ -1,4 +1,6 @@
-"""``pipe.iterator(step_timeout=...)``: a transform that never returns ends in a
+"""Tests of pipeline/loader.py and pipeline/workers/ (step_timeout).
+
+``pipe.iterator(step_timeout=...)``: a transform that never returns ends in a
 ``StepTimeoutError`` naming the step, host slice, stage and timeout, instead of a hang.
 
 With workers the stuck worker process is killed and replaced (psutil looks at the
@@ -101,21 +103,27 @@ def release():
     RELEASE.set()  # the threads left running end
 
 
+def _times_out_at_step_2(it, stage: str) -> str:
+    """Steps 0 and 1 come, step 2 (record ``STUCK``, in ``stage``) times out: the message."""
+    assert next(it).tolist() == [0, 1, 2, 3]
+    assert next(it).tolist() == [4, 5, 6, 7]
+    with pytest.raises(StepTimeoutError) as info:
+        next(it)
+    e = info.value
+    assert isinstance(e, StepError) and isinstance(e, TimeoutError)
+    text = str(e)
+    assert "step 2 (host 0 of 1)" in text and "step_timeout=1 s" in text
+    assert f"stage {stage}" in text and f"record {STUCK}" in text
+    return text
+
+
 # --------------------------------------------------------------------------- in-process (threads)
 
 
 def test_in_process_names_step_and_stage_and_stops_the_iterator(release):
     it = _pipe(hang_here).iterator(step_timeout=1, read_ahead=1)
     try:
-        assert next(it).tolist() == [0, 1, 2, 3]
-        assert next(it).tolist() == [4, 5, 6, 7]
-        with pytest.raises(StepTimeoutError) as info:
-            next(it)
-        e = info.value
-        assert isinstance(e, StepError) and isinstance(e, TimeoutError)
-        text = str(e)
-        assert "step 2 (host 0 of 1)" in text and "step_timeout=1 s" in text
-        assert "stage map[0] hang_here" in text and f"record {STUCK}" in text
+        text = _times_out_at_step_2(it, "map[0] hang_here")
         assert "left running" in text
         with pytest.raises(RuntimeError, match="cannot go on"):
             next(it)  # the stuck thread still has the step: no second try on this iterator
@@ -139,15 +147,7 @@ def test_workers_stuck_worker_is_killed_and_replaced(parent):
     children = _children()
     it = _pipe(hang_in_worker).iterator(num_workers=2, step_timeout=1)
     try:
-        assert next(it).tolist() == [0, 1, 2, 3]
-        assert next(it).tolist() == [4, 5, 6, 7]
-        with pytest.raises(StepTimeoutError) as info:
-            next(it)
-        e = info.value
-        assert isinstance(e, StepError) and isinstance(e, TimeoutError)
-        text = str(e)
-        assert "step 2 (host 0 of 1)" in text and "step_timeout=1 s" in text
-        assert "stage map[0] hang_in_worker" in text and f"record {STUCK}" in text
+        text = _times_out_at_step_2(it, "map[0] hang_in_worker")
         stuck = int(re.search(r"worker 0 \(pid (\d+)\)", text).group(1))
         assert _gone(stuck)  # killed, and reaped by the fork server
         assert stuck not in it.worker_pids and len(it.worker_pids) == 2  # a new worker 0

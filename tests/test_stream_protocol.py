@@ -1,4 +1,6 @@
-"""A new kind of stream is one module: a round-robin interleave of two pipelines, defined here alone.
+"""Tests of pipeline/protocol.py and pipeline/streams/segments.py.
+
+A new kind of stream is one module: a round-robin interleave of two pipelines, defined here alone.
 
 It implements quern's stream protocol (``quern.pipeline.streams.SegmentStream``, a ``Stream`` run by the segment runner) and nothing else changes:
 ``batch_at``, ``explain``, the iterator with worker processes, the fingerprint and resume all work

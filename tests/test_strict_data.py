@@ -1,4 +1,6 @@
-"""No silently wrong data: schemas that differ, files changed under an open source, and
+"""Tests of pipeline/sources/ and pipeline/collate.py.
+
+No silently wrong data: schemas that differ, files changed under an open source, and
 rows that do not collate are errors naming what failed, never a promoted, object or
 empty batch.
 
@@ -23,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from array_record.python import array_record_module
+from helpers import TESTS, write_array_record
 
 import quern
 from quern import sources as S
@@ -158,13 +160,6 @@ def test_unify_schemas_is_part_of_the_identity(tmp_path):
 # --------------------------------------------------------------------------- ArrayRecord changed under a reader
 
 
-def _write_array_record(path: Path, records: list[bytes]) -> None:
-    w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
-
-
 def _records(n: int, tag: bytes = b"r") -> list[bytes]:
     rng = np.random.default_rng(n)
     return [tag + str(i).encode() + b"|" + rng.bytes(1000 + i) for i in range(n)]
@@ -178,17 +173,14 @@ _CHANGE_THEN_READ = textwrap.dedent(
     import json, os, pickle, sys
     import numpy as np
     import pyarrow as pa, pyarrow.parquet as pq
-    from array_record.python import array_record_module
     import quern
+    from helpers import write_array_record
 
     kind, path, change = sys.argv[1], sys.argv[2], sys.argv[3]
 
     def write(records, to=path):
         if kind == "ArrayRecordSource":
-            w = array_record_module.ArrayRecordWriter(to, "group_size:1")
-            for r in records:
-                w.write(r)
-            w.close()
+            write_array_record(to, records)
         else:
             pq.write_table(pa.table({"b": records}), to, row_group_size=100)
 
@@ -237,7 +229,7 @@ _CHANGE_THEN_READ = textwrap.dedent(
 def test_file_changed_under_an_open_source_raises_naming_it(tmp_path, kind, change):
     if kind == "ArrayRecordSource":
         path = tmp_path / "data-00000.array_record"
-        _write_array_record(path, _records(2000))
+        write_array_record(path, _records(2000))
     else:
         path = tmp_path / "data-00000.parquet"
         pq.write_table(pa.table({"b": _records(2000)}), path, row_group_size=100)
@@ -247,6 +239,7 @@ def test_file_changed_under_an_open_source_raises_naming_it(tmp_path, kind, chan
         text=True,
         timeout=100,
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": TESTS},  # for helpers
     )
     assert res.returncode == 0, f"child interpreter died (rc={res.returncode}):\n{res.stderr[-3000:]}"
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -259,10 +252,10 @@ def test_file_changed_under_an_open_source_raises_naming_it(tmp_path, kind, chan
 
 def test_array_record_changed_file_fails_the_step_naming_it(tmp_path):
     path = tmp_path / "data.array_record"
-    _write_array_record(path, _records(40))
+    write_array_record(path, _records(40))
     pipe = quern.Pipeline.from_source(S.ArrayRecordSource(str(path))).batch(8)
     assert len(pipe.batch_at(0)) == 8
-    _write_array_record(path, _records(40, b"z"))  # rewritten in place: same count, other records
+    write_array_record(path, _records(40, b"z"))  # rewritten in place: same count, other records
     with pytest.raises(quern.StepError, match=r"stage 'read'.*data\.array_record.*changed since the source opened"):
         pipe.batch_at(1)
 
@@ -270,7 +263,7 @@ def test_array_record_changed_file_fails_the_step_naming_it(tmp_path):
 def test_array_record_unchanged_files_keep_reading(tmp_path):
     path = tmp_path / "data.array_record"
     recs = _records(30)
-    _write_array_record(path, recs)
+    write_array_record(path, recs)
     src = S.ArrayRecordSource(str(path))
     for _ in range(3):
         assert list(src.read_many(np.arange(30))) == recs
@@ -282,7 +275,7 @@ def test_array_record_unchanged_files_keep_reading(tmp_path):
 def test_array_record_source_on_another_machine_compares_sizes_then_its_own_stats(tmp_path):
     path = tmp_path / "data.array_record"
     recs = _records(30)
-    _write_array_record(path, recs)
+    write_array_record(path, recs)
     src = S.ArrayRecordSource(str(path))
     src._files.host = "another-machine"  # as if it had been pickled there and sent here
     moved = pickle.loads(pickle.dumps(src))

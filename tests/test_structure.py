@@ -1,4 +1,6 @@
-"""The package's structure: its import graph has no cycle, and errors have one home."""
+"""Tests of pipeline/errors.py and the import graph.
+
+The package's structure: its import graph has no cycle, and errors have one home."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Transforms (decode, pad, counter-based random) and collation."""
+"""transforms/ (decode, pad, metadata_range, counter-based random); collation: test_collate.py."""
 
 import numpy as np
 import pytest
@@ -83,29 +83,6 @@ def test_random_helpers_are_deterministic_and_well_spread():
     assert not np.array_equal(qr.uniform(qr.row_keys(8, np.arange(5))), qr.uniform(keys[:5]))
     with pytest.raises(ValueError, match="low < high"):
         qr.integers(keys, 5, 5)
-
-
-def test_collate_nested_structures():
-    recs = [{"a": np.full(2, i), "b": (i, f"s{i}"), "c": {"d": float(i)}, "e": bytes([i])} for i in range(3)]
-    out = quern.collate(recs)
-    assert out["a"].shape == (3, 2) and out["b"][0].tolist() == [0, 1, 2]
-    assert out["b"][1].tolist() == ["s0", "s1", "s2"] and out["c"]["d"].dtype == np.float64
-    assert out["e"].dtype == object and out["e"].tolist() == [b"\x00", b"\x01", b"\x02"]
-
-
-def test_collate_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"batch\['a'\].*different shapes"):
-        quern.collate([{"a": np.zeros(2)}, {"a": np.zeros(3)}])
-    with pytest.raises(ValueError, match="row 1 has keys"):
-        quern.collate([{"a": 1}, {"b": 1}])
-    with pytest.raises(ValueError, match="None"):
-        quern.collate([None, None])
-
-
-def test_variable_length_records_without_pad_fail_with_a_hint():
-    pipe = quern.Pipeline.from_source([np.arange(i + 1) for i in range(10)]).batch(5)
-    with pytest.raises(quern.StepError, match="stage 'collate'.*pad"):
-        pipe.batch_at(0)
 
 
 def test_pad_of_records_with_differing_fields_leaves_the_error_to_collate():

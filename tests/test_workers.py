@@ -1,4 +1,6 @@
-"""Worker processes: bit-identical output for every worker count, faults, clean shutdown.
+"""Tests of pipeline/workers/.
+
+Worker processes: bit-identical output for every worker count, faults, clean shutdown.
 
 Every expected batch comes from ``pipe.batch_at`` computed in this process; the
 iterator's batches come from real worker processes (``stats()`` shows which
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from array_record.python import array_record_module
+from helpers import assert_batches_equal, write_array_record
 
 import quern
 from quern import WorkerError
@@ -85,22 +87,6 @@ def _memfd_maps(pid: int, inodes: bool = False) -> list[tuple[int, ...]]:
     return out
 
 
-def _equal(got, want, where=""):
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), where
-        for k in want:
-            _equal(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, (tuple, list)):
-        assert type(got) is type(want) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            _equal(g, w, f"{where}[{i}]")
-    else:
-        assert type(got) is type(want), where
-        if isinstance(want, np.ndarray):
-            assert got.dtype == want.dtype and got.shape == want.shape, where
-        np.testing.assert_array_equal(got, want, err_msg=where)
-
-
 def _arrays(n=1000):
     return {"id": np.arange(n, dtype=np.int64), "x": np.arange(2 * n, dtype=np.float32).reshape(n, 2)}
 
@@ -113,10 +99,9 @@ def shards(tmp_path_factory):
     paths = []
     for k, n in enumerate([400, 350, 250]):
         p = d / f"tokens-{k}.array_record"
-        w = array_record_module.ArrayRecordWriter(str(p), "group_size:1")
-        for _ in range(n):
-            w.write(rng.integers(1, 1000, size=int(rng.integers(1, 60)), dtype=np.int32).tobytes())
-        w.close()
+        write_array_record(
+            p, [rng.integers(1, 1000, size=int(rng.integers(1, 60)), dtype=np.int32).tobytes() for _ in range(n)]
+        )
         paths.append(str(p))
     return paths
 
@@ -153,7 +138,7 @@ def test_every_worker_count_gives_batch_at(shards, start):
             got = [next(it) for _ in range(40)]
             stats = it.stats()
         for s, (g, e) in enumerate(zip(got, want), start):
-            _equal(g, e, f"num_workers={w} step {s}")
+            assert_batches_equal(g, e, f"num_workers={w} step {s}")
         if w:  # the steps really came from the workers, each from its own
             assert stats["computed_in_parent"] == 0
             assert all(n > 0 for n in stats["delivered_by_worker"]), stats
@@ -195,7 +180,7 @@ def test_other_sources_through_workers(kind, tmp_path):
     with pipe.iterator(num_workers=2, start_step=3) as it:
         _started(it)
         for s in range(3, 43):
-            _equal(next(it), pipe.batch_at(s), f"{kind} step {s}")
+            assert_batches_equal(next(it), pipe.batch_at(s), f"{kind} step {s}")
         assert it.stats()["computed_in_parent"] == 0
 
 
@@ -240,7 +225,9 @@ def test_no_step_runs_in_the_parent(shards, tmp_path):
     assert os.getpid() not in pids and pids <= workers and len(pids) == 2, (pids, workers)
     for s, g in enumerate(got):
         want = pipe.batch_at(s)
-        _equal({k: v for k, v in g.items() if k != "pid"}, {k: v for k, v in want.items() if k != "pid"}, f"step {s}")
+        assert_batches_equal(
+            {k: v for k, v in g.items() if k != "pid"}, {k: v for k, v in want.items() if k != "pid"}, f"step {s}"
+        )
     assert stats["computed_in_parent"] == 0
     assert sum(stats["delivered_by_worker"]) >= 40 and all(n >= 20 for n in stats["delivered_by_worker"]), stats
 
@@ -283,7 +270,7 @@ def test_workers_are_forked_by_a_fork_server_unless_it_has_threads(threads):
         got += [next(it) for _ in range(30)]
         assert it.stats()["worker_restarts"] == 1 and victim.pid not in it.worker_pids
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
     assert _children() == children
 
 
@@ -296,7 +283,7 @@ def test_host_slices_and_a_partial_last_batch(shards):
             got = list(it)
         assert len(got) == 42
         for s, g in enumerate(got):
-            _equal(g, pipe.batch_at(s, h, 2), f"host {h} step {s}")
+            assert_batches_equal(g, pipe.batch_at(s, h, 2), f"host {h} step {s}")
     assert got[-1]["tokens"].shape == (8, 32)  # host 1's share of the last batch's 32 rows
 
 
@@ -309,7 +296,7 @@ def test_held_batches_are_never_overwritten(shards):
         held += [next(it) for _ in range(20)]
         assert it.stats()["worker_restarts"] == 1  # the kill did happen while batches were held
     for s, g in enumerate(held):  # also after close()
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
     del g, held
     assert _memfd_maps(os.getpid()) == []  # dropping the batches unmaps their shared memory
 
@@ -330,7 +317,7 @@ def test_any_batch_structure_travels(shards):
         _started(it)
         for s in range(3, 23):
             got = next(it)
-            _equal(got, pipe.batch_at(s), f"step {s}")
+            assert_batches_equal(got, pipe.batch_at(s), f"step {s}")
             assert got["text"].dtype == object
             assert got["big"].flags.writeable and got["big"].flags.c_contiguous
 
@@ -341,7 +328,7 @@ def test_source_arrays_reach_workers_through_one_shared_copy():
     with pipe.iterator(num_workers=2) as it:
         _started(it)
         for s in range(10):
-            _equal(next(it), pipe.batch_at(s))
+            assert_batches_equal(next(it), pipe.batch_at(s))
         # each worker maps the one shared copy of the array: the same memory file as the
         # parent's (same inode), big enough to hold it
         big = [
@@ -385,7 +372,7 @@ def test_default_task_size_keeps_slots_within_the_budget():
         for _ in range(120):
             next(it)
         mapped = sum(hi - lo for lo, hi in _memfd_maps(os.getpid()))
-        _equal(next(it), pipe.batch_at(120))
+        assert_batches_equal(next(it), pipe.batch_at(120))
     assert mapped <= BUDGET + 2 * batch_bytes + (1 << 20)  # + one held batch per worker
 
 
@@ -421,7 +408,7 @@ def test_arrays_of_the_pipeline_are_writable_in_workers():
     with pipe.iterator(num_workers=2) as it:
         _started(it)
         for s in range(10):
-            _equal(next(it), pipe.batch_at(s))
+            assert_batches_equal(next(it), pipe.batch_at(s))
 
 
 def test_memory_of_batches_held_then_dropped_is_given_back(shards):
@@ -492,13 +479,14 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))  # far below what the default slots would take
 sys.path.insert(0, {tests!r})
 import numpy as np
-from test_workers import _token_pipe, _equal
+from helpers import assert_batches_equal
+from test_workers import _token_pipe
 
 pipe = _token_pipe({shards!r})
 with pipe.iterator(num_workers=2) as it:
     it.wait_for_workers(60)
     for s in range(300):
-        _equal(next(it), pipe.batch_at(s), f"step {{s}}")
+        assert_batches_equal(next(it), pipe.batch_at(s), f"step {{s}}")
 print("ok", it.stats()["computed_in_parent"])
 """
 
@@ -549,7 +537,7 @@ def test_sigkilled_worker_is_replaced_and_output_is_unchanged(shards):
         assert victim not in it.worker_pids and len(it.worker_pids) == 2
         assert it.stats()["worker_restarts"] == 1
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
     assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
 
 
@@ -582,11 +570,8 @@ def test_raising_transform_names_step_host_records_and_stage(stage):
 @pytest.mark.timeout(60)
 def test_read_error_in_a_worker_names_step_and_file(shards, tmp_path):
     damaged = tmp_path / "damaged.array_record"
-    w = array_record_module.ArrayRecordWriter(str(damaged), "group_size:1")
     rng = np.random.default_rng(0)
-    for _ in range(100):
-        w.write(rng.bytes(2000))
-    w.close()
+    write_array_record(damaged, [rng.bytes(2000) for _ in range(100)])
     data = bytearray(damaged.read_bytes())
     for i in range(80_000, 80_064):  # inside record ~40's chunk; header and footer intact
         data[i] ^= 0xFF
@@ -689,7 +674,7 @@ def test_a_killed_fork_server_is_replaced_with_its_workers(shards):
         assert it.stats()["worker_restarts"] >= 2 and not set(old) & set(it.worker_pids)
         assert all(p not in old for p in it.worker_pids) and len(it.worker_pids) == 2
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
     del g, got  # the batches held their slots
     _assert_clean(children, shm, old)
 
@@ -739,7 +724,9 @@ class HoldsALock:
 
 def test_unpicklable_pipeline_fails_at_once():
     pipe = quern.Pipeline.from_source(_arrays(), seed=0).map(HoldsALock()).batch(10)
-    _equal(pipe.batch_at(3), quern.Pipeline.from_source(_arrays(), seed=0).batch(10).batch_at(3))  # fine here
+    assert_batches_equal(
+        pipe.batch_at(3), quern.Pipeline.from_source(_arrays(), seed=0).batch(10).batch_at(3)
+    )  # fine here
     before = _children()
     with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*lock.*num_workers=0"):
         pipe.iterator(num_workers=2)
@@ -823,7 +810,7 @@ def test_a_forked_child_closing_its_copy_leaves_the_workers_alone(shards):
         got += [next(it) for _ in range(20)]
         assert it.stats()["worker_restarts"] == 0
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
 
 
 def test_keyboard_interrupt_in_the_loop(shards):
@@ -838,7 +825,7 @@ def test_keyboard_interrupt_in_the_loop(shards):
     except KeyboardInterrupt:
         pass
     # the iterator is still usable after the interrupt...
-    _equal(next(it), pipe.batch_at(30))
+    assert_batches_equal(next(it), pipe.batch_at(30))
     # ...and dropping it (as unwinding a program does) cleans up
     del it, _batch
     gc.collect()
@@ -875,7 +862,7 @@ def test_ctrl_c_while_waiting_inside_next(shards):
     finally:
         signal.signal(signal.SIGALRM, old)
     for s, g in enumerate(got):
-        _equal(g, pipe.batch_at(s), f"step {s}")
+        assert_batches_equal(g, pipe.batch_at(s), f"step {s}")
 
 
 def test_jax_and_threads_in_the_parent_are_safe(shards):
@@ -896,7 +883,7 @@ def test_jax_and_threads_in_the_parent_are_safe(shards):
             with pipe.iterator(num_workers=2) as it:
                 _started(it)
                 for s in range(20):
-                    _equal(next(it), pipe.batch_at(s))
+                    assert_batches_equal(next(it), pipe.batch_at(s))
     finally:
         stop.set()
     assert not [w for w in caught if "fork" in str(w.message)]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipelines import make_pipeline  # noqa: E402
@@ -26,16 +26,10 @@ pytestmark = pytest.mark.timeout(300)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0, timeout: float = 180) -> dict:
     """Run ``processes`` hosts with ``devices`` CPU devices (and ``workers`` quern worker
     processes) each; process 0's JSON output."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
