@@ -25,7 +25,6 @@ import time
 from typing import Any, NamedTuple
 
 from . import execute
-from .deprecation import keyword_only, renamed
 from .triage import Diagnosis, SourceFacts, triage
 
 __all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot"]
@@ -105,7 +104,6 @@ def short(label: str, width: int = 44) -> str:
     return label if len(label) <= width else label[: width - 3] + "..."
 
 
-@keyword_only("count")
 def profile(pipe: Any, start: int, *, count: int) -> Profile:
     """Time each stage of ``count`` steps from ``start`` (host 0 of 1), one at a time in this process.
 
@@ -137,8 +135,6 @@ def profile(pipe: Any, start: int, *, count: int) -> Profile:
     return Profile(list(range(start, start + count)), names, per_step, rows)
 
 
-@keyword_only("count", "num_workers", "step_s")
-@renamed(workers="num_workers")
 def loop(pipe: Any, start: int, *, count: int, num_workers: int, step_s: float) -> Loop:
     """Run ``count`` steps from ``start`` through the iterator, each followed by a training step of ``step_s`` s.
 
@@ -191,7 +187,6 @@ def source_facts(pipe: Any) -> list[SourceFacts]:
     return out
 
 
-@keyword_only("fallback")
 def diagnose(pipe: Any, run: Loop, *, fallback: dict[str, float] | None = None) -> Diagnosis:
     """Where the data of the loop waits: the triage (:func:`quern.pipeline.triage.triage`) of its figures.
 
@@ -220,7 +215,6 @@ def diagnose(pipe: Any, run: Loop, *, fallback: dict[str, float] | None = None) 
     )
 
 
-@keyword_only("diagnosis", "noun")
 def report(prof: Profile, run: Loop, *, diagnosis: Diagnosis, noun: str = "records") -> list[str]:
     """The lines ``quern bench`` prints.
 
@@ -259,7 +253,6 @@ def report(prof: Profile, run: Loop, *, diagnosis: Diagnosis, noun: str = "recor
     return lines
 
 
-@keyword_only("diagnosis", "path")
 def plot(prof: Profile, run: Loop, *, diagnosis: Diagnosis, path: str) -> None:
     """Draw the bench to a PNG: the loop's data wait against the training's own time, and the stage times.
 

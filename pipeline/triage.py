@@ -21,7 +21,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from .deprecation import keyword_only, renamed
 from .execute import COLLATE, READ
 from .timing import DEVICE_PUT, HANDOVER, SEND
 
@@ -90,8 +89,6 @@ def bounding_stage(stages: Mapping[str, float]) -> tuple[str, float]:
     return stage, stages[stage] / total
 
 
-@keyword_only("health", "bubble_rate", "sources", "num_workers", "cpus", "cache_misses")
-@renamed(workers="num_workers")
 def triage(
     stages: Mapping[str, float],
     *,
