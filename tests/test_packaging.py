@@ -78,7 +78,9 @@ def test_the_installed_package_is_the_whole_package_and_nothing_else():
     )
     assert not sorted(have - want), f"installed modules that are not the checkout's: {sorted(have - want)}"
     assert not [d for d in NOT_SHIPPED if (INSTALLED / d).exists()]
-    recorded = {f.as_posix() for f in importlib.metadata.files("quern") or []}
+    # the distribution installed beside the package (not a quern.egg-info a build left in a checkout on sys.path)
+    here = [d for d in importlib.metadata.distributions(path=[str(INSTALLED.parent)]) if d.metadata["Name"] == "quern"]
+    recorded = {f.as_posix() for d in here for f in (d.files or [])}
     assert "quern/__init__.py" in recorded, "the distribution quern is not installed from a wheel (editable?)"
     outside = [f for f in recorded if f.split("/")[0] != "quern" and not f.split("/")[0].endswith(".dist-info")]
     assert all(f.startswith("../") for f in outside), outside  # only the console script, in bin/
