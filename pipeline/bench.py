@@ -25,6 +25,8 @@ import time
 from typing import Any, NamedTuple
 
 from . import execute
+from .dataset import Pipeline
+from .protocol import Definition
 from .triage import Diagnosis, SourceFacts, triage
 
 __all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot"]
@@ -66,7 +68,7 @@ class Loop(NamedTuple):
     stats: dict[str, Any]
 
 
-def stage_names(pipe: Any) -> list[str]:
+def stage_names(pipe: Definition) -> list[str]:
     """The stage labels of ``pipe``, in the order they run.
 
     A mixture's per-component ``read: NAME`` stages are not among them:
@@ -104,7 +106,7 @@ def short(label: str, width: int = 44) -> str:
     return label if len(label) <= width else label[: width - 3] + "..."
 
 
-def profile(pipe: Any, start: int, *, count: int) -> Profile:
+def profile(pipe: Definition, start: int, *, count: int) -> Profile:
     """Time each stage of ``count`` steps from ``start`` (host 0 of 1), one at a time in this process.
 
     One read per step and no overlap: what each stage costs on its own.
@@ -135,7 +137,7 @@ def profile(pipe: Any, start: int, *, count: int) -> Profile:
     return Profile(list(range(start, start + count)), names, per_step, rows)
 
 
-def loop(pipe: Any, start: int, *, count: int, num_workers: int, step_s: float) -> Loop:
+def loop(pipe: Pipeline, start: int, *, count: int, num_workers: int, step_s: float) -> Loop:
     """Run ``count`` steps from ``start`` through the iterator, each followed by a training step of ``step_s`` s.
 
     The training step is a sleep: the host is free while an accelerator computes.
@@ -164,7 +166,7 @@ def loop(pipe: Any, start: int, *, count: int, num_workers: int, step_s: float) 
     return Loop(list(range(start, start + count)), waits, periods, step_s, num_workers, stats)
 
 
-def source_facts(pipe: Any) -> list[SourceFacts]:
+def source_facts(pipe: Definition) -> list[SourceFacts]:
     """What the triage needs of each source ``pipe`` reads, named as its read stage names it.
 
     Args:
@@ -187,7 +189,7 @@ def source_facts(pipe: Any) -> list[SourceFacts]:
     return out
 
 
-def diagnose(pipe: Any, run: Loop, *, fallback: dict[str, float] | None = None) -> Diagnosis:
+def diagnose(pipe: Definition, run: Loop, *, fallback: dict[str, float] | None = None) -> Diagnosis:
     """Where the data of the loop waits: the triage (:func:`quern.pipeline.triage.triage`) of its figures.
 
     Args:

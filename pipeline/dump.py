@@ -18,6 +18,7 @@ from typing import Any
 from . import sources
 from .ops import stage_name
 from .plan.mixture import QUANTUM, quantize
+from .protocol import Definition
 from .registry import REGISTRY
 from .tree import to_plain
 
@@ -90,7 +91,7 @@ def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str
     return dict(zip(names, exact))
 
 
-def batch_config(pipe: Any) -> dict[str, Any]:
+def batch_config(pipe: Definition) -> dict[str, Any]:
     """``batch`` and ``batch_transforms`` of a batched pipeline's config."""
     return {
         "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
@@ -98,7 +99,7 @@ def batch_config(pipe: Any) -> dict[str, Any]:
     }
 
 
-def to_config(pipe: Any) -> dict[str, Any]:
+def to_config(pipe: Definition) -> dict[str, Any]:
     """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
 
     Args:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .protocol import Definition
+
 __all__ = ["CACHE_COUNTS", "LOOKAHEAD", "Lookahead", "cache_counts", "records_of_steps"]
 
 LOOKAHEAD = 64  # steps
@@ -28,7 +30,7 @@ def _caches(sources: Any) -> list[Any]:
     return list(found.values())
 
 
-def cache_counts(pipe: Any) -> dict[str, int]:
+def cache_counts(pipe: Definition) -> dict[str, int]:
     """This process's counters of the disk caches of ``pipe``'s sources, added up.
 
     A worker process reports them to the parent. A cache shared by several
@@ -45,7 +47,7 @@ def cache_counts(pipe: Any) -> dict[str, int]:
 
 
 def records_of_steps(
-    pipe: Any, steps: range, process_index: int = 0, process_count: int = 1
+    pipe: Definition, steps: range, process_index: int = 0, process_count: int = 1
 ) -> list[tuple[Any, np.ndarray, np.ndarray]]:
     """The records this host's rows of ``steps`` read, per source, in step order.
 
@@ -91,15 +93,19 @@ class Lookahead:
         last: the step of the last hand-over, or ``None``.
     """
 
-    def __init__(self, pipe: Any, process_index: int = 0, process_count: int = 1, *, steps: int = LOOKAHEAD) -> None:
+    def __init__(
+        self, pipe: Definition, process_index: int = 0, process_count: int = 1, *, steps: int = LOOKAHEAD
+    ) -> None:
         self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
         self.last: int | None = None  # the step of the last hand-over
         self._thread: Any = None  # the one thread that computes the window's reads
         self._running: Any = None
-        self.sources = [src for src in pipe.sources if getattr(src, "fetches_ahead", False)]
+        self.sources: list[Any] = [
+            src for src in pipe.sources if getattr(src, "fetches_ahead", False)
+        ]  # prefetching ones
 
     @staticmethod
-    def wanted(pipe: Any) -> bool:
+    def wanted(pipe: Definition) -> bool:
         """Whether ``pipe`` reads a source that fetches ahead (a remote one).
 
         Args:

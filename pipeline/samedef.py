@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import FingerprintError
 from .fingerprint import Shown, describe_callable
+from .protocol import Definition
 
 __all__ = ["IDENTITY", "SENT", "active", "definition", "sendable", "check", "check_sent", "first_difference"]
 
@@ -249,7 +250,7 @@ def _path_text(path: tuple) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "the definition"
 
 
-def _locate(pipe: Any, path: tuple) -> tuple[str, Any, tuple] | None:
+def _locate(pipe: Definition, path: tuple) -> tuple[str, Any, tuple] | None:
     """The transform that ``path`` (in a pipeline's description) leads into.
 
     Returns ``(label, callable, the rest of the path in its description)``, or

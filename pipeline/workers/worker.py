@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from .. import execute, samedef
 from ..errors import StepError, exit_if_forked
 from ..lookahead import cache_counts
+from ..protocol import Definition
 from ..timing import SEND, Clock, report_stage_on_signal
 from . import shm
 from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
@@ -149,7 +150,7 @@ def _exit_status(e: SystemExit) -> int:
     return 1
 
 
-def serve_tasks(sock: socket.socket, pipe: Any, *, process_index: int, process_count: int) -> None:
+def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, process_count: int) -> None:
     """Say the worker is ready, then compute the tasks the parent sends, until end of file.
 
     A step's batch depends only on ``pipe``, the step and the host slice; a step
