@@ -74,7 +74,7 @@ class BucketedStream(Stream):
     key: str | None
     pad_value: Any
     buckets: tuple[int, ...]  # the buckets that hold records (indices into boundaries)
-    components: tuple[Any, ...]  # one batched Definition per bucket that holds records
+    components: tuple[Definition, ...]  # one batched pipeline per bucket that holds records
     stages: tuple[_mixture.Stage, ...]
     block: int
     lengths_digest: str
