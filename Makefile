@@ -11,7 +11,7 @@ DIST := $(abspath $(VENV))/dist
 .PHONY: install quickstart lint typecheck test bench clean services
 
 # The dependencies, once per change of pyproject.toml: the package's and the test extra's (which has the
-# build tools: setuptools, build, twine), read from pyproject.toml; quern itself is not installed here
+# build tools: hatchling, build, twine), read from pyproject.toml; quern itself is not installed here
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -103,4 +103,4 @@ bench: install
 	$(PY) benchmarks/observability.py
 
 clean:
-	rm -rf $(VENV) examples/data benchmarks/data quern.egg-info
+	rm -rf $(VENV) examples/data benchmarks/data

@@ -1,8 +1,8 @@
 """The suite runs against the installed package, and the wheel and the sdist hold the whole package.
 
-setup.py discovers the packages (a folder without ``__init__.py`` is not one); a module left
-out of the wheel fails here, as does anything of ``tests/``, ``benchmarks/`` or ``examples/``
-that is shipped. ``make test`` installs the wheel built from the checkout and runs the suite
+The build (hatchling, configured in pyproject.toml) ships every module of the root under
+``quern/``, found by globbing; a module left out of the wheel fails here, as does anything of
+``tests/``, ``benchmarks/`` or ``examples/`` that is shipped. ``make test`` installs the wheel built from the checkout and runs the suite
 from a folder outside it, so in the editable development environment the first test fails.
 """
 
@@ -24,7 +24,7 @@ import quern
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: the source tree of the package quern
 INSTALLED = Path(quern.__file__).resolve().parent
-NOT_PACKAGE = ("tests", "benchmarks", "examples", "docs", "build", "dist", "site")  # as in setup.py
+NOT_PACKAGE = ("tests", "benchmarks", "examples", "docs", "build", "dist", "site")  # as pyproject excludes
 NOT_SHIPPED = ("tests", "benchmarks", "examples")
 
 
@@ -44,7 +44,7 @@ def _package_modules(files: list[str]) -> set[str]:
     out = set()
     for f in files:
         parts = f.split("/")
-        if f.endswith(".py") and f != "setup.py" and parts[0] not in NOT_PACKAGE:
+        if f.endswith(".py") and parts[0] not in NOT_PACKAGE:
             if not any(p.startswith(".") for p in parts):
                 out.add(f)
     return out
@@ -89,8 +89,8 @@ def test_the_installed_package_is_the_whole_package_and_nothing_else():
 def _missing_build_tools() -> list[str]:
     """The test extra's build tools that this environment lacks (an editable install may predate them)."""
     missing = [m for m in ("build", "twine") if importlib.util.find_spec(m) is None]
-    if int(importlib.metadata.version("setuptools").split(".")[0]) < 77:
-        missing.append("setuptools>=77")
+    if importlib.util.find_spec("hatchling") is None:
+        missing.append("hatchling")
     return missing
 
 
@@ -124,7 +124,7 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
         names = [n.partition("/")[2] for n in tar.getnames()]  # below the top folder quern-VERSION/
     modules = {n for n in names if n.endswith(".py")}
     assert not sorted(want - modules), f"missing from the sdist: {sorted(want - modules)}"
-    assert modules - want == {"setup.py"}, sorted(modules - want)
+    assert not modules - want, sorted(modules - want)
     assert not [n for n in names if n.split("/")[0] in NOT_SHIPPED]
     assert {"pyproject.toml", "README.md", "py.typed"} <= set(names)
 
