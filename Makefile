@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
 DIST := $(abspath $(VENV))/dist
 
-.PHONY: install quickstart lint typecheck test bench clean services
+.PHONY: install quickstart lint typecheck test bench clean services docs
 
 # The dependencies, once per change of pyproject.toml: the package's and the test extra's (which has the
 # build tools: hatchling, build, twine), read from pyproject.toml; quern itself is not installed here
@@ -42,16 +42,24 @@ typecheck: | $(VENV)/.installed
 	ln -sfn $(CURDIR) $(VENV)/typecheck/quern
 	cd $(VENV)/typecheck && MYPYPATH=. $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p quern
 
+# The documentation site (docs/, Sphinx with MyST) built into site/ from the installed wheel's docstrings, strictly:
+# a warning (a broken cross-reference, a missing page, an undocumented public name) fails the build
+docs: install
+	rm -rf site
+	$(PY) -m sphinx -b html -W --keep-going -n -q -d $(abspath $(VENV))/doctrees docs site
+
 # The suite runs against the installed wheel, from an empty folder (neither the checkout nor its parent is
 # on sys.path), in 2 processes (pytest-xdist): most tests wait on subprocesses, servers and sleeps
-test: install lint typecheck
+test: install lint typecheck docs
 	run=$$(mktemp -d) && cd $$run && $(PY) -m pytest -q -n 2 -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests; \
 	rc=$$?; rm -rf $$run; exit $$rc
 
 # System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
-# and prometheus, for the Prometheus tests. .ci/run calls this before `make test`. Each is installed with
-# apt-get only where its binary is missing (nothing to do, and no apt-get update, when both are there; one
-# apt-get update for both otherwise), with --no-install-recommends, without starting Debian's service of
+# and prometheus, for the Prometheus tests; and Debian's chromium with chromium-driver, the headless browser
+# of the browser test (tests/test_site_browser.py; fonts-liberation with them, the font that
+# --no-install-recommends would leave out). .ci/run calls this before `make test`. Each is installed with
+# apt-get only where its binary is missing (nothing to do, and no apt-get update, when all are there; one
+# apt-get update for all otherwise), with --no-install-recommends, without starting Debian's service of
 # it: a policy-rc.d that exits 101 stands in for the install, and the service is stopped and disabled
 # after (a process the package started, found by its pid file and /proc/PID/comm, is killed).
 # Best effort: where one cannot be installed (no apt-get, not root, no network) one line says why and
@@ -59,9 +67,11 @@ test: install lint typecheck
 services:
 	@want=; command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || want=nginx; \
 	command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || want="$$want prometheus"; \
+	{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || want="$$want chromium"; \
 	[ -n "$$want" ] || exit 0; \
-	say() { if [ $$1 = nginx ]; then tests="the HTTP tests"; else tests="the Prometheus tests"; fi; \
-		echo "make services: $$1 is not installed ($$2); $$tests will skip"; }; \
+	say() { case $$1 in nginx) what=nginx; tests="the HTTP tests";; prometheus) what=prometheus; tests="the Prometheus tests";; \
+		*) what="chromium or chromium-driver"; tests="the browser test";; esac; \
+		echo "make services: $$what is not installed ($$2); $$tests will skip"; }; \
 	skip() { for w in $$want; do say $$w "$$1"; done; exit 0; }; \
 	command -v apt-get >/dev/null 2>&1 || skip "apt-get not found"; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
@@ -84,11 +94,16 @@ services:
 		halt nginx /run/nginx.pid; \
 		[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || { say nginx "apt-get install $$pkg gave no nginx binary"; continue; }; \
 		echo "make services: installed $$pkg (nginx $$(/usr/sbin/nginx -v 2>&1 | sed 's|.*/||')); its system service is not running"; \
-	else \
+	elif [ $$w = prometheus ]; then \
 		apt install --no-install-recommends prometheus || { say prometheus "$$why"; continue; }; \
 		halt prometheus /run/prometheus/prometheus.pid; \
 		[ -x /usr/bin/prometheus ] || { say prometheus "apt-get install prometheus gave no prometheus binary"; continue; }; \
 		echo "make services: installed prometheus (prometheus $$(/usr/bin/prometheus --version 2>&1 | sed -n 's/.*version \([^ ]*\).*/\1/p;q')); its system service is not running"; \
+	else \
+		apt install --no-install-recommends chromium chromium-driver fonts-liberation || { say chromium "$$why"; continue; }; \
+		{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } \
+			|| { say chromium "apt-get install chromium chromium-driver gave no /usr/bin/chromium or /usr/bin/chromedriver"; continue; }; \
+		echo "make services: installed chromium and chromium-driver ($$(/usr/bin/chromium --version 2>/dev/null | sed -n 's/ built on.*//p'), $$(/usr/bin/chromedriver --version 2>&1 | cut -d' ' -f1,2))"; \
 	fi; \
 	done
 
