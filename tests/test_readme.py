@@ -1,4 +1,4 @@
-"""The README's complete examples run as written."""
+"""The README's runnable example and the JAX guide's complete orbax program run as written."""
 
 from __future__ import annotations
 
@@ -8,14 +8,25 @@ import re
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+JAX_GUIDE = ROOT / "docs" / "guides" / "jax.md"
 
 
-def _block(first_line: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def _block(first_line: str, page: pathlib.Path = JAX_GUIDE) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     found = [b for b in blocks if b.startswith(first_line)]
-    assert len(found) == 1, f"README has {len(found)} python blocks starting with {first_line!r}"
+    assert len(found) == 1, f"{page.name} has {len(found)} python blocks starting with {first_line!r}"
     return found[0]
+
+
+def test_the_front_page_example_runs(tmp_path, monkeypatch):
+    blocks = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README.md has no runnable example"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), namespace)
 
 
 def test_the_complete_orbax_example_saves_then_restores_and_resumes(tmp_path):
