@@ -1,5 +1,7 @@
 """The ``quern`` command: run, explain, inspect and bench a pipeline config; prepare data.
 
+::
+
     quern run CONFIG [--steps N] [--start-step S] [--workers W] [--state FILE [--force]] [--save-state FILE]
     quern explain CONFIG --step S [--process-index H --process-count N] [--json]
     quern inspect CONFIG --step S [--process-index H --process-count N]
