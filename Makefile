@@ -116,6 +116,7 @@ bench: install
 	$(PY) benchmarks/prepare.py
 	$(PY) benchmarks/remote.py
 	$(PY) benchmarks/observability.py
+	$(PY) benchmarks/verify.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

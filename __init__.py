@@ -42,10 +42,10 @@ def __getattr__(name: str) -> object:
         from quern.pipeline import config
 
         return getattr(config, name)
-    if name == "prepare":  # the subpackage quern.prepare (prepare, verify), imported on first use too
+    if name in ("prepare", "verify"):  # quern.prepare (prepare, verify) and quern.verify, imported on first use too
         import importlib
 
-        return importlib.import_module("quern.prepare")
+        return importlib.import_module(f"quern.{name}")
     raise AttributeError(f"module 'quern' has no attribute {name!r}")
 
 

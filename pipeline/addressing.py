@@ -198,6 +198,59 @@ class Addressed:
         """
         return self.stream.explain(self._me(), self.check_step(step), process_index, process_count)
 
+    def where(self, record: int, *, component: str | None = None, epochs: int = 1) -> list[tuple[int, int]]:
+        """The ``(step, row)`` pairs where source record ``record`` appears, in increasing order.
+
+        In the first ``epochs`` epochs of the stream (of component ``component``'s own stream
+        for a mixture, whose components each have their own epochs; of the bucket's stream
+        for a bucketed pipeline); for a packed stream, every row that holds a piece of the
+        record; none for a record a filter drops. It inverts the plan (the keyed
+        permutation, the filter's survivors, the mixture's blocks, the packing plan)
+        instead of scanning steps: O(epochs x log N) for a plain or filtered stream, and
+        reads no record. ``row`` indexes the global batch in the stream's order: with
+        ``balance_hosts`` a batch's rows are ordered by the host count, and ``row`` is the
+        row of one host (``process_count=1``) there. Each pair is a row of
+        ``explain(step)`` that names the record; a finite stream's steps past its end
+        are left out.
+
+        Args:
+            record: a record id of the source (of ``component``'s source for a mixture).
+            component: the mixture component's key (required for a mixture, else ``None``).
+            epochs: epochs to look in, at least 1 (a finite stream's own epochs at most).
+
+        Returns:
+            The ``(step, row)`` pairs.
+
+        Raises:
+            TypeError: ``record`` or ``epochs`` is not an integer, or this kind of stream
+                cannot answer it (named).
+            ValueError: no ``batch()``, ``epochs`` below 1, a negative ``record``, a mixture
+                without ``component=`` or with an unknown one (the components are listed),
+                or ``component`` given for a pipeline that is not a mixture.
+            IndexError: ``record`` is not a record of the source (naming its size).
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(10)}, seed=0, num_epochs=2).batch(4)
+            >>> pipe.where(6, epochs=2)
+            [(1, 2), (4, 0)]
+            >>> pipe.explain(1)[2], pipe.explain(4)[0]
+            ([('arrays', 6)], [('arrays', 6)])
+        """
+        self.need_batch("where")
+        record = _index.check_int(record, "where(): record", 0)
+        epochs = _index.check_int(epochs, "where(): epochs", 1)
+        src = self.stream.source if component is None else None
+        if component is not None and component in self.leaf_names:
+            src = self.leaves[self.leaf_names.index(component)].stream.source
+        if src is not None and record >= len(src):
+            of = "" if component is None else f" (component {component!r})"
+            raise IndexError(
+                f"where(): record {record} is not a record of source {src.name!r}{of}: it has {len(src)} "
+                f"records, ids 0..{len(src) - 1}"
+            )
+        return self.stream.where(self._me(), record, component, epochs)
+
     # ------------------------------------------------------------------ computing
 
     def batch_at(self, step: int, process_index: int = 0, process_count: int = 1) -> Any:

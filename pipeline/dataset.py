@@ -34,6 +34,7 @@ from .plan import mixture as _mixture
 from .protocol import Stream
 from .sources import as_source
 from .streams.bucketed import bucket as _bucket
+from .streams.edits import EXCLUDE, SKIP, EditedStream
 from .streams.packed import pack as _pack
 from .streams.source import SourceStream
 
@@ -519,6 +520,102 @@ class Pipeline(Addressed, Identified):
             raise TypeError(f"{kind.value}() needs a callable, got {fn!r}")
         self.need_batch(kind.value)
         return self._replace(batch_ops=self.batch_ops + (Op(kind, fn),))
+
+    # ------------------------------------------------------------------ edits that keep the past
+
+    def skip_steps(self, start: int, stop: int) -> Pipeline:
+        """Skip the data of steps ``[start, stop)``: training steps from ``start`` on get that of ``stop``, ``stop + 1``, ...
+
+        For a loss spike: the batches of the steps before ``start`` are unchanged, and the
+        data of ``[start, stop)`` is never used. ``start`` and ``stop`` are steps of this
+        pipeline, so edits compose in the order they are made. A state saved at step ``k``
+        resumes on the edited pipeline when ``start >= k`` (:meth:`check_state`).
+
+        Args:
+            start: the first training step that gets other data.
+            stop: the step whose data training step ``start`` gets.
+
+        Returns:
+            The edited pipeline.
+
+        Raises:
+            ValueError: before ``batch()``, ``stop <= start``, or ``stop`` past the end of a finite stream.
+            TypeError: a step that is not an integer.
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(100)}).batch(2)
+            >>> [pipe.skip_steps(1, 3).batch_at(s)["x"].tolist() for s in range(3)]
+            [[0, 1], [6, 7], [8, 9]]
+        """
+        b = self.need_batch(SKIP)
+        self.stream.check(SKIP)
+        start = _index.check_int(start, "skip_steps start", 0)
+        stop = _index.check_int(stop, "skip_steps stop", 0)
+        if stop <= start:
+            raise ValueError(f"skip_steps(start={start}, stop={stop}): stop must be greater than start")
+        n_steps = self.num_steps
+        if n_steps is not None and stop > n_steps:
+            raise ValueError(
+                f"skip_steps(start={start}, stop={stop}): stop is past the end of the stream ({n_steps} steps)"
+            )
+        return self._replace(stream=EditedStream.of(self.stream, b).with_skip(start, stop))
+
+    def exclude(self, records: Any, *, from_step: int, component: str | None = None) -> Pipeline:
+        """Never use the records ``records`` from step ``from_step`` on (a takedown).
+
+        The stream continues with the remaining records (their positions shift); every step
+        before ``from_step`` is unchanged. In a packed stream an excluded document's pieces
+        become padding in the rows that hold them (the plan is not redone, so no row moves).
+        A state saved at step ``k`` resumes on the edited pipeline when ``from_step >= k``.
+
+        Args:
+            records: record ids of the source (of ``component``'s source): integers, any order.
+            from_step: the first step without them.
+            component: the mixture component the ids are of (required for a mixture).
+
+        Returns:
+            The edited pipeline.
+
+        Raises:
+            ValueError: before ``batch()``, no id, an id out of range, every record excluded, a
+                mixture without ``component`` (the message lists the components), or a stream
+                kind that cannot exclude records (named).
+            TypeError: ids or a step that are not integers.
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(6)}, num_epochs=1).batch(2)
+            >>> edited = pipe.exclude([3, 4], from_step=1)
+            >>> [edited.batch_at(s)["x"].tolist() for s in range(edited.num_steps)]
+            [[0, 1], [2, 5]]
+        """
+        b = self.need_batch(EXCLUDE)
+        self.stream.check(EXCLUDE)
+        from_step = self.check_step(from_step, name="exclude from_step", end_ok=True)
+        names = self.leaf_names
+        if len(self.leaves) > 1:
+            if component is None or component not in names:
+                what = "needs component=" if component is None else f"component={component!r} is not one of them"
+                raise ValueError(f"exclude() on a mixture {what}: its components are {list(names)}")
+            src = self.sources[names.index(component)]
+        else:
+            if component is not None:
+                raise ValueError(f"exclude(component={component!r}): the pipeline is not a mixture")
+            src = self.sources[0]
+        ids = np.asarray(records)
+        if ids.dtype == object or ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise TypeError(f"exclude() needs a 1-D sequence of integer record ids, got {records!r:.200}")
+        if not ids.size:
+            raise ValueError("exclude() needs at least one record id")
+        bad = ids[(ids < 0) | (ids >= len(src))]
+        if bad.size:
+            raise ValueError(
+                f"exclude(): record id {int(bad[0])} is out of range: source {src.name!r} has {len(src)} records "
+                f"(ids 0..{len(src) - 1})"
+            )
+        ids = np.unique(ids.astype(np.int64))
+        return self._replace(stream=EditedStream.of(self.stream, b).with_exclude(self, ids, from_step, component))
 
     def __iter__(self) -> PipelineIterator:
         """``self.iterator()``."""

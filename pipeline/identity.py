@@ -186,14 +186,19 @@ class Identified:
             if fp != mine:
                 step = self._me().check_step(state["step"], name="state['step']", end_ok=True)
                 past = self.describe_until(step) if self.stream.describes_past else None
-                if past is not None and state.get("past") == fingerprint_of(past):
-                    return step  # only the schedule from ``step`` on changed: the batches taken are the same
+                if past is not None and fingerprint_of(past) in (state.get("past"), fp):
+                    # only the schedule or the edits from ``step`` on changed (or were added to a pipeline
+                    # whose whole description is this one's past): the batches taken are the same
+                    return step
                 changed = ""
                 if past is not None and isinstance(state.get("parts"), dict):
                     mine_parts, theirs = self.stream.parts(past), state["parts"]
                     diff = sorted(k for k in set(mine_parts) | set(theirs) if mine_parts.get(k) != theirs.get(k))
                     if diff:
                         changed = f"; what changed for the steps before {step}: {', '.join(diff)}"
+                edits = self.stream.edits_before(step)
+                if edits:
+                    changed += f"; edits that change steps before the saved step {step}: {'; '.join(edits)}"
                 raise ValueError(
                     f"state fingerprint {fp} does not match this pipeline's {mine}: the definition, the data "
                     f"order version or the data changed since the state was saved{changed}; pass force=True "
@@ -211,3 +216,94 @@ class Identified:
             ValueError: a part has no config form (an in-memory source, a lambda), naming its key path.
         """
         return self.stream.to_config(self._me())
+
+    # ------------------------------------------------------------------ digests
+
+    def row_digests(self, step: int, process_index: int = 0, process_count: int = 1) -> list[str]:
+        """One digest per row of this host's batch at ``step``, over the row's canonical content.
+
+        The content is each leaf's path, dtype, row shape and bytes, independent of memory
+        layout (:mod:`quern.pipeline.batch_digest`). The hosts' lists concatenated in host
+        order are the global batch's list, for any host count (except with ``balance_hosts``,
+        whose rows are ordered by the host count). Computed from :meth:`~quern.Pipeline.batch_at`.
+
+        Args:
+            step: the step.
+            process_index: this host.
+            process_count: the number of hosts.
+
+        Returns:
+            32 hex digits per row, in row order.
+
+        Raises:
+            ValueError: a leaf of the batch has no row axis (named).
+            StepError: the step failed.
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(8)}, seed=0).batch(4)
+            >>> pipe.row_digests(0, 0, 2) + pipe.row_digests(0, 1, 2) == pipe.row_digests(0)
+            True
+        """
+        from .batch_digest import row_digests_of
+
+        batch = cast(Any, self).batch_at(step, process_index, process_count)
+        return row_digests_of(batch, where=f"step {step} (host {process_index} of {process_count})")
+
+    def step_digest(self, step: int) -> str:
+        """The digest of the global batch at ``step``: a hash of its row digests in row order.
+
+        It does not depend on the host count or the worker count that made the batch
+        (:func:`quern.pipeline.batch_digest.step_digest_of` of ``row_digests(step)``).
+
+        Args:
+            step: the step.
+
+        Returns:
+            32 hex digits.
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(8)}, seed=0).batch(4)
+            >>> pipe.step_digest(1) == pipe.step_digest(1), pipe.step_digest(0) == pipe.step_digest(1)
+            (True, False)
+        """
+        from .batch_digest import step_digest_of
+
+        return step_digest_of(self.row_digests(step))
+
+    def fingerprint_at(self, step: int) -> str:
+        """The fingerprint of the definition as it applies to the steps up to and including ``step``.
+
+        :meth:`fingerprint` when the past never depends on part of the definition; for a
+        stream that describes its past (a schedule, edits), the fingerprint of
+        ``describe_until(step + 1)``: the same for every step between two of the stream's
+        ``change_steps()``, and unchanged for the steps before a later edit. Memoized per
+        such span. A ledger line holds it (:mod:`quern.pipeline.ledger`).
+
+        Args:
+            step: the step.
+
+        Returns:
+            32 hex digits.
+
+        Example:
+            >>> import numpy as np, quern
+            >>> pipe = quern.Pipeline.from_source({"x": np.arange(8)}, seed=0).batch(4)
+            >>> pipe.fingerprint_at(1) == pipe.fingerprint()
+            True
+        """
+        import bisect
+
+        step = self._me().check_step(step)
+        if not self.stream.describes_past:
+            return self.fingerprint()
+        span = bisect.bisect_right(self.stream.change_steps(), step)
+        memo = self.__dict__.get("_fingerprints_at")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_fingerprints_at", memo)
+        fp = memo.get(span)
+        if fp is None:
+            fp = memo[span] = fingerprint_of(self.describe_until(step + 1))
+        return fp

@@ -16,6 +16,7 @@ Nothing depends on hosts, workers, threads or time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -30,7 +31,10 @@ __all__ = [
     "derive_key",
     "permute",
     "block_permute",
+    "unpermute",
+    "block_unpermute",
     "epoch_record_ids",
+    "epoch_positions",
     "host_rows",
 ]
 
@@ -176,6 +180,35 @@ def _feistel(x: np.ndarray, half_bits: int, round_keys: list[np.ndarray]) -> np.
     return (left << shift) | right
 
 
+_Rounds = Callable[[np.ndarray, int, list[np.ndarray]], np.ndarray]
+
+
+def _feistel_inverse(x: np.ndarray, half_bits: int, round_keys: list[np.ndarray]) -> np.ndarray:
+    """The inverse of :func:`_feistel`: the rounds undone in reverse order."""
+    mask = _U64((1 << half_bits) - 1)
+    shift = _U64(half_bits)
+    left = (x >> shift) & mask
+    right = x & mask
+    for rk in reversed(round_keys):
+        f = hash64(left ^ rk)
+        f &= mask
+        f ^= right
+        left, right = f, left
+    return (left << shift) | right
+
+
+def _domain(j: np.ndarray, n: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``j`` as a flat int64 array and its shape, checked to lie in ``[0, n)`` with ``n`` in ``[1, 2**62]``."""
+    if not 1 <= n <= MAX_RECORDS:
+        raise ValueError(f"permutation domain must be in [1, 2**62], got {n}")
+    j = np.asarray(j, dtype=np.int64)
+    shape = j.shape
+    j = j.reshape(-1)
+    if j.size and (j.min() < 0 or j.max() >= n):
+        raise IndexError(f"index out of range for permutation of {n}")
+    return j, shape
+
+
 def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
     """Map indices ``j`` in ``[0, n)`` through the keyed bijection on ``[0, n)``.
 
@@ -200,13 +233,40 @@ def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
         [0, 1, 2, 3, 4]
     """
     n = int(n)
-    if not 1 <= n <= MAX_RECORDS:
-        raise ValueError(f"permutation domain must be in [1, 2**62], got {n}")
-    j = np.asarray(j, dtype=np.int64)
-    shape = j.shape
-    j = j.reshape(-1)
-    if j.size and (j.min() < 0 or j.max() >= n):
-        raise IndexError(f"index out of range for permutation of {n}")
+    j, shape = _domain(j, n)
+    return _walk(j, shape, n, key, _feistel)
+
+
+def unpermute(x: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
+    """The inverse of :func:`permute`: the ``j`` with ``permute(j, n, key) == x``, element-wise.
+
+    The Feistel rounds undone in reverse order, with cycle walking back into ``[0, n)``
+    (the inverse rounds applied until the value is below ``n``). Memory is O(len(x)).
+
+    Args:
+        x: values in ``[0, n)``, of any shape.
+        n: the size of the domain, in ``[1, 2**62]``.
+        key: a ``uint64`` scalar, or an array broadcast against ``x`` (one key per value).
+
+    Returns:
+        An ``int64`` array of the shape of ``x``, depending only on ``(x, n, key)``.
+
+    Raises:
+        ValueError: ``n`` is outside ``[1, 2**62]``.
+        IndexError: a value is outside ``[0, n)``.
+
+    Example:
+        >>> key = derive_key(0, 0)
+        >>> unpermute(permute(np.arange(5), 5, key), 5, key).tolist()
+        [0, 1, 2, 3, 4]
+    """
+    n = int(n)
+    x, shape = _domain(x, n)
+    return _walk(x, shape, n, key, _feistel_inverse)
+
+
+def _walk(j: np.ndarray, shape: tuple[int, ...], n: int, key: np.ndarray | int, rounds: _Rounds) -> np.ndarray:
+    """``rounds`` (the Feistel network or its inverse) applied to ``j`` with cycle walking into ``[0, n)``."""
     if n == 1:
         return np.zeros(shape, dtype=np.int64)
     bits = max(2, int(n - 1).bit_length())
@@ -215,11 +275,11 @@ def permute(j: np.ndarray, n: int, key: np.ndarray | int) -> np.ndarray:
     per_element = key.size > 1
     key = np.broadcast_to(key, shape).reshape(-1) if per_element else key.reshape(())
     rks = _round_keys(key)
-    out = _feistel(j.astype(_U64), half, rks)
+    out = rounds(j.astype(_U64), half, rks)
     todo = np.nonzero(out >= _U64(n))[0]
     while todo.size:  # cycle walking: expected < 4 rounds since the domain is < 4n
         sub = [rk[todo] for rk in rks] if per_element else rks
-        out[todo] = _feistel(out[todo], half, sub)
+        out[todo] = rounds(out[todo], half, sub)
         todo = todo[out[todo] >= _U64(n)]
     return out.astype(np.int64).reshape(shape)
 
@@ -273,6 +333,115 @@ def block_permute(j: np.ndarray, n: int, key: np.ndarray | int, block: int, wind
     if full.any():
         blk[full] = permute(slot[full], full_blocks, key[full])
     return blk * block + offset
+
+
+def block_unpermute(x: np.ndarray, n: int, key: np.ndarray | int, block: int, window: int) -> np.ndarray:
+    """The inverse of :func:`block_permute`: the ``j`` with ``block_permute(j, n, key, block, window) == x``.
+
+    Record ``x`` is offset ``x % block`` of block ``x // block``; the block's slot is
+    the inverse block permutation of it (the partial tail block keeps the last slot),
+    slot ``s`` lies in window ``s // window``, and the offset within the window is
+    the inverse of that window's permutation.
+
+    Args:
+        x: values in ``[0, n)``.
+        n: the size of the domain.
+        key: a ``uint64`` scalar, or one key per element of ``x``.
+        block: ids per block, at least 1.
+        window: blocks per window, at least 1.
+
+    Returns:
+        A flat ``int64`` array, depending only on ``(x, n, key, block, window)``.
+
+    Raises:
+        ValueError: ``block`` or ``window`` is below 1.
+        IndexError: a value is outside ``[0, n)``.
+
+    Example:
+        >>> key = derive_key(0, 0)
+        >>> block_unpermute(block_permute(np.arange(7), 7, key, 2, 2), 7, key, 2, 2).tolist()
+        [0, 1, 2, 3, 4, 5, 6]
+    """
+    if block < 1 or window < 1:
+        raise ValueError(f"block and window must be >= 1, got block={block}, window={window}")
+    n = int(n)
+    x, _ = _domain(x, n)
+    key = np.broadcast_to(np.asarray(key, dtype=_U64), x.shape)
+    span = block * window
+    full_blocks = n // block
+    blk = x // block
+    offset = x % block
+    slot = blk.copy()
+    full = blk < full_blocks
+    if full.any():
+        slot[full] = unpermute(blk[full], full_blocks, key[full])
+    g = slot // window
+    out_u = slot * block + offset - g * span
+    last_g = (n - 1) // span
+    last_size = n - last_g * span
+    wkey = derive_key(0, key, g)
+    u = np.empty_like(out_u)
+    for is_last in (False, True):
+        sel = (g == last_g) if is_last else (g != last_g)
+        if sel.any():
+            u[sel] = unpermute(out_u[sel], last_size if is_last else span, wkey[sel])
+    return g * span + u
+
+
+def epoch_positions(
+    records: np.ndarray,
+    n: int,
+    seed: int,
+    shuffle: ShuffleMode | None,
+    block: int = 1,
+    window: int = 1,
+    epoch: int | np.ndarray = 0,
+) -> np.ndarray:
+    """The inverse of :func:`epoch_record_ids` within one epoch: each record's offset in it.
+
+    For each ``records[i]``, the ``j`` in ``[0, n)`` with
+    ``epoch_record_ids([epoch[i] * n + j], n, seed, shuffle, block, window) == records[i]``.
+
+    Args:
+        records: record ids in ``[0, n)``, of any shape.
+        n: the number of records.
+        seed: the shuffle's seed, in ``[0, 2**64)``.
+        shuffle: ``None``, ``"global"`` or ``"block"``.
+        block: ids per block of the block shuffle.
+        window: blocks per window of the block shuffle.
+        epoch: the epoch (``>= 0``), or one per record (broadcast against ``records``).
+
+    Returns:
+        An ``int64`` array of the shape of ``records``, depending only on the arguments.
+
+    Raises:
+        ValueError: an unknown ``shuffle``, or as :func:`unpermute` and :func:`block_unpermute`.
+        IndexError: a record id outside ``[0, n)``.
+
+    Example:
+        >>> ids = epoch_record_ids(np.arange(3, 6), 3, 7, "global")
+        >>> epoch_positions(ids, 3, 7, "global", epoch=1).tolist()
+        [0, 1, 2]
+    """
+    records = np.asarray(records, dtype=np.int64)
+    shape = records.shape
+    flat, _ = _domain(records, int(n))
+    if shuffle is None or not flat.size:
+        return flat.reshape(shape)
+    if shuffle not in ("global", "block"):
+        raise ValueError(f"unknown shuffle mode {shuffle!r}; expected None, 'global' or 'block'")
+    e = np.asarray(epoch, dtype=np.int64)
+    if e.ndim:
+        e = np.broadcast_to(e, shape).reshape(-1)
+        uniq = np.unique(e)
+        keys = derive_key(seed, int(uniq[0])) if len(uniq) == 1 else derive_key(seed, e)
+    else:
+        keys = derive_key(seed, int(e))
+    if shuffle == "global":
+        out = unpermute(flat, n, keys)
+    else:
+        out = block_unpermute(flat, n, keys, block, window)
+    return out.reshape(shape)
 
 
 def epoch_record_ids(

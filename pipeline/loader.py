@@ -16,11 +16,12 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, NoReturn, TypedDict
+from typing import Any, NoReturn, TypedDict, cast
 
 from . import execute, loader_threads
 from .errors import StepTimeoutError
 from .index import check_int, host_rows
+from .ledger import LedgerWriter, step_fields
 from .loader_threads import Chunk
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
@@ -60,6 +61,7 @@ class IteratorOptions(TypedDict, total=False):
     prefetch_memory: int
     timings: bool
     step_timeout: float | None
+    ledger: str | os.PathLike | None
 
 
 class PipelineIterator:
@@ -88,10 +90,15 @@ class PipelineIterator:
         timings: measure the seconds per stage (see :meth:`stats`).
         step_timeout: the most seconds ``next()`` waits for a batch (``None``: no
             deadline); then :class:`quern.StepTimeoutError`.
+        ledger: append a line per step yielded to this file (``{process_index}`` in it
+            is replaced by this host's index): the step's fingerprint, host slice and
+            digests, computed where the batch is made (with workers, in the workers);
+            see :mod:`quern.pipeline.ledger`. ``None``: no ledger.
 
     Raises:
         ValueError: an option is out of range, or ``num_threads`` is given with workers.
         TypeError: ``step_timeout`` is not a number.
+        OSError: the ledger cannot be opened for appending.
 
     Attributes:
         step: the step of the batch the next ``next()`` returns.
@@ -114,8 +121,11 @@ class PipelineIterator:
         prefetch_memory: int = PREFETCH_MEMORY,
         timings: bool = True,
         step_timeout: float | None = None,
+        ledger: str | os.PathLike | None = None,
     ) -> None:
         self._closed = True
+        self._ledger: LedgerWriter | None = None
+        self._ready_fields: collections.deque[str] = collections.deque()  # the ledger's fields of _ready
         self._pid = os.getpid()  # the process it belongs to
         self._owner: dict[str, int] = {}  # "thread": the ident of the thread that has the iterator
         self._inside = False  # that thread is inside next() or close()
@@ -162,6 +172,8 @@ class PipelineIterator:
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self._end = pipe.num_steps
+        if ledger is not None:
+            self._ledger = LedgerWriter(ledger, cast(Any, pipe), self.process_index, self.process_count, self.step)
         self._pending: collections.deque[tuple[int, int, cf.Future[Chunk]]] = collections.deque()
         self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
@@ -179,17 +191,23 @@ class PipelineIterator:
             }
         self._pool: cf.ThreadPoolExecutor | None = None
         if self.num_workers and (self._end is None or self.step < self._end):
-            self._workers = WorkerPool(
-                pipe,
-                self.num_workers,
-                process_index=self.process_index,
-                process_count=self.process_count,
-                prefetch=self.prefetch,
-                read_ahead=self.read_ahead,
-                end=self._end,
-                copy=bool(copy_batches),
-                timed=self.timed,
-            )
+            try:
+                self._workers = WorkerPool(
+                    pipe,
+                    self.num_workers,
+                    process_index=self.process_index,
+                    process_count=self.process_count,
+                    prefetch=self.prefetch,
+                    read_ahead=self.read_ahead,
+                    end=self._end,
+                    copy=bool(copy_batches),
+                    timed=self.timed,
+                    digests=self._ledger is not None,
+                )
+            except BaseException:
+                if self._ledger is not None:
+                    self._ledger.forget()
+                raise
         elif not self.num_workers:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         # the workers' disk-cache counters (kept after they stop)
@@ -276,6 +294,17 @@ class PipelineIterator:
         return self._inside and self._owner.get("thread") == threading.get_ident()
 
     def _next(self) -> Any:
+        """The next batch; with a ledger, its line kept (and the lines written on an error or the end)."""
+        ledger = self._ledger
+        if ledger is None:
+            return self._next_batch()
+        try:
+            return self._next_batch()
+        except BaseException:
+            ledger.flush()  # a no-op once closed
+            raise
+
+    def _next_batch(self) -> Any:
         if self._closed:
             raise RuntimeError("iterator is closed")
         if self._failed is not None:
@@ -291,6 +320,8 @@ class PipelineIterator:
         if self._workers is not None:
             batch = self._workers.get(self.step, stop=self._stopping, timeout=self.step_timeout)
             self._adapt(batch)
+            if self._ledger is not None:
+                self._ledger.add(self.step, self._workers.last_digests)
             self.step += 1
             return batch
         if not self._ready:
@@ -302,7 +333,7 @@ class PipelineIterator:
                 self._time_out(first, count, thread, where)
 
             try:  # wait, but give up if the iterator is closed (by another thread) meanwhile
-                batches, spent, seconds = loader_threads.wait(
+                batches, spent, seconds, fields = loader_threads.wait(
                     fut,
                     first,
                     stopping=self._stopping,
@@ -321,9 +352,17 @@ class PipelineIterator:
                 # error surfaces at exactly its own step and the good steps before it are yielded
                 self._careful_until = first + count
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
+                if self._ledger is not None:
+                    fields = [step_fields(self.pipe, batches[0], self.step, self.process_index, self.process_count)]
             self._ready.extend(batches)
+            if self._ledger is not None:
+                assert fields is not None
+                self._ready_fields.extend(fields)
         self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
         self._fill(taking=1)
+        if self._ledger is not None:
+            self._ledger.add(self.step, self._ready_fields[0])
+            self._ready_fields.popleft()
         self.step += 1
         return self._ready.popleft()
 
@@ -374,7 +413,16 @@ class PipelineIterator:
             count = 1 if nxt < self._careful_until else self._chunk
             count = count if self._end is None else min(count, self._end - nxt)
             self._chunk = min(self.read_ahead, self._chunk * 2)
-            args = (self.pipe, nxt, count, self.process_index, self.process_count, self.timed, self._pid)
+            args = (
+                self.pipe,
+                nxt,
+                count,
+                self.process_index,
+                self.process_count,
+                self.timed,
+                self._pid,
+                self._ledger is not None,
+            )
             with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
                 if self.step_timeout is None:
                     fut = self._pool.submit(loader_threads.compute, *args)
@@ -389,6 +437,7 @@ class PipelineIterator:
             fut.cancel()
         self._pending.clear()
         self._ready.clear()
+        self._ready_fields.clear()
         self._chunk = 1
 
     def state(self) -> dict:
@@ -397,11 +446,16 @@ class PipelineIterator:
         The fingerprint is computed on the first call (once per pipeline object): a
         transform or source it cannot describe stops checkpointing, not iteration.
 
+        With a ledger, the lines of the steps yielded so far are written first, so a
+        checkpoint is never ahead of its ledger.
+
         Returns:
             ``{"step": next step, "fingerprint": pipeline fingerprint}`` (a mixture
             adds what lets a resume accept a schedule edited after that step: see
             ``Pipeline.state_at``); JSON-serialisable.
         """
+        if self._ledger is not None:
+            self._ledger.flush()
         return self.pipe.state_at(self.step)
 
     def _stopping(self) -> bool:
@@ -496,7 +550,7 @@ class PipelineIterator:
             if self._workers is not None:
                 self._workers.wake()
             return
-        if self._closed and self._workers is None and self._pool is None:
+        if self._closed and self._workers is None and self._pool is None and self._ledger is None:
             return
         self._stop_waiting = True  # a next() waiting in another thread gives up...
         if self._workers is not None:
@@ -513,6 +567,9 @@ class PipelineIterator:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._stop_workers()
+        if self._ledger is not None:
+            ledger, self._ledger = self._ledger, None
+            ledger.close()  # the lines of the steps yielded are written
 
     def _stop_workers(self) -> None:
         """Stop the worker processes (a Ctrl-C waits until they are gone)."""
@@ -531,6 +588,10 @@ class PipelineIterator:
         self._closed = True
         self._pending.clear()
         self._ready.clear()
+        self._ready_fields.clear()
+        if self._ledger is not None:  # its lines are the other process's to write
+            ledger, self._ledger = self._ledger, None
+            ledger.forget()
         self._pool = None  # its threads do not exist in this process
         if self._workers is not None:
             self._last_stats = self.stats()

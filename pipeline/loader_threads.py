@@ -20,14 +20,25 @@ from typing import Any, NoReturn
 
 from . import execute
 from .errors import exit_if_forked
+from .ledger import DIGEST, step_fields
 from .timing import stage_now
 
 __all__ = ["Chunk", "check_step_timeout", "compute", "compute_on_own_thread", "wait"]
 
-Chunk = tuple[list[Any], dict[str, float], float]  # (batches, seconds per stage, wall seconds)
+# (batches, seconds per stage, wall seconds, the ledger's fields of each batch or None)
+Chunk = tuple[list[Any], dict[str, float], float, list[str] | None]
 
 
-def compute(pipe: execute.Definition, first: int, count: int, index: int, hosts: int, timed: bool, owner: int) -> Chunk:
+def compute(
+    pipe: execute.Definition,
+    first: int,
+    count: int,
+    index: int,
+    hosts: int,
+    timed: bool,
+    owner: int,
+    digests: bool = False,
+) -> Chunk:
     """On a prefetch thread: the batches of ``count`` steps from ``first``.
 
     In a process that a transform forked from ``owner`` (the iterator's process)
@@ -43,16 +54,33 @@ def compute(pipe: execute.Definition, first: int, count: int, index: int, hosts:
         hosts: the number of hosts.
         timed: whether to measure the seconds per stage.
         owner: the process id of the iterator's process.
+        digests: also compute each batch's ledger fields
+            (:func:`quern.pipeline.ledger.step_fields`: its digests), here on the thread.
 
     Returns:
-        ``(batches, seconds per stage, wall seconds)``; the seconds per stage are
-        empty when not ``timed``.
+        ``(batches, seconds per stage, wall seconds, ledger fields)``; the seconds per
+        stage are empty when not ``timed``, the fields ``None`` without ``digests``.
+
+    Raises:
+        StepError: a step failed, or (``digests``) its batch cannot be digested per row.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
+    if not digests:
+        batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
+        exit_if_forked(owner, "the iterator's process")
+        return batches, timings, time.perf_counter() - t0, None
+    batches, fields = [], []
+    for result in execute.step_results(pipe, range(first, first + count), index, hosts, timings if timed else None):
+        if result.error is not None:
+            raise result.error
+        t1 = time.perf_counter()
+        fields.append(step_fields(pipe, result.batch, result.step, index, hosts))  # while the batch is in the cache
+        if timed:
+            timings[DIGEST] = timings.get(DIGEST, 0.0) + time.perf_counter() - t1
+        batches.append(result.batch)
     exit_if_forked(owner, "the iterator's process")
-    return batches, timings, time.perf_counter() - t0
+    return batches, timings, time.perf_counter() - t0, fields
 
 
 def compute_on_own_thread(

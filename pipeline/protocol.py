@@ -122,6 +122,9 @@ class Definition(Protocol):
     def describe(self) -> dict[str, Any]:
         """The whole description."""
 
+    def describe_until(self, step: int | None) -> dict[str, Any]:
+        """The description as it applies to the steps before ``step`` (``None``: all)."""
+
     def fingerprint(self) -> str:
         """The fingerprint."""
 
@@ -358,6 +361,98 @@ class Stream(abc.ABC):
     ) -> list[list[tuple[str, int]]]:
         """For each row of this host's batch at ``step``: the ``(name, record id)`` pairs it was made from."""
         return self.explain_rows(pipe.positions(step, process_index, process_count))
+
+    # ------------------------------------------------------------------ lineage
+
+    def epoch_positions(self, records: np.ndarray, epoch: int) -> np.ndarray:
+        """For each record id of :attr:`source`, its offset in epoch ``epoch`` of this stream (``-1``: not in it).
+
+        The inverse of :meth:`record_ids` within one epoch, for a stream whose every epoch
+        holds each of its records once.
+
+        Raises:
+            TypeError: this kind of stream has no such epochs (named).
+        """
+        raise TypeError(f"a {type(self).__name__} has no epochs of single records to invert")
+
+    def record_positions(self, record: int, epochs: int) -> np.ndarray:
+        """The positions of this stream whose rows hold source record ``record``, in its first ``epochs`` epochs.
+
+        Inverts the plan (a keyed permutation, a filter's survivors, a packing plan) instead of
+        scanning positions.
+
+        Args:
+            record: a record id of :attr:`source` (checked by the caller).
+            epochs: epochs of this stream (of its source's records) to look in, at least 1.
+
+        Returns:
+            Sorted, distinct int64 positions.
+
+        Raises:
+            TypeError: this kind of stream cannot answer it (named).
+        """
+        raise TypeError(f"a {type(self).__name__} cannot say where a record appears (where() is not supported)")
+
+    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+        """The ``(step, row)`` pairs of ``pipe`` (which holds this stream) whose rows hold ``record``.
+
+        By default the positions of :meth:`record_positions`, cut at the stream's end, as
+        ``divmod(position, batch size)``; a mixture looks in component ``component``'s stream.
+
+        Args:
+            pipe: the batched pipeline that holds this stream.
+            record: a record id of the source (of ``component``'s source for a mixture), checked.
+            component: a mixture's component name (``None`` otherwise).
+            epochs: epochs to look in (of the component's own stream for a mixture).
+
+        Returns:
+            The pairs in increasing order; ``row`` indexes the global batch.
+
+        Raises:
+            ValueError: ``component`` given for a stream that is not a mixture.
+            TypeError: this kind of stream cannot answer it (named).
+        """
+        if component is not None:
+            raise ValueError(f"component={component!r}: the pipeline is not a mixture (it has no components)")
+        b = pipe.need_batch("where")
+        pos = self.record_positions(record, epochs)
+        total = pipe.num_steps
+        if total is not None:
+            pos = pos[pos < total * b]
+        return [(int(p) // b, int(p) % b) for p in pos.tolist()]
+
+    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> Stream:
+        """This stream with the records ``ids`` skipped from its position ``position`` on (:meth:`Pipeline.exclude`).
+
+        Args:
+            pipe: the pipeline that holds this stream.
+            ids: sorted, distinct record ids of the source (of ``component``'s source), checked.
+            position: the first position of this stream that no longer holds them.
+            component: a mixture's component name (``None`` otherwise).
+
+        Returns:
+            The stream: the positions before ``position`` are unchanged.
+
+        Raises:
+            ValueError: this kind of stream cannot exclude records (named), or a bad ``component``.
+        """
+        raise ValueError(f"exclude() is not supported on a {type(self).__name__}")
+
+    def edits_before(self, step: int) -> list[str]:
+        """The edits that change steps before ``step``: each call, and the first step it changes.
+
+        For messages (a resume at ``step`` refused); none for a stream without edits.
+        """
+        return []
+
+    def change_steps(self) -> tuple[int, ...]:
+        """The steps from which :meth:`describe` of the past changes, increasing.
+
+        A schedule's stage starts and the edits' first steps: ``describe(until_step=s + 1)`` is the
+        same for every ``s`` between two of them. Empty when the past never depends on part of the
+        definition (:attr:`describes_past` false).
+        """
+        return ()
 
     # ------------------------------------------------------------------ computing
 

@@ -1,14 +1,19 @@
-"""The ``quern`` command: run, explain, inspect and bench a pipeline config; prepare data.
+"""The ``quern`` command: run, explain, inspect, bench and verify a pipeline config; prepare data.
 
 ::
 
     quern run CONFIG [--steps N] [--start-step S] [--workers W] [--state FILE [--force]] [--save-state FILE]
+              [--ledger PATH]
     quern explain CONFIG --step S [--process-index H --process-count N] [--json]
     quern inspect CONFIG --step S [--process-index H --process-count N]
     quern bench CONFIG [--steps N] [--start-step S] [--workers W] [--step-ms MS] [--plot OUT.png]
     quern prepare INPUT... --output DIR [--map MODULE:FN] [--workers N] [--shard-size 128MB] [--fields A,B]
                   [--format F] [--field NAME] [--columns A,B] [--include GLOB] [--compression C]
                   [--skip-errors] [--ray [--ray-address A]]
+    quern verify CONFIG [--steps A:B|N] [--hosts 1,2,4] [--workers 0,2] [--resume-at K,...]
+    quern verify CONFIG --ledger PATH [PATH...] [--steps A:B|N] [--workers W]
+    quern verify [CONFIG] --compare LEDGER_A LEDGER_B
+    quern where CONFIG RECORD [--component NAME] [--epochs E] [--json]
     quern --version
 
 ``python -m quern ...`` is the same command. ``--traceback`` (before or after

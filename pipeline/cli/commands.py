@@ -1,4 +1,4 @@
-"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench`` and ``prepare``.
+"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench``, ``prepare``, ``verify`` and ``where``.
 
 Each ``cmd_*`` takes the parsed arguments (:func:`~quern.pipeline.cli.parser.build_parser`),
 prints its report on stdout (:mod:`quern.pipeline.cli.reports`) and returns the
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...prepare import prepare
-from .. import bench
+from .. import bench, verify
 from ..config import load_config
 from ..dataset import Pipeline
 from ..limits import MAX_BYTES
@@ -26,9 +26,12 @@ from ..sources.prepared import MANIFEST
 from ..tree import leaves
 from . import reports
 from .failure import clip
-from .parser import EXIT_USAGE
+from .parser import EXIT_DATA, EXIT_USAGE
 
-__all__ = ["COMMANDS", "cmd_bench", "cmd_explain", "cmd_inspect", "cmd_prepare", "cmd_run"]
+__all__ = ["COMMANDS", "cmd_bench", "cmd_explain", "cmd_inspect", "cmd_prepare", "cmd_run", "cmd_verify", "cmd_where"]
+
+VERIFY_STEPS = 8
+"""The steps ``quern verify CONFIG`` compares without ``--steps``: the first 8."""
 
 
 def _load(args: argparse.Namespace) -> Pipeline:
@@ -95,7 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = reports.RunReport(pipe, start)
     # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
     with Bar(steps, "quern run", unit="step", count=noun) as bar:
-        with pipe.iterator(start_step=start, num_workers=args.workers, step_timeout=args.step_timeout) as it:
+        with pipe.iterator(
+            start_step=start, num_workers=args.workers, step_timeout=args.step_timeout, ledger=args.ledger
+        ) as it:
             for i in range(steps):
                 batch = next(it)
                 made = len(leaves(batch)[0][1])  # the step's records (rows)
@@ -231,11 +236,85 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``quern verify``: step digests across topologies, a ledger against the data, or two ledgers.
+
+    The checks are :mod:`quern.pipeline.verify`'s; the report (a summary line per
+    topology or ledger, then the first difference) goes to stdout.
+
+    Args:
+        args: The parsed arguments.
+
+    Returns:
+        The exit status: 0 when all agree, :data:`EXIT_DATA` on a difference (or a ledger's gap,
+        differing duplicate or torn line in the middle). Bad arguments and unreadable or foreign
+        ledgers raise (exit 2).
+
+    Raises:
+        ValueError: arguments that do not go together, or a ledger that cannot be checked.
+    """
+    topology = args.hosts is not None or args.resume_at
+    if args.compare:
+        if args.ledger or topology or args.workers is not None or args.steps is not None:
+            raise ValueError("verify --compare takes two ledgers (and an optional CONFIG) only")
+        pipe = _load(args) if args.config else None
+        result = verify.compare_ledgers(args.compare[0], args.compare[1], pipe=pipe)
+    elif not args.config:
+        raise ValueError("verify needs a CONFIG (or --compare LEDGER_A LEDGER_B)")
+    elif args.ledger:
+        if topology:
+            raise ValueError("verify --ledger checks a run's own host slices: --hosts and --resume-at do not apply")
+        workers = args.workers or [0]
+        if len(workers) != 1:
+            raise ValueError(f"verify --ledger takes one --workers count (the workers recomputing), got {workers}")
+        result = verify.check_ledger(_load(args), args.ledger, steps=args.steps, num_workers=workers[0])
+    else:
+        pipe = _load(args)
+        steps = args.steps
+        if steps is None:
+            end = VERIFY_STEPS if pipe.num_steps is None else min(VERIFY_STEPS, pipe.num_steps)
+            steps = range(end)
+        result = verify.compare_topologies(
+            pipe,
+            steps,
+            hosts=args.hosts or [1, 2, 4],
+            workers=args.workers if args.workers is not None else [0, 2],
+            resume_at=args.resume_at,
+        )
+    for line in result.lines():
+        print(line)
+    return 0 if result.ok else EXIT_DATA
+
+
+def cmd_where(args: argparse.Namespace) -> int:
+    """``quern where``: the ``(step, row)`` pairs where a source record appears (``pipe.where``).
+
+    Args:
+        args: The parsed arguments.
+
+    Returns:
+        The exit status, 0 (a record out of range, or a stream that cannot answer: exit 2).
+    """
+    pipe = _load(args)
+    pairs = pipe.where(args.record, component=args.component, epochs=args.epochs)
+    if args.json:
+        print(json.dumps([[s, r] for s, r in pairs]))
+        return 0
+    of = f" of component {args.component!r}" if args.component is not None else ""
+    if not pairs:
+        print(f"record {args.record}{of} appears in no row of the first {args.epochs} epoch(s)")
+    for s, r in pairs:
+        print(f"step {s} row {r}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "explain": cmd_explain,
     "inspect": cmd_inspect,
     "bench": cmd_bench,
     "prepare": cmd_prepare,
+    "verify": cmd_verify,
+    "where": cmd_where,
 }
 """Each command's function, by the name :func:`~quern.pipeline.cli.parser.build_parser` parses."""

@@ -19,11 +19,17 @@ The parser knows the commands by name only (``args.command``); what each does is
   unreadable, too large, not a state (a step that is not an integer: ``"3"``,
   ``3.0``, ``true``) or saved from another pipeline.
 - :data:`EXIT_INTERRUPTED` (130): interrupted (Ctrl-C).
+
+``quern verify`` exits :data:`EXIT_DATA` (1) when the digests differ (or a ledger
+has gaps, differing duplicates or a torn line in the middle), naming the first
+differing step, host slice, row, records and leaf; and :data:`EXIT_USAGE` (2) for
+a ledger it cannot read or that another pipeline logged.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ... import __version__
 
@@ -74,12 +80,46 @@ def _positive(text: str) -> int:
     return value
 
 
+def _step_range(text: str) -> range:
+    """``A:B`` (steps A to B-1) or ``N`` (the first N steps), as a range.
+
+    Example:
+        >>> _step_range("3:7"), _step_range("5")
+        (range(3, 7), range(0, 5))
+    """
+    first, sep, stop = text.partition(":")
+    try:
+        a, b = (int(first), int(stop)) if sep else (0, int(first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be A:B (steps A to B-1) or N (the first N steps), got {text!r}"
+        ) from None
+    if a < 0 or b <= a:
+        raise argparse.ArgumentTypeError(f"must be A:B with 0 <= A < B, or N >= 1; got {text!r}")
+    return range(a, b)
+
+
+def _counts(least: int) -> Any:
+    """The type of a comma-separated list of integers, each at least ``least``."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
+        if not values or any(v < least for v in values):
+            raise argparse.ArgumentTypeError(f"must be integers >= {least} separated by commas, got {text!r}")
+        return values
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``quern``'s arguments.
 
     Returns:
         The parser; ``args.command`` names the command parsed (``run``, ``explain``,
-        ``inspect``, ``bench``, ``prepare``).
+        ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``).
 
     Example:
         >>> args = build_parser().parse_args(["run", "pipe.yaml", "--workers", "2"])
@@ -136,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="resume from this saved state (JSON); refused if the data or config changed")
     p.add_argument("--force", action="store_true", help="resume from --state even if the fingerprint differs")
     p.add_argument("--save-state", help="write the state after the last step to this JSON file")
+    p.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="append a line per step with its digests to this file ({process_index} is replaced by the host): "
+        "what quern verify --ledger checks",
+    )
 
     p = with_config(
         "explain", "which records make each row of a step (O(batch), any step); a mixture's rows name their component"
@@ -163,6 +209,67 @@ def build_parser() -> argparse.ArgumentParser:
         help="the training step the loop simulates, in ms (default 0: none)",
     )
     p.add_argument("--plot", metavar="OUT.png", help="draw the loop's wait vs compute and the stage times per step")
+
+    help = (
+        "check determinism: the step digests of every host count x worker count (and resumes) against batch_at, "
+        "a training run's ledger against a recomputation, or two runs' ledgers against each other"
+    )
+    p = sub.add_parser(
+        "verify",
+        help=help,
+        description=help + "; exit 0 when all agree, 1 naming the first differing step, host slice, row, records "
+        "and leaf",
+        parents=[common],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", help="pipeline config: a YAML or JSON file (optional with --compare)")
+    p.add_argument(
+        "--steps",
+        type=_step_range,
+        default=None,
+        metavar="A:B|N",
+        help="the steps: A:B (steps A to B-1) or N (the first N), as quern run's --steps (default: the first 8; "
+        "with --ledger, every step logged)",
+    )
+    p.add_argument(
+        "--hosts", type=_counts(1), default=None, metavar="H,...", help="host counts to compare (default 1,2,4)"
+    )
+    p.add_argument(
+        "--workers",
+        type=_counts(0),
+        default=None,
+        metavar="W,...",
+        help="worker counts to compare (default 0,2); with --ledger, one: the workers recomputing the steps "
+        "(default 0)",
+    )
+    p.add_argument(
+        "--resume-at",
+        type=_counts(0),
+        default=[],
+        metavar="K,...",
+        help="also resume every topology at these steps (from pipe.state_at(K)) and compare the steps from there",
+    )
+    p.add_argument(
+        "--ledger",
+        nargs="+",
+        metavar="PATH",
+        help="check the ledger a run wrote (pipe.iterator(ledger=PATH)): every host's file (paths, globs, "
+        "comma lists; {process_index} matches any host) against a recomputation of each logged step",
+    )
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("LEDGER_A", "LEDGER_B"),
+        help="compare two runs' ledgers without the data (each a path, a glob or a comma list of host files); "
+        "with CONFIG, the records of a differing row are named",
+    )
+
+    p = with_config("where", "the (step, row) pairs where a source record appears, from the plan (reads nothing)")
+    p.add_argument("record", type=_nonneg, help="the record id in the source (in the component's source for a mixture)")
+    p.add_argument("--component", metavar="NAME", help="the mixture component whose record it is (mixtures only)")
+    p.add_argument("--epochs", type=_positive, default=1, help="epochs to look in (default 1)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of [step, row] pairs")
 
     help = "convert inputs to ArrayRecord shards with a manifest and a metadata index (see quern.prepare)"
     p = sub.add_parser("prepare", help=help, description=help, parents=[common], epilog=EPILOG)

@@ -341,7 +341,7 @@ def explain_json(
         rows: The records of each row (:meth:`Pipeline.explain`).
 
     Returns:
-        The step, host and rows (position, records), with a mixture's rows per
+        The step, host and rows (position, records), the edits that change the step, with a mixture's rows per
         component, a bucketed step's bucket and a packed step's pieces and fill.
     """
     counts = _explained_components(pipe, first)
@@ -356,6 +356,9 @@ def explain_json(
             for i, (p, recs) in enumerate(zip(first.tolist(), rows))
         ],
     }
+    edits = pipe.stream.edits_before(step + 1)
+    if edits:
+        out["edits"] = edits
     if counts is not None:
         out["components"] = dict(zip(pipe.leaf_names, counts.tolist()))
     if bucket is not None:
@@ -395,7 +398,7 @@ def explain_lines(
         rows: The records of each row (:meth:`Pipeline.explain`).
 
     Returns:
-        A header line, a mixture's components drawn, a bucketed step's bucket, a packed
+        A header line, the edits that change the step, a mixture's components drawn, a bucketed step's bucket, a packed
         step's fill, then one line per row: its position and records (``web[123]``),
         a packed row's tokens and documents.
     """
@@ -403,6 +406,9 @@ def explain_lines(
     bucket = _explained_bucket(pipe, step, process_index, process_count)
     packed = _explained_pieces(pipe, step, first)
     lines = [f"step {step}, host {process_index} of {process_count}: {len(rows)} rows"]
+    edits = pipe.stream.edits_before(step + 1)
+    if edits:
+        lines.append("  edits that change this step: " + "; ".join(edits))
     if counts is not None:
         lines.append("  " + _drawn(pipe, counts, _steps(step, 1)))
     if bucket is not None:

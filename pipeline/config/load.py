@@ -36,6 +36,7 @@ from ..limits import (
 from ..mix import mix
 from ..plan import mixture as _mixture
 from ..registry import REGISTRY
+from .edits import apply_edits
 from .schema import (
     ArrayRecordConfig,
     BucketConfig,
@@ -247,9 +248,10 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
             pipe = pipe.batch(size, drop_remainder=drop)
         except ValueError as e:
             raise ConfigError(_prefixed("batch", e)) from e
-    return _add_stages(
+    pipe = _add_stages(
         pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms", policy
     )
+    return apply_edits(pipe, cfg.skip, cfg.exclude, base)
 
 
 def _rows(cfg: PipelineConfig | ComponentConfig, base: str, policy: Policy, where: str) -> Pipeline:

@@ -30,6 +30,7 @@ from pydantic import (
 
 from ..limits import MAX_COMPONENTS, MAX_KEYS, MAX_SCHEDULE, MAX_SHOWN, MAX_STAGES, show
 from ..plan import mixture as _mixture
+from .edits import EXCLUDE_HELP, SKIP_HELP, ExcludeConfig, SkipConfig
 from .trust import FN, FN_FORM, IDENT, MODULE
 
 __all__ = [
@@ -437,6 +438,8 @@ class PipelineConfig(_Model):
         description="Rows per step (an integer >= 1) or a batch section; with pack, rows are packed rows."
     )
     batch_transforms: Stages = Field(default=[], description=_BATCH_TRANSFORMS)
+    skip: list[SkipConfig] = Field(default=[], description=SKIP_HELP)
+    exclude: list[ExcludeConfig] = Field(default=[], description=EXCLUDE_HELP)
 
 
 class BucketPipelineConfig(_Model):
@@ -452,6 +455,8 @@ class BucketPipelineConfig(_Model):
     transforms: Stages = Field(default=[], description=_TRANSFORMS + " They may filter but not random_map.")
     bucket: BucketConfig = Field(description="The length buckets that make the batches.")
     batch_transforms: Stages = Field(default=[], description=_BATCH_TRANSFORMS)
+    skip: list[SkipConfig] = Field(default=[], description=SKIP_HELP)
+    exclude: list[ExcludeConfig] = Field(default=[], description=EXCLUDE_HELP)
 
     _endless = field_validator("num_epochs", mode="before")(
         _null("a bucketed stream is endless (each bucket repeats and reshuffles its records on its own epochs)")
@@ -593,3 +598,5 @@ class MixPipelineConfig(_Model):
     )
     batch: Batch = Field(description="Rows per step (an integer >= 1) or a batch section; packed components: rows.")
     batch_transforms: Stages = Field(default=[], description=_BATCH_TRANSFORMS)
+    skip: list[SkipConfig] = Field(default=[], description=SKIP_HELP)
+    exclude: list[ExcludeConfig] = Field(default=[], description=EXCLUDE_HELP)

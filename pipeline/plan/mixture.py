@@ -34,6 +34,7 @@ __all__ = [
     "block_size",
     "assign",
     "draws_before",
+    "drawn_at",
 ]
 
 BLOCK = 1024  # default positions per block
@@ -340,3 +341,105 @@ def assign(
         comp[sel] = c
         cpos[sel] = base[c] + brank[j]
     return Assignment(comp, cpos)
+
+
+def _times_weight(w: int, x: np.ndarray) -> np.ndarray:
+    """``w * x // QUANTUM`` exactly in int64, for a weight ``w`` in ``[0, QUANTUM]`` and ``x`` in ``[0, 2**63)``."""
+    hi, lo = x >> 32, x & (QUANTUM - 1)
+    return w * hi + ((np.uint64(w) * lo.astype(np.uint64)) >> np.uint64(32)).astype(np.int64)
+
+
+def _cumulative_of(weights: tuple[int, ...], c: int, k: int, b: np.ndarray) -> np.ndarray:
+    """``_cumulative(weights, k, b[i])[c]`` for each ``i``: component ``c``'s draws in the first blocks."""
+    x = k * b
+    a = _absorbing(weights)
+    if c != a:
+        return _times_weight(weights[c], x)
+    out = x.copy()
+    for o, w in enumerate(weights):
+        if o != a and w:
+            out -= _times_weight(w, x)
+    return out
+
+
+def _block_of_draw(weights: tuple[int, ...], c: int, k: int, q: np.ndarray) -> np.ndarray:
+    """For each draw ``q`` of component ``c`` in a stage (counted from the stage's start), its block.
+
+    The largest ``b`` with ``T_c(b) <= q`` (:func:`_cumulative`), found by a binary search
+    between bounds that follow from ``r*b - 1 < T_c(b) < r*b + C`` (``r = weight * k / QUANTUM``,
+    ``C`` components); the weight must be above zero.
+    """
+    rate = weights[c] * k / QUANTUM
+    top = _index.MAX_RECORDS // k + 1  # past the last block of the addressable stream
+    qf = q.astype(np.float64)
+    cap = float(_index.MAX_RECORDS)  # clipped as floats, then exactly as integers
+    lo = np.clip(np.floor((qf - len(weights)) / rate * (1 - 1e-9)) - 2, 0, cap).astype(np.int64)
+    hi = np.clip(np.ceil((qf + 1) / rate * (1 + 1e-9)) + 2, 1, cap).astype(np.int64)
+    hi = np.minimum(hi, top + 1)
+    lo = np.minimum(lo, hi - 1)
+    while True:  # T(lo) <= q < T(hi), unless hi is past the addressable stream (checked by the caller)
+        wide = hi - lo > 1
+        if not wide.any():
+            return lo
+        mid = (lo + hi) // 2
+        ok = _cumulative_of(weights, c, k, mid) <= q
+        lo = np.where(wide & ok, mid, lo)
+        hi = np.where(wide & ~ok, mid, hi)
+
+
+def drawn_at(
+    component: int, draws: np.ndarray, stages: tuple[Stage, ...], seed: int, rows_per_step: int, block_len: int
+) -> np.ndarray:
+    """The inverse of :func:`assign`: the stream position of each draw of one component.
+
+    For each ``draws[i]`` (a position in component ``component``'s own stream), the
+    stream position ``p`` with ``assign([p]) == (component, draws[i])``, or ``-1`` when
+    that draw never happens (the component's weight is zero from some stage on, or the
+    position would be beyond the addressable stream). Through the stages (the draws
+    before each, :func:`draws_before`), then the block (the closed form of the counts
+    per block, searched), then the slot inside the block (its keyed layout).
+
+    Args:
+        component: the component's index.
+        draws: positions in the component's stream (``>= 0``).
+        stages: the schedule (:func:`check_schedule`).
+        seed: the mixture's seed.
+        rows_per_step: the rows of a step (stage starts are steps).
+        block_len: positions per block (:func:`block_size`).
+
+    Returns:
+        An int64 array of the shape of ``draws``, depending only on the arguments.
+
+    Example:
+        >>> stages = check_schedule(["a", "b"], weights=[3, 1])
+        >>> a = assign(np.arange(40), stages, 0, 1, 16)
+        >>> bool((drawn_at(1, a.position[a.component == 1], stages, 0, 1, 16) == np.flatnonzero(a.component == 1)).all())
+        True
+    """
+    q = np.asarray(draws, dtype=np.int64)
+    shape = q.shape
+    q = q.reshape(-1)
+    out = np.full(q.shape, -1, dtype=np.int64)
+    k, c = block_len, int(component)
+    starts = [st.start_step * rows_per_step for st in stages]
+    live = [t for t, p in enumerate(starts) if p < _index.MAX_RECORDS]  # later stages are never reached
+    before = np.asarray([_draws_before(stages, k, seed, rows_per_step, t)[c] for t in live], dtype=np.int64)
+    stage_of = np.searchsorted(before, q, side="right") - 1
+    for t in np.unique(stage_of).tolist():
+        sel = np.flatnonzero(stage_of == t)
+        weights = stages[t].weights
+        if not weights[c]:  # the last stage, and the component is never drawn in it
+            continue
+        within = q[sel] - before[t]
+        b = _block_of_draw(weights, c, k, within)
+        rank = within - _cumulative_of(weights, c, k, b)
+        found = _cumulative_of(weights, c, k, b + 1) > within  # false: past the addressable stream
+        for blk in np.unique(b[found]).tolist():
+            at = np.flatnonzero(found & (b == blk))
+            if starts[t] + blk * k >= _index.MAX_RECORDS:
+                continue
+            comp, _, _ = _block_of_stage(weights, k, seed, starts[t], blk)
+            slots = np.flatnonzero(comp == c)
+            pos = starts[t] + blk * k + slots[rank[at]]
+            out[sel[at]] = np.where(pos < _index.MAX_RECORDS, pos, -1)
+    return out.reshape(shape)

@@ -4,7 +4,9 @@
   filter keeps (:class:`FilteredStream`);
 * :mod:`.mixture`: named component pipelines mixed by a schedule of weights (:class:`MixtureStream`);
 * :mod:`.packed`: records packed into rows of ``seq_len`` tokens (:class:`PackedStream`);
-* :mod:`.bucketed`: steps from buckets of record lengths (:class:`BucketedStream`).
+* :mod:`.bucketed`: steps from buckets of record lengths (:class:`BucketedStream`);
+* :mod:`.edits`: a stream with edits that keep the past (:class:`EditedStream`), and
+  :mod:`.excluded`: a source stream skipping excluded records (:class:`ExcludedStream`).
 
 A new kind of stream is one new module with a subclass of :class:`Stream`
 (:class:`SegmentStream` when its rows are records of other pipelines' streams).
@@ -12,6 +14,8 @@ A new kind of stream is one new module with a subclass of :class:`Stream`
 
 from ..protocol import Definition, Stream
 from .bucketed import BucketedStream
+from .edits import EditedStream
+from .excluded import ExcludedStream
 from .mixture import MixtureStream
 from .packed import PackedStream
 from .segments import SegmentStream
@@ -26,4 +30,6 @@ __all__ = [
     "MixtureStream",
     "PackedStream",
     "BucketedStream",
+    "EditedStream",
+    "ExcludedStream",
 ]

@@ -148,6 +148,41 @@ class BucketedStream(Stream):
         comp, k = self.assign(np.asarray([step]))
         return self.components[int(comp[0])].positions(int(k[0]), process_index, process_count)
 
+    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+        """The ``(step, row)`` pairs whose rows hold record ``record``, in the first ``epochs`` epochs of its bucket.
+
+        The record's positions in its bucket's stream (each bucket is a filtered stream of
+        its own, with its own epochs), cut into that bucket's steps, each mapped to the
+        step that draws it (the step-level mixture's inverse,
+        :func:`~quern.pipeline.plan.mixture.drawn_at`). A record in no bucket (dropped by a
+        filter before ``bucket()``) appears nowhere. Reads nothing.
+
+        Args:
+            pipe: the bucketed pipeline.
+            record: a record id of the source (checked by the caller).
+            component: must be ``None``.
+            epochs: epochs of the bucket's stream to look in, at least 1.
+
+        Returns:
+            The pairs in increasing order.
+
+        Raises:
+            ValueError: ``component`` is given (a bucketed pipeline has no components).
+        """
+        if component is not None:
+            raise ValueError(
+                f"component={component!r}: a bucketed pipeline is not a mixture (its buckets are {list(self.names)})"
+            )
+        out: list[tuple[int, int]] = []
+        for c, part in enumerate(self.components):
+            own = part.stream.record_positions(record, epochs)
+            if not own.size:
+                continue
+            size = part.need_batch("where")
+            steps = _mixture.drawn_at(c, own // size, self.stages, self.seed, 1, self.block)
+            out += [(s, r) for s, r in zip(steps.tolist(), (own % size).tolist()) if s >= 0]
+        return sorted(out)
+
     def reads(self, positions: np.ndarray) -> list[tuple[Source, np.ndarray, np.ndarray]]:
         """``[]``: a bucketed stream's reads are not planned ahead."""
         return []

@@ -128,6 +128,63 @@ class MixtureStream(SegmentStream):
                     out[r] = got
         return out
 
+    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+        """The ``(step, row)`` pairs whose rows hold record ``record`` of component ``component``.
+
+        The record's positions in the first ``epochs`` epochs of the component's own stream
+        (its :meth:`~quern.pipeline.protocol.Stream.record_positions`: a packed component's
+        rows holding a piece of it), each mapped to the mixture position that draws it
+        (:func:`~quern.pipeline.plan.mixture.drawn_at`); a position the mixture never draws
+        (the component's weight is zero from some stage on) is left out. The work is one
+        block's layout per position found, and no record is read.
+
+        Args:
+            pipe: the batched pipeline that holds this mixture.
+            record: a record id of the component's source (checked by the caller).
+            component: the component's key.
+            epochs: epochs of the component's stream to look in, at least 1.
+
+        Returns:
+            The pairs in increasing order; ``row`` indexes the global batch.
+
+        Raises:
+            ValueError: no ``component``, or one that is not a component (the message lists them).
+            TypeError: the component's stream cannot say where a record appears.
+        """
+        if component is None or component not in self.names:
+            given = "needs component=NAME" if component is None else f"has no component {component!r}"
+            raise ValueError(f"where(): a mixture {given}; its components are {list(self.names)}")
+        b = pipe.need_batch("where")
+        c = self.names.index(component)
+        own = self.components[c].stream.record_positions(record, epochs)
+        pos = _mixture.drawn_at(c, own, self.stages, self.seed, self.batch_size or 1, self.block)
+        pos = np.sort(pos[pos >= 0])
+        return [(p // b, p % b) for p in pos.tolist()]
+
+    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> MixtureStream:
+        """This mixture with component ``component`` skipping the records ``ids`` from mixture position ``position`` on.
+
+        The component's own stream excludes them from its position at ``position`` (its draws
+        before it); the assignment of positions to components does not change, so the other
+        components' rows stay where they were.
+
+        Raises:
+            ValueError: no ``component``, or not one of the components (the message lists them);
+                the component's stream cannot exclude records.
+        """
+        if component is None or component not in self.names:
+            given = "needs component=NAME" if component is None else f"has no component {component!r}"
+            raise ValueError(f"exclude(): a mixture {given}; its components are {list(self.names)}")
+        c = self.names.index(component)
+        drawn = _mixture.draws_before(self.stages, self.seed, self.batch_size or 1, self.block, position)[c]
+        comp = self.components[c]
+        edited = comp.replace_stream(comp.stream.excluded(comp, ids, drawn, None))
+        return dataclasses.replace(self, components=self.components[:c] + (edited,) + self.components[c + 1 :])
+
+    def change_steps(self) -> tuple[int, ...]:
+        """The schedule's stage starts after step 0: the past's description changes there."""
+        return tuple(st.start_step for st in self.stages if st.start_step > 0)
+
     def row_noun(self) -> str:
         """``rows`` when a component's rows hold several records (packed), else ``records``."""
         return "rows" if any(c.stream.row_noun() == "rows" for c in self.components) else "records"

@@ -47,6 +47,7 @@ from ..timing import Clock
 __all__ = ["PackedStream", "PackMode", "pack", "PACK"]
 
 PACK = "pack"
+_INVERSES = 4  # epochs whose inverted plan (document -> rows) a packed stream keeps, for where()
 PackMode = Literal["best_fit", "concat"]
 
 _REFUSALS = {
@@ -90,12 +91,14 @@ class PackedStream(Stream):
     seed: int = 0
     num_epochs: int | None = None
     source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
+    exclusions: tuple[tuple[int, np.ndarray], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    exclusions_key: tuple[tuple[int, bytes], ...] = ()
 
     reads_records = False
 
     def __getstate__(self) -> dict:
-        """The state without the cached epoch plans (recomputed where needed)."""
-        return {k: v for k, v in self.__dict__.items() if k != "_plans"}
+        """The state without the cached epoch plans and their inverses (recomputed where needed)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_inverse")}
 
     def __setstate__(self, state: dict) -> None:
         """Restore :meth:`__getstate__`'s state."""
@@ -155,6 +158,52 @@ class PackedStream(Stream):
             while len(plans) > 2:
                 plans.pop(next(iter(plans)))
         return hit
+
+    def _doc_rows(self, e: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``e``'s plan inverted: ``(first, rows)``, document ``j``'s rows being ``rows[first[j]:first[j + 1]]``.
+
+        The rows of the plan's pieces grouped by document (a stable sort of the pieces by
+        document), built once from the epoch's plan and kept for the last
+        ``_INVERSES`` epochs asked for.
+        """
+        inverse = self.__dict__.setdefault("_inverse", {})
+        hit = inverse.get(e)
+        if hit is None:
+            plan, ids = self.epoch(e)
+            row = np.repeat(np.arange(plan.rows, dtype=np.int64), np.diff(plan.row_ptr))
+            order = np.argsort(plan.doc, kind="stable")
+            first = np.searchsorted(plan.doc[order], np.arange(len(ids) + 1), side="left").astype(np.int64)
+            hit = inverse[e] = (first, row[order])
+            while len(inverse) > _INVERSES:
+                inverse.pop(next(iter(inverse)))
+        return hit
+
+    def record_positions(self, record: int, epochs: int) -> np.ndarray:
+        """The rows holding a piece of record ``record`` in the first ``epochs`` epochs (at most the stream's).
+
+        The record's offset in each epoch of the inner stream (its
+        :meth:`~quern.pipeline.protocol.Stream.record_positions`), then that document's
+        rows in the epoch's plan, through an inverse of the plan built once per cached
+        plan: O(log N) per epoch beyond the plan (a record of 0 tokens is in no row).
+
+        Args:
+            record: a record id of the source.
+            epochs: epochs to look in, at least 1.
+
+        Returns:
+            Sorted, distinct int64 row positions.
+        """
+        if self.num_epochs is not None:
+            epochs = min(epochs, self.num_epochs)
+        n = self.inner.stream.epoch_length
+        assert n is not None
+        out = []
+        for p in self.inner.stream.record_positions(record, epochs).tolist():
+            e, j = divmod(p, n)
+            first, rows = self._doc_rows(e)
+            out.append(self.rows_before(e) + rows[first[j] : first[j + 1]])
+        got = np.unique(np.concatenate(out) if out else np.zeros(0, dtype=np.int64))
+        return got[~self._excluded(got, np.full(len(got), record, dtype=np.int64))]
 
     def rows_before(self, e: int) -> int:
         """Rows in the epochs before ``e``.
@@ -254,7 +303,41 @@ class PackedStream(Stream):
             return Pieces(z, z, z, z)
         row, ids, start, length = (np.concatenate(x) for x in zip(*parts))
         order = np.argsort(row, kind="stable")
-        return Pieces(row[order], ids[order], start[order], length[order])
+        keep = order[~self._excluded(positions[row[order]], ids[order])]
+        return Pieces(row[keep], ids[keep], start[keep], length[keep])
+
+    def _excluded(self, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Whether each piece (of record ``ids[i]``, in the row at ``positions[i]``) is excluded there."""
+        out = np.zeros(len(ids), dtype=bool)
+        if not self.exclusions or not len(ids):
+            return out
+        starts = np.asarray([at for at, _ in self.exclusions], dtype=np.int64)
+        which = np.searchsorted(starts, positions, side="right") - 1
+        for i in np.unique(which[which >= 0]).tolist():
+            sel = which == i
+            out[sel] = np.isin(ids[sel], self.exclusions[i][1])
+        return out
+
+    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> PackedStream:
+        """This stream with the pieces of documents ``ids`` made padding in the rows from ``position`` on.
+
+        The plan is not redone, so no row moves (a row may be left with padding only).
+
+        Raises:
+            ValueError: ``component`` given, or an exclusion before an earlier one.
+        """
+        if component is not None:
+            raise ValueError(f"exclude(component={component!r}): the pipeline is not a mixture")
+        if self.exclusions and position < self.exclusions[-1][0]:
+            raise ValueError(
+                f"exclude() from row {position}, before an earlier exclusion's ({self.exclusions[-1][0]}): "
+                "make the exclusions in step order"
+            )
+        union = np.union1d(self.exclusions[-1][1], ids) if self.exclusions else np.asarray(ids, dtype=np.int64)
+        kept = [x for x in self.exclusions if x[0] != position] + [(position, union)]
+        return dataclasses.replace(
+            self, exclusions=tuple(kept), exclusions_key=tuple((at, x.tobytes()) for at, x in kept)
+        )
 
     def row_ids(self, positions: np.ndarray) -> np.ndarray:
         """``-1`` for every row: a packed row holds several documents."""

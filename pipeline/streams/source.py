@@ -17,8 +17,9 @@ from .. import index as _index
 from .. import samedef
 from ..dump import batch_config, source_config, stages_config
 from ..plan import Segments
-from ..protocol import Definition, contiguous_positions
+from ..protocol import Definition, Stream, contiguous_positions
 from ..sources import Source
+from .excluded import ExcludedStream
 from .segments import SegmentStream
 
 __all__ = ["SourceStream", "FilteredStream", "ShuffleMode"]
@@ -109,6 +110,88 @@ class SourceStream(SegmentStream):
         n = self.epoch_length
         ids = _index.epoch_record_ids(positions, n, self.seed, self.shuffle_mode, self.block_size, self.window)
         return ids if self.survivors is None else np.asarray(self.survivors[ids], dtype=np.int64)
+
+    def epoch_positions(self, records: np.ndarray, epoch: int) -> np.ndarray:
+        """For each record id of the source, its offset in epoch ``epoch``, or ``-1`` where it is not in the stream.
+
+        The inverse of :meth:`record_ids` within one epoch: the ``j`` with
+        ``record_ids([epoch * N + j]) == record``, ``N`` being :attr:`epoch_length`. A record
+        a filter drops (or an id outside the source) is ``-1``. O(len(records)) work, plus
+        a binary search in the survivors per record after a filter.
+
+        Args:
+            records: record ids of the source, of any shape.
+            epoch: the epoch, ``>= 0``.
+
+        Returns:
+            An ``int64`` array of the shape of ``records``, depending only on the stream's
+            definition and the arguments.
+
+        Raises:
+            TypeError: ``epoch`` is not an integer.
+            ValueError: ``epoch`` is negative.
+
+        Example:
+            >>> import quern
+            >>> s = quern.Pipeline.from_source({"x": np.arange(5)}, seed=1).shuffle().stream
+            >>> ids = s.record_ids(np.arange(10, 15))
+            >>> s.epoch_positions(ids, 2).tolist()
+            [0, 1, 2, 3, 4]
+        """
+        epoch = _index.check_int(epoch, "epoch", 0)
+        return self._offsets(np.asarray(records, dtype=np.int64), np.asarray(epoch, dtype=np.int64))
+
+    def _offsets(self, records: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """:meth:`epoch_positions` with one epoch per record (``epochs`` broadcast against ``records``)."""
+        shape = records.shape
+        flat = records.reshape(-1)
+        out = np.full(flat.shape, -1, dtype=np.int64)
+        if self.survivors is None:
+            idx, hit = flat, (flat >= 0) & (flat < len(self.source))
+        else:
+            survivors = np.asarray(self.survivors)
+            idx = np.searchsorted(survivors, flat)
+            hit = idx < len(survivors)
+            hit[hit] = survivors[idx[hit]] == flat[hit]
+        if hit.any():
+            e = np.broadcast_to(epochs, shape).reshape(-1)[hit] if epochs.ndim else epochs
+            n = self.epoch_length
+            out[hit] = _index.epoch_positions(
+                idx[hit], n, self.seed, self.shuffle_mode, self.block_size, self.window, epoch=e
+            )
+        return out.reshape(shape)
+
+    def record_positions(self, record: int, epochs: int) -> np.ndarray:
+        """The positions of record ``record`` in the first ``epochs`` epochs (at most the stream's).
+
+        ``e * N + epoch_positions([record], e)`` for each epoch ``e``; none when a filter
+        drops the record. O(epochs), reading nothing.
+
+        Args:
+            record: a record id of the source.
+            epochs: epochs to look in, at least 1.
+
+        Returns:
+            Sorted int64 positions, one per epoch the record is in.
+        """
+        if self.num_epochs is not None:
+            epochs = min(epochs, self.num_epochs)
+        e = np.arange(epochs, dtype=np.int64)
+        j = self._offsets(np.full(epochs, record, dtype=np.int64), e)
+        return (e * self.epoch_length + j)[j >= 0]
+
+    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> Stream:
+        """This stream skipping the records ``ids`` from position ``position`` on (:mod:`.excluded`).
+
+        Raises:
+            ValueError: ``component`` given, ``balance_hosts`` (its host slices are dealt by length), or
+                every record excluded.
+        """
+        if component is not None:
+            raise ValueError(f"exclude(component={component!r}): the pipeline is not a mixture")
+        if self.host_lengths is not None:
+            raise ValueError("exclude() on a pipeline with balance_hosts() is not supported")
+        return ExcludedStream.cut(self, ids, position)
 
     def segments(self, positions: np.ndarray) -> Segments:
         """Per position: leaf 0, its record id and the position itself."""

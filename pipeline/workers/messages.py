@@ -110,11 +110,13 @@ class Task(NamedTuple):
         steps: The steps, in order.
         slots: The shared-memory slot of each step.
         timed: Send the task's stage timings with its last :class:`Done`.
+        digests: Send each batch's ledger fields (its digests) with its :class:`Done`.
     """
 
     steps: list[int]
     slots: list[int]
     timed: bool = True
+    digests: bool = False
 
 
 class Drop(NamedTuple):
@@ -155,7 +157,8 @@ class Done(NamedTuple):
     """``step``'s batch is in slot ``slot``.
 
     A new shared buffer of ``size`` bytes travels with the message when the slot
-    is new or grew. The last four fields are set on the last step of a task only.
+    is new or grew. ``timings``, ``seconds``, ``task_steps`` and ``cache`` are set
+    on the last step of a task only.
 
     Attributes:
         step: The step.
@@ -167,6 +170,8 @@ class Done(NamedTuple):
         seconds: The wall time the worker spent on the task.
         task_steps: The task's number of steps (0 on its other steps).
         cache: The disk caches' counters that grew since the worker's last report.
+        digests: The batch's ledger fields (:func:`quern.pipeline.ledger.step_fields`),
+            when the task asked for them; else empty.
     """
 
     step: int
@@ -178,6 +183,7 @@ class Done(NamedTuple):
     seconds: float = 0.0
     task_steps: int = 0
     cache: tuple[tuple[str, int], ...] = ()
+    digests: str = ""
 
 
 class ErrorReport(NamedTuple):

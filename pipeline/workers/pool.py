@@ -36,18 +36,20 @@ _ARRAY_INLINE_BYTES = 1 << 16  # pipeline arrays smaller than this travel inside
 
 
 class _Delivered(NamedTuple):
-    """A step's batch waiting in ``worker``'s slot ``slot``."""
+    """A step's batch waiting in ``worker``'s slot ``slot`` (and its ledger fields)."""
 
     worker: WorkerHandle
     slot: int
     data: bytes
     spans: list[Span]
+    digests: str = ""
 
 
 class _Copied(NamedTuple):
-    """A step's batch copied out of the slot of a worker that has died since."""
+    """A step's batch copied out of the slot of a worker that has died since (and its ledger fields)."""
 
     batch: Any
+    digests: str = ""
 
 
 class _StepFailed(NamedTuple):
@@ -90,6 +92,8 @@ class WorkerPool:
         copy: Copy each batch out of its slot instead of lending the slot
             (``pipe.iterator(copy_batches=True)``).
         timed: Workers send each task's stage timings (:attr:`timings`).
+        digests: Workers compute each batch's ledger fields (its digests), which
+            :attr:`last_digests` holds for the batch :meth:`get` returned last.
 
     Raises:
         TypeError: The pipeline cannot be pickled.
@@ -108,6 +112,7 @@ class WorkerPool:
         end: int | None,
         copy: bool = False,
         timed: bool = True,
+        digests: bool = False,
     ) -> None:
         import cloudpickle  # not needed by a worker, which only unpickles
 
@@ -138,6 +143,8 @@ class WorkerPool:
         self.delivered = [0] * num_workers  # steps each worker has delivered
         self.in_parent = 0  # steps computed in this process: always 0 (kept for stats())
         self.timed = timed  # workers send each step's stage timings
+        self.digests = digests  # workers send each batch's ledger fields
+        self.last_digests = ""  # those of the batch get() returned last
         self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
         self.timed_steps = 0  # the steps of the tasks delivered whole (whose stage seconds are in timings)
         self.cache_counts: dict[str, int] = {}  # the workers' disk-cache counters, added up (lookahead.CACHE_COUNTS)
@@ -270,7 +277,7 @@ class WorkerPool:
             if msg.task_steps:
                 self.timed_steps += msg.task_steps
                 self.load = ema(self.load, msg.seconds / msg.task_steps / self.num_workers)
-            self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans))
+            self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans, msg.digests))
         elif isinstance(msg, Failed):
             worker.release(msg.step)  # nothing was written to its slot
             self._deliver(worker, msg.step, _StepFailed(worker.index, worker.pid, msg.report))
@@ -329,7 +336,7 @@ class WorkerPool:
                 worker.pending.extend(task)
                 self._sent.update(task)
                 try:
-                    shm.send(worker.sock, Task(task, slots, self.timed))
+                    shm.send(worker.sock, Task(task, slots, self.timed, self.digests))
                 except (BrokenPipeError, ConnectionResetError):  # it died: _poll will see why
                     break
                 except BaseException:  # Ctrl-C half-way through the message
@@ -464,6 +471,7 @@ class WorkerPool:
                 except Exception:
                     pass
             raise error
+        self.last_digests = result.digests
         if isinstance(result, _Copied):
             batch = result.batch
             del self._results[step]
@@ -535,7 +543,7 @@ def _lose(results: dict[int, _Result], sent: set[int], worker: WorkerHandle) -> 
     try:
         for step, r in list(results.items()):
             if isinstance(r, _Delivered) and r.worker is worker:
-                results[step] = _Copied(_copy_out(r))
+                results[step] = _Copied(_copy_out(r), r.digests)
     finally:
         for step, r in list(results.items()):
             if isinstance(r, _Delivered) and r.worker is worker:

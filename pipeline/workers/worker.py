@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from .. import execute, samedef
 from ..errors import StepError, exit_if_forked
+from ..ledger import DIGEST, step_fields
 from ..lookahead import cache_counts
 from ..protocol import Definition
 from ..timing import SEND, Clock, report_stage_on_signal
@@ -154,7 +155,8 @@ def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, pr
     """Say the worker is ready, then compute the tasks the parent sends, until end of file.
 
     A step's batch depends only on ``pipe``, the step and the host slice; a step
-    that raises is reported (:class:`Failed`) and the worker goes on.
+    that raises is reported (:class:`Failed`) and the worker goes on. A task that
+    asks for digests gets each batch's ledger fields computed here, with its batch.
 
     Args:
         sock: The worker's socket to the parent.
@@ -187,6 +189,13 @@ def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, pr
         for (step, batch, error), slot in zip(results, msg.slots):
             exit_if_forked(me, "worker process")  # a transform's forked child came back here: it must not answer
             clock.t = time.perf_counter()
+            fields = ""
+            if error is None and msg.digests:
+                try:
+                    fields = step_fields(pipe, batch, step, process_index, process_count)
+                except StepError as e:
+                    error = e
+                clock.lap(DIGEST)
             if error is None:
                 try:
                     data, buffers = shm.dumps(batch, pickler=_pickle_for_parent)
@@ -214,10 +223,10 @@ def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, pr
                 now = cache_counts(pipe)
                 grew = tuple((k, v - reported[k]) for k, v in now.items() if v != reported[k])
                 reported = now
-                done = Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps), grew)
+                done = Done(step, slot, data, spans, slots[slot].size, spent, seconds, len(msg.steps), grew, fields)
                 shm.send(sock, done, fds=fds)
             else:
-                shm.send(sock, Done(step, slot, data, spans, slots[slot].size), fds=fds)
+                shm.send(sock, Done(step, slot, data, spans, slots[slot].size, digests=fields), fds=fds)
             slots[slot].drop_fd()  # sent: the mapping is all this process needs
 
 

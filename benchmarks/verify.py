@@ -1,0 +1,468 @@
+"""Verify: what the ledger costs, how fast digests are, how fast ``quern verify`` and ``where`` are.
+
+What is measured
+----------------
+**1. Digest throughput** (GB/s of batch bytes, one core, this thread): the row digests of
+:mod:`quern.pipeline.batch_digest` of two batches, ``tokens``: 256 rows of ``{"tokens": (512,)
+int32, "length": int32}`` (the vs_grain batch, 513 KiB) and ``images``: 64 rows of ``(224, 224,
+3)`` uint8 (9.2 MiB). First the part of quern's scheme that depends on the hash: one call per
+row of each leaf whose rows are over 16 bytes (the rest is vectorised NumPy), with xxHash's
+XXH3-128 (what quern uses) and with hashlib's blake2b (digest_size 16). Then, for XXH3,
+``digests_of`` itself (the row digests and the leaf digests: what a ledger line holds) and the
+whole ledger fields (``ledger.step_fields``: the JSON text too), in microseconds per batch: what
+is over the per-row calls is the scheme's own cost. The lowest of 5 medians of ``--reps``
+calls each, the figures taking turns (hot caches: the batch was just hashed).
+
+**2. Ledger cost on the vs_grain pipeline** (``benchmarks/vs_grain.py``'s quern pipeline:
+ArrayRecord, global shuffle, ``decode(int32)``, ``pad(512)``, ``batch(256)``, over its data,
+made if missing): records/s of ``pipe.iterator()`` without and with ``ledger=PATH`` (a file
+under a temporary folder), ``num_workers`` 0 and 2; then the same with vs_grain's CPU-heavy
+per-record transform (``heavy``, about 50-80 µs per record), 2 workers. Each run: a fresh
+iterator (workers started), ``--warmup`` batches, then ``next()`` for at least ``--seconds``; ``--runs``
+rounds, the four configs in turn (every second round in reverse order). Reported: the median
+records/s, the spread (lowest, highest), and the cost as ``1 - with / without`` of the medians
+and the median and range of each round's pair; the digest stage's share of the stage
+seconds (``it.stats()["stages"]["digest"]``: the time the digests take where the batches are
+made, the workers' own with 2 workers), and the CPU time of this process per batch over the
+timed run (``time.process_time``: all the work with 0 workers, the parent's share with 2), which
+other load disturbs less than records/s. Then the compute path alone, which other load
+disturbs least: the CPU time of the process (``time.process_time``: the reader's
+threads too) per step of making the batches (``execute.step_results``, 16 steps per bulk
+read), and the wall time of digesting each right after it is made (``ledger.step_fields``,
+as a worker does: caches cold), median and quartiles over ``--path-steps`` steps, and of
+digesting the last batch of each 16 again (hot).
+
+**3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
+``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
+and ``check_ledger`` of a ledger of as many steps: wall seconds and steps/s (steps computed,
+the reference's included).
+
+**4. where**: queries/s of ``pipe.where(record)`` for random records: a plain stream of
+``N = 10**9`` records (global shuffle, batch 256, 3 epochs), and ``N = 10**6`` for a packed
+stream (``pack(2048, lengths=array)``, lognormal lengths) and a mixture of two components of
+``N / 2`` each (``component=``). The packing plan is made once before timing.
+
+Nothing is asserted. Run (about 2 minutes on 2 cores; the ledger cost moves records/s by less
+than the machine's noise does, so more rounds of shorter runs help):
+
+    .venv/bin/python benchmarks/verify.py [--runs 12] [--seconds 1] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import common
+import numpy as np
+import xxhash
+
+import quern
+import quern.pipeline.execute
+import quern.verify
+from quern.pipeline import batch_digest, ledger
+
+VS_GRAIN_RECORDS = 200_000
+
+
+# --------------------------------------------------------------------------- 1. digest throughput
+
+
+def _batches() -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return {
+        "tokens (256 x 512 int32 + length)": {
+            "tokens": rng.integers(1, 32000, (256, 512), dtype=np.int32),
+            "length": rng.integers(64, 513, 256, dtype=np.int32),
+        },
+        "images (64 x 224x224x3 uint8)": {"image": rng.integers(0, 256, (64, 224, 224, 3), dtype=np.uint8)},
+    }
+
+
+def _row_calls(batch: dict[str, np.ndarray], digest: Callable[[Any], bytes]) -> list[bytes]:
+    """The hash-dependent part of quern's scheme: one call per row of each leaf whose rows are over 16 bytes."""
+    n = len(next(iter(batch.values())))
+    out = []
+    for k in sorted(batch):
+        m = np.ascontiguousarray(batch[k]).reshape(n, -1)
+        if m.nbytes > 16 * n:
+            out.append(b"".join(map(digest, m)))
+    return out
+
+
+def _median_seconds(fn: Callable[[], Any], reps: int) -> float:
+    """The median seconds of ``reps`` calls of ``fn``."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class _Sized:
+    batch_size = 256
+    num_steps = None
+
+
+def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
+    print("\n## 1. Digest throughput (one core)\n")
+    print(
+        common.markdown_header(
+            ["batch", "MiB", "XXH3-128 GB/s (µs)", "blake2b GB/s", "digests_of µs (GB/s)", "ledger fields µs"]
+        )
+    )
+    blake = lambda b: hashlib.blake2b(b, digest_size=16).digest()  # noqa: E731
+    batches = _batches()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.5:  # warm up: caches, plans, the allocator
+        for batch in batches.values():
+            ledger.step_fields(_Sized, batch, 0, 0, 1)
+    figures: dict[tuple[str, str], float] = {}
+    for _ in range(rounds):  # the figures take turns: a slow spell of the machine hits one round of each
+        for name, batch in batches.items():
+            for key, fn, n in (
+                ("x", lambda b=batch: _row_calls(b, xxhash.xxh3_128_digest), reps),
+                ("b", lambda b=batch: _row_calls(b, blake), max(3, reps // 10)),
+                ("d", lambda b=batch: batch_digest.digests_of(b), reps),
+                ("f", lambda b=batch: ledger.step_fields(_Sized, b, 0, 0, 1), reps),
+            ):
+                m = _median_seconds(fn, n)
+                figures[name, key] = min(figures.get((name, key), m), m)
+    out = {}
+    for name, batch in batches.items():
+        nbytes = sum(a.nbytes for a in batch.values())
+        x, b, d, f = (figures[name, k] for k in "xbdf")
+        out[name] = {
+            "bytes": nbytes,
+            "xxh3_gbs": nbytes / x / 1e9,
+            "xxh3_calls_us": x * 1e6,
+            "blake2b_gbs": nbytes / b / 1e9,
+            "digests_of_us": d * 1e6,
+            "fields_us": f * 1e6,
+        }
+        print(
+            common.markdown_row(
+                [
+                    name,
+                    f"{nbytes / 2**20:.2f}",
+                    f"{nbytes / x / 1e9:.2f} ({x * 1e6:,.0f})",
+                    f"{nbytes / b / 1e9:.2f}",
+                    f"{d * 1e6:,.0f} ({nbytes / d / 1e9:.1f})",
+                    f"{f * 1e6:,.0f}",
+                ]
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- 2. ledger cost
+
+
+def _vs_grain_pipeline(heavy: bool = False) -> Any:
+    import vs_grain  # the same data and pipeline
+
+    paths = vs_grain.make_data(VS_GRAIN_RECORDS)
+    common.warm_page_cache(paths)
+    return vs_grain.quern_pipeline(paths, heavy_work=heavy)
+
+
+def ledger_cost(
+    pipe: Any, runs: int, seconds: float, warmup: int, folder: str, workers: tuple[int, ...] = (0, 2), what: str = ""
+) -> dict[str, Any]:
+    print(f"\n## 2. Ledger cost on the vs_grain pipeline{what}\n")
+    stages: dict[str, list[float]] = {}
+    cpu: dict[tuple[int, bool], list[float]] = {}  # CPU seconds of this process per batch, per round
+
+    def case(workers: int, with_ledger: bool) -> Callable[[], float]:
+        key = f"w{workers}-{'on' if with_ledger else 'off'}"
+
+        def run() -> float:
+            path = os.path.join(folder, f"{key}-{time.monotonic_ns()}.jsonl") if with_ledger else None
+            it = common.started(pipe.iterator(num_workers=workers, ledger=path))
+            try:
+                for _ in range(warmup):
+                    next(it)
+                calls = [0]
+
+                def step() -> Any:
+                    calls[0] += 1
+                    return next(it)
+
+                c0 = time.process_time()
+                rate = common.rate(step, seconds, size=lambda b: len(b["length"]))
+                cpu.setdefault((workers, with_ledger), []).append((time.process_time() - c0) / calls[0])
+                st = it.stats()["stages"]
+                if with_ledger and st:
+                    stages.setdefault(key, []).append(st.get("digest", 0.0) / max(sum(st.values()), 1e-12))
+            finally:
+                it.close()
+            if path:
+                os.remove(path)
+            return rate
+
+        return run
+
+    cases = [((w, on), case(w, on)) for w in workers for on in (False, True)]
+    got = common.interleaved(cases, runs, alternate=True)
+    print(common.markdown_header(["workers", "ledger", "records/s (median)", "lowest", "highest", "runs"]))
+    out: dict[str, Any] = {}
+    for (w, on), rates in got.items():
+        print(
+            common.markdown_row(
+                [
+                    w,
+                    "on" if on else "off",
+                    f"{statistics.median(rates):,.0f}",
+                    f"{min(rates):,.0f}",
+                    f"{max(rates):,.0f}",
+                    common.join_runs(rates),
+                ]
+            )
+        )
+        out[f"w{w}-{'on' if on else 'off'}"] = rates
+    print()
+    print(
+        common.markdown_header(
+            ["workers", "cost (medians)", "cost per round: median", "lowest", "highest", "digest share of stage time"]
+        )
+    )
+    for w in workers:
+        off, on = got[(w, False)], got[(w, True)]
+        cost = 1 - statistics.median(on) / statistics.median(off)
+        per = [1 - a / b for a, b in zip(on, off)]
+        share = statistics.median(stages.get(f"w{w}-on", [0.0]))
+        out[f"w{w}-cost"] = {"cost": cost, "per_round": per, "digest_share": share}
+        print(
+            common.markdown_row(
+                [
+                    w,
+                    f"{cost * 100:+.2f}%",
+                    f"{statistics.median(per) * 100:+.2f}%",
+                    f"{min(per) * 100:+.2f}%",
+                    f"{max(per) * 100:+.2f}%",
+                    f"{share * 100:.2f}%",
+                ]
+            )
+        )
+    print("\nCPU time of this process per batch (all the work with 0 workers; the parent's with 2):\n")
+    print(
+        common.markdown_header(["workers", "ledger off µs/batch", "ledger on µs/batch", "cost (medians)", "per round"])
+    )
+    for w in workers:
+        off, on = cpu[(w, False)], cpu[(w, True)]
+        cost = statistics.median(on) / statistics.median(off) - 1
+        per = sorted(a / b - 1 for a, b in zip(on, off))
+        out[f"w{w}-cpu"] = {"off_us": [x * 1e6 for x in off], "on_us": [x * 1e6 for x in on], "cost": cost}
+        print(
+            common.markdown_row(
+                [
+                    w,
+                    f"{statistics.median(off) * 1e6:,.0f} ({min(off) * 1e6:,.0f}-{max(off) * 1e6:,.0f})",
+                    f"{statistics.median(on) * 1e6:,.0f} ({min(on) * 1e6:,.0f}-{max(on) * 1e6:,.0f})",
+                    f"{cost * 100:+.2f}%",
+                    f"median {statistics.median(per) * 100:+.2f}% ({per[0] * 100:+.2f}% to {per[-1] * 100:+.2f}%)",
+                ]
+            )
+        )
+    return out
+
+
+def compute_path(pipes: dict[str, Any], steps: int) -> dict[str, Any]:
+    """CPU per step of making a batch; wall time of digesting it right after (cold) and again (hot)."""
+    print(f"\n### The compute path: making the batch vs digesting it ({steps} steps)\n")
+    print(
+        common.markdown_header(
+            ["pipeline", "batch CPU µs/step", "digest µs cold: median (quartiles)", "hot", "cold / batch CPU"]
+        )
+    )
+    out = {}
+    for name, pipe in pipes.items():
+        list(quern.pipeline.execute.step_results(pipe, range(4)))  # warm
+        make, cold, hot = 0.0, [], []
+        for first in range(4, 4 + steps, 16):
+            t = time.process_time()
+            for r in quern.pipeline.execute.step_results(pipe, range(first, min(first + 16, 4 + steps))):
+                make += time.process_time() - t
+                t0 = time.perf_counter()
+                ledger.step_fields(pipe, r.batch, r.step, 0, 1)  # as a worker does, right after the step
+                cold.append(time.perf_counter() - t0)
+                t = time.process_time()
+            for _ in range(8):
+                t0 = time.perf_counter()
+                ledger.step_fields(pipe, r.batch, r.step, 0, 1)
+                hot.append(time.perf_counter() - t0)
+        batch_us = make / steps * 1e6
+        q = [float(np.percentile(cold, p)) * 1e6 for p in (25, 50, 75)]
+        h = statistics.median(hot) * 1e6
+        out[name] = {"batch_us": batch_us, "cold_us": q, "hot_us": h, "share": q[1] / batch_us}
+        print(
+            common.markdown_row(
+                [
+                    name,
+                    f"{batch_us:,.0f}",
+                    f"{q[1]:,.0f} ({q[0]:,.0f}-{q[2]:,.0f})",
+                    f"{h:,.0f}",
+                    f"{q[1] / batch_us:.2%}",
+                ]
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- 3. quern verify
+
+
+def verify_speed(pipe: Any, steps: int, folder: str) -> dict[str, Any]:
+    print(f"\n## 3. quern verify ({steps} steps)\n")
+    t0 = time.perf_counter()
+    result = quern.verify.compare_topologies(pipe, steps, hosts=[1, 2], workers=[0, 2])
+    topo = time.perf_counter() - t0
+    assert result.ok, result.lines()
+    computed = steps * (1 + 4)
+    path = os.path.join(folder, "run.jsonl")
+    with pipe.iterator(num_workers=2, ledger=path) as it:
+        for _ in range(steps):
+            next(it)
+    t0 = time.perf_counter()
+    checked = quern.verify.check_ledger(pipe, path, num_workers=2)
+    check = time.perf_counter() - t0
+    assert checked.ok, checked.lines()
+    print(common.markdown_header(["check", "seconds", "steps/s"]))
+    print(
+        common.markdown_row(
+            ["compare_topologies: hosts 1,2 x workers 0,2 (+ the reference)", f"{topo:.1f}", f"{computed / topo:,.1f}"]
+        )
+    )
+    print(common.markdown_row(["check_ledger, 2 workers", f"{check:.1f}", f"{steps / check:,.1f}"]))
+    return {"compare_topologies_s": topo, "steps_computed": computed, "check_ledger_s": check, "steps": steps}
+
+
+# --------------------------------------------------------------------------- 4. where
+
+
+class _Huge:
+    """A source of ``n`` records that is never read (where() reads nothing)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        raise AssertionError("where() read a record")
+
+    def identity(self) -> dict[str, Any]:
+        return {"type": "Huge", "n": self.n}
+
+
+class _Docs:
+    """Documents of the given lengths (read only by the length check of ``pack``)."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> Any:
+        return {"tokens": np.zeros(int(self.lengths[i]), dtype=np.int32)}
+
+    def identity(self) -> dict[str, Any]:
+        return {"type": "Docs", "n": len(self.lengths)}
+
+
+def _queries(fn: Callable[[int], Any], n: int, seconds: float) -> float:
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, n, 100_000).tolist()
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or count < 20:
+        fn(ids[count % len(ids)])
+        count += 1
+    return count / (time.perf_counter() - t0)
+
+
+def where_speed(seconds: float, folder: str) -> dict[str, Any]:
+    print("\n## 4. where() queries/s\n")
+    plain = quern.Pipeline.from_source(_Huge(10**9), seed=0, num_epochs=3).shuffle().batch(256)
+    n = 10**6
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(5.5, 1.0, n), 1, 16384).astype(np.int64)
+    t0 = time.perf_counter()
+    packed = (
+        quern.Pipeline.from_source(_Docs(lengths), seed=0)
+        .shuffle()
+        .pack(2048, key="tokens", lengths=lengths, cache_dir=folder)
+        .batch(8)
+    )
+    packed.where(0)  # the plan of the first epoch, made once
+    plan = time.perf_counter() - t0
+    half = [quern.Pipeline.from_source(_Huge(n // 2), seed=s).shuffle() for s in (1, 2)]
+    mixture = quern.mix({"a": half[0], "b": half[1]}, weights={"a": 0.7, "b": 0.3}, seed=3).batch(256)
+    cases = [
+        ("plain, N = 10**9, global shuffle, 3 epochs", lambda r: plain.where(r, epochs=3), 10**9),
+        ("packed, N = 10**6 (best_fit, 2048)", lambda r: packed.where(r), n),
+        ("mixture, 2 x N/2 = 10**6, component a", lambda r: mixture.where(r, component="a"), n // 2),
+    ]
+    print(common.markdown_header(["stream", "queries/s", "µs/query"]))
+    out: dict[str, Any] = {"packing_plan_s": plan}
+    for name, fn, size in cases:
+        q = _queries(fn, size, seconds)
+        out[name] = q
+        print(common.markdown_row([name, f"{q:,.0f}", f"{1e6 / q:,.1f}"]))
+    print(f"\n(the packing plan of the first epoch, made once before timing: {plan:.1f} s)")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=12, help="interleaved rounds of the ledger cost (default 12)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per ledger-cost run (default 1)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed batches per ledger-cost run (default 5)")
+    ap.add_argument("--reps", type=int, default=200, help="calls per digest figure (default 200)")
+    ap.add_argument("--path-steps", type=int, default=160, help="steps of the compute-path figure (default 160)")
+    ap.add_argument("--verify-steps", type=int, default=32, help="steps of the quern verify figures (default 32)")
+    ap.add_argument("--where-seconds", type=float, default=1.0, help="timed seconds per where() figure (default 1)")
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["digests", "ledger", "heavy", "path", "verify", "where"],
+        help="skip a part (repeatable)",
+    )
+    args = common.parse_args(ap)
+    assert args is not None
+    t_start = time.perf_counter()
+    print("# Verify: ledger cost, digest throughput, quern verify, where\n")
+    print(common.command_line())
+    print(common.machine_line(xxhash=xxhash.VERSION))
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
+        if "digests" not in args.skip:
+            figures["digests"] = digest_throughput(args.reps)
+        pipe = _vs_grain_pipeline() if {"ledger", "path", "verify"} - set(args.skip) else None
+        if "ledger" not in args.skip:
+            figures["ledger"] = ledger_cost(pipe, args.runs, args.seconds, args.warmup, folder)
+        heavy = _vs_grain_pipeline(heavy=True) if {"heavy", "path"} - set(args.skip) else None
+        if "heavy" not in args.skip:
+            what = " with its CPU-heavy transform (--heavy of vs_grain.py), 2 workers"
+            figures["ledger_heavy"] = ledger_cost(heavy, args.runs, args.seconds, 2, folder, (2,), what)
+        if "path" not in args.skip:
+            figures["compute_path"] = compute_path({"vs_grain": pipe, "vs_grain --heavy": heavy}, args.path_steps)
+        if "verify" not in args.skip:
+            figures["verify"] = verify_speed(pipe, args.verify_steps, folder)
+        if "where" not in args.skip:
+            figures["where"] = where_speed(args.where_seconds, folder)
+    print(f"\ntotal time {time.perf_counter() - t_start:.0f} s")
+    common.save_figures(args.json, figures)
+
+
+if __name__ == "__main__":
+    main()

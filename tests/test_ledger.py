@@ -1,0 +1,271 @@
+"""Tests of pipeline/ledger.py and the iterator's ``ledger=`` option (issue 24, point 2).
+
+A ledger written while iterating, with threads or worker processes, holds for every step
+yielded the digests of ``batch_at`` of that host slice; ``{process_index}`` names one file per
+host; a writer SIGKILLed mid-write leaves at most a torn last line, which reading ignores and
+reports and a resumed writer drops; gaps, differing duplicates, torn lines in the middle and
+another pipeline's lines are reported or refused, never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import quern
+import quern.verify
+from quern.pipeline.batch_digest import digests_of
+from quern.pipeline.ledger import read_ledger
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _pipe(seed=0):
+    src = {"tokens": np.arange(3000, dtype=np.int32).reshape(300, 10), "w": np.linspace(0, 1, 300)}
+    return quern.Pipeline.from_source(src, seed=seed).shuffle().map(lambda r: {**r, "w": r["w"] * 2}).batch(8)
+
+
+def _lines(path):
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_ledger_holds_the_digests_of_batch_at_for_every_step_and_host(tmp_path, workers):
+    pipe = _pipe()
+    path = tmp_path / "run" / "ledger-{process_index}.jsonl"  # the folder is made
+    stages = []
+    for h in range(2):
+        with pipe.iterator(5, process_index=h, process_count=2, num_workers=workers, ledger=path) as it:
+            batches = [next(it) for _ in range(12)]
+            stages.append(it.stats()["stages"])
+        assert all(
+            quern.pipeline.batch_digest.row_digests_of(b) == pipe.row_digests(s, h, 2) for s, b in enumerate(batches, 5)
+        )
+    assert sorted(os.listdir(tmp_path / "run")) == ["ledger-0.jsonl", "ledger-1.jsonl"]
+    for h in range(2):
+        lines = _lines(tmp_path / "run" / f"ledger-{h}.jsonl")
+        assert [x["step"] for x in lines] == list(range(5, 17))
+        for x in lines:
+            assert list(x) == [
+                "step",
+                "fingerprint",
+                "process_index",
+                "process_count",
+                "rows",
+                "row_digests",
+                "leaf_digests",
+            ]
+            s = x["step"]
+            d = digests_of(pipe.batch_at(s, h, 2))
+            assert x["fingerprint"] == pipe.fingerprint_at(s) == pipe.fingerprint()
+            assert (x["process_index"], x["process_count"], x["rows"]) == (h, 2, [4 * h, 4 * h + 4])
+            assert x["row_digests"] == d.rows == pipe.row_digests(s, h, 2)
+            assert x["leaf_digests"] == d.leaves
+    ledger = read_ledger(str(tmp_path / "run" / "ledger-{process_index}.jsonl"))
+    assert (ledger.issues, ledger.notes, ledger.steps()) == ([], [], list(range(5, 17)))
+    for s in ledger.steps():
+        assert [r for e in ledger.slices(s)[2] for r in e.row_digests()] == pipe.row_digests(s)
+    if workers:  # computed in the worker processes, whose stage times the pool reports
+        assert all(st.get("digest", 0) > 0 for st in stages), stages
+
+
+def test_without_a_ledger_nothing_is_written_or_computed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with _pipe().iterator(num_workers=0) as it:
+        next(it)
+        assert "digest" not in it.stats()["stages"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_lines_are_written_at_state_close_the_end_and_an_error(tmp_path):
+    path = tmp_path / "l.jsonl"
+    it = _pipe().iterator(ledger=path)
+    for _ in range(3):
+        next(it)
+    assert path.read_text() == ""  # kept in memory: a few steps are written at once
+    state = it.state()
+    assert [x["step"] for x in _lines(path)] == [0, 1, 2] and state["step"] == 3
+    next(it)
+    it.close()
+    assert [x["step"] for x in _lines(path)] == [0, 1, 2, 3]
+    finite = quern.Pipeline.from_source({"x": np.arange(20)}, seed=0, num_epochs=1).batch(4)
+    with finite.iterator(ledger=tmp_path / "end.jsonl") as it:
+        assert len(list(it)) == 5
+        assert [x["step"] for x in _lines(tmp_path / "end.jsonl")] == [0, 1, 2, 3, 4]  # at the end, before close
+
+    def fail_at_2(batch):
+        if batch["x"][0] == 8:
+            raise RuntimeError("boom")
+        return batch
+
+    with finite.map_batch(fail_at_2).iterator(ledger=tmp_path / "err.jsonl") as it:
+        next(it), next(it)
+        with pytest.raises(quern.StepError, match="boom"):
+            next(it)
+        assert [x["step"] for x in _lines(tmp_path / "err.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_leaf_without_a_row_axis_fails_the_step_with_a_ledger_only(tmp_path, workers):
+    pipe = _pipe().map_batch(lambda b: {**b, "scale": np.float32(2)})
+    with pipe.iterator(num_workers=workers) as it:
+        next(it)
+    with pipe.iterator(num_workers=workers, ledger=tmp_path / "l.jsonl") as it:
+        with pytest.raises(quern.StepError, match=r"step 0 \(host 0 of 1\), stage 'digest'.*leaf batch\['scale'\]"):
+            next(it)
+
+
+def test_a_resumed_run_appending_to_its_ledger_gives_a_valid_ledger(tmp_path):
+    pipe, path = _pipe(), tmp_path / "l.jsonl"
+    with pipe.iterator(ledger=path) as it:
+        for _ in range(5):
+            next(it)
+        state = it.state()
+        for _ in range(3):  # steps 5..7, then a "crash" (their checkpoint never saved)
+            next(it)
+    with pipe.resume(state, num_workers=2, ledger=path) as it:
+        for _ in range(6):  # steps 5..10: 5..7 logged again, identically
+            next(it)
+    ledger = read_ledger(path)
+    assert ledger.issues == [] and ledger.steps() == list(range(11))
+    assert ledger.notes == ["3 line(s) log a step and host slice again identically (a resumed run): fine"]
+    assert quern.verify.check_ledger(pipe, path).ok
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np, quern
+    pipe = quern.Pipeline.from_source({"x": np.arange(1 << 20, dtype=np.int8)}, seed=1).batch(1 << 14)
+    with pipe.iterator(ledger=sys.argv[1]) as it:
+        while True:
+            next(it)
+    """
+)
+
+
+def test_a_writer_sigkilled_mid_write_leaves_a_torn_last_line_that_is_ignored_and_dropped_on_resume(tmp_path):
+    path = tmp_path / "l.jsonl"
+    for _attempt in range(8):  # SIGKILL while a write is half done: the file does not end with a newline
+        path.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        if f.tell() and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+                            proc.send_signal(signal.SIGKILL)
+                            break
+                except (FileNotFoundError, OSError):
+                    pass
+        finally:
+            proc.kill()
+            proc.wait(30)
+        if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            break
+    data = path.read_bytes()
+    assert not data.endswith(b"\n"), "no SIGKILL landed mid-write in 8 attempts"
+    ledger = read_ledger(path)
+    complete = data.count(b"\n")
+    assert ledger.issues == [] and ledger.steps() == list(range(complete))
+    assert len(ledger.notes) == 1 and f"l.jsonl:{complete + 1}: the last line" in ledger.notes[0]
+    pipe = quern.Pipeline.from_source({"x": np.arange(1 << 20, dtype=np.int8)}, seed=1).batch(1 << 14)
+    with pipe.iterator(complete - 1, ledger=path) as it:  # a resume: one step logged again, then new ones
+        for _ in range(3):
+            next(it)
+    again = read_ledger(path)
+    assert again.issues == [] and again.steps() == list(range(complete + 2))
+    assert not any("torn" in n for n in again.notes)  # the torn tail was dropped before appending
+    assert path.read_bytes().startswith(data[: data.rindex(b"\n") + 1])
+
+
+def _two_host_ledger(tmp_path, steps=10):
+    pipe = _pipe()
+    for h in range(2):
+        with pipe.iterator(process_index=h, process_count=2, ledger=tmp_path / "l-{process_index}.jsonl") as it:
+            for _ in range(steps):
+                next(it)
+    return pipe, [tmp_path / "l-0.jsonl", tmp_path / "l-1.jsonl"]
+
+
+def _rewrite(path, keep):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if keep(json.loads(line))))
+
+
+def test_gaps_in_steps_and_host_slices_are_reported_never_skipped(tmp_path):
+    pipe, (a, b) = _two_host_ledger(tmp_path)
+    _rewrite(b, lambda x: x["step"] != 4)  # host 1's slice of step 4
+    _rewrite(a, lambda x: x["step"] not in (6, 7))
+    _rewrite(b, lambda x: x["step"] not in (6, 7))
+    ledger = read_ledger(str(tmp_path / "l-*.jsonl"))
+    assert [(i.kind, i.step, i.text) for i in ledger.issues] == [
+        ("gap", 4, "step 4: host slice(s) 1 of 2 missing from the ledger"),
+        ("gap", 6, "steps 6..7 are missing from the ledger"),
+    ]
+    result = quern.verify.check_ledger(pipe, [a, b])
+    assert not result.ok and result.first is not None
+    assert (result.first.kind, result.first.step) == ("gap", 4)
+
+
+def test_a_step_logged_twice_differently_is_a_difference_and_identically_a_note(tmp_path):
+    pipe, (a, b) = _two_host_ledger(tmp_path, steps=4)
+    lines = a.read_text().splitlines(keepends=True)
+    x = json.loads(lines[2])
+    x["row_digests"][1] = "0" * 32
+    with open(a, "a") as f:
+        f.write(lines[1] + json.dumps(x) + "\n")
+    ledger = read_ledger([a, b])
+    assert [(i.kind, i.step) for i in ledger.issues] == [("duplicate", 2)]
+    assert f"{a}:3 and {a}:6" in ledger.issues[0].text
+    assert ledger.notes == ["1 line(s) log a step and host slice again identically (a resumed run): fine"]
+    assert not quern.verify.check_ledger(pipe, [a, b]).ok
+
+
+def test_torn_or_bad_lines_in_the_middle_are_reported(tmp_path):
+    pipe, (a, b) = _two_host_ledger(tmp_path, steps=4)
+    lines = a.read_text().splitlines(keepends=True)
+    a.write_text(lines[0] + lines[1][:40] + "\n" + '{"step": 9}\n' + "".join(lines[2:]))
+    ledger = read_ledger([a, b])
+    assert [(i.kind, i.text.split(": ", 1)[0]) for i in ledger.issues] == [
+        ("torn", f"{a}:2"),
+        ("bad line", f"{a}:3"),
+        ("gap", "step 1"),
+    ]
+    assert "no fingerprint, process_index" in ledger.issues[1].text
+
+
+def test_another_pipelines_ledger_is_refused_naming_both_fingerprints_file_and_line(tmp_path):
+    pipe, paths = _two_host_ledger(tmp_path, steps=3)
+    other = _pipe(seed=1)
+    with pytest.raises(ValueError) as e:
+        quern.verify.check_ledger(other, paths)
+    text = str(e.value)
+    assert f"{paths[0]}:1: step 0 was logged by another pipeline" in text
+    assert pipe.fingerprint() in text and other.fingerprint() in text
+    with pytest.raises(ValueError, match="no such file"):
+        read_ledger(tmp_path / "missing.jsonl")
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="no ledger line"):
+        read_ledger(tmp_path / "notes.txt")
+
+
+def test_a_ledger_checks_the_steps_before_a_later_edit(tmp_path):
+    pipe, paths = _two_host_ledger(tmp_path, steps=8)
+    edited = pipe.skip_steps(5, 7)
+    assert quern.verify.check_ledger(edited, paths, steps=range(5)).ok  # the steps before the edit: unchanged
+    whole = quern.verify.check_ledger(edited, paths)  # the steps the edit changes: left out, with a note
+    assert whole.ok and "5 step(s) (0..4)" in whole.summary_lines[0]
+    assert any("were logged before this pipeline's edits" in n and "skip_steps(5, 7)" in n for n in whole.notes)
+    other = quern.Pipeline.from_source({"x": np.arange(50)}, seed=99).batch(pipe.batch_size)
+    with pytest.raises(ValueError, match="step 0 was logged by another pipeline"):
+        quern.verify.check_ledger(other, paths)
