@@ -50,6 +50,7 @@ PUBLIC = (
     "quern.sharding",
     "quern.prepare",
     "quern.metrics",
+    "quern.verify",
 )  # whose __all__ is the API
 GENERATED = ("reference/internals", "reference/config", "reference/metrics")  # read again on every build
 INTERNALS_FENCE = re.compile(r"^```\{quern-internals\}\s*\n```\s*$", re.M)
