@@ -594,22 +594,18 @@ class Pipeline(Addressed, Identified):
         self.stream.check(EXCLUDE)
         from_step = self.check_step(from_step, name="exclude from_step", end_ok=True)
         names = self.leaf_names
-        if len(self.leaves) > 1:
-            if component is None or component not in names:
-                what = "needs component=" if component is None else f"component={component!r} is not one of them"
-                raise ValueError(f"exclude() on a mixture {what}: its components are {list(names)}")
+        src = None  # the source the ids are of; a mixture without a valid component: its refusal names them
+        if component is not None and component in names:
             src = self.sources[names.index(component)]
-        else:
-            if component is not None:
-                raise ValueError(f"exclude(component={component!r}): the pipeline is not a mixture")
+        elif len(names) == 1:
             src = self.sources[0]
         ids = np.asarray(records)
         if ids.dtype == object or ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise TypeError(f"exclude() needs a 1-D sequence of integer record ids, got {records!r:.200}")
         if not ids.size:
             raise ValueError("exclude() needs at least one record id")
-        bad = ids[(ids < 0) | (ids >= len(src))]
-        if bad.size:
+        bad = ids[(ids < 0) | (ids >= len(src))] if src is not None else ids[:0]
+        if bad.size and src is not None:
             raise ValueError(
                 f"exclude(): record id {int(bad[0])} is out of range: source {src.name!r} has {len(src)} records "
                 f"(ids 0..{len(src) - 1})"

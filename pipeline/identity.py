@@ -185,13 +185,13 @@ class Identified:
             mine = self.fingerprint()
             if fp != mine:
                 step = self._me().check_step(state["step"], name="state['step']", end_ok=True)
-                past = self.describe_until(step) if self.stream.describes_past else None
-                if past is not None and fingerprint_of(past) in (state.get("past"), fp):
+                past = self.describe_until(step)  # the whole description when the past depends on all of it
+                if fingerprint_of(past) in (state.get("past"), fp):
                     # only the schedule or the edits from ``step`` on changed (or were added to a pipeline
                     # whose whole description is this one's past): the batches taken are the same
                     return step
                 changed = ""
-                if past is not None and isinstance(state.get("parts"), dict):
+                if self.stream.describes_past and isinstance(state.get("parts"), dict):
                     mine_parts, theirs = self.stream.parts(past), state["parts"]
                     diff = sorted(k for k in set(mine_parts) | set(theirs) if mine_parts.get(k) != theirs.get(k))
                     if diff:

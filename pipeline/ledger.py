@@ -418,7 +418,9 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
     Returns:
         The merged ledger, with its issues (torn or bad lines in the middle, missing steps or host
         slices between its first and last step, a step and host slice logged twice with different
-        content) and notes (a torn last line, ignored; steps logged again identically).
+        content under the same fingerprint) and notes (a torn last line, ignored; steps logged again
+        identically; steps logged again under another fingerprint, a resume on an edited pipeline,
+        whose later line is kept).
 
     Raises:
         ValueError: a file is missing or unreadable, or no file holds a ledger line.
@@ -427,7 +429,7 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
     entries: dict[tuple[int, int, int], Entry] = {}
     issues: list[Issue] = []
     notes: list[str] = []
-    again = 0
+    again = relogged = 0
     for file in files:
         try:
             with open(file, "rb") as f:
@@ -460,6 +462,9 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
                 entries[key] = e
             elif seen.same(e):
                 again += 1
+            elif seen.fingerprint != e.fingerprint:  # a resume on an edited definition: the later line counts
+                entries[key] = e
+                relogged += 1
             else:
                 issues.append(
                     Issue(
@@ -472,6 +477,11 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
         raise ValueError(f"no ledger line in {', '.join(files)}")
     if again:
         notes.append(f"{again} line(s) log a step and host slice again identically (a resumed run): fine")
+    if relogged:
+        notes.append(
+            f"{relogged} line(s) log a step and host slice again under another definition (a resume on an edited "
+            "pipeline): the later line is the one checked"
+        )
     issues += _gaps(entries)
     issues.sort(key=lambda i: -1 if i.step is None else i.step)
     return Ledger(files, entries, issues, notes)

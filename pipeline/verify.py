@@ -492,12 +492,16 @@ def _check_ledger(
     p: Any = pipe
     for (n_hosts, h), logged in sorted(by_slice.items()):
         logged.sort()
-        path = os.path.join(os.fspath(work_dir), f"recomputed-h{n_hosts}-{h}.jsonl")
+        fd, path = tempfile.mkstemp(dir=os.fspath(work_dir), prefix=f"recomputed-h{n_hosts}-{h}-", suffix=".jsonl")
+        os.close(fd)
         for first, count in _spans(logged):
             with p.iterator(first, process_index=h, process_count=n_hosts, num_workers=num_workers, ledger=path) as it:
                 for _ in range(count):
                     next(it)
         again = read_ledger(path)
+        broken = [i for i in again.issues if i.kind != "gap"]  # gaps: only the logged steps are recomputed
+        if broken:
+            raise RuntimeError(f"the recomputation's own ledger {path} does not read back: {broken[0].text}")
         for s in logged:
             checked.add(s)
             d = _entry_difference(
@@ -505,6 +509,15 @@ def _check_ledger(
             )
             if d is not None:
                 differences.append(d)
+    if wanted is not None:
+        logged_steps = {s for s, _, _ in ledger.entries}
+        missing = [s for s in wanted if s not in logged_steps]
+        if missing:
+            differences.append(
+                Difference("missing", missing[0], f"{_steps_text(missing)} asked for are missing from the ledger")
+            )
+    if not checked:
+        differences.append(Difference("missing", None, "no logged step could be checked against this pipeline"))
     files = ", ".join(ledger.files)
     bad = sorted({d.step for d in differences if d.step is not None})
     counts = sorted({n for _, n, _ in ledger.entries})

@@ -335,7 +335,7 @@ def test_exclude_in_a_mixture_component_keeps_the_assignment():
 def test_exclude_in_a_mixture_needs_a_component():
     with pytest.raises(ValueError, match=r"needs component=.*\['a', 'b'\]"):
         _mixture().exclude([1], from_step=2)
-    with pytest.raises(ValueError, match=r"component='c' is not one of them.*\['a', 'b'\]"):
+    with pytest.raises(ValueError, match=r"has no component 'c'.*\['a', 'b'\]"):
         _mixture().exclude([1], from_step=2, component="c")
     with pytest.raises(ValueError, match="record id 10 is out of range: source 'arrays' has 10 records"):
         _mixture().exclude([10], from_step=2, component="a")
@@ -420,3 +420,44 @@ def test_verify_proves_the_steps_before_the_edits_unchanged(tmp_path):
     checked = run_quern("verify", edited_config, "--ledger", log)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "8 step(s) (0..7)" in checked.stdout and "skip_steps(8, 10)" in checked.stdout
+
+
+def test_exclude_every_document_of_a_packed_stream_is_refused():
+    with pytest.raises(ValueError, match="every record"):
+        _packed().exclude(list(range(30)), from_step=2)
+
+
+def test_exclude_on_a_one_component_mixture():
+    a = quern.Pipeline.from_source({"x": np.arange(10)}, seed=1).shuffle()
+    mixed = quern.mix({"a": a}, weights={"a": 1}).batch(2)
+    with pytest.raises(ValueError, match=r"needs component=NAME.*\['a'\]"):
+        mixed.exclude([1], from_step=1)
+    edited = mixed.exclude([1], from_step=1, component="a")
+    assert all(("a", 1) not in row for t in range(1, 30) for row in edited.explain(t))
+
+
+def test_edits_at_the_end_of_a_finite_stream_lose_no_step():
+    pipe = _plain(num_epochs=1).batch(2)  # 23 records: 11 steps
+    assert pipe.exclude([0], from_step=pipe.num_steps).num_steps == pipe.num_steps
+    shrunk = pipe.skip_steps(5, 10).exclude(list(range(8)), from_step=3)  # the skip's target is past the end now
+    stream = _stream_of(pipe, N)
+    rest = stream[:6] + [i for i in stream[6:] if i >= 8]
+    inner_steps = len(rest) // 2
+    want = [t for t in range(inner_steps) if t < 5 or t >= 10]
+    assert shrunk.num_steps == len(want)
+
+
+def test_a_state_of_an_edited_pipeline_resumes_without_its_later_edits():
+    pipe = _plain().batch(2)
+    edited = pipe.skip_steps(20, 30)
+    assert pipe.check_state(edited.state_at(10)) == 10
+    with pytest.raises(ValueError, match="does not match"):
+        pipe.check_state(edited.state_at(25))
+
+
+def test_the_refusal_names_the_edit_that_changes_the_past():
+    pipe = _plain().batch(2)
+    edited = pipe.skip_steps(20, 30).skip_steps(5, 6)
+    with pytest.raises(ValueError, match=r"skip_steps\(5, 6\), which changes the steps from 5 on") as e:
+        edited.check_state(pipe.skip_steps(20, 30).state_at(10))
+    assert "skip_steps(20, 30), which" not in str(e.value)

@@ -269,3 +269,40 @@ def test_a_ledger_checks_the_steps_before_a_later_edit(tmp_path):
     other = quern.Pipeline.from_source({"x": np.arange(50)}, seed=99).batch(pipe.batch_size)
     with pytest.raises(ValueError, match="step 0 was logged by another pipeline"):
         quern.verify.check_ledger(other, paths)
+
+
+def test_a_resume_on_an_edited_pipeline_is_checked_by_its_later_lines(tmp_path):
+    pipe = quern.Pipeline.from_source({"x": np.arange(200)}, seed=3).shuffle().batch(4)
+    path = tmp_path / "run.jsonl"
+    with pipe.iterator(ledger=path) as it:
+        for _ in range(20):
+            next(it)
+    edited = pipe.skip_steps(12, 15)
+    with edited.resume(pipe.state_at(10), ledger=path) as it:  # the run goes on from its checkpoint at 10
+        for _ in range(12):
+            next(it)
+    result = quern.verify.check_ledger(edited, path)
+    assert result.ok, result.lines()
+    assert "22 step(s) (0..21)" in result.summary_lines[0]
+    assert any("under another definition" in n for n in result.notes)
+    lines = path.read_text().splitlines()
+    doc = json.loads(lines[-8])  # a line of the resumed run, after the edit: step 14
+    assert doc["step"] == 14
+    doc["row_digests"][1] = "0" * 32
+    lines[-8] = json.dumps(doc)
+    path.write_text("\n".join(lines) + "\n")
+    bad = quern.verify.check_ledger(edited, path)
+    assert not bad.ok and bad.first.step == 14 and bad.first.row == 1
+
+
+def test_steps_asked_for_but_not_logged_and_foreign_ledgers_fail(tmp_path):
+    pipe = quern.Pipeline.from_source({"x": np.arange(200)}, seed=3).shuffle().batch(4)
+    path = tmp_path / "run.jsonl"
+    with pipe.iterator(ledger=path) as it:
+        for _ in range(10):
+            next(it)
+    missing = quern.verify.check_ledger(pipe, path, steps=range(5, 15))
+    assert not missing.ok and missing.first.step == 10 and "missing" in missing.first.text
+    other = quern.Pipeline.from_source({"x": np.arange(200)}, seed=4).shuffle().batch(4)
+    foreign = quern.verify.check_ledger(other.skip_steps(0, 1), path)  # every step is after the edit
+    assert not foreign.ok and "no logged step could be checked" in " ".join(foreign.lines())

@@ -188,7 +188,14 @@ class EditedStream(Stream):
         total = self.inner.length()
         if total is None:
             return None
-        return max(0, total - sum(stop - start for start, stop in self.skips) * self.batch_size)
+        b = self.batch_size
+        steps = -(-total // b)  # the inner stream's steps, the last one perhaps partial
+        trained = _backward(self.skips, steps, ceil=True)  # the training steps that run one of them
+        assert trained is not None
+        last = _backward(self.skips, steps - 1)  # the training step of the inner stream's last step
+        if total % b and last is not None:  # that partial step is trained: its rows count
+            return (trained - 1) * b + total % b
+        return trained * b
 
     def read_order(self) -> str | None:
         """The inner stream's."""
@@ -335,8 +342,15 @@ class EditedStream(Stream):
         rest = dict(description)
         edits = rest.pop("edits", [])
         out = self.original.parts(rest)
-        for e, at, d in zip(self.edits, self._edit_starts(), edits):
-            out[f"edit {e.text().lstrip('.')}, which changes the steps from {at} on"] = fingerprint_of(d)
+        named = [(e.describe(), e, at) for e, at in zip(self.edits, self._edit_starts())]
+        for d in edits:  # the edits this description holds (those before its cut), by what they are
+            i = next((k for k, (known, _, _) in enumerate(named) if known == d), None)
+            label = (
+                "edit"
+                if i is None
+                else f"edit {named[i][1].text().lstrip('.')}, which changes the steps from {named.pop(i)[2]} on"
+            )
+            out[label] = fingerprint_of(d)
         return out
 
     def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:

@@ -113,10 +113,30 @@ class ExcludedStream(SegmentStream):
 
     # ------------------------------------------------------------------ holes
 
+    def __getstate__(self) -> dict:
+        """The state without the cached holes (recomputed where needed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_holes_cache"}
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore :meth:`__getstate__`'s state."""
+        self.__dict__.update(state)
+
     def _holes(self, ids: np.ndarray, epoch: int) -> np.ndarray:
-        """The sorted offsets of ``ids`` in the base's epoch ``epoch`` (those in the stream)."""
-        j = self.base.epoch_positions(ids, epoch)
-        return np.sort(j[j >= 0])
+        """The sorted offsets of ``ids`` in the base's epoch ``epoch`` (those in the stream).
+
+        Cached for the last few (set, epoch) pairs: consecutive steps share an epoch, and a
+        takedown of many ids would otherwise invert the permutation for all of them each step.
+        """
+        cache = self.__dict__.setdefault("_holes_cache", {})
+        key = (ids.ctypes.data, len(ids), epoch)
+        hit = cache.get(key)
+        if hit is None:
+            j = self.base.epoch_positions(ids, epoch)
+            hit = cache[key] = np.sort(j[j >= 0])
+            hit.setflags(write=False)
+            while len(cache) > 8:
+                cache.pop(next(iter(cache)))
+        return hit
 
     def _count(self, ids: np.ndarray, first: int, end: int) -> int:
         """The holes of ``ids`` at the base positions ``[first, end)``."""
@@ -127,7 +147,7 @@ class ExcludedStream(SegmentStream):
         if e0 == e1:
             h = self._holes(ids, e0) + e0 * n
             return int(np.count_nonzero((h >= first) & (h < end)))
-        k = int(np.count_nonzero(self.base.epoch_positions(ids, e0) >= 0))
+        k = len(self._holes(ids, e0))
         head = self._count(ids, first, (e0 + 1) * n)
         tail = self._count(ids, e1 * n, end)
         return head + tail + k * (e1 - e0 - 1)
@@ -160,7 +180,7 @@ class ExcludedStream(SegmentStream):
             out[sel[head]] = cut.base + _select(offset[head], holes0)
             rest = np.flatnonzero(~head)
             if rest.size:
-                per = n - int(np.count_nonzero(self.base.epoch_positions(cut.ids, e0) >= 0))
+                per = n - len(self._holes(cut.ids, e0))
                 epoch = e0 + 1 + (offset[rest] - first_left) // per
                 w = (offset[rest] - first_left) % per
                 for e in np.unique(epoch).tolist():
@@ -209,7 +229,7 @@ class ExcludedStream(SegmentStream):
         total = self.base.length()
         if total is None:
             return None
-        bounds = [c.base for c in self.cuts[1:]] + [total]
+        bounds = [min(c.base, total) for c in self.cuts[1:]] + [total]
         return total - sum(self._count(c.ids, c.base, end) for c, end in zip(self.cuts, bounds))
 
     def read_order(self) -> str | None:

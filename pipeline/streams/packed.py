@@ -334,6 +334,11 @@ class PackedStream(Stream):
                 "make the exclusions in step order"
             )
         union = np.union1d(self.exclusions[-1][1], ids) if self.exclusions else np.asarray(ids, dtype=np.int64)
+        inner = self.inner.stream
+        if inner.epoch_length is not None and inner.epoch_length <= np.count_nonzero(
+            inner.epoch_positions(union, 0) >= 0
+        ):
+            raise ValueError(f"exclude() would leave no document of {inner.size_text()}: it excludes every record")
         kept = [x for x in self.exclusions if x[0] != position] + [(position, union)]
         return dataclasses.replace(
             self, exclusions=tuple(kept), exclusions_key=tuple((at, x.tobytes()) for at, x in kept)
