@@ -150,6 +150,7 @@ def test_workers_stuck_worker_is_killed_and_replaced(parent):
         text = _times_out_at_step_2(it, "map[0] hang_in_worker")
         stuck = int(re.search(r"worker 0 \(pid (\d+)\)", text).group(1))
         assert _gone(stuck)  # killed, and reaped by the fork server
+        assert it.wait_for_workers(timeout=30)  # the new worker 0's pid comes from the fork server later
         assert stuck not in it.worker_pids and len(it.worker_pids) == 2  # a new worker 0
         with pytest.raises(StepTimeoutError) as again:  # next() again computes step 2 again: on the new worker
             next(it)
