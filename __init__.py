@@ -22,6 +22,7 @@ from quern.pipeline.errors import (
     FingerprintError,
     PrepareError,
     ScanError,
+    ServiceError,
     SourceError,
     StepError,
     StepTimeoutError,
@@ -29,8 +30,9 @@ from quern.pipeline.errors import (
 )
 from quern.pipeline.loader import PipelineIterator
 from quern.pipeline.mix import mix
+from quern.pipeline.service import RayService
+from quern.pipeline.version import __version__
 
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
@@ -52,6 +54,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Pipeline",
     "PipelineIterator",
+    "RayService",
+    "ServiceError",
     "mix",
     "ScanError",
     "StepError",

@@ -11,6 +11,7 @@ import sys
 
 __all__ = [
     "StepError",
+    "ServiceError",
     "StepTimeoutError",
     "SourceError",
     "WorkerError",
@@ -50,6 +51,14 @@ class SourceError(RuntimeError):
 
 class WorkerError(RuntimeError):
     """Worker processes cannot make progress: they cannot start, or keep dying."""
+
+
+class ServiceError(RuntimeError):
+    """The preprocessing service cannot serve: its cluster is gone or too small, or its actors disagree.
+
+    Raised by :class:`quern.RayService` and by an iterator that uses one; the
+    message names the cluster's address (a step's own failure is a :class:`StepError`).
+    """
 
 
 class CollateError(ValueError):

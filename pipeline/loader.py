@@ -24,6 +24,7 @@ from .index import check_int, host_rows
 from .ledger import LedgerWriter, step_fields
 from .loader_threads import Chunk
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
+from .service import RayService, ServiceFeed
 from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
 from .workers import WorkerPool, sigint_deferred
 
@@ -62,6 +63,7 @@ class IteratorOptions(TypedDict, total=False):
     timings: bool
     step_timeout: float | None
     ledger: str | os.PathLike | None
+    service: RayService | None
 
 
 class PipelineIterator:
@@ -94,9 +96,15 @@ class PipelineIterator:
             is replaced by this host's index): the step's fingerprint, host slice and
             digests, computed where the batch is made (with workers, in the workers);
             see :mod:`quern.pipeline.ledger`. ``None``: no ledger.
+        service: compute the steps on this :class:`quern.RayService`'s actors instead of
+            here (``prefetch``: units per actor in flight; ``read_ahead``: steps per unit;
+            see :mod:`quern.pipeline.service`). ``None``: no service.
 
     Raises:
-        ValueError: an option is out of range, or ``num_threads`` is given with workers.
+        ValueError: an option is out of range, ``num_threads`` is given with workers, or
+            ``service`` with ``num_workers``.
+        ServiceError: the service is closed, holds another pipeline, or its actors disagree
+            with this process (quern version, index format, fingerprint).
         TypeError: ``step_timeout`` is not a number.
         OSError: the ledger cannot be opened for appending.
 
@@ -122,6 +130,7 @@ class PipelineIterator:
         timings: bool = True,
         step_timeout: float | None = None,
         ledger: str | os.PathLike | None = None,
+        service: RayService | None = None,
     ) -> None:
         self._closed = True
         self._ledger: LedgerWriter | None = None
@@ -154,6 +163,14 @@ class PipelineIterator:
                 f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
                 "each worker process computes its steps on one thread"
             )
+        if service is not None and not isinstance(service, RayService):
+            raise TypeError(f"service must be a quern.RayService or None, got {type(service).__name__}")
+        if service is not None and self.num_workers:
+            raise ValueError(
+                f"service= and num_workers={num_workers} cannot be used together: the service's actors compute "
+                "the steps (num_workers=0)"
+            )
+        self._service = service
         execute.check_hosts(pipe, process_count)  # every bucket's batch size, before the first step
         lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
         # remote sources: fetch the files of the next steps ahead, in the order they are read
@@ -165,7 +182,7 @@ class PipelineIterator:
         )
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
-        elif not self.num_workers:
+        elif not self.num_workers and service is None:
             c = len(pipe.leaves)  # a mixture reads each component in its own calls: keep them as large
             read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
         self.read_ahead = read_ahead  # with workers, None: chosen by the worker pool
@@ -178,7 +195,7 @@ class PipelineIterator:
         self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
-        self._workers: WorkerPool | None = None
+        self._workers: WorkerPool | ServiceFeed | None = None
         self._last_stats: dict[str, Any] = {"workers": 0}
         if self.num_workers:
             self._last_stats = {
@@ -190,7 +207,26 @@ class PipelineIterator:
                 "stage_steps": 0,
             }
         self._pool: cf.ThreadPoolExecutor | None = None
-        if self.num_workers and (self._end is None or self.step < self._end):
+        if service is not None and (self._end is None or self.step < self._end):
+            try:
+                self._workers = ServiceFeed(
+                    service,
+                    pipe,
+                    process_index=self.process_index,
+                    process_count=self.process_count,
+                    prefetch=self.prefetch,
+                    read_ahead=self.read_ahead,
+                    start=self.step,
+                    end=self._end,
+                    copy=bool(copy_batches),
+                    timed=self.timed,
+                    digests=self._ledger is not None,
+                )
+            except BaseException:
+                if self._ledger is not None:
+                    self._ledger.forget()
+                raise
+        elif self.num_workers and (self._end is None or self.step < self._end):
             try:
                 self._workers = WorkerPool(
                     pipe,
@@ -208,10 +244,10 @@ class PipelineIterator:
                 if self._ledger is not None:
                     self._ledger.forget()
                 raise
-        elif not self.num_workers:
+        elif not self.num_workers and service is None:
             self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
         # the workers' disk-cache counters (kept after they stop)
-        self._worker_cache: dict[str, int] = self._workers.cache_counts if self._workers is not None else {}
+        self._worker_cache: dict[str, int] = self._workers.cache_counts if isinstance(self._workers, WorkerPool) else {}
         self._closed = False
         _LIVE.add(self)
         LIVE.add(self)  # quern.metrics reports it
@@ -494,19 +530,29 @@ class PipelineIterator:
             ``stages`` and ``stage_steps`` (seconds per stage, empty with
             ``timings=False``); ``host_prefetch`` (``ready``, ``in_flight``, ``depth``,
             ``window``); ``workers`` (and, with workers, ``delivered_by_worker``,
-            ``worker_restarts``, ``computed_in_parent``); ``disk_cache`` for sources
+            ``worker_restarts``, ``computed_in_parent``); ``service`` with a service
+            (:meth:`quern.pipeline.service.ServiceFeed.stats`); ``disk_cache`` for sources
             read by URL. Each figure is described in ``docs/design/iterator.md``.
         """
         pool = self._workers
         if pool is None:
             out = dict(self._last_stats)
-            if not self.num_workers:
+            if not self.num_workers and self._service is None:
                 pending = list(self._pending)  # one C call: safe while next() runs in another thread (a scrape)
                 ready, in_flight = len(self._ready), sum(c for _, c, _ in pending)
                 depth = max(self.prefetch * (self.read_ahead or 1), self.window)
                 out["stages"], out["stage_steps"] = dict(self.timings), self._computed
             else:  # the workers have stopped: their last figures
                 ready = in_flight = depth = 0
+        elif isinstance(pool, ServiceFeed):
+            ready, in_flight = pool.in_flight()
+            depth = pool.num_workers * pool.in_flight_limit()
+            out = {
+                "workers": 0,
+                "service": pool.stats(),
+                "stages": dict(pool.timings),
+                "stage_steps": pool.timed_steps,
+            }
         else:
             ready, in_flight = pool.in_flight()
             depth = self.num_workers * pool.in_flight_limit()

@@ -22,6 +22,7 @@ from ..config import load_config
 from ..dataset import Pipeline
 from ..limits import MAX_BYTES
 from ..progress import Bar
+from ..service import RayService
 from ..sources.prepared import MANIFEST
 from ..tree import leaves
 from . import reports
@@ -93,21 +94,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         if pipe.num_steps - start < steps:
             steps = pipe.num_steps - start
             print(f"quern: the stream ends after step {pipe.num_steps - 1}: running {steps} steps", file=sys.stderr)
+    ray = args.ray or args.ray_address is not None
+    if args.actors is not None and not ray:
+        raise ValueError("--actors applies to --ray (or --ray-address) only")
+    if ray and args.workers:
+        raise ValueError("--ray computes the steps on Ray actors: --workers does not apply (leave it at 0)")
+    service = RayService(args.ray_address, num_actors=args.actors) if ray else None
     t0, records = time.perf_counter(), 0
     noun = reports.row_noun(pipe)
     report = reports.RunReport(pipe, start)
-    # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
-    with Bar(steps, "quern run", unit="step", count=noun) as bar:
-        with pipe.iterator(
-            start_step=start, num_workers=args.workers, step_timeout=args.step_timeout, ledger=args.ledger
-        ) as it:
-            for i in range(steps):
-                batch = next(it)
-                made = len(leaves(batch)[0][1])  # the step's records (rows)
-                records += made
-                report.add(start + i, batch, rows=made)
-                bar.update(1, made)
-            state = it.state()
+    try:
+        # a bar on stderr when it is a terminal, closed (its line ended) before an error's message
+        with Bar(steps, "quern run", unit="step", count=noun) as bar:
+            with pipe.iterator(
+                start_step=start,
+                num_workers=args.workers,
+                step_timeout=args.step_timeout,
+                ledger=args.ledger,
+                service=service,
+            ) as it:
+                for i in range(steps):
+                    batch = next(it)
+                    made = len(leaves(batch)[0][1])  # the step's records (rows)
+                    records += made
+                    report.add(start + i, batch, rows=made)
+                    bar.update(1, made)
+                state = it.state()
+                figures = it.stats().get("service")
+    finally:
+        if service is not None:
+            service.close()
     seconds = time.perf_counter() - t0
     print(
         f"{steps} steps, {records:,} {noun} in {seconds:.2f} s: {records / max(seconds, 1e-9):,.0f} {noun}/s, "
@@ -115,6 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for line in report.lines(steps):
         print(line)
+    if figures is not None:
+        print(
+            f"service: {figures['actors']} actors on {figures['address']}, {figures['units']} units, "
+            f"{figures['recomputations']} recomputed, {figures['hedges']} hedged"
+        )
     if args.save_state:
         with open(args.save_state, "w") as f:
             json.dump(state, f)

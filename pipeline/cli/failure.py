@@ -18,6 +18,7 @@ from ..errors import (
     FingerprintError,
     PrepareError,
     ScanError,
+    ServiceError,
     SourceError,
     StepError,
     WorkerError,
@@ -29,7 +30,7 @@ __all__ = ["MAX_MESSAGE", "clip", "expected", "message", "status"]
 MAX_MESSAGE = 4000
 """The most characters of one error message (the rest is left out; ``--traceback`` shows it)."""
 
-_DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError, ScanError, PrepareError)
+_DATA_ERRORS = (StepError, SourceError, WorkerError, CollateError, ScanError, PrepareError, ServiceError)
 _USAGE_ERRORS = (ValueError, IndexError, OSError, FingerprintError)  # ConfigError is a ValueError
 _OWN_ERRORS = (*_DATA_ERRORS, ConfigError, FingerprintError)  # their messages say what failed without the class name
 

@@ -182,6 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="append a line per step with its digests to this file ({process_index} is replaced by the host): "
         "what quern verify --ledger checks",
     )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="compute the steps on Ray actors (quern.RayService) of a new local cluster (pip install 'quern[ray]')",
+    )
+    p.add_argument("--ray-address", metavar="HOST:PORT", help="the Ray cluster of the actors (implies --ray)")
+    p.add_argument(
+        "--actors",
+        type=_positive,
+        default=None,
+        help="with --ray: actors to start (default: the cluster's CPUs)",
+    )
 
     p = with_config(
         "explain", "which records make each row of a step (O(batch), any step); a mixture's rows name their component"
