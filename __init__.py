@@ -34,7 +34,6 @@ from quern.pipeline.service import RayService
 from quern.pipeline.version import __version__
 
 
-
 def __getattr__(name: str) -> object:
     """``load_config`` and ``prepare``, imported on first use.
 

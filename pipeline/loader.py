@@ -177,7 +177,7 @@ class PipelineIterator:
         lookahead = check_int(lookahead, "lookahead", 0)
         self._lookahead = (
             Lookahead(pipe, process_index, process_count, steps=lookahead)
-            if lookahead and Lookahead.wanted(pipe)
+            if lookahead and Lookahead.wanted(pipe) and service is None  # a service's actors read for themselves
             else None
         )
         if read_ahead is not None:

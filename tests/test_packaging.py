@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -119,6 +120,10 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
     assert not sorted(modules - want), f"in the wheel but not modules of the package: {sorted(modules - want)}"
     assert "quern/py.typed" in names
     assert not [n for n in names if n.split("/")[0] != "quern" and not n.split("/")[0].endswith(".dist-info")]
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert wheel.name.startswith(f"quern-{version}-"), (wheel.name, version)
+    assert quern.__version__ == version  # pipeline/version.py, what each service actor compares with the trainer's
 
     with tarfile.open(sdist) as tar:
         names = [n.partition("/")[2] for n in tar.getnames()]  # below the top folder quern-VERSION/

@@ -288,6 +288,22 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
             pipe.iterator(service=svc, num_workers=2)
         except ValueError as e:
             errors["workers"] = str(e)
+        class Here:  # a source whose identity differs in every process: the actors compute another definition
+            def __len__(self):
+                return 100
+
+            def __getitem__(self, i):
+                return {"x": np.array([i])}
+
+            def identity(self):
+                return {"type": "Here", "pid": os.getpid()}
+
+        other = quern.RayService(num_actors=1)
+        try:
+            quern.Pipeline.from_source(Here(), seed=0).batch(10).iterator(service=other)
+        except quern.ServiceError as e:
+            errors["fingerprint"] = str(e)
+        other.close()
         it = pipe.iterator(service=svc)
         next(it)
         svc.close()
@@ -308,6 +324,8 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
     assert "stage map_batch[0]" in got["pickle"] and "cannot be pickled" in got["pickle"], got
     assert "num_workers=2" in got["workers"], got
     assert "closed" in got["closed"], got
+    assert "actor 0 (pid " in got["fingerprint"] and "fingerprint" in got["fingerprint"], got
+    assert "in the actor" in got["fingerprint"] and "in the trainer" in got["fingerprint"], got
     assert got["ray_after_close"] is False
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from .. import execute
 from .. import index as _index
+from ..fingerprint import fingerprint_of
 from ..ledger import step_fields
 from ..version import __version__
 from ..workers.messages import ErrorReport
@@ -29,7 +30,7 @@ class Expect(NamedTuple):
     quern: str
     """The quern version (``quern.__version__``)."""
     index_format: int
-    """The index-format version (:data:`quern.index.INDEX_FORMAT_VERSION`)."""
+    """The index-format version (``quern.index.INDEX_FORMAT_VERSION``)."""
     fingerprint: str | None
     """The pipeline's fingerprint (``None``: the pipeline cannot be described, not checked)."""
 
@@ -103,9 +104,13 @@ class UnitActor:
         except Exception as e:
             self.problem = f"the pipeline cannot be loaded in the actor: {type(e).__name__}: {e}"
             return
-        mine = expect_of(self.pipe)
-        if expect.fingerprint is None:  # the trainer could not describe it: not compared
-            mine = mine._replace(fingerprint=None)
+        fingerprint: str | None = None
+        if expect.fingerprint is not None:  # computed afresh here (not the copy the trainer's pickle holds)
+            try:
+                fingerprint = fingerprint_of(self.pipe.describe_until(None))
+            except Exception as e:
+                fingerprint = f"none ({type(e).__name__}: {e})"
+        mine = Expect(__version__, _index.INDEX_FORMAT_VERSION, fingerprint)
         differ = [
             f"{name} {got!r} in the actor, {want!r} in the trainer"
             for name, got, want in zip(Expect._fields, mine, expect)

@@ -111,6 +111,8 @@ class ServiceFeed:
         self.num_workers = service.num_actors  # the figures of stats() are per actor
         self._units: dict[int, _Unit] = {}  # first step -> unit
         self._busy: collections.Counter[int] = collections.Counter()  # slot -> units in flight
+        self._arrived: dict[int, float] = {}  # id of an attempt's ref -> when it was seen done
+        self._orphans: list[_Try] = []  # attempts whose unit no longer needs them (a hedge's loser): still busy
         self._times: collections.deque[float] = collections.deque(maxlen=RECENT)  # recent units' seconds
         self._unit_seconds: list[float] = []  # every unit's seconds, for stats()
         self._last_look = self._last_hello = time.monotonic()
@@ -151,6 +153,13 @@ class ServiceFeed:
         if self.service.starting and time.monotonic() - self._last_hello >= 0.2:  # replacements: live yet?
             self._last_hello = time.monotonic()
             self.service.poll_hellos()
+        if self._orphans:  # an actor is busy until its abandoned attempts end: a straggler gets fewer units
+            ready, _ = _ray().wait([t.ref for t in self._orphans], num_returns=len(self._orphans), timeout=0)
+            done = {id(r) for r in ready}
+            for t in [t for t in self._orphans if id(t.ref) in done]:
+                self._orphans.remove(t)
+                self._busy[t.slot] -= 1
+                self._arrived.pop(id(t.ref), None)
         want = max(self.prefetch * self.service.num_actors, -(-self.ahead // self.read_ahead))
         first = self._first_of(step)
         for k in range(want):
@@ -168,6 +177,7 @@ class ServiceFeed:
     def _drop_try(self, unit: _Unit, t: _Try) -> None:
         unit.tries.remove(t)
         self._busy[t.slot] -= 1
+        self._arrived.pop(id(t.ref), None)
 
     def _deadline(self) -> float | None:
         """Seconds after which a unit is hedged (``None``: not yet known, or hedging is off)."""
@@ -199,7 +209,7 @@ class ServiceFeed:
         if unit.result is not None:
             return  # a hedge that came second
         unit.result = result
-        seconds = time.monotonic() - t.sent
+        seconds = self._arrived.pop(id(t.ref), time.monotonic()) - t.sent
         self._times.append(seconds)
         self._unit_seconds.append(seconds)
         self.delivered[t.slot] += sum(b is not None for b in result.batches)
@@ -207,6 +217,17 @@ class ServiceFeed:
             add(self.timings, result.timings)
             self.timed_steps += unit.count
         self.load = ema(self.load, result.seconds / unit.count / self.service.num_actors)
+
+    def _note_arrivals(self) -> None:
+        """Note when the attempts in flight came back (once per unit: their times set the hedging deadline)."""
+        refs = [
+            t.ref for u in self._units.values() if u.result is None for t in u.tries if id(t.ref) not in self._arrived
+        ]
+        if refs:
+            ready, _ = _ray().wait(refs, num_returns=len(refs), timeout=0)
+            now = time.monotonic()
+            for r in ready:
+                self._arrived[id(r)] = now
 
     def _wait(self, unit: _Unit, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for an attempt of ``unit``; take what came."""
@@ -249,6 +270,8 @@ class ServiceFeed:
         self.service._check_open()
         began = time.monotonic()
         first = self._first_of(step)
+        if step == first:
+            self._note_arrivals()
         while True:
             self._top_up(step)
             unit = self._units[first]
@@ -307,6 +330,8 @@ class ServiceFeed:
         unit.taken = max(unit.taken, i + 1)
         if unit.taken >= unit.count:
             del self._units[unit.first]
+            self._orphans += unit.tries  # a hedge still running: its actor stays busy until it ends
+            unit.tries = []
         if self.copy:
             from ..tree import map_leaves
 
@@ -340,6 +365,7 @@ class ServiceFeed:
             "actors_replaced": self.service.replaced,
             "delivered_by_actor": list(self.delivered),
             "units": len(times),
+            "recent_unit_s": list(self._unit_seconds[-RECENT:]),
             "unit_s": {
                 "median": statistics.median(times) if times else None,
                 "p90": times[int(0.9 * (len(times) - 1))] if times else None,
@@ -365,6 +391,8 @@ class ServiceFeed:
         self._closed = True
         self._units.clear()
         self._busy.clear()
+        self._orphans.clear()
+        self._arrived.clear()
 
     def forget(self) -> None:
         """In a forked process: drop this copy."""

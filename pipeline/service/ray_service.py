@@ -104,7 +104,7 @@ class RayService:
             if address is None:
                 kw.update(
                     address="local",
-                    _node_ip_address="127.0.0.1",  # a local cluster listens on loopback only
+                    _node_ip_address="127.0.0.1",  # the node's address (Ray may still name the machine's own)
                     num_cpus=num_cpus or os.cpu_count() or 1,
                     object_store_memory=object_store_memory or 512 << 20,
                 )
