@@ -36,12 +36,13 @@ from ..timing import HANDOVER, add, ema
 from .actor import UnitResult
 from .ray_service import RayService, _ray
 
-__all__ = ["ServiceFeed", "UNIT_RECORDS", "MAX_UNIT_STEPS", "POLL"]
+__all__ = ["ServiceFeed", "UNIT_RECORDS", "MAX_UNIT_STEPS", "POLL", "HEAD_EVERY"]
 
 UNIT_RECORDS = 4096  # default unit: about this many records...
 MAX_UNIT_STEPS = 16  # ...but at most this many steps
 POLL = 0.5  # seconds between looks at the cluster, the hedging deadline and stop() while waiting
 RECENT = 16  # units whose times set the hedging deadline
+HEAD_EVERY = 2.0  # seconds between looks at the cluster's head while batches keep coming
 
 
 class _Try(NamedTuple):
@@ -115,7 +116,7 @@ class ServiceFeed:
         self._orphans: list[_Try] = []  # attempts whose unit no longer needs them (a hedge's loser): still busy
         self._times: collections.deque[float] = collections.deque(maxlen=RECENT)  # recent units' seconds
         self._unit_seconds: list[float] = []  # every unit's seconds, for stats()
-        self._last_look = self._last_hello = time.monotonic()
+        self._last_look = self._last_hello = self._last_head = time.monotonic()
         self.delivered = [0] * service.num_actors  # steps each actor slot delivered
         self.in_parent = 0
         self.recomputations = 0  # units sent again after their actor died
@@ -246,6 +247,17 @@ class ServiceFeed:
             self.service.check_alive()  # raises when the cluster is gone
             self.service.poll_hellos()
 
+    def _check_head(self) -> None:
+        """Every :data:`HEAD_EVERY` seconds, whatever comes back, see that the cluster's head answers.
+
+        Actors on nodes that outlive the head keep answering, but Ray ends this process
+        about a minute after the head is gone: :meth:`RayService.check_alive` raises first.
+        """
+        now = time.monotonic()
+        if now - self._last_head >= HEAD_EVERY:
+            self._last_head = now
+            self.service.check_alive()
+
     # ------------------------------------------------------------------ the iterator's side
 
     def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
@@ -270,6 +282,7 @@ class ServiceFeed:
         self.service._check_open()
         began = time.monotonic()
         first = self._first_of(step)
+        self._check_head()
         if step == first:
             self._note_arrivals()
         while True:
