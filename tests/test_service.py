@@ -277,7 +277,8 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
             errors["cpus"] = str(e)
         errors["ray_after_cpus"] = ray.is_initialized()
         pipe = pipeline()
-        svc = quern.RayService(num_actors=2, num_cpus=2)
+        svc = quern.RayService(num_cpus=2)  # num_actors: the cluster's CPUs over num_cpus_per_actor
+        errors["default_actors"] = svc.num_actors
         lock = threading.Lock()
         bad = pipe.map_batch(lambda b: (lock, b)[1])
         try:
@@ -321,6 +322,7 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
     assert got["unreachable_s"] < 10, got
     assert "has 2 CPUs" in got["cpus"] and "num_actors=5" in got["cpus"], got
     assert got["ray_after_cpus"] is False
+    assert got["default_actors"] == 2, got
     assert "stage map_batch[0]" in got["pickle"] and "cannot be pickled" in got["pickle"], got
     assert "num_workers=2" in got["workers"], got
     assert "closed" in got["closed"], got
