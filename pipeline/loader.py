@@ -207,39 +207,22 @@ class PipelineIterator:
                 "stage_steps": 0,
             }
         self._pool: cf.ThreadPoolExecutor | None = None
-        if service is not None and (self._end is None or self.step < self._end):
+        if (service is not None or self.num_workers) and (self._end is None or self.step < self._end):
+            shared: dict[str, Any] = {
+                "process_index": self.process_index,
+                "process_count": self.process_count,
+                "prefetch": self.prefetch,
+                "read_ahead": self.read_ahead,
+                "end": self._end,
+                "copy": bool(copy_batches),
+                "timed": self.timed,
+                "digests": self._ledger is not None,
+            }
             try:
-                self._workers = ServiceFeed(
-                    service,
-                    pipe,
-                    process_index=self.process_index,
-                    process_count=self.process_count,
-                    prefetch=self.prefetch,
-                    read_ahead=self.read_ahead,
-                    start=self.step,
-                    end=self._end,
-                    copy=bool(copy_batches),
-                    timed=self.timed,
-                    digests=self._ledger is not None,
-                )
-            except BaseException:
-                if self._ledger is not None:
-                    self._ledger.forget()
-                raise
-        elif self.num_workers and (self._end is None or self.step < self._end):
-            try:
-                self._workers = WorkerPool(
-                    pipe,
-                    self.num_workers,
-                    process_index=self.process_index,
-                    process_count=self.process_count,
-                    prefetch=self.prefetch,
-                    read_ahead=self.read_ahead,
-                    end=self._end,
-                    copy=bool(copy_batches),
-                    timed=self.timed,
-                    digests=self._ledger is not None,
-                )
+                if service is not None:
+                    self._workers = ServiceFeed(service, pipe, start=self.step, **shared)
+                else:
+                    self._workers = WorkerPool(pipe, self.num_workers, **shared)
             except BaseException:
                 if self._ledger is not None:
                     self._ledger.forget()

@@ -18,18 +18,19 @@ import glob
 import json
 import os
 import random
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
 import pytest
 from helpers import run_prepare, tree
+from raycluster import assert_none_left as _assert_none_left
+from raycluster import env as _env
+from raycluster import free_ports as _free_ports
+from raycluster import short_tmpdir as _short_tmpdir
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quern[ray]'): quern prepare --ray")
 psutil = pytest.importorskip("psutil")
@@ -37,7 +38,6 @@ psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.timeout(300)
 
 TIMEOUT = 180  # seconds, for every command run here
-TOKEN = secrets.token_hex(32)  # the clusters' token (Ray versions with token authentication): ~/.ray is not used
 TOK = """\
 import numpy as np
 
@@ -58,80 +58,6 @@ BAD_FILE = "b/f0013.txt"  # the one record the map of BAD raises on
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _env(tmpdir: str | None) -> dict[str, str]:
-    """The environment of the Ray and quern processes run here: usage stats off, token authentication with a token
-    of this test run, no drain wait on SIGTERM, Ray's files under ``tmpdir`` (short: Ray's socket paths are limited),
-    no address inherited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN=TOKEN,
-        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-    )
-    if tmpdir is not None:
-        env["RAY_TMPDIR"] = tmpdir
-    return env
-
-
-def _short_tmpdir() -> str:
-    return tempfile.mkdtemp(prefix="qr", dir="/tmp" if os.path.isdir("/tmp") else None)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _ray_processes(tmpdir: str) -> list[psutil.Process]:
-    """The live processes of the Ray cluster whose files are in ``tmpdir``: those whose command line names it (the
-    head, GCS, raylet, agents) or whose environment has it as ``RAY_TMPDIR`` (the workers too, which rename
-    themselves ``ray::...``)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if p.pid == os.getpid():
-            continue
-        try:
-            ours = any(tmpdir in a for a in p.info["cmdline"] or ())
-            if not ours:
-                try:
-                    ours = p.environ().get("RAY_TMPDIR") == tmpdir
-                except psutil.AccessDenied:  # another user's process: not ours
-                    ours = False
-            if ours and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def _assert_none_left(tmpdir: str, grace: float = 15.0) -> None:
-    """Wait up to ``grace`` seconds for the processes of the cluster in ``tmpdir`` to end; kill (by pid) and name those
-    still there."""
-    deadline = time.monotonic() + grace
-    left = _ray_processes(tmpdir)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = _ray_processes(tmpdir)
-    names = []
-    for p in left:
-        try:
-            names.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=10)
-    assert not names, "Ray processes left behind:\n" + "\n".join(names)
 
 
 def _make_input(root, n: int, seed: int, bad: str | None = None) -> str:

@@ -21,7 +21,6 @@ The feed has the interface of :class:`~quern.pipeline.workers.WorkerPool` that
 from __future__ import annotations
 
 import collections
-import pickle
 import statistics
 import time
 from collections.abc import Callable, Collection
@@ -30,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import execute
-from ..errors import ServiceError, StepError, StepTimeoutError
+from ..errors import ServiceError, StepTimeoutError
 from ..index import host_rows
 from ..timing import HANDOVER, add, ema
 from .actor import UnitResult
@@ -327,16 +326,7 @@ class ServiceFeed:
         if report is not None:
             unit.result = None  # asking again computes the unit again
             unit.hedged = False
-            error = StepError(
-                f"{report.text}\n\nservice actor (pid {result.pid}) on {self.service.address}, traceback:\n"
-                f"{report.traceback}"
-            )
-            if report.cause is not None:
-                try:
-                    error.__cause__ = pickle.loads(report.cause)
-                except Exception:
-                    pass
-            raise error
+            raise report.error(f"service actor (pid {result.pid}) on {self.service.address},")
         batch = result.batches[i]
         result.batches[i] = None  # the iterator holds it now
         self.last_digests = result.fields[i]

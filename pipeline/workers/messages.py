@@ -15,7 +15,10 @@ Each is a NamedTuple sent pickled over a Unix socket
 
 from __future__ import annotations
 
+import pickle
 from typing import NamedTuple
+
+from ..errors import StepError
 
 __all__ = [
     "Span",
@@ -198,6 +201,23 @@ class ErrorReport(NamedTuple):
     text: str
     traceback: str
     cause: bytes | None
+
+    def error(self, where: str) -> StepError:
+        """The :class:`~quern.StepError` to raise in the parent: the message, then ``where`` and the traceback.
+
+        Args:
+            where: which process computed the step (``worker 0 (pid 12)``).
+
+        Returns:
+            The error, with the original exception as ``__cause__`` when it could be unpickled.
+        """
+        error = StepError(f"{self.text}\n\n{where} traceback:\n{self.traceback}")
+        if self.cause is not None:
+            try:
+                error.__cause__ = pickle.loads(self.cause)
+            except Exception:
+                pass
+        return error
 
 
 class Failed(NamedTuple):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import execute
-from ..errors import StepError, WorkerError
+from ..errors import WorkerError
 from ..timing import HANDOVER, add, ema
 from . import shm
 from .handles import ServerHandle, WorkerHandle, preloads, readable
@@ -461,16 +461,7 @@ class WorkerPool:
         result = self._results[step]
         if isinstance(result, _StepFailed):
             del self._results[step]
-            report = result.report
-            error = StepError(
-                f"{report.text}\n\nworker {result.worker_index} (pid {result.pid}) traceback:\n{report.traceback}"
-            )
-            if report.cause is not None:
-                try:
-                    error.__cause__ = pickle.loads(report.cause)
-                except Exception:
-                    pass
-            raise error
+            raise result.report.error(f"worker {result.worker_index} (pid {result.pid})")
         self.last_digests = result.digests
         if isinstance(result, _Copied):
             batch = result.batch
