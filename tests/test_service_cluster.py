@@ -31,7 +31,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quern[ray]'): quern.RayService")
 pytest.importorskip("psutil")
 
-from raycluster import RayNode  # noqa: E402  (after the skip: it needs psutil)
+from helpers import parquet_config, parquet_folder, quern_cmd  # noqa: E402
+from raycluster import RayNode, free_ports  # noqa: E402  (after the skip: it needs psutil)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -284,3 +285,19 @@ def test_the_head_dying_is_seen_while_an_actor_still_answers(tmp_path):
     """The head stopped while the one actor is on the trainer's node, which outlives the head: the actor still
     answers, yet ``next()`` must raise :class:`quern.ServiceError` in time (before Ray ends the process)."""
     _head_dies(tmp_path, linger=0, actor_on_head=False)
+
+
+def test_quern_run_ray_address(tmp_path):
+    """``quern run --ray-address HOST:PORT --actors 1`` uses a running cluster, reports the service and leaves the
+    cluster's own processes to it (only the actor ends); an unreachable address exits 1 naming it."""
+    cfg = parquet_config(parquet_folder(tmp_path), [], name="c.yaml", shuffle="global", seed=3)
+    with RayNode(num_cpus=1) as head:
+        out = quern_cmd(
+            "run", cfg, "--ray-address", head.address, "--actors", "1", "--steps", "6", env=head.env, pythonpath=None
+        )
+        assert out.stdout.startswith("6 steps, 24 records in "), out.stdout
+        assert f"service: 1 actor on {head.address}" in out.stdout, out.stdout
+        assert head.proc.poll() is None  # the cluster runs on
+    port = free_ports(1)[0]
+    bad = quern_cmd("run", cfg, "--ray-address", f"127.0.0.1:{port}", check=False, pythonpath=None)
+    assert bad.returncode == 1 and f"cannot reach the Ray cluster at 127.0.0.1:{port}" in bad.stderr, bad.stderr

@@ -133,7 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(line)
     if figures is not None:
         print(
-            f"service: {figures['actors']} actors on {figures['address']}, {figures['units']} units, "
+            f"service: {figures['actors']} actor{'s' * (figures['actors'] != 1)} on {figures['address']}, "
+            f"{figures['units']} units, "
             f"{figures['recomputations']} recomputed, {figures['hedges']} hedged"
         )
     if args.save_state:
