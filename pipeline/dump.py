@@ -64,6 +64,9 @@ def source_config(src: Any, where: str) -> dict[str, Any]:
             "cache_row_groups": src.cache_row_groups,
             "unify_schemas": src.unify_schemas,
         }
+    config = getattr(src, "config", None)
+    if isinstance(src, sources.IndexedSource) and callable(config):
+        return config()
     if isinstance(src, sources.TensorStoreSource) and src._single:
         return {"type": "tensorstore", "spec": src.specs[""], "name": src.name}
     name = getattr(src, "name", None)

@@ -1,4 +1,4 @@
-"""The ``quern`` command: run, explain, inspect, bench and verify a pipeline config; prepare data.
+"""The ``quern`` command: run, explain, inspect, bench and verify a pipeline config; prepare and index data.
 
 ::
 
@@ -14,6 +14,7 @@
     quern verify CONFIG --ledger PATH [PATH...] [--steps A:B|N] [--workers W]
     quern verify [CONFIG] --compare LEDGER_A LEDGER_B
     quern where CONFIG RECORD [--component NAME] [--epochs E] [--json]
+    quern index PATH... [--format webdataset|tfrecord|jsonl] [--threads N]
     quern --version
 
 ``python -m quern ...`` is the same command. ``--traceback`` (before or after

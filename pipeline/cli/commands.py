@@ -1,4 +1,4 @@
-"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench``, ``prepare``, ``verify`` and ``where``.
+"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``, ``index``.
 
 Each ``cmd_*`` takes the parsed arguments (:func:`~quern.pipeline.cli.parser.build_parser`),
 prints its report on stdout (:mod:`quern.pipeline.cli.reports`) and returns the
@@ -23,13 +23,25 @@ from ..dataset import Pipeline
 from ..limits import MAX_BYTES
 from ..progress import Bar
 from ..service import RayService
+from ..sources import IndexedSource, JsonlSource, TFRecordSource, WebDatasetSource
+from ..sources.base import expand_paths
 from ..sources.prepared import MANIFEST
 from ..tree import leaves
 from . import reports
 from .failure import clip
 from .parser import EXIT_DATA, EXIT_USAGE
 
-__all__ = ["COMMANDS", "cmd_bench", "cmd_explain", "cmd_inspect", "cmd_prepare", "cmd_run", "cmd_verify", "cmd_where"]
+__all__ = [
+    "COMMANDS",
+    "cmd_bench",
+    "cmd_explain",
+    "cmd_index",
+    "cmd_inspect",
+    "cmd_prepare",
+    "cmd_run",
+    "cmd_verify",
+    "cmd_where",
+]
 
 VERIFY_STEPS = 8
 """The steps ``quern verify CONFIG`` compares without ``--steps``: the first 8."""
@@ -330,6 +342,52 @@ def cmd_where(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_kind(path: str, fmt: str | None) -> type[IndexedSource]:
+    """The source class that reads ``path`` (by ``--format``, else by its name); a ``ValueError`` (exit 2) if none."""
+    kinds: dict[str, type[IndexedSource]] = {
+        "webdataset": WebDatasetSource,
+        "tfrecord": TFRecordSource,
+        "jsonl": JsonlSource,
+    }
+    if fmt is not None:
+        return kinds[fmt]
+    for kind in kinds.values():
+        if path.lower().endswith(kind.SUFFIXES):
+            return kind
+    raise ValueError(
+        f"index: cannot tell the format of {path!r} by its name (.tar, .tfrecord, .tfrecords, .tfrec, .jsonl, "
+        ".ndjson, .json): give --format webdataset, tfrecord or jsonl"
+    )
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """``quern index``: write a sidecar index beside each file (:meth:`IndexedSource.write_sidecars`).
+
+    Args:
+        args: The parsed arguments.
+
+    Returns:
+        The exit status, 0 (a file that cannot be indexed: exit 1, naming it and where).
+    """
+    files = expand_paths(args.paths, "index")
+    groups: dict[type[IndexedSource], list[str]] = {}
+    for path in files:
+        groups.setdefault(_index_kind(path, args.format), []).append(path)
+    done = {}
+    for kind, paths in groups.items():
+        t0 = time.perf_counter()
+        for side in kind.write_sidecars(paths, threads=args.threads):
+            done[side.path] = (kind, side)
+        seconds = time.perf_counter() - t0
+        size = sum(os.path.getsize(p) for p in paths)
+        print(f"{kind.FORMAT}: {len(paths)} file(s), {size / 1e9:.3f} GB in {seconds:.2f} s")
+    for path in files:
+        kind, side = done[path]
+        what = "written" if side.built else "already right, kept"
+        print(f"{path}: {side.records:,} {kind.FORMAT} records; index {side.sidecar} {what}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "explain": cmd_explain,
@@ -338,5 +396,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "prepare": cmd_prepare,
     "verify": cmd_verify,
     "where": cmd_where,
+    "index": cmd_index,
 }
 """Each command's function, by the name :func:`~quern.pipeline.cli.parser.build_parser` parses."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from ... import __version__
 
-__all__ = ["EPILOG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser"]
+__all__ = ["EPILOG", "EXIT_DATA", "EXIT_INTERRUPTED", "EXIT_USAGE", "INDEX_FORMATS", "build_parser"]
 
 EXIT_DATA = 1
 """Exit status when the data fails while batches are made (see the module docstring)."""
@@ -41,6 +41,9 @@ EXIT_USAGE = 2
 """Exit status when the arguments, the config or the state file are bad."""
 EXIT_INTERRUPTED = 130
 """Exit status when the command is interrupted (Ctrl-C)."""
+
+INDEX_FORMATS = ("webdataset", "tfrecord", "jsonl")
+"""The formats ``quern index`` writes sidecar indexes of."""
 
 EPILOG = """\
 code: a config's fn entries may name registered transforms, modules in the config's own folder, and modules
@@ -119,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         The parser; ``args.command`` names the command parsed (``run``, ``explain``,
-        ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``).
+        ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``, ``index``).
 
     Example:
         >>> args = build_parser().parse_args(["run", "pipe.yaml", "--workers", "2"])
@@ -334,4 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ray-address", help="the Ray cluster to use (implies --ray); input and output must be on a shared file system"
     )
+    help = (
+        "index WebDataset tar shards, TFRecord and JSON-lines files for random access: write each file's record "
+        "offsets beside it (FILE.quern.idx), which the sources use instead of scanning the file on first open"
+    )
+    p = sub.add_parser("index", help=help, description=help, parents=[common], epilog=EPILOG)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files or globs (a sidecar already right is kept)")
+    p.add_argument(
+        "--format",
+        choices=list(INDEX_FORMATS),
+        help="the format of every file (default: by name: .tar; .tfrecord, .tfrecords, .tfrec; .jsonl, .ndjson, .json)",
+    )
+    p.add_argument("--threads", type=_positive, default=None, help="files scanned at once (default: up to 8)")
     return ap

@@ -42,14 +42,17 @@ from .schema import (
     BucketConfig,
     BucketPipelineConfig,
     ComponentConfig,
+    FileSourceConfig,
+    JsonlConfig,
     MixConfig,
     MixPipelineConfig,
     PackConfig,
     ParquetConfig,
     PipelineConfig,
     ShuffleConfig,
-    TensorStoreConfig,
+    TFRecordConfig,
     TransformConfig,
+    WebDatasetConfig,
 )
 from .trust import Policy, prefixes
 from .validate import validate
@@ -145,9 +148,7 @@ def _path(p: str, base: str) -> str:
     return p if os.path.isabs(p) or "://" in p else os.path.join(base, p)
 
 
-def _source(
-    cfg: ArrayRecordConfig | ParquetConfig | TensorStoreConfig, base: str, key: str = "source"
-) -> sources.Source:
+def _source(cfg: FileSourceConfig, base: str, key: str = "source") -> sources.Source:
     """The source a ``source`` section (at key path ``key``) describes, its relative paths against ``base``."""
     try:
         if isinstance(cfg, ArrayRecordConfig):
@@ -163,6 +164,12 @@ def _source(
                 cache_row_groups=cfg.cache_row_groups,
                 unify_schemas=cfg.unify_schemas,
             )
+        if isinstance(cfg, (WebDatasetConfig, TFRecordConfig, JsonlConfig)):
+            paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
+            if isinstance(cfg, JsonlConfig):
+                return sources.JsonlSource(paths, cfg.field, name=cfg.name)
+            kind = sources.WebDatasetSource if isinstance(cfg, WebDatasetConfig) else sources.TFRecordSource
+            return kind(paths, name=cfg.name)
         spec = _path(cfg.spec, base) if isinstance(cfg.spec, str) else cfg.spec
         return sources.TensorStoreSource(spec, name=cfg.name)
     except (OSError, KeyError, ValueError, SourceError) as e:

@@ -39,6 +39,8 @@ __all__ = [
     "BucketConfig",
     "BucketPipelineConfig",
     "ComponentConfig",
+    "FileSourceConfig",
+    "JsonlConfig",
     "MixConfig",
     "MixPipelineConfig",
     "PackConfig",
@@ -46,8 +48,10 @@ __all__ = [
     "PipelineConfig",
     "ShuffleConfig",
     "StageConfig",
+    "TFRecordConfig",
     "TensorStoreConfig",
     "TransformConfig",
+    "WebDatasetConfig",
 ]
 
 
@@ -182,8 +186,59 @@ class TensorStoreConfig(_Model):
     _spec = field_validator("spec", mode="before")(_string_keys)
 
 
+_URLS = " May also be URLs (http(s)://, s3://, gs://), fetched whole into the disk cache."
+
+
+class WebDatasetConfig(_Model):
+    """``source: {type: webdataset, ...}``: WebDataset tar shards read in place; a record is a sample.
+
+    Samples are ``{"__key__": str, extension: bytes}``
+    (:class:`~quern.pipeline.sources.WebDatasetSource`); the shards are indexed on first open.
+    """
+
+    type: Literal["webdataset"] = Field(description="``webdataset``.")
+    paths: str | list[str] = Field(description=_PATHS + _URLS)
+    name: str | None = Field(default=None, description=_NAME)
+
+    _paths = field_validator("paths", mode="before")(_strings)
+
+
+class TFRecordConfig(_Model):
+    """``source: {type: tfrecord, ...}``: TFRecord files read in place; records are the raw ``bytes``.
+
+    Both CRCs of every record are checked (:class:`~quern.pipeline.sources.TFRecordSource`).
+    """
+
+    type: Literal["tfrecord"] = Field(description="``tfrecord``.")
+    paths: str | list[str] = Field(description=_PATHS + _URLS)
+    name: str | None = Field(default=None, description=_NAME)
+
+    _paths = field_validator("paths", mode="before")(_strings)
+
+
+class JsonlConfig(_Model):
+    """``source: {type: jsonl, ...}``: JSON-lines files read in place; a record is a parsed line.
+
+    The source is a :class:`~quern.pipeline.sources.JsonlSource`.
+    """
+
+    type: Literal["jsonl"] = Field(description="``jsonl``.")
+    paths: str | list[str] = Field(description=_PATHS + _URLS)
+    field: str | None = Field(
+        default=None, description="The record is this key's value of each line (null, the default: the whole line)."
+    )
+    name: str | None = Field(default=None, description=_NAME)
+
+    _paths = field_validator("paths", mode="before")(_strings)
+
+
+FileSourceConfig = (
+    ArrayRecordConfig | ParquetConfig | TensorStoreConfig | WebDatasetConfig | TFRecordConfig | JsonlConfig
+)
+"""Any source section."""
+
 SourceConfig = Annotated[
-    ArrayRecordConfig | ParquetConfig | TensorStoreConfig,
+    FileSourceConfig,
     Field(discriminator="type", description="The records: a source section, chosen by its ``type``."),
 ]
 

@@ -22,6 +22,7 @@ from .schema import (
     BucketConfig,
     BucketPipelineConfig,
     ComponentConfig,
+    JsonlConfig,
     MixConfig,
     MixPipelineConfig,
     PackConfig,
@@ -30,7 +31,9 @@ from .schema import (
     ShuffleConfig,
     StageConfig,
     TensorStoreConfig,
+    TFRecordConfig,
     TransformConfig,
+    WebDatasetConfig,
 )
 
 __all__ = ["validate"]
@@ -67,7 +70,7 @@ _SECTIONS = {
     "batch": BatchConfig,
     "transforms": TransformConfig,
     "batch_transforms": TransformConfig,
-    "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig),
+    "source": (ArrayRecordConfig, ParquetConfig, TensorStoreConfig, WebDatasetConfig, TFRecordConfig, JsonlConfig),
     "mix": MixConfig,
     "pack": PackConfig,
     "row_transforms": TransformConfig,
@@ -77,7 +80,17 @@ _SECTIONS = {
 }
 """Section -> its model(s): a section's keys, for hints about unknown keys ("did you mean",
 "it belongs under"). A component's ``shuffle``, ``source``... are those sections too."""
-_TAGS = {"array_record", "parquet", "tensorstore", "ShuffleConfig", "BatchConfig", "PackConfig"}
+_TAGS = {
+    "array_record",
+    "parquet",
+    "tensorstore",
+    "webdataset",
+    "tfrecord",
+    "jsonl",
+    "ShuffleConfig",
+    "BatchConfig",
+    "PackConfig",
+}
 _TYPE_TAGS = {"int", "str", "float", "constrained-int"}  # names pydantic gives union branches in error locations
 
 

@@ -24,17 +24,25 @@ from __future__ import annotations
 from ..errors import SourceError
 from .array_record import ArrayRecordSource
 from .base import Source
+from .indexed import IndexedSource
+from .jsonl import JsonlSource
 from .memory import ArraySource, SequenceSource, as_source
 from .parquet import ParquetSource
 from .tensorstore import TensorStoreSource
+from .tfrecord import TFRecordSource
+from .webdataset import WebDatasetSource
 
 __all__ = [
     "ArrayRecordSource",
     "ArraySource",
+    "IndexedSource",
+    "JsonlSource",
     "ParquetSource",
     "SequenceSource",
     "Source",
     "SourceError",
+    "TFRecordSource",
     "TensorStoreSource",
+    "WebDatasetSource",
     "as_source",
 ]

@@ -31,6 +31,7 @@ READERS = {
     "ArrayRecordSource": "array_record.python.array_record_module",
     "ParquetSource": "pyarrow.parquet",
     "TensorStoreSource": "tensorstore",
+    "TFRecordSource": "crc32c",
 }
 
 

@@ -1,0 +1,233 @@
+"""Record offset indexes: where each record of a tar, TFRecord or JSON-lines file starts.
+
+A file read by offset (:mod:`quern.pipeline.sources.indexed`) needs, once, one
+sequential scan that finds its records' byte ranges: record ``k`` is the bytes
+``[offsets[k], offsets[k + 1])`` of the file. The scan's result is kept in an
+*index file*, in the cache folder (``$QUERN_CACHE_DIR``, else
+``~/.cache/quern``, folder ``offsets/``) under the data file's identity, or beside
+the data file as a *sidecar* (``FILE.quern.idx``, written by ``quern index``).
+Both have one format, verified before use (:func:`load`):
+
+- a 128-byte header: the magic ``QUERNOX1``, the format (``webdataset``,
+  ``tfrecord`` or ``jsonl``), the data file's size and its sampled hash
+  (:func:`~quern.pipeline.sources.base.sample_hash`, 16 bytes), the record count
+  ``n`` and an XXH3-128 checksum of the header's fields and the offsets;
+- ``n + 1`` offsets, 64-bit little-endian, strictly increasing within the file.
+
+An index is used only for the file it was made for: the same format, size and
+sampled hash (a copy of the file elsewhere keeps its index), a matching checksum
+and offsets that fit. What the sampled hash does not cover (a same-size change of
+bytes it does not read) is caught when a record is read: every format checks its
+framing there (a tar header's checksum, a TFRecord's CRCs, a line's newline).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import BinaryIO, NamedTuple
+
+import numpy as np
+import xxhash
+
+from ..errors import SourceError
+from ..plan.indexfile import cache_dir
+
+__all__ = ["MAGIC", "SIDECAR", "Index", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
+
+MAGIC = b"QUERNOX1"
+SIDECAR = ".quern.idx"
+"""The suffix of a sidecar index: ``data.tar`` has ``data.tar.quern.idx``."""
+_FIELDS = struct.Struct("<8s16sQ16sQ")  # magic, format, data size, sampled hash, records
+_HEADER = struct.Struct("<8s16sQ16sQ16s56x")  # the fields, their checksum, padding: 128 bytes
+_FORMAT_BYTES = 16
+
+Scan = Callable[[BinaryIO, int, str], np.ndarray]
+"""A format's scan: ``(file, size, name) -> offsets`` (``n + 1`` int64), raising SourceError on bad data."""
+
+
+class Index(NamedTuple):
+    """A data file's verified record offsets."""
+
+    offsets: np.ndarray
+    """``n + 1`` int64: record ``k`` is the file's bytes ``[offsets[k], offsets[k + 1])``."""
+    source: str
+    """Where they came from: ``"sidecar"``, ``"cache"`` or ``"built"``."""
+
+
+def cache_path(fmt: str, size: int, sample: str, folder: str | os.PathLike | None = None) -> str:
+    """Where the cached index of a data file is kept.
+
+    Args:
+        fmt: the format.
+        size: the data file's size in bytes.
+        sample: its sampled hash (32 hex digits).
+        folder: the cache folder (default: ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``).
+
+    Returns:
+        ``offsets/<fmt>-<size>-<sample>.idx`` in the cache folder: named by the file's identity,
+        not its path, so a copy of the file finds it.
+
+    Example:
+        >>> cache_path("jsonl", 10, "ab" * 16, "/c")
+        '/c/offsets/jsonl-10-abababababababababababababababab.idx'
+    """
+    return os.path.join(cache_dir(folder), "offsets", f"{fmt}-{size}-{sample}.idx")
+
+
+def sidecar_path(data: str) -> str:
+    """The sidecar index of the data file (or URL) ``data``: ``data`` + :data:`SIDECAR`.
+
+    Args:
+        data: the data file's path or URL.
+
+    Returns:
+        The sidecar's path or URL.
+    """
+    return data + SIDECAR
+
+
+def _checksum(head: bytes, offsets: np.ndarray) -> bytes:
+    h = xxhash.xxh3_128(head)
+    h.update(np.ascontiguousarray(offsets, dtype="<i8").data)
+    return h.digest()
+
+
+def _format_field(fmt: str) -> bytes:
+    raw = fmt.encode("ascii")
+    if len(raw) > _FORMAT_BYTES:  # pragma: no cover - our own format names are short
+        raise ValueError(f"format name {fmt!r} is longer than {_FORMAT_BYTES} bytes")
+    return raw.ljust(_FORMAT_BYTES, b"\0")
+
+
+def dump(fmt: str, size: int, sample: str, offsets: np.ndarray) -> bytes:
+    """An index file's bytes.
+
+    Args:
+        fmt: the format.
+        size: the data file's size in bytes.
+        sample: its sampled hash (32 hex digits).
+        offsets: ``n + 1`` offsets, strictly increasing, the last at most ``size``.
+
+    Returns:
+        The header and the offsets.
+    """
+    offsets = np.ascontiguousarray(offsets, dtype="<i8")
+    n = len(offsets) - 1
+    fields = (MAGIC, _format_field(fmt), size, bytes.fromhex(sample), n)
+    head = _FIELDS.pack(*fields)
+    return _HEADER.pack(*fields, _checksum(head, offsets)) + offsets.tobytes()
+
+
+def store(path: str, data: bytes) -> None:
+    """Write an index file atomically (a temporary file in its folder, renamed into place).
+
+    Args:
+        path: where (its folder is made if missing).
+        data: what :func:`dump` made.
+
+    Raises:
+        OSError: it cannot be written.
+    """
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load(data: bytes | str, fmt: str, size: int, sample: str) -> tuple[np.ndarray | None, str]:
+    """The verified offsets of an index, or why it cannot be used for this data file.
+
+    Args:
+        data: the index file's bytes, or its path.
+        fmt: the format the data file is read as.
+        size: the data file's size in bytes.
+        sample: the data file's sampled hash (32 hex digits).
+
+    Returns:
+        ``(offsets, "verified")``, or ``(None, why)``: missing, too short, not an index (wrong
+        magic), of another format, made for another file (size or sampled hash), damaged (its
+        length or checksum), or offsets that do not fit the file.
+
+    Example:
+        >>> blob = dump("jsonl", 10, "00" * 16, np.array([0, 4, 10]))
+        >>> load(blob, "jsonl", 10, "00" * 16)[0].tolist(), load(blob, "jsonl", 11, "00" * 16)[1]
+        ([0, 4, 10], 'made for a file of 10 bytes, not 11')
+    """
+    if isinstance(data, str):
+        try:
+            with open(data, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None, "not built yet"
+        except OSError as e:
+            return None, f"cannot read it ({e})"
+    if len(data) < _HEADER.size:
+        return None, f"{len(data)} bytes, shorter than its header"
+    magic, got_fmt, got_size, got_sample, n, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        return None, "not a quern index file (wrong magic)"
+    if got_fmt != _format_field(fmt):
+        other = got_fmt.rstrip(b"\0").decode("ascii", "replace")
+        return None, f"an index of a {other} file, not {fmt}"
+    if got_size != size:
+        return None, f"made for a file of {got_size} bytes, not {size}"
+    if got_sample != bytes.fromhex(sample):
+        return None, "made for another file of the same size (its sampled hash differs)"
+    if len(data) != _HEADER.size + 8 * (n + 1):
+        return None, f"{len(data)} bytes where {n} records need {_HEADER.size + 8 * (n + 1)} (partial or damaged)"
+    offsets = np.frombuffer(data, dtype="<i8", offset=_HEADER.size).astype(np.int64)
+    if _checksum(data[: _FIELDS.size], offsets) != digest:
+        return None, "its checksum does not match (damaged)"
+    if offsets[0] < 0 or offsets[-1] > size or (n and not bool(np.all(offsets[1:] > offsets[:-1]))):
+        return None, "its offsets do not fit the file (damaged)"
+    return offsets, "verified"
+
+
+def build(
+    scan: Scan,
+    paths: Sequence[str],
+    names: Sequence[str],
+    *,
+    threads: int | None = None,
+) -> list[np.ndarray]:
+    """Scan files for their record offsets, in parallel over files.
+
+    Args:
+        scan: the format's scan.
+        paths: the files.
+        names: how messages name them (their paths, or their URLs).
+        threads: files scanned at once (default: up to 8, at most the CPUs and the files).
+
+    Returns:
+        Each file's offsets, in order.
+
+    Raises:
+        SourceError: a file cannot be read or holds bad data (the first such file's error).
+    """
+
+    def one(k: int) -> np.ndarray:
+        size = os.path.getsize(paths[k])
+        try:
+            with open(paths[k], "rb", buffering=0) as f:
+                return scan(f, size, names[k])
+        except OSError as e:
+            raise SourceError(f"{names[k]}: cannot read it to index its records: {e}") from e
+
+    if len(paths) == 1:
+        return [one(0)]
+    workers = threads or max(1, min(8, os.cpu_count() or 1, len(paths)))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="quern-index") as pool:
+        return list(pool.map(one, range(len(paths))))

@@ -1,0 +1,302 @@
+"""WebDataset tar shards read in place: a record per sample, found by offset.
+
+A WebDataset shard is a tar file whose members are named ``KEY.EXTENSION``;
+consecutive members sharing a key are one sample, read as
+``{"__key__": KEY, EXTENSION: bytes, ...}`` the way the ``webdataset`` library
+groups them: the key is the name up to the first dot of its last path part
+(``shard0/000012.seg.png`` has key ``shard0/000012`` and extension ``seg.png``),
+extensions are lowercased, a sample ends where the key changes (a key seen before
+starts a new sample), and members that are not regular files (folders, links) and
+``__*__`` metadata files are not part of any sample. An extension repeated within a
+sample is an error, as in the library; unlike the library, so is a regular member
+without a key (a name with no dot in its last part), which it silently drops.
+
+Tar headers are parsed here (ustar, GNU long names, POSIX pax ``path`` and
+``size``), their checksums checked, both when the shard is indexed and when a
+sample is read. The index (:mod:`quern.pipeline.sources.offsets`) holds each
+sample's byte range, from its first member's header to the next sample's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+
+from ..cache import ShardCache
+from ..errors import SourceError
+from .indexed import IndexedSource
+
+__all__ = ["WebDatasetSource", "split_name"]
+
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext, verbatim
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: matched at the start of a name
+_BLOCK = 512
+_ZERO = bytes(_BLOCK)
+_SKIPPED_HEADERS = {tarfile.GNUTYPE_LONGLINK, tarfile.XGLTYPE}  # a long link name, pax globals: not names
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """A member name's key and extension, as WebDataset splits them.
+
+    Args:
+        name: the member's path in the tar.
+
+    Returns:
+        ``(key, extension)``, the extension lowercased; ``None`` for a name without a dot in
+        its last part.
+
+    Example:
+        >>> split_name("shard0/000012.Seg.PNG"), split_name("README")
+        (('shard0/000012', 'seg.png'), None)
+    """
+    m = _KEY.match(name)
+    return None if m is None else (m.group(1), m.group(2).lower())
+
+
+class _Member(NamedTuple):
+    header: int  # the offset of its first header (a pax or GNU long-name header, if any)
+    name: str
+    regular: bool
+    data: int  # the offset of its data
+    size: int
+
+
+def _padded(n: int) -> int:
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    r"""The records of a pax extended header: ``LENGTH KEY=VALUE\n`` each."""
+    out, pos = {}, 0
+    while pos < len(data) and data[pos : pos + 1] != b"\0":
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) -> Iterator[_Member | int]:
+    """The members of the tar bytes ``[pos, end)``, then the offset where they stop (an int).
+
+    ``get(offset, n)`` returns the bytes at ``offset`` (fewer at the file's end). The
+    iteration stops at the end-of-archive block (yielding its offset) or at ``end``.
+    """
+    first: int | None = None
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while pos < end:
+        block = get(pos, _BLOCK)
+        if len(block) < _BLOCK:
+            raise SourceError(
+                f"WebDatasetSource: {name!r}: the tar header at byte {pos} is cut short ({len(block)} of 512 "
+                "bytes): the file is truncated"
+            )
+        if block == _ZERO:
+            if first is not None:
+                raise SourceError(f"WebDatasetSource: {name!r}: an extended tar header at byte {first} has no member")
+            yield pos
+            return
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as e:
+            raise SourceError(
+                f"WebDatasetSource: {name!r}: bad tar header at byte {pos} ({e}): the file is damaged or not a tar"
+            ) from e
+        if first is None:
+            first = pos
+        data = pos + _BLOCK
+        size = info.size
+        if info.type == tarfile.GNUTYPE_LONGNAME:
+            long_name = get(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+        elif info.type == tarfile.XHDTYPE:
+            pax = _pax(get(data, size))
+        elif info.type not in _SKIPPED_HEADERS:
+            if "size" in pax:
+                size = int(pax["size"])
+            member = pax.get("path") or long_name or info.name
+            if info.type == tarfile.GNUTYPE_SPARSE:
+                raise SourceError(f"WebDatasetSource: {name!r}: member {member!r} at byte {first} is a sparse file")
+            yield _Member(first, member, info.isreg(), data, size)
+            first, long_name, pax = None, None, {}
+        pos = data + _padded(size)
+    yield pos
+
+
+class WebDatasetSource(IndexedSource):
+    """WebDataset tar shards, read in place by offset; a record is a sample, ``{"__key__": str, ext: bytes}``.
+
+    The shards are indexed on first open (one scan of their tar headers per shard,
+    in parallel over shards), kept in the cache or taken from a sidecar written by
+    ``quern index`` (:mod:`quern.pipeline.sources.offsets`); reads are grouped per
+    shard, one ``pread`` per run of consecutive samples. Samples are grouped as the
+    ``webdataset`` library groups them (see :mod:`quern.pipeline.sources.webdataset`);
+    decode the members in a map (``json.loads(sample["json"])``, an image decoder for
+    ``sample["jpg"]``). Compressed shards (``.tar.gz``) cannot be read by offset: they
+    are refused, with what to do instead.
+
+    Args:
+        paths: a path or glob, or a list of them; or URLs, fetched whole into the disk cache.
+        name: the source's name (default: the first shard's name without ``.tar``).
+        cache: the disk cache of remote files.
+        index_cache: the folder of cached indexes (default: ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``).
+        index_threads: shards scanned at once when indexes are built.
+
+    Raises:
+        FileNotFoundError: a glob matches nothing, or a path does not exist.
+        SourceError: a shard is empty, compressed, not a tar, truncated (a member cut short,
+            no end-of-archive block) or has a member without a key (naming the shard and where).
+
+    Example:
+        >>> import tempfile, os, io, tarfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "shard-000.tar")
+        ...     with tarfile.open(path, "w") as tar:
+        ...         for member, data in [("a.txt", b"hi"), ("a.json", b"{}"), ("b.txt", b"yo")]:
+        ...             info = tarfile.TarInfo(member)
+        ...             info.size = len(data)
+        ...             tar.addfile(info, io.BytesIO(data))
+        ...     src = WebDatasetSource(path, index_cache=d)
+        ...     print(src.name, len(src), src[0])
+        shard-000 2 {'__key__': 'a', 'txt': b'hi', 'json': b'{}'}
+    """
+
+    FORMAT = "webdataset"
+    SUFFIXES = (".tar",)
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        *,
+        name: str | None = None,
+        cache: ShardCache | None = None,
+        index_cache: str | os.PathLike | None = None,
+        index_threads: int | None = None,
+    ) -> None:
+        super().__init__(paths, name=name, cache=cache, index_cache=index_cache, index_threads=index_threads)
+
+    @staticmethod
+    def _keyed(member: _Member, name: str) -> tuple[str, str] | None:
+        """A member's (key, extension); ``None`` for one that is part of no sample."""
+        if not member.regular:
+            return None
+        base = member.name
+        if _META.match(base):
+            return None  # webdataset's metadata files (``__x__``, ``__x__/...``)
+        split = split_name(base)
+        if split is None:
+            raise SourceError(
+                f"WebDatasetSource: {name!r}: tar member {base!r} (header at byte {member.header}) has no key: "
+                "WebDataset names members KEY.EXTENSION (the webdataset library drops such a member; quern refuses "
+                "to lose data: rename it, or remove it from the shard)"
+            )
+        return split
+
+    @classmethod
+    def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:
+        """The offsets of a shard's samples.
+
+        Args:
+            f: the shard.
+            size: its size.
+            name: how messages name it.
+
+        Returns:
+            ``n + 1`` offsets: sample ``k`` runs from its first member's header to the next
+            sample's first header (the last: to its last member's padded end).
+
+        Raises:
+            SourceError: a bad or truncated header, a member cut short, no end-of-archive block,
+                or a member without a key.
+        """
+        fd = f.fileno()
+        starts: list[int] = []
+        key: str | None = None
+        exts: set[str] = set()
+        last_end = 0
+        for m in _members(lambda at, n: os.pread(fd, n, at), 0, size, name):
+            if isinstance(m, int):
+                if m >= size:
+                    raise SourceError(
+                        f"WebDatasetSource: {name!r} ends at byte {size} without the tar end-of-archive block: the "
+                        "file is truncated (or still being written)"
+                    )
+                break
+            if m.data + m.size > size:
+                raise SourceError(
+                    f"WebDatasetSource: {name!r}: tar member {m.name!r} (header at byte {m.header}) is cut short: "
+                    f"its {m.size} bytes need the file to reach byte {m.data + m.size}, and it has {size}"
+                )
+            split = cls._keyed(m, name)
+            if split is None:
+                continue
+            if split[0] == key and split[1] in exts:
+                raise SourceError(
+                    f"WebDatasetSource: {name!r}: tar member {m.name!r} (header at byte {m.header}) repeats the "
+                    f"extension {split[1]!r} of sample {key!r} (extensions are lowercased): a duplicate file name, "
+                    "which the webdataset library refuses too"
+                )
+            if split[0] != key:
+                starts.append(m.header)
+                key, exts = split[0], set()
+            exts.add(split[1])
+            last_end = min(m.data + _padded(m.size), size)
+        if starts:
+            starts.append(last_end)
+        else:
+            starts.append(0)
+        return np.asarray(starts, dtype=np.int64)
+
+    def decode(self, file_index: int, record: int, data: memoryview) -> Any:
+        """A sample from its members' bytes.
+
+        Args:
+            file_index: the shard.
+            record: the sample's number in it.
+            data: its bytes (its members' headers and data).
+
+        Returns:
+            ``{"__key__": key, ext: bytes, ...}``, extensions in tar order.
+
+        Raises:
+            SourceError: a bad header, or members that are not one sample where the index says.
+        """
+        name = self.names[file_index]
+        sample: dict[str, Any] = {}
+        lo = int(self._offsets[file_index][record])
+        n = len(data)
+        for m in _members(lambda at, k: bytes(data[at - lo : at - lo + k]), lo, lo + n, name):
+            if isinstance(m, int):
+                break
+            split = self._keyed(m, name)
+            if split is None:
+                continue
+            key, ext = split
+            if sample and (key != sample["__key__"] or ext in sample) or m.data + m.size > lo + n:
+                raise SourceError(
+                    f"WebDatasetSource: {self.where(file_index, record)}: its members are not one sample where the "
+                    "index says (the file changed since it was indexed?)"
+                )
+            if not sample:
+                sample["__key__"] = key
+            sample[ext] = bytes(data[m.data - lo : m.data - lo + m.size])
+        if not sample:
+            raise SourceError(
+                f"WebDatasetSource: {self.where(file_index, record)}: no sample where the index says (the file "
+                "changed since it was indexed?)"
+            )
+        return sample
+
+    def config(self) -> dict[str, Any]:
+        """This source's config section (``source: {type: webdataset, ...}``).
+
+        Returns:
+            ``{"type": "webdataset", "paths": ..., "name": ...}`` (URLs as given).
+        """
+        return {"type": "webdataset", "paths": list(self.urls or self.paths), "name": self.name}
