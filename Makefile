@@ -55,8 +55,9 @@ test: install lint typecheck docs
 	rc=$$?; rm -rf $$run; exit $$rc
 
 # System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
-# and prometheus, for the Prometheus tests; and Debian's chromium with chromium-driver, the headless browser
-# of the browser test (tests/test_site_browser.py; fonts-liberation with them, the font that
+# and prometheus, for the Prometheus tests; redis-server, for the Redis tests (tests/redisserver.py); and
+# Debian's chromium with chromium-driver, the headless browser of the browser test
+# (tests/test_site_browser.py; fonts-liberation with them, the font that
 # --no-install-recommends would leave out). .ci/run calls this before `make test`. Each is installed with
 # apt-get only where its binary is missing (nothing to do, and no apt-get update, when all are there; one
 # apt-get update for all otherwise), with --no-install-recommends, without starting Debian's service of
@@ -67,9 +68,11 @@ test: install lint typecheck docs
 services:
 	@want=; command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || want=nginx; \
 	command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || want="$$want prometheus"; \
+	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || want="$$want redis"; \
 	{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || want="$$want chromium"; \
 	[ -n "$$want" ] || exit 0; \
 	say() { case $$1 in nginx) what=nginx; tests="the HTTP tests";; prometheus) what=prometheus; tests="the Prometheus tests";; \
+		redis) what=redis-server; tests="the Redis tests";; \
 		*) what="chromium or chromium-driver"; tests="the browser test";; esac; \
 		echo "make services: $$what is not installed ($$2); $$tests will skip"; }; \
 	skip() { for w in $$want; do say $$w "$$1"; done; exit 0; }; \
@@ -99,6 +102,11 @@ services:
 		halt prometheus /run/prometheus/prometheus.pid; \
 		[ -x /usr/bin/prometheus ] || { say prometheus "apt-get install prometheus gave no prometheus binary"; continue; }; \
 		echo "make services: installed prometheus (prometheus $$(/usr/bin/prometheus --version 2>&1 | sed -n 's/.*version \([^ ]*\).*/\1/p;q')); its system service is not running"; \
+	elif [ $$w = redis ]; then \
+		apt install --no-install-recommends redis-server || { say redis "$$why"; continue; }; \
+		halt redis-server /run/redis/redis-server.pid; \
+		[ -x /usr/bin/redis-server ] || { say redis "apt-get install redis-server gave no redis-server binary"; continue; }; \
+		echo "make services: installed redis-server (redis-server $$(/usr/bin/redis-server --version 2>&1 | sed -n 's/.* v=\([^ ]*\).*/\1/p;q')); its system service is not running"; \
 	else \
 		apt install --no-install-recommends chromium chromium-driver fonts-liberation || { say chromium "$$why"; continue; }; \
 		{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } \

@@ -26,6 +26,7 @@ from quern.pipeline.errors import (
     SourceError,
     StepError,
     StepTimeoutError,
+    StreamTimeoutError,
     WorkerError,
 )
 from quern.pipeline.loader import PipelineIterator
@@ -59,6 +60,7 @@ __all__ = [
     "ScanError",
     "StepError",
     "StepTimeoutError",
+    "StreamTimeoutError",
     "SourceError",
     "WorkerError",
     "CollateError",

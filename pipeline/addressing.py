@@ -182,7 +182,7 @@ class Addressed:
         """
         return self.stream.segments(np.asarray(positions, dtype=np.int64))
 
-    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int]]]:
+    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int | str]]]:
         """For each row of this host's batch at ``step``: the ``(name, record_index)`` pairs it was made from.
 
         ``name`` is the source's name or, in a mixture, the component's key; a packed

@@ -35,6 +35,7 @@ from .protocol import Stream
 from .sources import as_source
 from .streams.bucketed import bucket as _bucket
 from .streams.edits import EXCLUDE, SKIP, EditedStream
+from .streams.live import LiveStream
 from .streams.packed import pack as _pack
 from .streams.source import SourceStream
 
@@ -90,6 +91,10 @@ class Pipeline(Addressed, Identified):
             ValueError: an empty source, more than ``2**62`` records, a bad seed or epoch count.
         """
         src = as_source(source)
+        if getattr(src, "STREAM", None) == "live":  # a live source: entries of a log that grows
+            if num_epochs is not None:
+                raise ValueError(f"num_epochs={num_epochs}: a live stream ({src!r}) is endless and has no epochs")
+            return cls(stream=LiveStream(source=src, seed=_index.check_seed(seed)))
         n = len(src)
         if n < 1:
             raise ValueError(f"source {src.name!r} is empty: a pipeline needs at least one record")
@@ -113,17 +118,25 @@ class Pipeline(Addressed, Identified):
 
     @renamed(block="block_size")
     def shuffle(
-        self, mode: Literal["global", "block"] = "global", *, block_size: int | None = None, window: int = 8
+        self,
+        mode: Literal["global", "block", "steps"] = "global",
+        *,
+        block_size: int | None = None,
+        window: int = 8,
+        steps: int | None = None,
     ) -> Pipeline:
         """Shuffle the records with a new permutation each epoch.
 
         Args:
             mode: ``"global"``: a keyed bijection over all records. ``"block"``: permute blocks
                 of ``block_size`` consecutive records and shuffle within windows of ``window``
-                blocks, so reads stay local to few row groups.
+                blocks, so reads stay local to few row groups. ``"steps"`` (a live stream only):
+                permute the positions of each group of ``steps`` whole steps, so a step is still
+                a function of the log (it waits for its group's entries).
             block_size: records per block (default: the source's row-group size). The old
                 spelling ``block=`` still works, with a ``DeprecationWarning``.
             window: blocks per window.
+            steps: ``"steps"`` mode: the steps of each group.
 
         Returns:
             The shuffled pipeline.
@@ -137,7 +150,7 @@ class Pipeline(Addressed, Identified):
                 "shuffle() must come before map(), filter() and batch(): it reorders records of the source "
                 "(after a filter, the records it keeps)"
             )
-        return self._replace(stream=self.stream.shuffled(mode, block_size, window))
+        return self._replace(stream=self.stream.shuffled(mode, block_size, window, steps))
 
     def map(self, fn: Callable[[Any], Any]) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record.

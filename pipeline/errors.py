@@ -11,6 +11,7 @@ import sys
 
 __all__ = [
     "StepError",
+    "StreamTimeoutError",
     "ServiceError",
     "StepTimeoutError",
     "SourceError",
@@ -39,6 +40,14 @@ class StepTimeoutError(StepError, TimeoutError):
     the host slice, the stage it was stuck in, the timeout, and what became of
     the process or thread computing it (a worker is killed and replaced; a
     thread is left running). Both a :class:`StepError` and a ``TimeoutError``.
+    """
+
+
+class StreamTimeoutError(StepError, TimeoutError):
+    """A live stream did not hold a step's entries within its source's ``timeout`` seconds.
+
+    Raised where the consumer waits (``batch_at``, ``next``); an iterator goes on
+    waiting for the step when ``next()`` is called again.
     """
 
 

@@ -16,10 +16,11 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn, TypedDict, cast
 
 from . import execute, loader_threads
-from .errors import StepTimeoutError
+from .errors import StepTimeoutError, StreamTimeoutError
 from .index import check_int, host_rows
 from .ledger import LedgerWriter, step_fields
 from .loader_threads import Chunk
@@ -180,8 +181,11 @@ class PipelineIterator:
             if lookahead and Lookahead.wanted(pipe) and service is None  # a service's actors read for themselves
             else None
         )
+        self._live = pipe.stream.wait_timeout()  # a live stream: the consumer's wait for a step's entries
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
+        elif self._live is not None:
+            read_ahead = 1  # a step waits for its own entries only, never for later ones
         elif not self.num_workers and service is None:
             c = len(pipe.leaves)  # a mixture reads each component in its own calls: keep them as large
             read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
@@ -337,7 +341,7 @@ class PipelineIterator:
         if self._lookahead is not None:
             self._lookahead.advance(self.step)
         if self._workers is not None:
-            batch = self._workers.get(self.step, stop=self._stopping, timeout=self.step_timeout)
+            batch = self._workers.get(self.step, stop=self._waiting(self.step), timeout=self.step_timeout)
             self._adapt(batch)
             if self._ledger is not None:
                 self._ledger.add(self.step, self._workers.last_digests)
@@ -355,7 +359,7 @@ class PipelineIterator:
                 batches, spent, seconds, fields = loader_threads.wait(
                     fut,
                     first,
-                    stopping=self._stopping,
+                    stopping=self._waiting(first),
                     step_timeout=self.step_timeout,
                     computing=self._computing,
                     stuck=stuck,
@@ -363,6 +367,9 @@ class PipelineIterator:
                 add(self.timings, spent)
                 self._computed += count
                 self._load = ema(self._load, seconds / count / self.num_threads)
+            except StreamTimeoutError:  # a live stream's entries are not there yet: the chunk goes on being made
+                self._pending.appendleft((first, count, fut))
+                raise
             except BaseException as e:
                 self._drop_pending()  # failed steps are recomputed if next() is called again
                 if count == 1 or not isinstance(e, Exception) or self._stop_waiting or e is self._failed:
@@ -443,7 +450,7 @@ class PipelineIterator:
                 self._ledger is not None,
             )
             with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
-                if self.step_timeout is None:
+                if self.step_timeout is None and self._live is None:
                     fut = self._pool.submit(loader_threads.compute, *args)
                 else:
                     fut = self._pool.submit(loader_threads.compute_on_own_thread, self._abandon, self._computing, *args)
@@ -479,6 +486,52 @@ class PipelineIterator:
 
     def _stopping(self) -> bool:
         return self._stop_waiting
+
+    def _waiting(self, step: int) -> Callable[[], bool]:
+        """What a wait for ``step`` polls: whether close() was called.
+
+        On a live stream it also raises :class:`~quern.pipeline.errors.StreamTimeoutError` once the
+        wait passed the source's ``timeout``.
+        """
+        live = self._live
+        if live is None:
+            return self._stopping
+        began = time.monotonic()
+
+        def poll() -> bool:
+            if self._stop_waiting:
+                return True
+            if time.monotonic() - began >= live:
+                raise self.pipe.stream.late(self.pipe, step, self.process_index, self.process_count, live)
+            return False
+
+        return poll
+
+    def commit(self, step: int) -> None:
+        """Record, beside a live stream's log, that every step before ``step`` was trained by this host.
+
+        Call it once the model's state that includes step ``step - 1`` is durable (a
+        checkpoint written): a trainer restarted at ``source.committed()`` then gets
+        exactly the steps not committed, with the same bytes. See
+        :class:`~quern.pipeline.sources.RedisStreamSource` for the delivery guarantee.
+
+        Args:
+            step: the step after the last one trained; at most :attr:`step` (the steps before
+                it have been yielded).
+
+        Raises:
+            ValueError: the pipeline is not over a live stream, or ``step`` was not yielded yet.
+            SourceError: the commit cannot be written.
+        """
+        step = check_int(step, "step", 0)
+        if self.pipe.stream.wait_timeout() is None:
+            self.pipe.stream.commit(self.pipe, step, self.process_index, self.process_count)  # raises: not live
+        if step > self.step:
+            raise ValueError(
+                f"commit({step}): step {step - 1} was not yielded yet (this iterator yielded the steps before "
+                f"{self.step}); commit the step after the last one trained"
+            )
+        self.pipe.stream.commit(self.pipe, step, self.process_index, self.process_count)
 
     def wait_for_workers(self, timeout: float | None = None) -> bool:
         """Block until every worker process has started, or ``timeout`` seconds pass first.
@@ -592,6 +645,8 @@ class PipelineIterator:
         if self._lookahead is not None:
             self._lookahead.close()  # queued fetches ahead are dropped
         self._drop_pending()
+        if self._live is not None:
+            self._abandon.set()  # threads waiting for a live stream's entries give up
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from . import execute
 from .errors import exit_if_forked
 from .ledger import DIGEST, step_fields
+from .sources import waiting
 from .timing import stage_now
 
 __all__ = ["Chunk", "check_step_timeout", "compute", "compute_on_own_thread", "wait"]
@@ -111,7 +112,8 @@ def compute_on_own_thread(
 
     def run() -> None:
         try:
-            out.append((True, compute(pipe, first, *args)))
+            with waiting.patient(abandon.is_set):  # a live stream's entries: waited for until abandoned
+                out.append((True, compute(pipe, first, *args)))
         except BaseException as e:
             out.append((False, e))
 

@@ -116,7 +116,7 @@ class Definition(Protocol):
     def need_no_batch(self, what: str, instead: str) -> None:
         """A ``ValueError`` after ``batch()``."""
 
-    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int]]]:
+    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int | str]]]:
         """The records of each row of ``step``."""
 
     def describe(self) -> dict[str, Any]:
@@ -248,7 +248,7 @@ class Stream(abc.ABC):
         if why is not None:
             raise ValueError(why)
 
-    def shuffled(self, mode: str, block_size: int | None, window: int) -> Stream:
+    def shuffled(self, mode: str, block_size: int | None, window: int, steps: int | None = None) -> Stream:
         """This stream shuffled (a source's records); refused for the other kinds.
 
         Raises:
@@ -256,6 +256,25 @@ class Stream(abc.ABC):
         """
         self.check("shuffle")
         raise AssertionError("a stream that may be shuffled overrides shuffled()")  # pragma: no cover
+
+    def wait_timeout(self) -> float | None:
+        """The seconds a consumer waits for a step of a live stream, whose entries may not exist yet (``None``: not live)."""
+        return None
+
+    def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
+        """Record that host ``process_index`` of ``process_count`` trained every step before ``step`` (a live stream).
+
+        Raises:
+            ValueError: this stream is not live: it keeps no commits.
+        """
+        raise ValueError(
+            f"commit() is for live streams (a pipeline over a RedisStreamSource); this pipeline's "
+            f"{type(self).__name__} keeps no commits: resume it from it.state() instead"
+        )
+
+    def late(self, pipe: Definition, step: int, process_index: int, process_count: int, waited: float) -> Exception:
+        """The error of a consumer that waited ``waited`` seconds in vain for ``step`` of a live stream."""
+        raise AssertionError("only a live stream is waited for")  # pragma: no cover
 
     def filtered(self, survivors: np.ndarray) -> Stream:
         """This stream over ``survivors`` only (sorted record ids of :attr:`source`).
@@ -345,7 +364,7 @@ class Stream(abc.ABC):
         src = self.source
         return [] if src is None else [(src, self.record_ids(positions), np.arange(len(positions)))]
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
         """Per position, the ``(name, record id)`` pairs its row is made of.
 
         Args:
@@ -358,7 +377,7 @@ class Stream(abc.ABC):
 
     def explain(
         self, pipe: Definition, step: int, process_index: int, process_count: int
-    ) -> list[list[tuple[str, int]]]:
+    ) -> list[list[tuple[str, int | str]]]:
         """For each row of this host's batch at ``step``: the ``(name, record id)`` pairs it was made from."""
         return self.explain_rows(pipe.positions(step, process_index, process_count))
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import index as _index
 from ..collate import collate, describe
-from ..errors import CollateError, StepError
+from ..errors import CollateError, StepError, StreamTimeoutError
 from ..ops import OpKind
 from ..plan import Segments
 from ..protocol import Definition
@@ -159,6 +159,10 @@ def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
     assert src is not None, "read() takes a pipeline whose rows are records of one source (a leaf)"
     try:
         return src.read_many(ids)
+    except TimeoutError as e:  # a live source's entries did not come in time: still a TimeoutError
+        raise StreamTimeoutError(
+            f"{where}, stage 'read' of source {src.name!r} (records {_ids_text(src, ids)}): {type(e).__name__}: {e}"
+        ) from e
     except Exception as e:
         raise StepError(
             f"{where}, stage 'read' of source {src.name!r} (records {_ids_text(src, ids)}): {type(e).__name__}: {e}"

@@ -28,6 +28,7 @@ from .indexed import IndexedSource
 from .jsonl import JsonlSource
 from .memory import ArraySource, SequenceSource, as_source
 from .parquet import ParquetSource
+from .redis_stream import RedisStreamSource
 from .tensorstore import TensorStoreSource
 from .tfrecord import TFRecordSource
 from .webdataset import WebDatasetSource
@@ -38,6 +39,7 @@ __all__ = [
     "IndexedSource",
     "JsonlSource",
     "ParquetSource",
+    "RedisStreamSource",
     "SequenceSource",
     "Source",
     "SourceError",

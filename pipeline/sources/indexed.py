@@ -268,7 +268,7 @@ class IndexedSource(Source):
                 return off, src, where
             if src == "sidecar" and why != "not built yet":
                 warnings.warn(
-                    f"{type(self).__name__}: the sidecar index {where} is not used: {why}; the file is indexed again",
+                    f"{type(self).__name__}: the sidecar index {where} is not used: {why}",
                     stacklevel=4,
                 )
         if self.urls is not None and self.cache is not None:  # a sidecar beside the URL, fetched once

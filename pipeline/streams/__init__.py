@@ -5,6 +5,7 @@
 * :mod:`.mixture`: named component pipelines mixed by a schedule of weights (:class:`MixtureStream`);
 * :mod:`.packed`: records packed into rows of ``seq_len`` tokens (:class:`PackedStream`);
 * :mod:`.bucketed`: steps from buckets of record lengths (:class:`BucketedStream`);
+* :mod:`.live`: the entries of a log that grows, in log order (:class:`LiveStream`);
 * :mod:`.edits`: a stream with edits that keep the past (:class:`EditedStream`), and
   :mod:`.excluded`: a source stream skipping excluded records (:class:`ExcludedStream`).
 
@@ -16,6 +17,7 @@ from ..protocol import Definition, Stream
 from .bucketed import BucketedStream
 from .edits import EditedStream
 from .excluded import ExcludedStream
+from .live import LiveStream
 from .mixture import MixtureStream
 from .packed import PackedStream
 from .segments import SegmentStream
@@ -32,4 +34,5 @@ __all__ = [
     "BucketedStream",
     "EditedStream",
     "ExcludedStream",
+    "LiveStream",
 ]

@@ -189,7 +189,7 @@ class BucketedStream(Stream):
 
     def explain(
         self, pipe: Definition, step: int, process_index: int, process_count: int
-    ) -> list[list[tuple[str, int]]]:
+    ) -> list[list[tuple[str, int | str]]]:
         """The rows of step ``k`` of the step's bucket."""
         self.check_hosts(process_count)
         comp, k = self.assign(np.asarray([step]))

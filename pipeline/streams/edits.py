@@ -243,7 +243,7 @@ class EditedStream(Stream):
         """The inner stream's."""
         return self.inner.reads(positions)
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
         """The inner stream's."""
         return self.inner.explain_rows(positions, name)
 
@@ -253,7 +253,7 @@ class EditedStream(Stream):
 
     def explain(
         self, pipe: Definition, step: int, process_index: int, process_count: int
-    ) -> list[list[tuple[str, int]]]:
+    ) -> list[list[tuple[str, int | str]]]:
         """The inner stream's explanation of the step training step ``step`` runs."""
         return self.inner.explain(self._inner(pipe), self.inner_step(step), process_index, process_count)
 

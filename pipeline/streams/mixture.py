@@ -117,10 +117,10 @@ class MixtureStream(SegmentStream):
                 out += [(src, ids, rows[at]) for src, ids, at in part.stream.reads(seg.positions[rows])]
         return out
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
         """Per position, the records of its component's row, named by the component's key."""
         seg = self.segments(positions)
-        out: list[list[tuple[str, int]]] = [[] for _ in range(len(seg.ids))]
+        out: list[list[tuple[str, int | str]]] = [[] for _ in range(len(seg.ids))]
         for c, part in enumerate(self.components):
             rows = np.flatnonzero(seg.component == c)
             if rows.size:

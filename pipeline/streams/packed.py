@@ -353,11 +353,11 @@ class PackedStream(Stream):
         pieces = self.pieces(positions)
         return [] if self.source is None else [(self.source, pieces.ids, pieces.row)]
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int]]]:
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
         """Every document in every row."""
         label = name if name is not None else self.inner.leaf_names[0]
         pieces = self.pieces(positions)
-        out: list[list[tuple[str, int]]] = [[] for _ in range(len(positions))]
+        out: list[list[tuple[str, int | str]]] = [[] for _ in range(len(positions))]
         for r, i in zip(pieces.row.tolist(), pieces.ids.tolist()):
             out[r].append((label, i))
         return out

@@ -82,12 +82,17 @@ class SourceStream(SegmentStream):
             return "has balance_hosts(), which applies to a whole batch only"
         return None
 
-    def shuffled(self, mode: str, block_size: int | None, window: int) -> SourceStream:
+    def shuffled(self, mode: str, block_size: int | None, window: int, steps: int | None = None) -> SourceStream:
         """This stream with a new permutation each epoch (see :meth:`Pipeline.shuffle`).
 
         Raises:
-            ValueError: ``mode`` is not ``"global"`` or ``"block"``.
+            ValueError: ``mode`` is not ``"global"`` or ``"block"`` (``"steps"`` is for live streams).
         """
+        if mode == "steps":
+            raise ValueError(
+                "shuffle('steps') permutes groups of steps of a live stream (a RedisStreamSource); shuffle this "
+                "source with 'global' or 'block'"
+            )
         if mode == "global":
             return dataclasses.replace(self, shuffle_mode="global", block_size=1, window=1)
         if mode != "block":

@@ -29,6 +29,7 @@ from ..errors import StepError, exit_if_forked
 from ..ledger import DIGEST, step_fields
 from ..lookahead import cache_counts
 from ..protocol import Definition
+from ..sources import waiting
 from ..timing import SEND, Clock, report_stage_on_signal
 from . import shm
 from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
@@ -167,6 +168,11 @@ def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, pr
     Raises:
         EOFError: The parent closed the socket (the normal end).
     """
+    with waiting.patient():  # a live stream's entries are waited for here; the parent times out
+        _serve(sock, pipe, process_index=process_index, process_count=process_count)
+
+
+def _serve(sock: socket.socket, pipe: Definition, *, process_index: int, process_count: int) -> None:
     me = os.getpid()
     report_stage_on_signal()  # step_timeout: the parent may ask where a stuck step is
     shm.send(sock, Ready(me))

@@ -1,0 +1,497 @@
+"""A live stream over Redis Streams: record ``p`` is the entry at stream position ``p``, in ID order.
+
+A position counts the entries added to the stream since it was created (Redis
+7's ``entries-added``), so trimming never renumbers an entry: the first entry
+the stream still holds is at ``entries-added - length``. Entries deleted from
+the middle (``XDEL``) would make positions uncountable: the source refuses to
+read past such a hole. Reading positions ``[a, b)`` finds the ID of an entry
+before ``a`` (an *anchor*: one this process read, one kept beside the stream
+every :data:`ANCHOR_EVERY` positions, or the stream's first entry) and reads on
+from it with ``XRANGE`` in one transaction with ``XINFO STREAM``; entries that do
+not exist yet are waited for with ``XREAD BLOCK``.
+
+Beside the stream ``KEY``, the source keeps (plain Redis keys):
+
+- ``KEY:quern:origin``: the position and ID of the first entry the source ever
+  saw, set once; the source's identity is the key and this entry (the ID at
+  position 0 for a stream read from its start);
+- ``KEY:quern:anchors``: a sorted set of entry IDs by position;
+- ``KEY:quern:commit:GROUP``: what each host committed (:meth:`RedisStreamSource.commit`).
+
+The pipeline side (steps of ``B`` positions, the commit after the step) is
+:mod:`quern.pipeline.streams.live`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..errors import SourceError
+from . import waiting
+from .base import Source
+
+__all__ = ["ANCHOR_EVERY", "RedisStreamSource", "parse_id"]
+
+ANCHOR_EVERY = 1024
+"""Positions between two anchors kept beside the stream."""
+_T = TypeVar("_T")
+_COMMIT = """
+local count = tonumber(redis.call('HGET', KEYS[1], 'count') or '0')
+local want = tonumber(ARGV[2])
+if count ~= want then
+  local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
+  local low = nil
+  for i = 0, count - 1 do
+    local v = redis.call('HGET', KEYS[1], 'h' .. i)
+    v = v and tonumber(v) or base
+    if low == nil or v < low then low = v end
+  end
+  if low == nil then low = base end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'count', want, 'base', low)
+end
+local field = 'h' .. ARGV[1]
+local old = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
+if tonumber(ARGV[3]) > old then redis.call('HSET', KEYS[1], field, ARGV[3]) end
+return 1
+"""
+"""Record that host ``ARGV[1]`` of ``ARGV[2]`` trained every step before ``ARGV[3]`` (atomic).
+
+A new host count starts a new record whose hosts not yet heard from count as what
+all hosts of the old one had committed (``base``)."""
+
+
+def parse_id(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry ID as ``(milliseconds, sequence)``, the order Redis keeps.
+
+    Args:
+        entry_id: ``b"1700000000000-3"``.
+
+    Returns:
+        The two numbers.
+
+    Example:
+        >>> parse_id(b"17-3") < parse_id("17-10")
+        True
+    """
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _set_once(key: str, value: str) -> Callable[[Any], Any]:
+    """``SET key value NX`` as a call of a client."""
+    return lambda c: c.set(key, value, nx=True)
+
+
+def _field(info: dict, name: str) -> Any:
+    """An ``XINFO STREAM`` field, whichever way redis-py gives its names."""
+    return info[name] if name in info else info.get(name.encode())
+
+
+class RedisStreamSource(Source):
+    """A live stream of Redis Streams entries; record ``p`` is the entry at position ``p``, as ``{field: bytes}``.
+
+    ``Pipeline.from_source(RedisStreamSource(...)).batch(B)`` makes a live pipeline:
+    step ``s`` is the entries at positions ``[s*B, (s+1)*B)`` of the stream in ID order,
+    so a step is a function of the log, and a restarted trainer resumes with
+    ``pipe.iterator(start_step=src.committed())``. Entries that do not exist yet are
+    waited for, at most ``timeout`` seconds from when the consumer asks for the step
+    (``batch_at``, ``next``): prefetching never times out by itself. Positions count
+    entries since the stream was created, so trimming never renumbers them; a step
+    whose entries were trimmed away is an error naming its first missing position.
+
+    **Delivery.** ``it.commit(step)`` records in Redis that every step before ``step``
+    was trained by this host (:meth:`committed` is the smallest step all hosts of the
+    run committed), and a restart at :meth:`committed` gets exactly the steps after
+    it again, with the same bytes. Training is exactly-once when ``commit`` follows a
+    *durable checkpoint* that includes the step: a process killed between reading and
+    committing replays those steps, none is lost or seen twice by the model that is
+    restored. Committing after the optimizer step alone loses the steps between the
+    last checkpoint and the commit if the model is restored from that checkpoint.
+
+    A Redis server that goes away (killed, restarted) is retried with backoff for
+    ``retry_seconds``; then the read fails naming the URL.
+
+    Args:
+        url: the Redis server, ``redis://HOST:PORT/DB`` (what ``redis.Redis.from_url`` takes).
+        key: the stream's key.
+        group: the name of the commit record (not a Redis consumer group: every host reads
+            the same entries, and nothing is acknowledged).
+        timeout: seconds a consumer waits for a step's entries (and the source, at open, for
+            a stream that does not exist yet).
+        name: the source's name (default: ``key``).
+        retry_seconds: how long a server that cannot be reached is retried.
+
+    Raises:
+        SourceError: the server cannot be reached, ``key`` holds something other than a
+            stream, or entries were deleted from the middle of the stream.
+        TimeoutError: no stream ``key`` exists after ``timeout`` seconds.
+        ImportError: redis-py is missing (``pip install 'quern[redis]'``).
+
+    Attributes:
+        url: the server.
+        key: the stream.
+        group: the commit record's name.
+        timeout: the consumer's wait.
+        origin: ``(position, ID)`` of the first entry the source ever saw.
+    """
+
+    STREAM = "live"
+    """The kind of stream ``Pipeline.from_source`` makes of this source."""
+    BLOCK_SECONDS = 1.0
+    """How long one ``XREAD BLOCK`` waits before the waiting read looks at its deadline again."""
+
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        *,
+        group: str = "quern",
+        timeout: float = 60.0,
+        name: str | None = None,
+        retry_seconds: float = 30.0,
+    ) -> None:
+        import redis  # noqa: F401 (a clear ImportError at construction)
+
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"RedisStreamSource: key must be a non-empty str, got {key!r}")
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"RedisStreamSource: group must be a non-empty str, got {group!r}")
+        if not timeout > 0:
+            raise ValueError(f"RedisStreamSource: timeout must be > 0 seconds, got {timeout!r}")
+        self.url, self.key, self.group = url, key, group
+        self.timeout, self.retry_seconds = float(timeout), float(retry_seconds)
+        self.name = name or key
+        self._state()
+        self.origin = self._find_origin()
+
+    # -- connection ----------------------------------------------------------------------------------------
+
+    def _state(self) -> None:
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._anchors: list[tuple[int, bytes]] = []  # (position, ID), sorted: entries this process saw
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("_client", "_lock", "_anchors"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._state()
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            try:  # no retries of its own (they would hide a restart): ours, with backoff (_call)
+                self._client = redis.Redis.from_url(
+                    self.url,
+                    protocol=2,
+                    decode_responses=False,
+                    socket_timeout=self.BLOCK_SECONDS + 10,
+                    socket_connect_timeout=5,
+                    retry=Retry(NoBackoff(), 0),
+                )
+            except ValueError as e:
+                raise SourceError(f"RedisStreamSource: bad Redis URL {self.url!r}: {e}") from e
+        return self._client
+
+    def _call(self, what: str, fn: Callable[[Any], _T]) -> _T:
+        """``fn(client)``, retried with backoff while the server cannot be reached (``retry_seconds``)."""
+        import redis
+
+        began, delay = time.monotonic(), 0.05
+        while True:
+            try:
+                return fn(self._redis())
+            except redis.ResponseError as e:
+                if str(e).startswith("WRONGTYPE"):
+                    raise SourceError(
+                        f"RedisStreamSource: key {self.key!r} at {self.url} does not hold a stream: {e}"
+                    ) from e
+                raise SourceError(f"RedisStreamSource: {what} on {self.key!r} at {self.url} failed: {e}") from e
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                if time.monotonic() - began + delay > self.retry_seconds:
+                    raise SourceError(
+                        f"RedisStreamSource: cannot reach Redis at {self.url} ({what} on {self.key!r}) for "
+                        f"{self.retry_seconds:g} s: {type(e).__name__}: {e}"
+                    ) from e
+                if waiting.gave_up():
+                    raise RuntimeError("the iterator reading ahead was closed") from e
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+    def _keys(self) -> tuple[str, str, str]:
+        k = self.key
+        return f"{k}:quern:origin", f"{k}:quern:anchors", f"{k}:quern:commit:{self.group}"
+
+    # -- where positions are ---------------------------------------------------------------------------------
+
+    def _info(self, client: Any) -> dict | None:
+        import redis
+
+        try:
+            return client.xinfo_stream(self.key)
+        except redis.ResponseError as e:
+            if "no such key" in str(e):
+                return None
+            raise
+
+    def _head(self, info: dict) -> tuple[int, bytes | None, int]:
+        """``(position of the first entry held, its ID, entries added)``, refusing a stream with a hole."""
+        length, added = int(_field(info, "length")), int(_field(info, "entries-added"))
+        first = _field(info, "first-entry")
+        deleted = _field(info, "max-deleted-entry-id") or b"0-0"
+        held = _field(info, "recorded-first-entry-id") or b"0-0"
+        if length and parse_id(deleted) != (0, 0) and parse_id(deleted) >= parse_id(held):
+            raise SourceError(
+                f"RedisStreamSource: entries of {self.key!r} at {self.url} were deleted from the middle of the stream "
+                f"(XDEL of {deleted!r}): stream positions can no longer be counted; trim the stream from its start "
+                "(XTRIM) instead"
+            )
+        return added - length, (first[0] if first else None), added
+
+    def _find_origin(self) -> tuple[int, str]:
+        """The first entry the source ever saw, as kept beside the stream (set now if missing)."""
+        origin_key, anchors_key, _ = self._keys()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            kept = self._call("GET origin", lambda c: c.get(origin_key))
+            if kept is not None:
+                pos_text, _, id_text = kept.decode().partition(" ")
+                origin = (int(pos_text), id_text)
+                self._check_origin(origin)
+                self._anchors = [(origin[0], origin[1].encode())]
+                return origin
+            info = self._call("XINFO STREAM", self._info)
+            if info is not None:
+                pos, first, _ = self._head(info)
+                if first is not None:
+                    self._call("SET origin", _set_once(origin_key, f"{pos} {first.decode()}"))
+                    continue  # read back what was kept (another process may have been first)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"RedisStreamSource: no entries in stream {self.key!r} at {self.url} after {self.timeout:g} s "
+                    "(it does not exist yet, or is empty): check the key, or start the producer first"
+                )
+            self._call("XREAD", lambda c: c.xread({self.key: b"0-0"}, count=1, block=int(self.BLOCK_SECONDS * 1000)))
+
+    def _check_origin(self, origin: tuple[int, str]) -> None:
+        """Refuse a stream recreated under the same key (its origin entry is not where it was)."""
+        info = self._call("XINFO STREAM", self._info)
+        if info is None:
+            raise SourceError(
+                f"RedisStreamSource: stream {self.key!r} at {self.url} no longer exists, but its origin "
+                f"{origin[1]!r} (position {origin[0]}) is kept beside it: it was deleted; delete {self._keys()[0]!r} "
+                "too to start a new stream"
+            )
+        pos, first, added = self._head(info)
+        if added <= origin[0] or (first is not None and pos <= origin[0] and not self._id_at(origin)):
+            raise SourceError(
+                f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream whose position "
+                f"{origin[0]} was entry {origin[1]!r} (recreated?); delete its {self.key}:quern:* keys to start anew"
+            )
+
+    def _id_at(self, origin: tuple[int, str]) -> bool:
+        got = self._call("XRANGE", lambda c: c.xrange(self.key, origin[1], origin[1], count=1))
+        return bool(got)
+
+    def _anchor_before(self, position: int) -> tuple[int, bytes] | None:
+        """The nearest known entry before ``position``: this process's, else the one kept beside the stream."""
+        with self._lock:
+            k = bisect.bisect_left(self._anchors, (position, b""))
+            local = self._anchors[k - 1] if k else None
+        if local is not None and position - local[0] <= ANCHOR_EVERY:
+            return local
+        _, anchors_key, _ = self._keys()
+        got = self._call(
+            "ZREVRANGEBYSCORE",
+            lambda c: c.zrevrangebyscore(anchors_key, f"({position}", "-inf", start=0, num=1, withscores=True),
+        )
+        if got and (local is None or int(got[0][1]) > local[0]):
+            return int(got[0][1]), got[0][0]
+        return local
+
+    def _learn(self, position: int, entry_id: bytes) -> None:
+        """Remember entry ``entry_id`` at ``position``: here, and beside the stream every ANCHOR_EVERY positions."""
+        with self._lock:
+            k = bisect.bisect_left(self._anchors, (position, b""))
+            near = any(abs(p - position) < ANCHOR_EVERY for p, _ in self._anchors[max(0, k - 1) : k + 1])
+            if k < len(self._anchors) and self._anchors[k][0] == position:
+                return
+            self._anchors.insert(k, (position, entry_id))
+            if len(self._anchors) > 4096:
+                del self._anchors[1:2048]  # keep the origin and the newest
+        if not near:
+            _, anchors_key, _ = self._keys()
+            self._call("ZADD", lambda c: c.zadd(anchors_key, {entry_id: position}))
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        raise TypeError(f"RedisStreamSource {self.name!r} is a live stream: it has no length")
+
+    def __repr__(self) -> str:
+        return f"RedisStreamSource(url={self.url!r}, key={self.key!r}, group={self.group!r})"
+
+    def entries(self, first: int, stop: int) -> list[tuple[bytes, dict]]:
+        """The entries at positions ``[first, stop)``, waiting for those that do not exist yet.
+
+        Args:
+            first: the first position.
+            stop: the position after the last.
+
+        Returns:
+            ``[(ID, {field: value}), ...]`` in position order, as redis-py gives them.
+
+        Raises:
+            SourceError: a position was trimmed from the stream (naming the first missing one),
+                entries were deleted from its middle, or the server cannot be reached.
+            TimeoutError: the entries did not all exist ``timeout`` seconds after the call (on a
+                thread that reads ahead of the consumer, the wait has no deadline:
+                :func:`quern.pipeline.sources.waiting.patient`).
+        """
+        out: list[tuple[bytes, dict]] = []
+        until = waiting.deadline(self.timeout)
+        pos = first
+        while pos < stop:
+            anchor = self._anchor_before(pos)
+            start = b"-" if anchor is None else b"(" + anchor[1]
+            skip = 0 if anchor is None else pos - anchor[0] - 1
+            count = skip + (stop - pos)
+
+            def both(c: Any, start: bytes = start, count: int = count) -> list:
+                p = c.pipeline(transaction=True)
+                p.xinfo_stream(self.key)
+                p.xrange(self.key, start, b"+", count=count)
+                return p.execute()
+
+            info, got = self._call("XRANGE", both)
+            head, head_id, added = self._head(info)
+            if pos < head:
+                raise SourceError(
+                    f"RedisStreamSource: position {pos} of stream {self.key!r} at {self.url} was trimmed away: the "
+                    f"stream now starts at position {head} (entry {head_id!r}); a step needing it cannot be made"
+                )
+            base = head if anchor is None or anchor[0] + 1 < head else anchor[0] + 1
+            for k, (entry_id, fields) in enumerate(got):
+                p = base + k
+                if p >= pos and p < stop:
+                    out.append((entry_id, fields))
+            if got:
+                self._learn(base + len(got) - 1, got[-1][0])
+            pos = max(pos, base + len(got))
+            if pos < stop:  # not in the log yet: wait for entries after the last one held
+                last = got[-1][0] if got else (anchor[1] if anchor is not None else None)
+                self._wait(last, pos, first, stop, added, until)
+        return out
+
+    def _wait(self, last: bytes | None, pos: int, first: int, stop: int, added: int, until: float | None) -> None:
+        """Block until entries after ``last`` exist (one ``XREAD BLOCK``), or give up at ``until``."""
+        if until is not None and time.monotonic() >= until:
+            raise TimeoutError(
+                f"RedisStreamSource: stream {self.key!r} at {self.url} holds {added} entries (positions up to "
+                f"{added - 1}), and positions [{first}, {stop}) did not all come within timeout={self.timeout:g} s"
+            )
+        if waiting.gave_up():
+            raise RuntimeError("the iterator reading ahead was closed")
+        block = self.BLOCK_SECONDS if until is None else max(0.001, min(self.BLOCK_SECONDS, until - time.monotonic()))
+        since = last if last is not None else b"0-0"
+        self._call("XREAD", lambda c: c.xread({self.key: since}, count=stop - pos, block=max(1, int(block * 1000))))
+
+    def read_many(self, ids: np.ndarray) -> list:
+        """The entries at positions ``ids`` (in that order) as ``{field: bytes}`` dicts, field names as str.
+
+        Args:
+            ids: stream positions ``>= 0``; they may repeat.
+
+        Returns:
+            One dict per position.
+
+        Raises:
+            IndexError: a negative position.
+            SourceError: as :meth:`entries`.
+            TimeoutError: as :meth:`entries`.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if not ids.size:
+            return []
+        if ids.min() < 0:
+            raise IndexError(f"RedisStreamSource {self.name!r}: position {int(ids.min())} is negative")
+        lo, hi = int(ids.min()), int(ids.max()) + 1
+        got = self.entries(lo, hi)
+        rows = [{k.decode("utf-8", "surrogateescape"): v for k, v in fields.items()} for _, fields in got]
+        return [rows[i - lo] for i in ids.tolist()]
+
+    def entry_ids(self, positions: Sequence[int] | np.ndarray) -> list[str]:
+        """The IDs of the entries at ``positions`` (what ``explain`` names each row by).
+
+        Args:
+            positions: stream positions.
+
+        Returns:
+            One ID per position, as ``"1700000000000-0"``.
+        """
+        ids = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if not ids.size:
+            return []
+        lo, hi = int(ids.min()), int(ids.max()) + 1
+        got = self.entries(lo, hi)
+        return [got[i - lo][0].decode() for i in ids.tolist()]
+
+    # -- commits ---------------------------------------------------------------------------------------------
+
+    def commit(self, step: int, process_index: int = 0, process_count: int = 1) -> None:
+        """Record that host ``process_index`` of ``process_count`` trained every step before ``step``.
+
+        Called by ``it.commit(step)``; commits only move forward (an older step is kept as it was).
+
+        Args:
+            step: the step after the last one trained.
+            process_index: this host.
+            process_count: the hosts of the run.
+
+        Raises:
+            SourceError: the server cannot be reached.
+        """
+        _, _, commit_key = self._keys()
+        args = (int(process_index), int(process_count), int(step))
+        self._call("EVAL commit", lambda c: c.eval(_COMMIT, 1, commit_key, *args))
+
+    def committed(self) -> int:
+        """The step to resume at: the smallest step every host of the run committed (0 before any commit).
+
+        Returns:
+            ``pipe.iterator(start_step=src.committed())`` trains exactly the steps not committed.
+
+        Raises:
+            SourceError: the server cannot be reached.
+        """
+        _, _, commit_key = self._keys()
+        record = self._call("HGETALL", lambda c: c.hgetall(commit_key))
+        if not record:
+            return 0
+        fields = {k.decode(): int(v) for k, v in record.items()}
+        base, count = fields.get("base", 0), fields.get("count", 0)
+        return min((fields.get(f"h{i}", base) for i in range(count)), default=base)
+
+    def identity(self) -> dict:
+        """A description of the data for the pipeline fingerprint.
+
+        Returns:
+            The type, name, key and origin entry (the server's URL is not part of it: a copy of
+            the stream elsewhere is the same data).
+        """
+        return {"type": type(self).__name__, "name": self.name, "key": self.key, "origin": list(self.origin)}

@@ -1,0 +1,152 @@
+"""A live stream: position ``p`` is entry ``p`` of a log that grows (:class:`LiveStream`).
+
+Step ``s`` of a batch size ``B`` is the entries at positions ``[s*B, (s+1)*B)``
+(host ``h`` of ``H``: its rows of them), so a step is a function of the log and
+of nothing else; ``shuffle("steps", steps=W)`` permutes the positions within
+each group of ``W`` whole steps, keyed by the seed and the group. The stream is
+endless, and nothing that needs all its records (a global shuffle, a filter, a
+length index, packing, buckets, mixing) applies. The source is a live source
+(:class:`~quern.pipeline.sources.RedisStreamSource`): it reads positions, waits
+for entries that do not exist yet and keeps the commits (:meth:`LiveStream.commit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+import numpy as np
+
+from .. import index as _index
+from .. import samedef
+from ..errors import StreamTimeoutError
+from ..plan import Segments
+from ..protocol import Definition, contiguous_positions
+from ..sources import Source
+from .segments import SegmentStream
+
+__all__ = ["LiveStream"]
+
+_ALLOWED = ("batch", "shuffle", "segments")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveStream(SegmentStream):
+    """The entries of a live source in log order, or shuffled within groups of whole steps.
+
+    Attributes:
+        source: the live source (its ``read_many`` takes stream positions).
+        seed: a 64-bit seed (the shuffle's and the random transforms').
+        shuffle_steps: ``W`` of ``shuffle("steps", steps=W)``, or ``None`` (log order).
+    """
+
+    source: Source
+    seed: int = 0
+    shuffle_steps: int | None = None
+
+    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+        """``(pipe,)``: the pipeline reads its own source."""
+        return (pipe,)
+
+    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+        """The source's name."""
+        return (self.source.name,)
+
+    def length(self) -> None:
+        """``None``: a live stream is endless."""
+        return None
+
+    def read_order(self) -> str | None:
+        """``"steps"`` when shuffled within groups of steps."""
+        return None if self.shuffle_steps is None else "steps"
+
+    def size_text(self) -> str:
+        """``live stream 'events'``."""
+        return f"live stream {self.source.name!r}"
+
+    def refusal(self, stage: str) -> str | None:
+        """Only ``batch`` and ``shuffle("steps")`` may follow a live stream."""
+        if stage in _ALLOWED:
+            return None
+        return (
+            f"{stage}() does not apply to a live stream ({self.source!r}): it is endless and read in log order, "
+            "so nothing that needs all its records applies (batch() and shuffle('steps', steps=W) do)"
+        )
+
+    def shuffled(self, mode: str, block_size: int | None, window: int, steps: int | None = None) -> LiveStream:
+        """This stream permuted within groups of ``steps`` whole steps.
+
+        Raises:
+            ValueError: a mode other than ``"steps"``, or ``steps`` missing or below 1.
+        """
+        if mode != "steps":
+            raise ValueError(
+                f"a live stream cannot be shuffled with mode {mode!r} (its later entries do not exist yet): "
+                "shuffle('steps', steps=W) permutes each group of W whole steps"
+            )
+        if steps is None:
+            raise ValueError("shuffle('steps') needs steps=W, the steps of each group permuted together")
+        return dataclasses.replace(self, shuffle_steps=_index.check_int(steps, "steps", 1))
+
+    def record_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The record id of a position: the position itself (its entry)."""
+        return np.asarray(positions, dtype=np.int64)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Per position: leaf 0, the entry at that position and the position."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return Segments(np.zeros(len(positions), dtype=np.int64), positions, positions)
+
+    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+        """This host's rows of the step's positions ``[s*B, (s+1)*B)``, permuted within its group of steps."""
+        rows = contiguous_positions(pipe, step, process_index, process_count, None)
+        if self.shuffle_steps is None:
+            return rows
+        n = self.shuffle_steps * pipe.need_batch("positions")  # positions of one group
+        within = _index.epoch_record_ids(rows, n, self.seed, "global", 1, 1)  # group g's permutation of [0, n)
+        return (rows // n) * n + within
+
+    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
+        """Per position, ``(name, entry ID)``: the entry's ID in place of a record index (read from the log)."""
+        label = name if name is not None else self.source.name
+        ids = cast(Any, self.source).entry_ids(self.record_ids(positions))
+        return [[(label, entry)] for entry in ids]
+
+    def describe(self, until_step: int | None = None) -> dict[str, Any]:
+        """The source's identity (its key and origin entry), the seed and the shuffle."""
+        return {
+            "live": samedef.IDENTITY if samedef.active() else self.source.identity(),
+            "seed": self.seed,
+            "shuffle_steps": self.shuffle_steps,
+        }
+
+    def to_config(self, pipe: Definition) -> dict[str, Any]:
+        """Refused: a live stream is defined in code."""
+        raise ValueError(f"a pipeline over a live stream ({self.source!r}) has no config form: define it in code")
+
+    def text(self) -> str:
+        """``Pipeline.from_source(...)`` and the shuffle."""
+        out = f"Pipeline.from_source({self.source!r}, seed={self.seed})"
+        if self.shuffle_steps is not None:
+            out += f".shuffle('steps', steps={self.shuffle_steps})"
+        return out
+
+    # ------------------------------------------------------------------ what only a live stream does
+
+    def wait_timeout(self) -> float | None:
+        """The seconds a consumer waits for a step's entries (the source's ``timeout``)."""
+        return float(cast(Any, self.source).timeout)
+
+    def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
+        """Record, beside the log, that this host trained every step before ``step``."""
+        cast(Any, self.source).commit(step, process_index, process_count)
+
+    def late(self, pipe: Definition, step: int, process_index: int, process_count: int, waited: float) -> Exception:
+        """The error of a consumer that waited ``waited`` seconds for ``step`` in vain."""
+        rows = self.positions(pipe, step, process_index, process_count)
+        span = f"[{int(rows.min())}, {int(rows.max()) + 1})" if rows.size else "[]"
+        return StreamTimeoutError(
+            f"step {step} (host {process_index} of {process_count}): no batch within timeout={waited:g} s: the live "
+            f"stream {self.source!r} does not hold the entries at positions {span} yet (the iterator goes on "
+            "waiting if next() is called again)"
+        )
