@@ -9,6 +9,13 @@ another host keeps its identity. Sources are picklable (open handles are
 reopened where the source is used). File sources refuse to read a file that
 changed since they opened it (:class:`SourceError` naming it).
 
+WebDataset tar shards, TFRecord and JSON-lines files are read in place by
+record offset (:class:`WebDatasetSource`, :class:`TFRecordSource`,
+:class:`JsonlSource`, on :class:`IndexedSource`), each file indexed once;
+:class:`RedisStreamSource` is a live stream, whose records are the entries of a
+log that grows (a pipeline over it is a
+:class:`~quern.pipeline.streams.live.LiveStream`).
+
 What each identity covers, and the checks of each kind of source, are in
 ``docs/design/sources.md``.
 

@@ -1,9 +1,9 @@
 """Files read in place by record offset: what the tar, TFRecord and JSON-lines sources share.
 
-A subclass names its format (:attr:`IndexedSource.FORMAT`), scans a file for
-its records' byte ranges (:meth:`IndexedSource.scan`, once per file: the
+A subclass names its format (:attr:`~quern.sources.IndexedSource.FORMAT`), scans a file for
+its records' byte ranges (:meth:`~quern.sources.IndexedSource.scan`, once per file: the
 offsets are kept in a verified index, :mod:`quern.pipeline.sources.offsets`)
-and decodes one record from its bytes (:meth:`IndexedSource.decode`). This
+and decodes one record from its bytes (:meth:`~quern.sources.IndexedSource.decode`). This
 module does the rest: paths, globs and URLs (fetched whole into the disk cache,
 keyed there by URL and the server's size and ETag or Last-Modified), refusing
 compressed files, finding or building the indexes (a sidecar, the cache, else a
@@ -87,7 +87,7 @@ def check_file(what: str, fmt: str, name: str, path: str, size: int) -> None:
 
 
 class Sidecar(NamedTuple):
-    """What :meth:`IndexedSource.write_sidecars` did for one file."""
+    """What :meth:`~quern.sources.IndexedSource.write_sidecars` did for one file."""
 
     path: str
     """The data file."""

@@ -185,7 +185,7 @@ class JsonlSource(IndexedSource):
         """A description of the data for the pipeline fingerprint.
 
         Returns:
-            The files' identity (:meth:`IndexedSource.identity`) and ``field``.
+            The files' identity (:meth:`~quern.sources.IndexedSource.identity`) and ``field``.
         """
         return {**super().identity(), "field": self.field}
 

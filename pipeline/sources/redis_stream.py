@@ -16,7 +16,7 @@ Beside the stream ``KEY``, the source keeps (plain Redis keys):
   saw, set once; the source's identity is the key and this entry (the ID at
   position 0 for a stream read from its start);
 - ``KEY:quern:anchors``: a sorted set of entry IDs by position;
-- ``KEY:quern:commit:GROUP``: what each host committed (:meth:`RedisStreamSource.commit`).
+- ``KEY:quern:commit:GROUP``: what each host committed (:meth:`~quern.sources.RedisStreamSource.commit`).
 
 The pipeline side (steps of ``B`` positions, the commit after the step) is
 :mod:`quern.pipeline.streams.live`.
