@@ -1,4 +1,4 @@
-"""``quern prepare``: small files, JSON lines, Parquet or ArrayRecord in; shards, manifest, metadata out.
+"""``quern prepare``: small files, JSON lines, Parquet, ArrayRecord, tar or TFRecord in; shards, manifest, metadata out.
 
 The output is ArrayRecord shards with a manifest and a metadata index. Run once before training: many small files become a few shards of about 128 MB
 (IOPS down by orders of magnitude), and per-record metadata (lengths after the

@@ -1,8 +1,10 @@
 """What ``quern prepare`` reads: inputs listed as items, and the records of an item.
 
 An :class:`Item` is an atomic piece of input (one small file, a run of whole
-lines of a JSON-lines file, a Parquet row group, a run of ArrayRecord records),
-listed from file sizes and metadata alone; :mod:`quern.prepare.records` reads
+lines of a JSON-lines file, a Parquet row group, a run of ArrayRecord records,
+of WebDataset samples or of TFRecord records), listed from file sizes and
+metadata alone (tar and TFRecord files from their offset index, built once and
+kept: :mod:`quern.pipeline.sources.offsets`); :mod:`quern.prepare.records` reads
 their records. The kinds of input, the record order
 (what every run reproduces) and how a file changed during the run is caught:
 ``docs/design/prepare.md``.
@@ -16,16 +18,23 @@ import glob as _glob
 import hashlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
-from ..pipeline.errors import PrepareError
+import numpy as np
+
+from ..pipeline.errors import PrepareError, SourceError
 from ..pipeline.sources import prepared
 from ..pipeline.sources.base import host_name
+from ..pipeline.sources.indexed import IndexedSource, compression_of
+from ..pipeline.sources.offsets import SIDECAR
+from ..pipeline.sources.tfrecord import TFRecordSource
+from ..pipeline.sources.webdataset import WebDatasetSource
 
 __all__ = [
     "CHUNK",
     "FORMATS",
+    "INDEXED",
     "Format",
     "Item",
     "Seen",
@@ -34,11 +43,12 @@ __all__ = [
     "describe_files",
     "describe_inputs",
     "list_items",
+    "open_indexed",
 ]
 
-CHUNK = 4 << 20  # bytes per item of a JSON-lines or ArrayRecord file
+CHUNK = 4 << 20  # bytes per item of a JSON-lines, ArrayRecord, tar or TFRecord file
 _HOST = host_name()  # this process's machine (imported again on each Ray node)
-Format = Literal["files", "jsonl", "parquet", "array_record"]  # the kinds of input (``format=``)
+Format = Literal["files", "jsonl", "parquet", "array_record", "webdataset", "tfrecord"]  # the kinds (``format=``)
 FORMATS: tuple[Format, ...] = get_args(Format)
 _BY_SUFFIX: dict[str, Format] = {
     ".jsonl": "jsonl",
@@ -47,7 +57,13 @@ _BY_SUFFIX: dict[str, Format] = {
     ".pq": "parquet",
     ".array_record": "array_record",
     ".arrayrecord": "array_record",
+    ".tar": "webdataset",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".tfrec": "tfrecord",
 }
+INDEXED: tuple[Format, ...] = ("webdataset", "tfrecord")
+"""The kinds read by record offset, through their source (:func:`open_indexed`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,17 +128,18 @@ class Item:
     """Records ``[lo, hi)`` of one input file, in the file's own units.
 
     Attributes:
-        kind: ``"file"``, ``"jsonl"``, ``"parquet"`` or ``"array_record"``.
+        kind: ``"file"``, ``"jsonl"``, ``"parquet"``, ``"array_record"``, ``"webdataset"`` or ``"tfrecord"``.
         path: the file.
         name: the file as messages and the manifest show it (relative to its input).
         lo: the first unit: a small file ``(0, size)``; JSON lines: byte offsets
-            of whole lines; Parquet: row groups; ArrayRecord: record numbers.
+            of whole lines; Parquet: row groups; ArrayRecord: record numbers; WebDataset: sample
+            numbers; TFRecord: record numbers.
         hi: the unit after the last.
         size: the estimated input bytes.
         seen: the file as it was listed (see :class:`Seen`).
     """
 
-    kind: Literal["file", "jsonl", "parquet", "array_record"]
+    kind: Literal["file", "jsonl", "parquet", "array_record", "webdataset", "tfrecord"]
     path: str
     name: str
     lo: int
@@ -260,6 +277,87 @@ def _line_start(f: Any, offset: int) -> int:
         pos += len(block)
 
 
+_INDEXED_WHAT = {"webdataset": "WebDataset tar shard", "tfrecord": "TFRecord file"}
+
+
+def _indexed_class(kind: str) -> type[IndexedSource]:
+    return WebDatasetSource if kind == "webdataset" else TFRecordSource
+
+
+def open_indexed(kind: str, path: str) -> IndexedSource:
+    """The source that reads the tar shard or TFRecord file ``path`` by record offset.
+
+    Its offset index is the file's verified sidecar (``quern index``) or cached
+    index, else one scan of the file builds it (checking every tar header, or
+    every TFRecord length's CRC) and keeps it in the cache
+    (:mod:`quern.pipeline.sources.offsets`): a file is scanned once, not per item.
+
+    Args:
+        kind: ``"webdataset"`` or ``"tfrecord"``.
+        path: the local file (glob characters in it are literal).
+
+    Returns:
+        A ``WebDatasetSource`` or ``TFRecordSource`` of that one file.
+
+    Raises:
+        SourceError: the file is empty, compressed, holds no record or bad data (naming it and where).
+        OSError: it cannot be read.
+    """
+    return _indexed_class(kind)(_glob.escape(path))
+
+
+def _holds_no_record(kind: str, path: str, size: int, name: str) -> bool:
+    """Whether a file the source refused is a well-formed one that holds no record (a tar of end blocks only)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return len(_indexed_class(kind).scan(f, size, name)) < 2
+    except (OSError, SourceError):
+        return False
+
+
+def _indexed_items(
+    kind: Literal["webdataset", "tfrecord"], path: str, name: str, st: os.stat_result, chunk: int
+) -> list[Item]:
+    """The items of a tar shard or TFRecord file: runs of whole records of about ``chunk`` bytes."""
+    what, size = _INDEXED_WHAT[kind], st.st_size
+    if size == 0 and kind == "tfrecord":
+        return []  # an empty TFRecord file is one of no record (a tar has end blocks: an empty one is no tar)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise PrepareError(f"prepare: cannot read {name!r}: {e}") from e
+    packed = compression_of(head)
+    if packed is not None:
+        raise PrepareError(
+            f"prepare: the input {name!r} ({path}) is {packed}-compressed: a {what} is read by record offset, "
+            f"which a {packed} stream does not allow; decompress it first (for gzip: gunzip), then prepare it"
+        )
+    try:
+        off = open_indexed(kind, path).offsets(0)
+    except SourceError as e:
+        if _holds_no_record(kind, path, size, name):
+            return []
+        raise PrepareError(f"prepare: the input {name!r} ({path}) is not a readable {what}: {e}") from e
+    except OSError as e:
+        raise PrepareError(f"prepare: cannot read {name!r}: {e}") from e
+    n = len(off) - 1
+    cuts = np.searchsorted(off, np.arange(int(off[0]), int(off[-1]), chunk), side="left")  # a record starting there
+    bounds = sorted({*cuts.tolist(), 0, n})
+    seen = Seen.of(st)
+    return [Item(kind, path, name, a, b, int(off[b] - off[a]), seen) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _sidecars(paths: Sequence[str], is_indexed: Callable[[str], bool]) -> set[str]:
+    """The offset sidecars (``FILE.quern.idx``, ``quern index``) among ``paths`` whose data file is there too.
+
+    They are the index of an input read by offset, not inputs: ``is_indexed(path)`` says whether a
+    data file is one of those.
+    """
+    there = set(paths)
+    return {p for p in paths if p.endswith(SIDECAR) and p[: -len(SIDECAR)] in there and is_indexed(p[: -len(SIDECAR)])}
+
+
 def _file_items(kind: Format, path: str, name: str, columns: Sequence[str], chunk: int = CHUNK) -> list[Item]:
     try:
         st = os.stat(path)
@@ -268,6 +366,8 @@ def _file_items(kind: Format, path: str, name: str, columns: Sequence[str], chun
     if not stat.S_ISREG(st.st_mode):
         raise PrepareError(f"prepare: the input {name!r} ({path}) is not a regular file ({_what(st)})")
     size, seen = st.st_size, Seen.of(st)
+    if kind == "webdataset" or kind == "tfrecord":
+        return _indexed_items(kind, path, name, st, chunk)
     if kind == "files":
         return [Item("file", path, name, 0, size, size, seen)]
     if kind == "jsonl":
@@ -324,15 +424,17 @@ def list_items(
         include: glob patterns a directory's files must match (all when empty).
         columns: the Parquet columns that must exist.
         output: the output folder (absolute): skipped inside a directory, refused as an input.
-        chunk: JSON-lines and ArrayRecord files are cut into items of about this many bytes.
+        chunk: JSON-lines, ArrayRecord, tar and TFRecord files are cut into items of about this many bytes
+            (whole lines and records).
 
     Returns:
         ``(items, described)``: the items, and per input its ``name``,
         ``format``, ``files`` and ``bytes``.
 
     Raises:
-        PrepareError: an input does not exist, cannot be read, or is not a
-            regular file or a folder.
+        PrepareError: an input does not exist, cannot be read, is not a
+            regular file or a folder, or (a tar shard or TFRecord file) is
+            compressed or holds bad data.
         ValueError: ``fmt`` is not one of :data:`FORMATS`, or an input is ``output``.
     """
     if fmt is not None and fmt not in FORMATS:
@@ -347,6 +449,9 @@ def list_items(
             if not paths:
                 raise PrepareError(f"prepare: no file matches {given!r}")
             kinds = {p: _kind(p, fmt) for p in paths if os.path.isfile(p)}
+            indexed = {p for p, kind in kinds.items() if kind in INDEXED}
+            for p in _sidecars(list(kinds), indexed.__contains__):
+                del kinds[p]
             for p, kind in kinds.items():
                 items += _file_items(kind, p, os.path.basename(p), columns, chunk)
             name, files = os.path.basename(given), len(kinds)  # the pattern, not where it was: relocatable
@@ -364,6 +469,9 @@ def list_items(
                 name, files = base, len(m["shards"])
             else:
                 found = _walk(root, include, output)
+                if fmt in INDEXED:
+                    drop = _sidecars([rel for rel, _ in found], lambda d: True)
+                    found = [(rel, st) for rel, st in found if rel not in drop]
                 for rel, st in found:
                     p, what = os.path.join(root, rel), f"{base}/{rel}"
                     if fmt in (None, "files"):  # the common case, 100,000s of files: no second stat

@@ -3,19 +3,30 @@
 :func:`read_item` yields the records of an :class:`~quern.prepare.inputs.Item`
 in file order (the record order: ``docs/design/prepare.md``); :func:`as_record`
 turns what a map returned into stored bytes.
+
+A WebDataset sample kept whole (no map, no ``member``) is stored as a tar of its
+own: the bytes of its members in the shard, from its first member's header to
+the next sample's (headers, pax and GNU long-name headers, data and padding, as
+they are there), then tar's end-of-archive (two zero blocks).
+:func:`quern.pipeline.sources.webdataset.read_sample` turns it back into the
+sample, and so do ``tarfile`` and the ``webdataset`` library. Members between
+two samples that belong to none (a folder, a ``__*__`` file) stay in the record
+of the sample before them; those readers skip them as the shard's readers do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..pipeline.errors import PrepareError, RecordError
-from .inputs import Item, check_read
+from ..pipeline.sources.indexed import IndexedSource
+from .inputs import INDEXED, Item, Seen, check_read, open_indexed
 
 __all__ = ["Rec", "as_record", "read_item", "where_of"]
 
@@ -68,8 +79,27 @@ def _values(column: Any) -> list[Any]:
     return column.to_pylist()
 
 
+_TAR_END = bytes(1024)  # tar's end-of-archive: two zero blocks
+_OPEN: dict[tuple[str, str, Seen | None], IndexedSource] = {}  # the source of the file last read (its offsets)
+
+
+def _indexed(item: Item) -> IndexedSource:
+    """The source of ``item``'s tar shard or TFRecord file, kept while this process reads that file."""
+    key = (item.kind, item.path, item.seen)
+    src = _OPEN.get(key)
+    if src is None:
+        _OPEN.clear()
+        src = _OPEN[key] = open_indexed(item.kind, item.path)
+    return src
+
+
 def read_item(
-    item: Item, *, jsonl_field: str | None, columns: Sequence[str], fields: Sequence[str]
+    item: Item,
+    *,
+    jsonl_field: str | None,
+    columns: Sequence[str],
+    fields: Sequence[str],
+    member: str | None = None,
 ) -> Iterator[Rec | RecordError]:
     """The records of ``item``, in file order.
 
@@ -78,10 +108,13 @@ def read_item(
         jsonl_field: the JSON field holding the record (``None``: the whole line).
         columns: the Parquet columns making the record (empty: all but ``fields``).
         fields: the metadata fields to read beside the record.
+        member: WebDataset: the extension of the member that is the record (``None``: the whole
+            sample, stored as a tar of its own; a map receives the sample dict).
 
     Yields:
         A :class:`Rec` per record; a record that cannot be read as a
-        :class:`RecordError` (a file that cannot be read as one for the whole item).
+        :class:`RecordError` (a file that cannot be read as one for the whole item;
+        a WebDataset sample without ``member`` as one naming the shard and the sample's key).
 
     Raises:
         PrepareError: the file changed since it was listed.
@@ -121,14 +154,69 @@ def read_item(
             check_read(item)
             for k, rec in enumerate(records):
                 yield Rec(rec, None, None, f"{item.name} record {item.lo + k}", len(rec))
+        elif item.kind in INDEXED:
+            yield from _indexed_records(item, member)
         else:  # pragma: no cover - listed kinds only
             raise ValueError(item.kind)
     except PrepareError:
         raise  # the file changed during the run: never a record to skip
     except (OSError, ValueError, RuntimeError) as e:
-        what = {"file": "", "jsonl": f" bytes {item.lo}-{item.hi}", "parquet": f" row group {item.lo}"}
+        if item.kind in INDEXED:
+            check_read(item)  # a file changed since it was listed is said as such, never skipped
+        what = {
+            "file": "",
+            "jsonl": f" bytes {item.lo}-{item.hi}",
+            "parquet": f" row group {item.lo}",
+            "webdataset": f" samples {item.lo}-{item.hi}",
+        }
         span = what.get(item.kind, f" records {item.lo}-{item.hi}")
         yield RecordError(f"{item.name}{span}", f"cannot read it: {type(e).__name__}: {e}")
+
+
+def _indexed_records(item: Item, member: str | None) -> Iterator[Rec | RecordError]:
+    """The records of a run of WebDataset samples or TFRecord records: one read, each record decoded by its source.
+
+    The source's verified offsets give the run's bytes, read at once; its ``decode`` checks each
+    record (a tar header's checksum and the sample's members, a TFRecord's two CRCs). A record
+    that fails it is a :class:`RecordError` naming it; the others are read.
+    """
+    src = _indexed(item)
+    off = src.offsets(0)
+    if item.hi >= len(off):
+        raise ValueError(f"it holds {len(off) - 1} records now, where {item.hi} were listed")
+    lo, hi = int(off[item.lo]), int(off[item.hi])
+    with open(item.path, "rb") as f:
+        parts, at = [], lo
+        while at < hi:  # one pread returns at most about 2 GB
+            part = os.pread(f.fileno(), min(hi - at, 1 << 30), at)
+            if not part:
+                break
+            parts.append(part)
+            at += len(part)
+        data = b"".join(parts)
+        check_read(item, f.fileno())
+    if len(data) != hi - lo:
+        raise ValueError(f"it ends at byte {lo + len(data)}, inside the records read (bytes {lo}-{hi})")
+    view = memoryview(data)
+    for r in range(item.lo, item.hi):
+        a, b = int(off[r]) - lo, int(off[r + 1]) - lo
+        where = f"{item.name} {'sample' if item.kind == 'webdataset' else 'record'} {r}"
+        try:
+            value = src.decode(0, r, view[a:b])
+        except (ValueError, RuntimeError) as e:  # a SourceError: a bad header or CRC
+            yield RecordError(where, f"cannot read it: {type(e).__name__}: {e}")
+            continue
+        if item.kind == "tfrecord":
+            yield Rec(value, None, None, where, b - a)
+            continue
+        where = f"{where} (key {value['__key__']!r})"
+        if member is None:
+            yield Rec(value, bytes(view[a:b]) + _TAR_END, None, where, b - a)
+        elif member in value:
+            yield Rec(value[member], None, None, where, b - a)
+        else:
+            has = [k for k in value if k != "__key__"]
+            yield RecordError(where, f"this sample has no member {member!r} (it has {has})")
 
 
 def _jsonl(item: Item, data: bytes, field: str | None) -> Iterator[Rec | RecordError]:
@@ -163,7 +251,8 @@ def where_of(item: Item, rec: Rec) -> str:
         rec: the record.
 
     Returns:
-        ``"docs/a.jsonl line 12"``, ``"data.parquet row group 0 row 3"``, or the file's name.
+        ``"docs/a.jsonl line 12"``, ``"data.parquet row group 0 row 3"``, ``"a.tar sample 4 (key 'x/0004')"``,
+        or the file's name.
     """
     if rec.line >= 0:
         return f"{item.name} line {_line_number(item.path, item.lo, rec.line)}"

@@ -282,6 +282,7 @@ def prepare(
     skip_errors: bool = False,
     format: Format | None = None,
     field: str | None = None,
+    member: str | None = None,
     columns: Sequence[str] = (),
     include: Sequence[str] = (),
     compression: str = _shards.COMPRESSION,
@@ -298,8 +299,13 @@ def prepare(
         inputs: a path or a list of paths (globs allowed): directories of small
             files (a record per file: its bytes), JSON-lines files (a record per
             line: the line, or its ``field``), Parquet files (a record per row: its
-            one column of ``columns``, or with a ``map`` a dict of them) and
-            ArrayRecord files or prepared folders (re-sharded).
+            one column of ``columns``, or with a ``map`` a dict of them),
+            ArrayRecord files or prepared folders (re-sharded), WebDataset tar
+            shards (a record per sample: the sample kept whole as a tar of its own,
+            which :func:`quern.pipeline.sources.webdataset.read_sample` reads
+            back, or its ``member``; a ``map`` receives the sample dict
+            ``{"__key__": str, ext: bytes}``) and TFRecord files (a record per
+            record: its bytes).
         output: the output folder: new, empty, or holding a prepare of the same job.
         map: turns each record into the stored one (a callable or
             ``"module:function"``). It returns ``bytes``, ``str`` (stored as
@@ -321,6 +327,9 @@ def prepare(
             manifest) instead of raising.
         format: the kind of every input (default: by name, see ``docs/design/prepare.md``).
         field: the JSON field holding the record.
+        member: WebDataset: the extension of the member that is the record
+            (``"jpg"``; case and a leading dot do not matter; a ``map`` receives its
+            bytes). A sample without it cannot be read (``skip_errors`` counts it).
         columns: the Parquet columns to read.
         include: glob patterns a directory's files must match (relative paths, e.g. ``"*.py"``).
         compression: each record's compression: ``zstd:N``, ``brotli:N``,
@@ -370,6 +379,10 @@ def prepare(
     fn = resolve_map(map) if isinstance(map, str) else map
     if fn is not None and not callable(fn):
         raise TypeError(f"prepare: map must be callable or 'module:function', got {fn!r}")
+    if member is not None:
+        if not isinstance(member, str) or not member.strip(". ") or "/" in member:
+            raise ValueError(f"prepare: member must be a member's extension such as 'jpg', got {member!r}")
+        member = member.strip().lstrip(".").lower()  # WebDataset lowercases extensions
     chunk = max(4096, min(_inputs.CHUNK, size // 4))  # items well under a shard: shards end near their size
     items, described = _inputs.list_items(
         given, fmt=format, include=tuple(include), columns=tuple(columns), output=output, chunk=chunk
@@ -377,6 +390,8 @@ def prepare(
     if not items:
         pattern = f" matching {list(include)}" if include else ""
         raise PrepareError(f"prepare: no input record: {given} hold no file{pattern}")
+    if member is not None and not any(it.kind == "webdataset" for it in items):
+        raise ValueError("prepare: member applies to WebDataset tar shards, and no input is one")
     map_desc = None
     if fn is not None:
         name = spec or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
@@ -391,6 +406,8 @@ def prepare(
         "skip_errors": bool(skip_errors),
         "writer_options": options_text,
     }
+    if member is not None:  # only when given: the jobs of earlier versions keep their hash
+        options["member"] = member
     job_key = fingerprint_of(
         {"version": prepared.VERSION, "items": _inputs.describe_inputs(items), "map": map_desc, "options": options}
     )
@@ -418,7 +435,9 @@ def prepare(
         shutil.rmtree(os.path.join(output, prepared.STAGING), ignore_errors=True)  # killed after the manifest
         _remove_temporaries(output)
         return m
-    job = _shards.Job(items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors), options_text)
+    job = _shards.Job(
+        items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors), options_text, member=member
+    )
     if fn is not None:  # what the worker processes and Ray tasks check they loaded (samedef)
         job.map_definition = samedef.definition(fn, f"map {name}")
     kept: dict[str, dict[str, Any]] = {}

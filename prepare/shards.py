@@ -85,6 +85,7 @@ class Job:
         writer_options: the ArrayRecord writer's options (:func:`writer_options`).
         map_definition: the parent's :func:`quern.pipeline.samedef.definition` of
             ``map_fn`` (``None``: not compared).
+        member: WebDataset: the extension of the member that is the record (``None``: the sample).
     """
 
     items: list[Item]
@@ -98,6 +99,7 @@ class Job:
     skip_errors: bool
     writer_options: str = f"{WRITER_OPTIONS},{COMPRESSION}"
     map_definition: Any = None
+    member: str | None = None
 
 
 _CHECKED: set[int] = set()  # the jobs whose map this process has checked (by id: a worker holds one job)
@@ -282,7 +284,9 @@ def expansion(job: Job) -> float:
     inp = out = 0
     for i in picks:
         item = job.items[i]
-        for k, rec in enumerate(read_item(item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields)):
+        for k, rec in enumerate(
+            read_item(item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields, member=job.member)
+        ):
             if k >= _SAMPLE_RECORDS:
                 break
             if isinstance(rec, RecordError):
@@ -388,7 +392,9 @@ def _write_shard(job: Job, index: int, tmp: str, report: Callable[[int, int], No
     try:
         for item in job.items[a:b]:
             done = 0
-            for rec in read_item(item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields):
+            for rec in read_item(
+                item, jsonl_field=job.jsonl_field, columns=job.columns, fields=job.fields, member=job.member
+            ):
                 try:
                     if isinstance(rec, RecordError):
                         raise rec

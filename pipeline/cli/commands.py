@@ -252,6 +252,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         skip_errors=args.skip_errors,
         format=args.format,
         field=args.field,
+        member=args.member,
         columns=split(args.columns),
         include=args.include or (),
         compression=args.compression,
@@ -361,7 +362,7 @@ def _index_kind(path: str, fmt: str | None) -> type[IndexedSource]:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    """``quern index``: write a sidecar index beside each file (:meth:`IndexedSource.write_sidecars`).
+    """``quern index``: write a sidecar index beside each file (:meth:`~quern.sources.IndexedSource.write_sidecars`).
 
     Args:
         args: The parsed arguments.

@@ -292,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="a directory of small files, JSON-lines (.jsonl), Parquet (.parquet) or ArrayRecord files, a glob, "
-        "or a prepared folder; in the order given (a directory's files sorted by relative path)",
+        help="a directory of small files, JSON-lines (.jsonl), Parquet (.parquet), ArrayRecord, WebDataset tar "
+        "(.tar: a record per sample) or TFRecord (.tfrecord, .tfrecords, .tfrec) files, a glob, or a prepared "
+        "folder; in the order given (a directory's files sorted by relative path)",
     )
     p.add_argument("--output", "-o", required=True, help="the folder to write (new or empty; or an unfinished prepare)")
     p.add_argument(
@@ -306,15 +307,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="128MB", help="bytes per shard, e.g. 512KB, 1MB, 128MB, 1GB (default 128MB)")
     p.add_argument(
         "--fields",
-        help="scalar fields for the metadata index, comma-separated (JSON keys, Parquet columns, or the map's dict)",
+        help="scalar fields for the metadata index, comma-separated (JSON keys, Parquet columns, or the map's dict; "
+        "for tar and TFRecord inputs the map's dict only)",
     )
     p.add_argument(
         "--format",
-        choices=["files", "jsonl", "parquet", "array_record"],
-        help="the kind of every input (default: by name)",
+        choices=["files", "jsonl", "parquet", "array_record", "webdataset", "tfrecord"],
+        help="the kind of every input (default: by name; a directory's files: small files)",
     )
     p.add_argument("--field", help="JSON lines: the record is this field of each line (default: the whole line)")
     p.add_argument("--columns", help="Parquet: the columns read (one: the record; several: a dict for --map)")
+    p.add_argument(
+        "--member",
+        metavar="EXT",
+        help="WebDataset: the record is this member of each sample, e.g. jpg (default: the whole sample, stored as "
+        "a tar of its own; --map receives the sample dict); a sample without it is an error (or --skip-errors)",
+    )
     p.add_argument(
         "--include",
         action="append",

@@ -31,7 +31,7 @@ from ..cache import ShardCache
 from ..errors import SourceError
 from .indexed import IndexedSource
 
-__all__ = ["WebDatasetSource", "split_name"]
+__all__ = ["WebDatasetSource", "read_sample", "split_name"]
 
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext, verbatim
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: matched at the start of a name
@@ -300,3 +300,62 @@ class WebDatasetSource(IndexedSource):
             ``{"type": "webdataset", "paths": ..., "name": ...}`` (URLs as given).
         """
         return {"type": "webdataset", "paths": list(self.urls or self.paths), "name": self.name}
+
+
+def read_sample(record: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A WebDataset sample from a tar holding one sample: a record ``quern prepare`` made of a tar shard's sample.
+
+    ``quern prepare`` keeps a sample whole as one record: its members' headers and data as they
+    are in the shard, then tar's end-of-archive. This reads such a record (or any tar of one
+    sample) the way ``WebDatasetSource`` reads a shard's sample: members that are not regular
+    files and ``__*__`` metadata files are skipped, extensions are lowercased.
+
+    Args:
+        record: the tar's bytes.
+
+    Returns:
+        ``{"__key__": key, ext: bytes, ...}``, extensions in tar order.
+
+    Raises:
+        SourceError: a bad or truncated tar header, a member cut short, a member without a key,
+            members of two samples, a repeated extension, or no sample at all.
+
+    Example:
+        >>> import io, tarfile
+        >>> buf = io.BytesIO()
+        >>> with tarfile.open(fileobj=buf, mode="w") as tar:
+        ...     for member, data in [("a.txt", b"hi"), ("a.JSON", b"{}")]:
+        ...         info = tarfile.TarInfo(member)
+        ...         info.size = len(data)
+        ...         tar.addfile(info, io.BytesIO(data))
+        >>> read_sample(buf.getvalue())
+        {'__key__': 'a', 'txt': b'hi', 'json': b'{}'}
+    """
+    data = memoryview(record).cast("B")
+    name = "a WebDataset sample record"
+    sample: dict[str, Any] = {}
+    for m in _members(lambda at, n: bytes(data[at : at + n]), 0, len(data), name):
+        if isinstance(m, int):
+            break
+        if m.data + m.size > len(data):
+            raise SourceError(
+                f"read_sample: tar member {m.name!r} (header at byte {m.header}) is cut short: its {m.size} bytes "
+                f"need the record to reach byte {m.data + m.size}, and it has {len(data)}"
+            )
+        split = WebDatasetSource._keyed(m, name)
+        if split is None:
+            continue
+        key, ext = split
+        if sample and key != sample["__key__"]:
+            raise SourceError(
+                f"read_sample: the record holds more than one sample: {sample['__key__']!r}, then {key!r} (tar member "
+                f"{m.name!r} at byte {m.header})"
+            )
+        if ext in sample:
+            raise SourceError(f"read_sample: tar member {m.name!r} repeats the extension {ext!r} of sample {key!r}")
+        if not sample:
+            sample["__key__"] = key
+        sample[ext] = bytes(data[m.data : m.data + m.size])
+    if not sample:
+        raise SourceError("read_sample: the record holds no sample (no regular member named KEY.EXTENSION)")
+    return sample
