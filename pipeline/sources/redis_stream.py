@@ -208,11 +208,15 @@ class RedisStreamSource(Source):
                 raise SourceError(f"RedisStreamSource: bad Redis URL {self.url!r}: {e}") from e
         return self._client
 
-    def _call(self, what: str, fn: Callable[[Any], _T]) -> _T:
-        """``fn(client)``, retried with backoff while the server cannot be reached (``retry_seconds``)."""
+    def _call(self, what: str, fn: Callable[[Any], _T], *, retry: bool = True) -> _T:
+        """``fn(client)``, retried with backoff while the server cannot be reached (``retry_seconds``).
+
+        Without ``retry`` (opening the source), a server that cannot be reached fails at once: a
+        wrong URL is an error now, not after ``retry_seconds``.
+        """
         import redis
 
-        began, delay = time.monotonic(), 0.05
+        until, delay = time.monotonic() + self.retry_seconds, 0.05
         while True:
             try:
                 return fn(self._redis())
@@ -223,14 +227,16 @@ class RedisStreamSource(Source):
                     ) from e
                 raise SourceError(f"RedisStreamSource: {what} on {self.key!r} at {self.url} failed: {e}") from e
             except (redis.ConnectionError, redis.TimeoutError) as e:
-                if time.monotonic() - began + delay > self.retry_seconds:
+                left = until - time.monotonic()
+                if not retry or left <= 0:
+                    tried = f"for {self.retry_seconds:g} s" if retry else "when the source opened"
                     raise SourceError(
-                        f"RedisStreamSource: cannot reach Redis at {self.url} ({what} on {self.key!r}) for "
-                        f"{self.retry_seconds:g} s: {type(e).__name__}: {e}"
+                        f"RedisStreamSource: cannot reach Redis at {self.url} ({what} on {self.key!r}) {tried}: "
+                        f"{type(e).__name__}: {e}"
                     ) from e
                 if waiting.gave_up():
                     raise RuntimeError("the iterator reading ahead was closed") from e
-                time.sleep(delay)
+                time.sleep(min(delay, left))  # and one more try at the deadline
                 delay = min(2 * delay, 2.0)
 
     def _keys(self) -> tuple[str, str, str]:
@@ -267,8 +273,10 @@ class RedisStreamSource(Source):
         """The first entry the source ever saw, as kept beside the stream (set now if missing)."""
         origin_key, anchors_key, _ = self._keys()
         deadline = time.monotonic() + self.timeout
+        first_contact: bool | None = None  # the first command: a server that cannot be reached fails at once
         while True:
-            kept = self._call("GET origin", lambda c: c.get(origin_key))
+            kept = self._call("GET origin", lambda c: c.get(origin_key), retry=first_contact is not None)
+            first_contact = False
             if kept is not None:
                 pos_text, _, id_text = kept.decode().partition(" ")
                 origin = (int(pos_text), id_text)
@@ -380,6 +388,19 @@ class RedisStreamSource(Source):
 
             info, got = self._call("XRANGE", both)
             head, head_id, added = self._head(info)
+            if added <= self.origin[0] or (
+                anchor is not None
+                and head_id is not None
+                and head <= anchor[0]
+                and parse_id(head_id) > parse_id(anchor[1])
+            ):  # an entry this source saw should still be held, and a newer one comes first: another stream
+                raise SourceError(
+                    f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source opened "
+                    f"(deleted and created again?): it has added {added} entries and starts at entry {head_id!r}, "
+                    f"after entry {anchor[1] if anchor is not None else self.origin[1]!r} this source saw at "
+                    f"position {anchor[0] if anchor is not None else self.origin[0]}; open a new source (and delete "
+                    f"its {self.key}:quern:* keys to start anew)"
+                )
             if pos < head:
                 raise SourceError(
                     f"RedisStreamSource: position {pos} of stream {self.key!r} at {self.url} was trimmed away: the "
