@@ -117,7 +117,9 @@ class RedisStreamSource(Source):
     last checkpoint and the commit if the model is restored from that checkpoint.
 
     A Redis server that goes away (killed, restarted) is retried with backoff for
-    ``retry_seconds``; then the read fails naming the URL.
+    ``retry_seconds``; then the read fails naming the URL. One that cannot be reached
+    when the source opens is an error at once (a wrong URL). A stream deleted and
+    created again under the same key is refused, at open and at any read after.
 
     Args:
         url: the Redis server, ``redis://HOST:PORT/DB`` (what ``redis.Redis.from_url`` takes).
@@ -127,7 +129,7 @@ class RedisStreamSource(Source):
         timeout: seconds a consumer waits for a step's entries (and the source, at open, for
             a stream that does not exist yet).
         name: the source's name (default: ``key``).
-        retry_seconds: how long a server that cannot be reached is retried.
+        retry_seconds: how long a server that cannot be reached (once the source is open) is retried.
 
     Raises:
         SourceError: the server cannot be reached, ``key`` holds something other than a
