@@ -125,6 +125,7 @@ bench: install
 	$(PY) benchmarks/remote.py
 	$(PY) benchmarks/observability.py
 	$(PY) benchmarks/verify.py
+	$(PY) benchmarks/redis_stream.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

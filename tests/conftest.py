@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,14 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QUERN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("QUERN_ALLOW", raising=False)
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def srv() -> Any:
+    """A private redis-server for the test (tests/redisserver.py); skipped where redis-server is not installed."""
+    from redisserver import REDIS_MISSING, RedisServer, redis_binary
+
+    if redis_binary() is None:
+        pytest.skip(REDIS_MISSING)
+    with RedisServer() as server:
+        yield server

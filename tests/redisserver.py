@@ -278,3 +278,20 @@ def _read_from(path: str, offset: int) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+PAD = 6
+"""Bytes of the ``pad`` field of the entries :func:`produce` adds."""
+
+
+def pad_of(i: int) -> bytes:
+    """Entry ``i``'s ``pad`` field: :data:`PAD` bytes that depend on ``i``."""
+    return bytes((i * 7 + k) % 256 for k in range(PAD))
+
+
+def produce(r: Any, start: int, stop: int, key: str = "ev") -> list[str]:
+    """Add entries ``v=i, pad=pad_of(i)`` for ``i`` in ``[start, stop)`` to stream ``key``; their IDs, in order."""
+    p = r.pipeline(transaction=False)
+    for i in range(start, stop):
+        p.xadd(key, {"v": str(i), "pad": pad_of(i)})
+    return [x.decode() for x in p.execute()]

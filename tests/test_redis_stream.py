@@ -11,41 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from redisserver import REDIS_MISSING, RedisServer, redis_binary
+from redisserver import RedisServer, pad_of, produce
 
 import quern
 from quern import SourceError, StepError, StreamTimeoutError
 from quern.pipeline.sources import RedisStreamSource
 
 KEY = "ev"
-PAD = 6  # bytes of each entry's "pad" field
-
-
-@pytest.fixture
-def srv() -> Iterator[RedisServer]:
-    """A private redis-server for the test (skipped where redis-server is not installed)."""
-    if redis_binary() is None:
-        pytest.skip(REDIS_MISSING)
-    with RedisServer() as server:
-        yield server
-
-
-def pad_of(i: int) -> bytes:
-    """Entry ``i``'s ``pad`` field: ``PAD`` bytes that depend on ``i``."""
-    return bytes((i * 7 + k) % 256 for k in range(PAD))
-
-
-def produce(r: Any, start: int, stop: int, key: str = KEY) -> list[str]:
-    """Add entries ``v=i, pad=pad_of(i)`` for ``i`` in ``[start, stop)``; their IDs, in order."""
-    p = r.pipeline(transaction=False)
-    for i in range(start, stop):
-        p.xadd(key, {"v": str(i), "pad": pad_of(i)})
-    return [x.decode() for x in p.execute()]
 
 
 def produce_later(r: Any, start: int, stop: int, delay: float) -> threading.Thread:

@@ -14,7 +14,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 import psutil
 import pytest
 from helpers import free_port
-from redisserver import REDIS_MISSING, RedisServer, redis_binary
+from redisserver import pad_of, produce
 
 import quern
 from quern import SourceError, StepError
@@ -30,28 +29,6 @@ from quern.pipeline.sources import RedisStreamSource
 
 KEY = "ev"
 B = 4  # rows of a step
-PAD = 5
-
-
-@pytest.fixture
-def srv() -> Iterator[RedisServer]:
-    """A private redis-server for the test (skipped where redis-server is not installed)."""
-    if redis_binary() is None:
-        pytest.skip(REDIS_MISSING)
-    with RedisServer() as server:
-        yield server
-
-
-def pad_of(i: int) -> bytes:
-    return bytes((i * 11 + k) % 256 for k in range(PAD))
-
-
-def produce(r: Any, start: int, stop: int, key: str = KEY) -> list[str]:
-    """Add entries ``v=i, pad=pad_of(i)`` for ``i`` in ``[start, stop)``; their IDs."""
-    p = r.pipeline(transaction=False)
-    for i in range(start, stop):
-        p.xadd(key, {"v": str(i), "pad": pad_of(i)})
-    return [x.decode() for x in p.execute()]
 
 
 def tonum(rec: dict) -> dict:

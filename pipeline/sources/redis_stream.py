@@ -416,13 +416,25 @@ class RedisStreamSource(Source):
             if got:
                 self._learn(base + len(got) - 1, got[-1][0])
             pos = max(pos, base + len(got))
-            if pos < stop:  # not in the log yet: wait for entries after the last one held
-                last = got[-1][0] if got else (anchor[1] if anchor is not None else None)
-                self._wait(last, pos, first, stop, added, until)
+            if got:
+                at, last = base + len(got) - 1, got[-1][0]  # the newest entry held, and its position
+            else:  # nothing after the anchor: the next entry added is at position `added`
+                at, last = added - 1, (anchor[1] if anchor is not None else b"0-0")
+            while pos < stop:  # not in the log yet: wait for the entries after the newest one
+                new = self._wait(last, pos, first, stop, added, until)
+                for k, (entry_id, fields) in enumerate(new):
+                    if pos <= at + 1 + k < stop:
+                        out.append((entry_id, fields))
+                if new:
+                    at, last = at + len(new), new[-1][0]
+                    pos = max(pos, at + 1)
+                    self._learn(at, last)
         return out
 
-    def _wait(self, last: bytes | None, pos: int, first: int, stop: int, added: int, until: float | None) -> None:
-        """Block until entries after ``last`` exist (one ``XREAD BLOCK``), or give up at ``until``."""
+    def _wait(
+        self, last: bytes, pos: int, first: int, stop: int, added: int, until: float | None
+    ) -> list[tuple[bytes, dict]]:
+        """The entries after ``last`` (one ``XREAD BLOCK``: none if nothing came), or give up at ``until``."""
         if until is not None and time.monotonic() >= until:
             raise TimeoutError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} holds {added} entries (positions up to "
@@ -431,8 +443,10 @@ class RedisStreamSource(Source):
         if waiting.gave_up():
             raise RuntimeError("the iterator reading ahead was closed")
         block = self.BLOCK_SECONDS if until is None else max(0.001, min(self.BLOCK_SECONDS, until - time.monotonic()))
-        since = last if last is not None else b"0-0"
-        self._call("XREAD", lambda c: c.xread({self.key: since}, count=stop - pos, block=max(1, int(block * 1000))))
+        got = self._call(
+            "XREAD", lambda c: c.xread({self.key: last}, count=stop - pos, block=max(1, int(block * 1000)))
+        )
+        return list(got[0][1]) if got else []
 
     def read_many(self, ids: np.ndarray) -> list:
         """The entries at positions ``ids`` (in that order) as ``{field: bytes}`` dicts, field names as str.
