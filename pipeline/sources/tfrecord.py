@@ -10,15 +10,12 @@ length's CRC; a read checks both CRCs of the records it returns.
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import crc32c
 import numpy as np
 
-from ..cache import ShardCache
 from ..errors import SourceError
 from .indexed import IndexedSource
 
@@ -85,17 +82,6 @@ class TFRecordSource(IndexedSource):
 
     FORMAT = "tfrecord"
     SUFFIXES = (".tfrecords", ".tfrecord", ".tfrec")
-
-    def __init__(
-        self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike],
-        *,
-        name: str | None = None,
-        cache: ShardCache | None = None,
-        index_cache: str | os.PathLike | None = None,
-        index_threads: int | None = None,
-    ) -> None:
-        super().__init__(paths, name=name, cache=cache, index_cache=index_cache, index_threads=index_threads)
 
     @classmethod
     def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:

@@ -22,12 +22,11 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ..cache import ShardCache
 from ..errors import SourceError
 from .indexed import IndexedSource
 
@@ -169,17 +168,6 @@ class WebDatasetSource(IndexedSource):
 
     FORMAT = "webdataset"
     SUFFIXES = (".tar",)
-
-    def __init__(
-        self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike],
-        *,
-        name: str | None = None,
-        cache: ShardCache | None = None,
-        index_cache: str | os.PathLike | None = None,
-        index_threads: int | None = None,
-    ) -> None:
-        super().__init__(paths, name=name, cache=cache, index_cache=index_cache, index_threads=index_threads)
 
     @staticmethod
     def _keyed(member: _Member, name: str) -> tuple[str, str] | None:
