@@ -126,6 +126,7 @@ bench: install
 	$(PY) benchmarks/observability.py
 	$(PY) benchmarks/verify.py
 	$(PY) benchmarks/redis_stream.py
+	$(PY) benchmarks/formats.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

@@ -427,21 +427,23 @@ class IndexedSource(Source):
         return out
 
     def _read_file(self, f: int, wanted: np.ndarray) -> list:
-        """The records ``wanted`` (sorted, distinct) of file ``f``."""
+        """The records ``wanted`` (sorted, distinct) of file ``f``: one ``pread`` per run, one ``stat`` after all."""
         off = self._offsets[f]
-        cuts = np.flatnonzero(np.diff(wanted) != 1) + 1  # runs of consecutive records
-        out: list = []
+        cut = np.flatnonzero(np.diff(wanted) != 1)  # runs of consecutive records
+        firsts = np.concatenate([wanted[:1], wanted[cut + 1]]).tolist()
+        lasts = np.concatenate([wanted[cut], wanted[-1:]]).tolist()
         try:
             fd = self._fds.get(f, self.paths[f])
         except OSError as e:
             self._files.check(f)
             raise SourceError(f"{type(self).__name__}: cannot open {self.names[f]!r}: {e}") from e
-        for run in np.split(wanted, cuts):
-            k = 0
-            while k < len(run):
-                first = int(run[k])
-                stop = int(np.searchsorted(off, off[first] + _RUN_BYTES, side="right")) - 1
-                last = min(int(run[-1]), max(first, stop - 1))  # at least one record per read
+        reads: list[tuple[int, int, int, bytes]] = []  # (first record, last record, first byte, bytes)
+        for first, end in zip(firsts, lasts):
+            while first <= end:
+                last = end
+                if last > first and int(off[last + 1]) - int(off[first]) > _RUN_BYTES:  # cut a long run
+                    cap = int(np.searchsorted(off, off[first] + _RUN_BYTES, side="right")) - 1
+                    last = min(end, max(first, cap - 1))  # at least one record per read
                 lo, hi = int(off[first]), int(off[last + 1])
                 try:
                     data = os.pread(fd, hi - lo, lo)
@@ -455,11 +457,18 @@ class IndexedSource(Source):
                         f"{type(self).__name__}: {self.names[f]!r} ends at byte {lo + len(data)}, inside the "
                         f"records from {self.where(f, first)}: the file is shorter than when it was indexed"
                     )
-                self._files.check(f)  # what the read returned came from the file the source opened
-                view = memoryview(data)
-                for r in range(first, last + 1):
-                    out.append(self.decode(f, r, view[int(off[r]) - lo : int(off[r + 1]) - lo]))
-                k += last - first + 1
+                reads.append((first, last, lo, data))
+                first = last + 1
+        self._files.check(f)  # what the reads returned came from the file the source opened
+        out: list = []
+        for first, last, lo, data in reads:
+            if first == last:
+                out.append(self.decode(f, first, memoryview(data)))
+                continue
+            view = memoryview(data)
+            ends = off[first : last + 2].tolist()
+            for r, a, b in zip(range(first, last + 1), ends, ends[1:]):
+                out.append(self.decode(f, r, view[a - lo : b - lo]))
         return out
 
     # -- identity and pickling ---------------------------------------------------------------------------

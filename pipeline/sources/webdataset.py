@@ -37,6 +37,7 @@ _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: matched at the 
 _BLOCK = 512
 _ZERO = bytes(_BLOCK)
 _SKIPPED_HEADERS = {tarfile.GNUTYPE_LONGLINK, tarfile.XGLTYPE}  # a long link name, pax globals: not names
+_REGULAR = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE}  # what tarfile's isreg() calls regular
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -81,6 +82,31 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
+def _header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
+    """A tar header's ``(name, type, size)``, its checksum checked (ustar and GNU; the rest through ``tarfile``)."""
+    want = block[148:156].rstrip(b" \0")
+    if block[124] & 0x80 or not want.isdigit():  # a base-256 size, or an odd field: tarfile reads those
+        return _slow_header(block, pos, name)
+    if sum(block) - sum(block[148:156]) + 256 != int(want, 8):  # the checksum counts its own field as spaces
+        return _slow_header(block, pos, name)  # (or a signed sum, as some old tars have)
+    path = block[:100].split(b"\0", 1)[0]
+    if block[257:263] == b"ustar\0" and block[345] != 0:  # POSIX: a prefix folder
+        path = block[345:500].split(b"\0", 1)[0] + b"/" + path
+    size = block[124:136].rstrip(b" \0")
+    return path.decode("utf-8", "surrogateescape"), block[156:157], int(size, 8) if size else 0
+
+
+def _slow_header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError as e:
+        raise SourceError(
+            f"WebDatasetSource: {name!r}: bad tar header at byte {pos} ({e}): the file is damaged or not a tar"
+        ) from e
+    kind = b"5" if info.type == tarfile.AREGTYPE and info.isdir() else info.type  # frombuf's folder rule
+    return info.name, kind, info.size
+
+
 def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) -> Iterator[_Member | int]:
     """The members of the tar bytes ``[pos, end)``, then the offset where they stop (an int).
 
@@ -102,27 +128,21 @@ def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) ->
                 raise SourceError(f"WebDatasetSource: {name!r}: an extended tar header at byte {first} has no member")
             yield pos
             return
-        try:
-            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as e:
-            raise SourceError(
-                f"WebDatasetSource: {name!r}: bad tar header at byte {pos} ({e}): the file is damaged or not a tar"
-            ) from e
+        path, kind, size = _header(block, pos, name)
         if first is None:
             first = pos
         data = pos + _BLOCK
-        size = info.size
-        if info.type == tarfile.GNUTYPE_LONGNAME:
+        if kind == tarfile.GNUTYPE_LONGNAME:
             long_name = get(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
-        elif info.type == tarfile.XHDTYPE:
+        elif kind == tarfile.XHDTYPE:
             pax = _pax(get(data, size))
-        elif info.type not in _SKIPPED_HEADERS:
+        elif kind not in _SKIPPED_HEADERS:
             if "size" in pax:
                 size = int(pax["size"])
-            member = pax.get("path") or long_name or info.name
-            if info.type == tarfile.GNUTYPE_SPARSE:
+            member = pax.get("path") or long_name or path
+            if kind == tarfile.GNUTYPE_SPARSE:
                 raise SourceError(f"WebDatasetSource: {name!r}: member {member!r} at byte {first} is a sparse file")
-            yield _Member(first, member, info.isreg(), data, size)
+            yield _Member(first, member, kind in _REGULAR and not (kind == b"\0" and path.endswith("/")), data, size)
             first, long_name, pax = None, None, {}
         pos = data + _padded(size)
     yield pos
