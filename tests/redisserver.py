@@ -38,6 +38,7 @@ from typing import Any, Self
 
 import pytest
 from helpers import free_port
+from servers import _read_from, _size
 
 REDIS_MISSING = "redis-server is not installed (make services installs it with apt-get)"
 START_TIMEOUT = 10.0  # seconds for redis-server to answer PING with its data loaded
@@ -262,22 +263,6 @@ def _recv(s: socket.socket) -> bytes:
     if not data:
         raise ConnectionResetError("redis-server closed the connection")
     return data
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def _read_from(path: str, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 PAD = 6

@@ -17,7 +17,7 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["SURVIVORS", "LENGTHS", "cache_dir", "path_for", "store", "load"]
+__all__ = ["SURVIVORS", "LENGTHS", "cache_dir", "path_for", "store", "load", "write_atomically"]
 
 SURVIVORS = b"QUERNSV2"
 LENGTHS = b"QUERNLN2"
@@ -95,13 +95,26 @@ def store(path: str, ids: np.ndarray, n: int, *, kind: bytes = SURVIVORS, key: s
     """
     field = _key_field(_key_of(path, key))
     ids = np.ascontiguousarray(ids, dtype="<i8")
-    folder = os.path.dirname(path)
+    write_atomically(path, [_HEADER.pack(kind, len(ids), n, _checksum(field, ids), field), ids.view(np.uint8).data])
+
+
+def write_atomically(path: str, chunks: list[bytes | memoryview]) -> None:
+    """Write ``chunks`` to ``path`` atomically: a temporary file in its folder, fsynced, renamed into place.
+
+    Args:
+        path: the file (its folder is made if missing).
+        chunks: its bytes, in order.
+
+    Raises:
+        OSError: it cannot be written (no temporary file is left).
+    """
+    folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(kind, len(ids), n, _checksum(field, ids), field))
-            f.write(ids.view(np.uint8).data)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

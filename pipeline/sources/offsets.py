@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import BinaryIO, NamedTuple
 
@@ -34,7 +33,7 @@ import numpy as np
 import xxhash
 
 from ..errors import SourceError
-from ..plan.indexfile import cache_dir
+from ..plan.indexfile import cache_dir, write_atomically
 
 __all__ = ["MAGIC", "SIDECAR", "Index", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
 
@@ -123,7 +122,7 @@ def dump(fmt: str, size: int, sample: str, offsets: np.ndarray) -> bytes:
 
 
 def store(path: str, data: bytes) -> None:
-    """Write an index file atomically (a temporary file in its folder, renamed into place).
+    """Write an index file atomically (:func:`~quern.pipeline.plan.indexfile.write_atomically`).
 
     Args:
         path: where (its folder is made if missing).
@@ -132,19 +131,7 @@ def store(path: str, data: bytes) -> None:
     Raises:
         OSError: it cannot be written.
     """
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, [data])
 
 
 def load(data: bytes | str, fmt: str, size: int, sample: str) -> tuple[np.ndarray | None, str]:
