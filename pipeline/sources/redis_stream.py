@@ -369,7 +369,7 @@ class RedisStreamSource(Source):
         Raises:
             SourceError: a position was trimmed from the stream (naming the first missing one),
                 entries were deleted from its middle, or the server cannot be reached.
-            TimeoutError: the entries did not all exist ``timeout`` seconds after the call (on a
+            EntriesTimeoutError: (a ``TimeoutError``) the entries did not all exist ``timeout`` seconds after the call (on a
                 thread that reads ahead of the consumer, the wait has no deadline:
                 :func:`quern.pipeline.sources.waiting.patient`).
         """
@@ -436,7 +436,7 @@ class RedisStreamSource(Source):
     ) -> list[tuple[bytes, dict]]:
         """The entries after ``last`` (one ``XREAD BLOCK``: none if nothing came), or give up at ``until``."""
         if until is not None and time.monotonic() >= until:
-            raise TimeoutError(
+            raise waiting.EntriesTimeoutError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} holds {added} entries (positions up to "
                 f"{added - 1}), and positions [{first}, {stop}) did not all come within timeout={self.timeout:g} s"
             )
