@@ -440,3 +440,31 @@ def test_an_index_cache_that_cannot_be_written(tmp_path):
     assert src.index_sources == ["built"] and list(src.read_many(np.arange(6))) == want
     copy = pickle.loads(pickle.dumps(src))  # its offsets travel in the pickle
     assert list(copy.read_many(np.array([5, 0, 3]))) == [want[5], want[0], want[3]]
+
+
+def _tar_with_pax(path: Path, records: bytes) -> None:
+    """A tar of one member ``a.txt`` preceded by a pax extended header holding ``records``."""
+    head = tarfile.TarInfo("././@PaxHeader")
+    head.type, head.size = tarfile.XHDTYPE, len(records)
+    member = tarfile.TarInfo("a.txt")
+    member.size = 2
+    with open(path, "wb") as f:
+        f.write(head.tobuf(tarfile.USTAR_FORMAT) + records + bytes(-len(records) % 512))
+        f.write(member.tobuf(tarfile.USTAR_FORMAT) + b"hi" + bytes(510) + bytes(1024))
+
+
+@pytest.mark.parametrize("records", [b"0 x=\n", b"-5 size=3\n", b"99 path=x\n", b"nospace", b"11 size=-9\n"])
+def test_bad_pax_headers_are_errors_not_hangs(tmp_path, records):
+    """A pax record whose length would not move on, runs past its header, or gives a negative size."""
+    path = tmp_path / "t.tar"
+    _tar_with_pax(path, records)
+    with pytest.raises(
+        SourceError, match=r"t\.tar'?: (bad tar header at byte 0|the tar header at byte \d+ gives a negative)"
+    ):
+        WebDatasetSource(path, index_cache=tmp_path / "idx")
+
+
+def test_a_good_pax_header_is_read(tmp_path):
+    path = tmp_path / "t.tar"
+    _tar_with_pax(path, b"15 path=b.json\n")
+    assert WebDatasetSource(path, index_cache=tmp_path / "idx")[0] == {"__key__": "b", "json": b"hi"}

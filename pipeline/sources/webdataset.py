@@ -71,11 +71,17 @@ def _padded(n: int) -> int:
 
 
 def _pax(data: bytes) -> dict[str, str]:
-    r"""The records of a pax extended header: ``LENGTH KEY=VALUE\n`` each."""
+    r"""The records of a pax extended header: ``LENGTH KEY=VALUE\n`` each.
+
+    Raises:
+        ValueError: a record whose length does not fit (it would not move on, or runs past the header).
+    """
     out, pos = {}, 0
     while pos < len(data) and data[pos : pos + 1] != b"\0":
         space = data.index(b" ", pos)
         length = int(data[pos:space])
+        if length <= space - pos or pos + length > len(data):
+            raise ValueError(f"a pax record of length {length} at byte {pos} of the extended header")
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -85,7 +91,7 @@ def _pax(data: bytes) -> dict[str, str]:
 def _header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
     """A tar header's ``(name, type, size)``, its checksum checked (ustar and GNU; the rest through ``tarfile``)."""
     want = block[148:156].rstrip(b" \0")
-    if block[124] & 0x80 or not want.isdigit():  # a base-256 size, or an odd field: tarfile reads those
+    if block[124] & 0x80 or not want.isdigit() or b"8" in want or b"9" in want:  # base-256, odd fields: tarfile
         return _slow_header(block, pos, name)
     if sum(block) - sum(block[148:156]) + 256 != int(want, 8):  # the checksum counts its own field as spaces
         return _slow_header(block, pos, name)  # (or a signed sum, as some old tars have)
@@ -93,7 +99,10 @@ def _header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
     if block[257:263] == b"ustar\0" and block[345] != 0:  # POSIX: a prefix folder
         path = block[345:500].split(b"\0", 1)[0] + b"/" + path
     size = block[124:136].rstrip(b" \0")
-    return path.decode("utf-8", "surrogateescape"), block[156:157], int(size, 8) if size else 0
+    try:
+        return path.decode("utf-8", "surrogateescape"), block[156:157], int(size, 8) if size else 0
+    except ValueError:  # not an octal size
+        return _slow_header(block, pos, name)
 
 
 def _slow_header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
@@ -132,13 +141,24 @@ def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) ->
         if first is None:
             first = pos
         data = pos + _BLOCK
-        if kind == tarfile.GNUTYPE_LONGNAME:
-            long_name = get(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
-        elif kind == tarfile.XHDTYPE:
-            pax = _pax(get(data, size))
-        elif kind not in _SKIPPED_HEADERS:
-            if "size" in pax:
+        try:
+            if kind == tarfile.GNUTYPE_LONGNAME:
+                long_name = get(data, size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            elif kind == tarfile.XHDTYPE:
+                pax = _pax(get(data, size))
+            elif kind not in _SKIPPED_HEADERS and "size" in pax:  # a member: the pax header's size is its own
                 size = int(pax["size"])
+        except ValueError as e:
+            raise SourceError(
+                f"WebDatasetSource: {name!r}: bad tar header at byte {pos} ({e}): the file is damaged"
+            ) from e
+        if size < 0:
+            raise SourceError(
+                f"WebDatasetSource: {name!r}: the tar header at byte {pos} gives a negative size ({size})"
+            )
+        if kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+            pass
+        elif kind not in _SKIPPED_HEADERS:
             member = pax.get("path") or long_name or path
             if kind == tarfile.GNUTYPE_SPARSE:
                 raise SourceError(f"WebDatasetSource: {name!r}: member {member!r} at byte {first} is a sparse file")
