@@ -421,3 +421,15 @@ def test_close_with_workers_waiting(srv):
     it.close()
     assert time.monotonic() - t0 < 3
     assert wait_until(lambda: not (set(non_redis_children()) - before), 4)
+
+
+def test_a_stream_whose_count_of_entries_went_down_is_refused(srv):
+    """Entries lost in a restart (entries-added goes down): the positions after them would name other entries."""
+    r = srv.client()
+    ids = produce(r, 0, 6 * B)
+    pipe = live(RedisStreamSource(srv.url, KEY, timeout=5, retry_seconds=5))
+    assert values(pipe.batch_at(4)) == list(range(4 * B, 5 * B))
+    r.xtrim(KEY, maxlen=2 * B, approximate=False)
+    r.execute_command("XSETID", KEY, ids[-1], "ENTRIESADDED", 5 * B)  # as if the last step's entries were lost
+    with pytest.raises(StepError, match="fewer than the"):
+        pipe.batch_at(5)

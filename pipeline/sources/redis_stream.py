@@ -40,6 +40,7 @@ __all__ = ["ANCHOR_EVERY", "RedisStreamSource", "parse_id"]
 
 ANCHOR_EVERY = 1024
 """Positions between two anchors kept beside the stream."""
+_MOST = 16384  # entries one XRANGE asks for
 _T = TypeVar("_T")
 _COMMIT = """
 local count = tonumber(redis.call('HGET', KEYS[1], 'count') or '0')
@@ -180,10 +181,14 @@ class RedisStreamSource(Source):
         self._client: Any = None
         self._lock = threading.Lock()
         self._anchors: list[tuple[int, bytes]] = []  # (position, ID), sorted: entries this process saw
+        self._added = 0  # the most entries-added seen: it never goes down in the same stream
+        origin = getattr(self, "origin", None)
+        if origin is not None:
+            self._anchors.append((origin[0], origin[1].encode()))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_client", "_lock", "_anchors"):
+        for k in ("_client", "_lock", "_anchors", "_added"):
             state.pop(k, None)
         return state
 
@@ -192,6 +197,10 @@ class RedisStreamSource(Source):
         self._state()
 
     def _redis(self) -> Any:
+        with self._lock:
+            return self._client or self._connect()
+
+    def _connect(self) -> Any:
         if self._client is None:
             import redis
             from redis.backoff import NoBackoff
@@ -378,9 +387,9 @@ class RedisStreamSource(Source):
         pos = first
         while pos < stop:
             anchor = self._anchor_before(pos)
-            start = b"-" if anchor is None else b"(" + anchor[1]
-            skip = 0 if anchor is None else pos - anchor[0] - 1
-            count = skip + (stop - pos)
+            # from the anchor itself (inclusive: it must still be there), at most _MOST entries a call
+            start = b"-" if anchor is None else anchor[1]
+            count = min(_MOST, (stop - pos) + (0 if anchor is None else pos - anchor[0]))
 
             def both(c: Any, start: bytes = start, count: int = count) -> list:
                 p = c.pipeline(transaction=True)
@@ -390,51 +399,53 @@ class RedisStreamSource(Source):
 
             info, got = self._call("XRANGE", both)
             head, head_id, added = self._head(info)
-            if added <= self.origin[0] or (
-                anchor is not None
-                and head_id is not None
-                and head <= anchor[0]
-                and parse_id(head_id) > parse_id(anchor[1])
-            ):  # an entry this source saw should still be held, and a newer one comes first: another stream
-                raise SourceError(
-                    f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source opened "
-                    f"(deleted and created again?): it has added {added} entries and starts at entry {head_id!r}, "
-                    f"after entry {anchor[1] if anchor is not None else self.origin[1]!r} this source saw at "
-                    f"position {anchor[0] if anchor is not None else self.origin[0]}; open a new source (and delete "
-                    f"its {self.key}:quern:* keys to start anew)"
-                )
+            self._check_same_stream(anchor, head, head_id, added, got)
             if pos < head:
                 raise SourceError(
                     f"RedisStreamSource: position {pos} of stream {self.key!r} at {self.url} was trimmed away: the "
                     f"stream now starts at position {head} (entry {head_id!r}); a step needing it cannot be made"
                 )
-            base = head if anchor is None or anchor[0] + 1 < head else anchor[0] + 1
+            if anchor is not None and anchor[0] >= head:
+                got, base = got[1:], anchor[0] + 1  # the anchor came back first (checked): the rest follows it
+            else:
+                base = head  # from the stream's first entry held (the anchor was trimmed away)
             for k, (entry_id, fields) in enumerate(got):
-                p = base + k
-                if p >= pos and p < stop:
+                if pos <= base + k < stop:
                     out.append((entry_id, fields))
             if got:
                 self._learn(base + len(got) - 1, got[-1][0])
             pos = max(pos, base + len(got))
-            if got:
-                at, last = base + len(got) - 1, got[-1][0]  # the newest entry held, and its position
-            else:  # nothing after the anchor: the next entry added is at position `added`
-                at, last = added - 1, (anchor[1] if anchor is not None else b"0-0")
-            while pos < stop:  # not in the log yet: wait for the entries after the newest one
-                new = self._wait(last, pos, first, stop, added, until)
-                for k, (entry_id, fields) in enumerate(new):
-                    if pos <= at + 1 + k < stop:
-                        out.append((entry_id, fields))
-                if new:
-                    at, last = at + len(new), new[-1][0]
-                    pos = max(pos, at + 1)
-                    self._learn(at, last)
+            if pos < stop and base + len(got) >= added:  # the log ends before `stop`: wait for more
+                last = got[-1][0] if got else (anchor[1] if anchor is not None else b"0-0")
+                self._wait(last, pos, first, stop, added, until)  # wakes up; the transaction reads them
         return out
 
-    def _wait(
-        self, last: bytes, pos: int, first: int, stop: int, added: int, until: float | None
-    ) -> list[tuple[bytes, dict]]:
-        """The entries after ``last`` (one ``XREAD BLOCK``: none if nothing came), or give up at ``until``."""
+    def _check_same_stream(
+        self, anchor: tuple[int, bytes] | None, head: int, head_id: bytes | None, added: int, got: list
+    ) -> None:
+        """Refuse a stream that is not the one this source read: recreated, or with entries lost and re-added."""
+        with self._lock:
+            seen, self._added = self._added, max(self._added, added)
+        why = None
+        if added < seen:
+            why = f"it has added {added} entries, fewer than the {seen} it had (entries lost in a restart?)"
+        elif added <= self.origin[0]:
+            why = f"it has added {added} entries, and its origin entry {self.origin[1]!r} was at position {self.origin[0]}"
+        elif anchor is not None and anchor[0] >= head and (not got or got[0][0] != anchor[1]):
+            why = f"entry {anchor[1]!r}, which was at position {anchor[0]}, is no longer there"
+        if why is not None:
+            raise SourceError(
+                f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source read ({why}): "
+                "its positions no longer name the same entries; open a new source (and delete its "
+                f"{self.key}:quern:* keys to start anew)"
+            )
+
+    def _wait(self, last: bytes, pos: int, first: int, stop: int, added: int, until: float | None) -> None:
+        """Block until entries after ``last`` exist (one ``XREAD BLOCK``), or give up at ``until``.
+
+        What it returns is not used: positions are counted only from a transaction of ``XINFO STREAM``
+        and ``XRANGE``, where a trim or a lost entry cannot come between.
+        """
         if until is not None and time.monotonic() >= until:
             raise waiting.EntriesTimeoutError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} holds {added} entries (positions up to "
