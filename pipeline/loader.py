@@ -182,6 +182,11 @@ class PipelineIterator:
             else None
         )
         self._live = pipe.stream.wait_timeout()  # a live stream: the consumer's wait for a step's entries
+        if self._live is not None and self.step_timeout is not None:
+            raise ValueError(
+                f"step_timeout={self.step_timeout:g} on a live stream: a step waiting for entries the producer has "
+                "not written yet is not stuck; the source's timeout= is how long next() waits for them"
+            )
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif self._live is not None:

@@ -449,8 +449,7 @@ def list_items(
             if not paths:
                 raise PrepareError(f"prepare: no file matches {given!r}")
             kinds = {p: _kind(p, fmt) for p in paths if os.path.isfile(p)}
-            indexed = {p for p, kind in kinds.items() if kind in INDEXED}
-            for p in _sidecars(list(kinds), indexed.__contains__):
+            for p in _sidecars(list(kinds), lambda data: True):  # quern index's, of any format (JSON lines too)
                 del kinds[p]
             for p, kind in kinds.items():
                 items += _file_items(kind, p, os.path.basename(p), columns, chunk)
@@ -469,9 +468,8 @@ def list_items(
                 name, files = base, len(m["shards"])
             else:
                 found = _walk(root, include, output)
-                if fmt in INDEXED:
-                    drop = _sidecars([rel for rel, _ in found], lambda d: True)
-                    found = [(rel, st) for rel, st in found if rel not in drop]
+                drop = _sidecars([rel for rel, _ in found], lambda data: True)  # quern index's, of any format
+                found = [(rel, st) for rel, st in found if rel not in drop]
                 for rel, st in found:
                     p, what = os.path.join(root, rel), f"{base}/{rel}"
                     if fmt in (None, "files"):  # the common case, 100,000s of files: no second stat

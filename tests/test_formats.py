@@ -507,10 +507,15 @@ def test_a_pickled_source_reads_the_same_records(fmt, tmp_path):
     copy = pickle.loads(blob)
     assert list(copy.read_many(ids)) == want and len(copy) == len(src) and copy.identity() == src.identity()
     assert pickle.loads(pickle.dumps(copy)).read_many(ids) == want
-    # the offsets travel as their index file, verified again where unpickled
+    # the offsets travel as their index file, verified again where unpickled; where it is missing
+    # (another machine, a cleaned cache) the file is indexed again there
     for k in range(2):
         os.unlink(offsets_mod.cache_path(src.FORMAT, src.sizes[k], src.samples[k], tmp_path / "idx"))
-    with pytest.raises(SourceError, match=r"the index .* of .*part-000.* cannot be used here: not built yet"):
+    assert pickle.loads(blob).read_many(ids) == want
+    # an index file that now holds another count of records (a file indexed under other rules) is refused
+    k0 = offsets_mod.cache_path(src.FORMAT, src.sizes[0], src.samples[0], tmp_path / "idx")
+    offsets_mod.store(k0, offsets_mod.dump(src.FORMAT, src.sizes[0], src.samples[0], src.offsets(0)[:-1]))
+    with pytest.raises(SourceError, match=r"the index .* of .*part-000.* cannot be used here: it holds"):
         pickle.loads(blob)
 
 

@@ -278,3 +278,17 @@ def test_read_sample_refuses_what_is_not_one_sample():
     with pytest.raises(quern.SourceError, match="cut short"):
         read_sample(tar(("a.txt", b"x" * 1000))[:700])
     assert np.array_equal(np.frombuffer(read_sample(tar(("a.bin", b"\x01\x02")))["bin"], np.uint8), [1, 2])
+
+
+def test_a_jsonl_sidecar_beside_its_file_is_not_an_input(tmp_path):
+    """``quern index`` writes ``x.jsonl.quern.idx``: a glob or a folder holding both reads the lines only."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x.jsonl").write_text("".join(json.dumps({"t": i}) + "\n" for i in range(5)))
+    quern.sources.JsonlSource.write_sidecars(str(data / "x.jsonl"))
+    assert (data / "x.jsonl.quern.idx").exists()
+    for inputs in ([str(data / "*")], [str(data)]):
+        out = tmp_path / f"out{len(inputs[0])}"
+        fmt = "jsonl" if inputs[0] == str(data) else None
+        manifest = quern.prepare.prepare(inputs, str(out), num_workers=0, format=fmt)
+        assert manifest["records"]["count"] == 5, inputs

@@ -406,3 +406,10 @@ def test_config_epochs_and_fingerprint(srv):
         live(a).to_config()
     with pytest.raises(ValueError, match="num_epochs"):
         quern.Pipeline.from_source(a, num_epochs=1)
+
+
+def test_step_timeout_is_refused_on_a_live_stream(srv):
+    produce(srv.client(), 0, 8)
+    pipe = live(source(srv))
+    with pytest.raises(ValueError, match="step_timeout=5 on a live stream"):
+        pipe.iterator(step_timeout=5)

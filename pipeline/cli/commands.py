@@ -9,6 +9,7 @@ message and a status (:mod:`quern.pipeline.cli.failure`).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import sys
@@ -377,7 +378,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     done = {}
     for kind, paths in groups.items():
         t0 = time.perf_counter()
-        for side in kind.write_sidecars(paths, threads=args.threads):
+        for side in kind.write_sidecars([glob.escape(p) for p in paths], threads=args.threads):  # expanded
             done[side.path] = (kind, side)
         seconds = time.perf_counter() - t0
         size = sum(os.path.getsize(p) for p in paths)

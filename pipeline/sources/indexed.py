@@ -14,10 +14,11 @@ in one ``pread``), the checks that a file did not change, and the identity.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -100,40 +101,66 @@ class Sidecar(NamedTuple):
 
 
 class _Fds:
-    """This process's open files, by file index (``pread`` needs no lock); reopened after a fork."""
+    """This process's open files, by file index, each counted while in use (``pread`` needs no lock).
+
+    At most :data:`_MAX_FDS` are kept; beyond that the least recently used ones not in use are closed.
+    A file dropped (or evicted) while a thread reads it is closed when that thread is done. After a fork
+    the inherited descriptors (the child's own copies) are closed and files are opened again.
+    """
 
     def __init__(self) -> None:
-        self._fds: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._fds: collections.OrderedDict[int, list[int]] = collections.OrderedDict()  # k -> [fd, users]
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def get(self, k: int, path: str) -> int:
+    def _forked(self) -> None:
+        if self._pid != os.getpid():
+            for fd, _ in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._fds.clear()
+            self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def use(self, k: int, path: str) -> Iterator[int]:
+        """The open descriptor of file ``k`` (``path``), held open while the block runs."""
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's descriptors are not ours to keep
-                self._fds.clear()
-                self._pid = os.getpid()
-            fd = self._fds.get(k)
-            if fd is not None:
-                self._fds.move_to_end(k)
-                return fd
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            self._fds[k] = fd
+            self._forked()
+            entry = self._fds.get(k)
+            if entry is None:
+                entry = self._fds[k] = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), 0]
+            entry[1] += 1
+            self._fds.move_to_end(k)
             while len(self._fds) > _MAX_FDS:
-                os.close(self._fds.popitem(last=False)[1])
-            return fd
+                idle = next((j for j, e in self._fds.items() if e[1] == 0), None)
+                if idle is None:
+                    break
+                os.close(self._fds.pop(idle)[0])
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                gone = self._fds.get(k) is not entry  # dropped or evicted meanwhile: closed by its last user
+                if gone and entry[1] == 0 and self._pid == os.getpid():
+                    os.close(entry[0])
 
     def drop(self, k: int) -> None:
+        """Forget file ``k``'s descriptor (closed now, or by the thread using it when it is done)."""
         with self._lock:
-            fd = self._fds.pop(k, None) if self._pid == os.getpid() else None
-        if fd is not None:
-            os.close(fd)
+            entry = self._fds.pop(k, None) if self._pid == os.getpid() else None
+            if entry is not None and entry[1] == 0:
+                os.close(entry[0])
 
     def close(self) -> None:
         with self._lock:
-            fds = list(self._fds.values()) if self._pid == os.getpid() else []
+            entries = list(self._fds.values()) if self._pid == os.getpid() else []
             self._fds.clear()
-        for fd in fds:
-            os.close(fd)
+            for fd, users in entries:
+                if users == 0:
+                    os.close(fd)
 
     def __del__(self) -> None:
         try:
@@ -276,6 +303,9 @@ class IndexedSource(Source):
             try:
                 blob = self.cache.read(url)
             except FileNotFoundError:
+                return None, "built", None
+            except SourceError as e:  # a sidecar that cannot be fetched (forbidden, the network): index the file
+                warnings.warn(f"{type(self).__name__}: the sidecar index {url} cannot be fetched: {e}", stacklevel=4)
                 return None, "built", None
             off, why = offsets_mod.load(blob, fmt, size, sample)
             if off is None:
@@ -433,10 +463,26 @@ class IndexedSource(Source):
         firsts = np.concatenate([wanted[:1], wanted[cut + 1]]).tolist()
         lasts = np.concatenate([wanted[cut], wanted[-1:]]).tolist()
         try:
-            fd = self._fds.get(f, self.paths[f])
+            with self._fds.use(f, self.paths[f]) as fd:
+                reads = self._pread_runs(f, fd, firsts, lasts)
         except OSError as e:
             self._files.check(f)
             raise SourceError(f"{type(self).__name__}: cannot open {self.names[f]!r}: {e}") from e
+        self._files.check(f)  # what the reads returned came from the file the source opened
+        out: list = []
+        for first, last, lo, data in reads:
+            if first == last:
+                out.append(self.decode(f, first, memoryview(data)))
+                continue
+            view = memoryview(data)
+            ends = off[first : last + 2].tolist()
+            for r, a, b in zip(range(first, last + 1), ends, ends[1:]):
+                out.append(self.decode(f, r, view[a - lo : b - lo]))
+        return out
+
+    def _pread_runs(self, f: int, fd: int, firsts: list[int], lasts: list[int]) -> list[tuple[int, int, int, bytes]]:
+        """One ``pread`` per run of records ``[first, last]`` (a long run cut at :data:`_RUN_BYTES`)."""
+        off = self._offsets[f]
         reads: list[tuple[int, int, int, bytes]] = []  # (first record, last record, first byte, bytes)
         for first, end in zip(firsts, lasts):
             while first <= end:
@@ -459,17 +505,7 @@ class IndexedSource(Source):
                     )
                 reads.append((first, last, lo, data))
                 first = last + 1
-        self._files.check(f)  # what the reads returned came from the file the source opened
-        out: list = []
-        for first, last, lo, data in reads:
-            if first == last:
-                out.append(self.decode(f, first, memoryview(data)))
-                continue
-            view = memoryview(data)
-            ends = off[first : last + 2].tolist()
-            for r, a, b in zip(range(first, last + 1), ends, ends[1:]):
-                out.append(self.decode(f, r, view[a - lo : b - lo]))
-        return out
+        return reads
 
     # -- identity and pickling ---------------------------------------------------------------------------
 
@@ -502,6 +538,10 @@ class IndexedSource(Source):
             path = self._index_files[k]
             assert path is not None
             got, why = offsets_mod.load(path, self.FORMAT, self.sizes[k], self.samples[k])
+            if got is None and os.path.exists(self.paths[k]):  # another machine, a cleaned cache: made again here
+                got = self._known_index(k)[0]
+                if got is None:
+                    got = offsets_mod.build(self.scan, [self.paths[k]], [self.names[k]])[0]
             if got is None or len(got) != self.counts[k] + 1:
                 why = why if got is None else f"it holds {len(got) - 1} records, not {int(self.counts[k])}"
                 raise SourceError(

@@ -45,7 +45,7 @@ def _records(m: mmap.mmap) -> tuple[np.ndarray, np.ndarray]:
     keep = ends > starts
     keep[keep] = ~_WHITESPACE[a[starts[keep]]]  # a line starting with other than whitespace holds more
     for i in np.flatnonzero((ends > starts) & ~keep).tolist():  # one starting with whitespace: looked at whole
-        keep[i] = bool(m[int(starts[i]) : int(ends[i])].strip())
+        keep[i] = bool(m[int(starts[i]) : int(ends[i])].strip(b" \t\r\n"))  # JSON's whitespace only
     return starts[keep], ends[keep]
 
 

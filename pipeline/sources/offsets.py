@@ -27,7 +27,7 @@ import concurrent.futures
 import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import numpy as np
 import xxhash
@@ -35,7 +35,7 @@ import xxhash
 from ..errors import SourceError
 from ..plan.indexfile import cache_dir, write_atomically
 
-__all__ = ["MAGIC", "SIDECAR", "Index", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
+__all__ = ["MAGIC", "SIDECAR", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
 
 MAGIC = b"QUERNOX1"
 SIDECAR = ".quern.idx"
@@ -46,15 +46,6 @@ _FORMAT_BYTES = 16
 
 Scan = Callable[[BinaryIO, int, str], np.ndarray]
 """A format's scan: ``(file, size, name) -> offsets`` (``n + 1`` int64), raising SourceError on bad data."""
-
-
-class Index(NamedTuple):
-    """A data file's verified record offsets."""
-
-    offsets: np.ndarray
-    """``n + 1`` int64: record ``k`` is the file's bytes ``[offsets[k], offsets[k + 1])``."""
-    source: str
-    """Where they came from: ``"sidecar"``, ``"cache"`` or ``"built"``."""
 
 
 def cache_path(fmt: str, size: int, sample: str, folder: str | os.PathLike | None = None) -> str:

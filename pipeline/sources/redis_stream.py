@@ -454,10 +454,7 @@ class RedisStreamSource(Source):
         if waiting.gave_up():
             raise RuntimeError("the iterator reading ahead was closed")
         block = self.BLOCK_SECONDS if until is None else max(0.001, min(self.BLOCK_SECONDS, until - time.monotonic()))
-        got = self._call(
-            "XREAD", lambda c: c.xread({self.key: last}, count=stop - pos, block=max(1, int(block * 1000)))
-        )
-        return list(got[0][1]) if got else []
+        self._call("XREAD", lambda c: c.xread({self.key: last}, count=1, block=max(1, int(block * 1000))))
 
     def read_many(self, ids: np.ndarray) -> list:
         """The entries at positions ``ids`` (in that order) as ``{field: bytes}`` dicts, field names as str.
