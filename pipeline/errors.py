@@ -12,6 +12,7 @@ import sys
 __all__ = [
     "StepError",
     "StreamTimeoutError",
+    "EntriesTimeoutError",
     "ServiceError",
     "StepTimeoutError",
     "SourceError",
@@ -48,6 +49,14 @@ class StreamTimeoutError(StepError, TimeoutError):
 
     Raised where the consumer waits (``batch_at``, ``next``); an iterator goes on
     waiting for the step when ``next()`` is called again.
+    """
+
+
+class EntriesTimeoutError(TimeoutError):
+    """A live source's entries did not all exist within its ``timeout`` of a consumer's read.
+
+    Raised by the source (:mod:`quern.pipeline.sources.waiting`); the step runner turns it into
+    :class:`StreamTimeoutError`, naming the step.
     """
 
 

@@ -16,11 +16,11 @@ import numpy as np
 
 from .. import index as _index
 from ..collate import collate, describe
-from ..errors import CollateError, StepError, StreamTimeoutError
+from ..errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
 from ..ops import OpKind
 from ..plan import Segments
 from ..protocol import Definition
-from ..sources import Source, waiting
+from ..sources import Source
 from ..steps import LengthCheck, StepResult, Where
 from ..timing import Clock
 
@@ -159,7 +159,7 @@ def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
     assert src is not None, "read() takes a pipeline whose rows are records of one source (a leaf)"
     try:
         return src.read_many(ids)
-    except waiting.EntriesTimeoutError as e:  # a live source's entries did not come in time: still a TimeoutError
+    except EntriesTimeoutError as e:  # a live source's entries did not come in time: still a TimeoutError
         raise StreamTimeoutError(
             f"{where}, stage 'read' of source {src.name!r} (records {_ids_text(src, ids)}): {type(e).__name__}: {e}"
         ) from e

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import EntriesTimeoutError, SourceError
 from . import waiting
 from .base import Source
 
@@ -447,7 +447,7 @@ class RedisStreamSource(Source):
         and ``XRANGE``, where a trim or a lost entry cannot come between.
         """
         if until is not None and time.monotonic() >= until:
-            raise waiting.EntriesTimeoutError(
+            raise EntriesTimeoutError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} holds {added} entries (positions up to "
                 f"{added - 1}), and positions [{first}, {stop}) did not all come within timeout={self.timeout:g} s"
             )

@@ -15,16 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["EntriesTimeoutError", "deadline", "gave_up", "patient"]
+__all__ = ["deadline", "gave_up", "patient"]
 
 _LOCAL = threading.local()
-
-
-class EntriesTimeoutError(TimeoutError):
-    """A live source's entries did not all exist within its ``timeout`` of a consumer's read.
-
-    The step runner turns it into :class:`~quern.pipeline.errors.StreamTimeoutError`, naming the step.
-    """
 
 
 @contextlib.contextmanager
