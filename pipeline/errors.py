@@ -12,7 +12,6 @@ import sys
 __all__ = [
     "StepError",
     "StreamTimeoutError",
-    "EntriesTimeoutError",
     "ServiceError",
     "StepTimeoutError",
     "SourceError",
@@ -55,8 +54,8 @@ class StreamTimeoutError(StepError, TimeoutError):
 class EntriesTimeoutError(TimeoutError):
     """A live source's entries did not all exist within its ``timeout`` of a consumer's read.
 
-    Raised by the source (:mod:`quern.pipeline.sources.waiting`); the step runner turns it into
-    :class:`StreamTimeoutError`, naming the step.
+    Internal, as :class:`RecordError` is: raised by the source (see :mod:`quern.pipeline.sources.waiting`);
+    the step runner turns it into :class:`StreamTimeoutError`, naming the step.
     """
 
 
