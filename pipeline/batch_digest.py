@@ -59,12 +59,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
+from . import rowhash
 from .collate import describe
 from .index import hash64
 from .tree import leaves
 
 __all__ = [
     "BatchDigests",
+    "Digesting",
     "HASH",
     "SMALL",
     "digests_of",
@@ -287,24 +289,32 @@ def _prepare(batch: Any, where: str) -> tuple[_Plan, list[Any]]:
 
 
 def _hashed(plan: _Plan, arrays: list[Any]) -> list[bytes]:
-    """Per part hashed row by row (each large leaf; without one, all the row's bytes): ``xxh3_128`` of each row."""
+    """Per part (each large leaf; without one, all the row's bytes): ``xxh3_128`` of each row.
+
+    One call per part (:mod:`~quern.pipeline.rowhash`: a C loop, or one Python call per row).
+    """
     n = plan.n
     if not plan.large:  # small leaves only: the rows' bytes, all leaves, are the one part
         mats = [np.frombuffer(arrays[i], _U8).reshape(n, plan.leaves[i].width) for i in plan.small]
         mat = np.zeros((n, 0), _U8) if not mats else mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)
-        return [b"".join(map(xxhash.xxh3_128_digest, mat))]
+        return [rowhash.rows_digests(mat)]
     out = []
     for i in plan.large:
         p, rows = plan.leaves[i], arrays[i]
-        if p.rows is not None and not p.objects:
-            rows = rows.reshape(p.rows)
-        out.append(b"".join(map(xxhash.xxh3_128_digest, rows)))
+        if p.objects:
+            out.append(rowhash.spans_digests(rows))
+        else:
+            out.append(rowhash.rows_digests(rows if p.rows is None else rows.reshape(p.rows)))
     return out
 
 
-def _row_raw(plan: _Plan, hashed: list[bytes], arrays: list[Any]) -> bytes:
-    """The row digests, 16 bytes each, from the parts hashed: the last part XOR the row's seed, twice."""
-    n = plan.n
+def _row_raw(plan: _Plan, hashed: list[bytes], arrays: list[Any], n: int | None = None) -> bytes:
+    """The row digests, 16 bytes each, from the parts hashed: the last part XOR the row's seed, twice.
+
+    ``n``: the rows, when ``hashed`` and the small leaves of ``arrays`` are those of several batches of
+    ``plan``'s layout, concatenated (default: ``plan.n``).
+    """
+    n = plan.n if n is None else n
     s: Any = plan.seed
     if plan.large and plan.word is not None:  # one small leaf of one word
         s = np.frombuffer(arrays[plan.small[0]], plan.word).astype(_LE_U64) ^ plan.first
@@ -388,9 +398,68 @@ def ledger_digests(batch: Any, where: str = "batch") -> tuple[int, str, str]:
     """
     plan, arrays = _prepare(batch, where)
     hashed = _hashed(plan, arrays)
-    hx = binascii.hexlify(_row_raw(plan, hashed, arrays), b" ", 16).replace(b" ", b'", "').decode()
-    rows = f'["{hx}"]' if plan.n else "[]"  # hex digits: nothing to escape
+    rows = f"[{rowhash.json_hex(_row_raw(plan, hashed, arrays))}]"  # hex digits: nothing to escape
     return plan.n, rows, plan.leaf_json % tuple(_leaf_hex(plan, hashed, arrays))
+
+
+class Digesting:
+    """The :func:`ledger_digests` of consecutive batches, made with less work per batch.
+
+    :meth:`add` hashes a batch's rows at once (while the batch is in the cache); :meth:`finish`
+    does the rest for all the batches together: for each run of batches of one layout, one fold of the rows'
+    seeds and one hex conversion. The results equal ``ledger_digests`` of each batch.
+
+    Example:
+        >>> import numpy as np
+        >>> d = Digesting()
+        >>> d.add({"x": np.arange(4)}); d.add({"x": np.arange(2, 6)})
+        >>> d.finish() == [ledger_digests({"x": np.arange(4)}), ledger_digests({"x": np.arange(2, 6)})]
+        True
+    """
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[_Plan, list[Any], list[bytes]]] = []
+
+    def add(self, batch: Any, where: str = "batch") -> None:
+        """Hash the rows of ``batch``, the next batch.
+
+        Args:
+            batch: a pytree of arrays sharing a leading row axis; it must not be written to until
+                :meth:`finish`.
+            where: what the batch is, for messages.
+
+        Raises:
+            ValueError: a leaf without a row axis, named with ``where``.
+            TypeError: an object leaf holding other than ``bytes`` or ``str``.
+        """
+        plan, arrays = _prepare(batch, where)
+        self._batches.append((plan, arrays, _hashed(plan, arrays)))
+
+    def finish(self) -> list[tuple[int, str, str]]:
+        """Per batch added, in order: ``(rows, row digests, leaf digests)`` as :func:`ledger_digests`."""
+        out: list[tuple[int, str, str]] = []
+        items, self._batches = self._batches, []
+        i = 0
+        while i < len(items):
+            plan = items[i][0]
+            j = i + 1
+            while j < len(items) and items[j][0] is plan:  # a run of one layout (plans are cached)
+                j += 1
+            run = items[i:j]
+            if len(run) == 1:
+                raw = _row_raw(plan, run[0][2], run[0][1])
+            else:  # the run's rows as one batch's: parts and small leaves concatenated
+                hashed = [b"".join(b[2][k] for b in run) for k in range(len(run[0][2]))]
+                arrays: list[Any] = [None] * len(plan.leaves)
+                for k in plan.small:
+                    arrays[k] = np.concatenate([np.frombuffer(b[1][k], _U8) for b in run])
+                raw = _row_raw(plan, hashed, arrays, plan.n * len(run))
+            text, width = rowhash.json_hex(raw), 36 * plan.n  # '"32 hex digits", ' a row
+            for k, (_, arrs, hashed_k) in enumerate(run):
+                rows = f"[{text[k * width : (k + 1) * width - 2]}]"
+                out.append((plan.n, rows, plan.leaf_json % tuple(_leaf_hex(plan, hashed_k, arrs))))
+            i = j
+        return out
 
 
 def row_digests_of(batch: Any, where: str = "batch") -> list[str]:

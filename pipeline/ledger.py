@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from .batch_digest import ledger_digests
+from .batch_digest import Digesting
 from .errors import StepError
 from .index import host_rows
 
@@ -51,6 +51,7 @@ __all__ = [
     "expand_paths",
     "first_row",
     "read_ledger",
+    "StepFields",
     "step_fields",
 ]
 
@@ -124,13 +125,50 @@ def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, proce
         StepError: the batch cannot be digested per row (a leaf without a row axis), naming the step,
             host slice and leaf.
     """
-    where = f"step {step} (host {process_index} of {process_count}), stage 'digest' (the ledger)"
-    try:
-        n, rows, leaves = ledger_digests(batch, where)
-    except (ValueError, TypeError) as e:
-        raise StepError(str(e)) from e
-    first = first_row(pipe, step, process_index, process_count, n)
-    return f'"rows": [{first}, {first + n}], "row_digests": {rows}, "leaf_digests": {leaves}'
+    fields = StepFields(pipe, process_index, process_count)
+    fields.add(batch, step)
+    return fields.finish()[0]
+
+
+class StepFields:
+    """The :func:`step_fields` of consecutive steps of one host slice, with less work per step.
+
+    A prefetch thread adds each batch as it is made (its rows are hashed then, while in the cache)
+    and finishes the chunk's fields together (:class:`quern.pipeline.batch_digest.Digesting`).
+
+    Args:
+        pipe: the pipeline.
+        process_index: this host.
+        process_count: the hosts.
+    """
+
+    def __init__(self, pipe: _Batched, process_index: int, process_count: int) -> None:
+        self._pipe, self._index, self._hosts = pipe, process_index, process_count
+        self._digesting = Digesting()
+        self._steps: list[int] = []
+
+    def add(self, batch: Any, step: int) -> None:
+        """Hash the rows of ``batch``, this host's batch at ``step``.
+
+        Raises:
+            StepError: the batch cannot be digested per row (a leaf without a row axis), naming the
+                step, host slice and leaf.
+        """
+        where = f"step {step} (host {self._index} of {self._hosts}), stage 'digest' (the ledger)"
+        try:
+            self._digesting.add(batch, where)
+        except (ValueError, TypeError) as e:
+            raise StepError(str(e)) from e
+        self._steps.append(step)
+
+    def finish(self) -> list[str]:
+        """The fields of each step added, in order, as :func:`step_fields` gives them."""
+        out = []
+        for step, (n, rows, leaves) in zip(self._steps, self._digesting.finish()):
+            first = first_row(self._pipe, step, self._index, self._hosts, n)
+            out.append(f'"rows": [{first}, {first + n}], "row_digests": {rows}, "leaf_digests": {leaves}')
+        self._steps = []
+        return out
 
 
 class LedgerWriter:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypedDict, cast
 from . import execute, loader_threads
 from .errors import StepTimeoutError, StreamTimeoutError
 from .index import check_int, host_rows
-from .ledger import LedgerWriter, step_fields
+from .ledger import DIGEST, LedgerWriter, StepFields
 from .loader_threads import Chunk
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from .service import RayService, ServiceFeed
@@ -384,11 +384,15 @@ class PipelineIterator:
                 self._careful_until = first + count
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
                 if self._ledger is not None:
-                    fields = [step_fields(self.pipe, batches[0], self.step, self.process_index, self.process_count)]
+                    fields = StepFields(self.pipe, self.process_index, self.process_count)
+                    fields.add(batches[0], self.step)
             self._ready.extend(batches)
             if self._ledger is not None:
                 assert fields is not None
-                self._ready_fields.extend(fields)
+                t0 = time.perf_counter()
+                self._ready_fields.extend(fields.finish())  # here, off the prefetch thread's path
+                if self.timed:
+                    add(self.timings, {DIGEST: time.perf_counter() - t0})
         self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
         self._fill(taking=1)
         if self._ledger is not None:

@@ -20,14 +20,14 @@ from typing import Any, NoReturn
 
 from . import execute
 from .errors import exit_if_forked
-from .ledger import DIGEST, step_fields
+from .ledger import DIGEST, StepFields
 from .sources import waiting
 from .timing import stage_now
 
 __all__ = ["Chunk", "check_step_timeout", "compute", "compute_on_own_thread", "wait"]
 
-# (batches, seconds per stage, wall seconds, the ledger's fields of each batch or None)
-Chunk = tuple[list[Any], dict[str, float], float, list[str] | None]
+# (batches, seconds per stage, wall seconds, the ledger's fields of the batches (to finish) or None)
+Chunk = tuple[list[Any], dict[str, float], float, StepFields | None]
 
 
 def compute(
@@ -55,12 +55,15 @@ def compute(
         hosts: the number of hosts.
         timed: whether to measure the seconds per stage.
         owner: the process id of the iterator's process.
-        digests: also compute each batch's ledger fields
-            (:func:`quern.pipeline.ledger.step_fields`: its digests), here on the thread.
+        digests: also start each batch's ledger fields as it is made
+            (:class:`quern.pipeline.ledger.StepFields`: its rows are hashed while it is
+            in the cache); the iterator finishes them when it takes the chunk, off this
+            thread.
 
     Returns:
         ``(batches, seconds per stage, wall seconds, ledger fields)``; the seconds per
-        stage are empty when not ``timed``, the fields ``None`` without ``digests``.
+        stage are empty when not ``timed``, the fields (a :class:`~quern.pipeline.ledger.StepFields`
+        to finish) ``None`` without ``digests``.
 
     Raises:
         StepError: a step failed, or (``digests``) its batch cannot be digested per row.
@@ -71,15 +74,16 @@ def compute(
         batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
         exit_if_forked(owner, "the iterator's process")
         return batches, timings, time.perf_counter() - t0, None
-    batches, fields = [], []
+    batches, fields, spent = [], StepFields(pipe, index, hosts), 0.0
     for result in execute.step_results(pipe, range(first, first + count), index, hosts, timings if timed else None):
         if result.error is not None:
             raise result.error
         t1 = time.perf_counter()
-        fields.append(step_fields(pipe, result.batch, result.step, index, hosts))  # while the batch is in the cache
-        if timed:
-            timings[DIGEST] = timings.get(DIGEST, 0.0) + time.perf_counter() - t1
+        fields.add(result.batch, result.step)  # its rows hashed while the batch is in the cache
+        spent += time.perf_counter() - t1
         batches.append(result.batch)
+    if timed:
+        timings[DIGEST] = timings.get(DIGEST, 0.0) + spent
     exit_if_forked(owner, "the iterator's process")
     return batches, timings, time.perf_counter() - t0, fields
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout: the source tree of t
 INSTALLED = Path(quern.__file__).resolve().parent
 NOT_PACKAGE = ("tests", "benchmarks", "examples", "docs", "build", "dist", "site")  # as pyproject excludes
 NOT_SHIPPED = ("tests", "benchmarks", "examples")
+BUILD_HOOK = "hatch_build.py"  # the wheel's build hook (compiles pipeline/native/): in the sdist, not the wheel
 
 
 def _checkout_files() -> list[str]:
@@ -45,7 +47,7 @@ def _package_modules(files: list[str]) -> set[str]:
     out = set()
     for f in files:
         parts = f.split("/")
-        if f.endswith(".py") and parts[0] not in NOT_PACKAGE:
+        if f.endswith(".py") and parts[0] not in NOT_PACKAGE and f != BUILD_HOOK:
             if not any(p.startswith(".") for p in parts):
                 out.add(f)
     return out
@@ -119,6 +121,8 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
     assert not sorted(want - modules), f"missing from the wheel: {sorted(want - modules)}"
     assert not sorted(modules - want), f"in the wheel but not modules of the package: {sorted(modules - want)}"
     assert "quern/py.typed" in names
+    if shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"):  # hatch_build.py compiled the row hash
+        assert "quern/pipeline/native/librowhash.so" in names, "the wheel lacks the compiled row hash"
     assert not [n for n in names if n.split("/")[0] != "quern" and not n.split("/")[0].endswith(".dist-info")]
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -129,7 +133,9 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
         names = [n.partition("/")[2] for n in tar.getnames()]  # below the top folder quern-VERSION/
     modules = {n for n in names if n.endswith(".py")}
     assert not sorted(want - modules), f"missing from the sdist: {sorted(want - modules)}"
-    assert not modules - want, sorted(modules - want)
+    assert modules - want == {BUILD_HOOK}, sorted(modules - want)
+    native = {f for f in files if f.startswith("pipeline/native/")}  # the row hash's C sources
+    assert native and native <= set(names), sorted(native - set(names))
     assert not [n for n in names if n.split("/")[0] in NOT_SHIPPED]
     assert {"pyproject.toml", "README.md", "py.typed"} <= set(names)
 

@@ -1,0 +1,141 @@
+"""The row hash's C loop gives xxhash's own digests, and batch digests do not depend on which path made them.
+
+``quern.pipeline.rowhash`` hashes all rows of a leaf in one call to a C library built with the
+wheel (``hatch_build.py``), or row by row in Python without it. Every expected value here comes
+from the ``xxhash`` package or ``binascii`` directly, or from a process where the library is off
+(``QUERN_NATIVE=0``). ``Digesting`` / ``StepFields`` (a chunk's ledger fields made together) are
+checked against ``ledger_digests`` / ``step_fields`` of each batch alone.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xxhash
+
+import quern
+from quern.pipeline import batch_digest, ledger, rowhash
+
+HAVE_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+
+
+def per_row(rows) -> bytes:
+    return b"".join(xxhash.xxh3_128_digest(r) for r in rows)
+
+
+def test_the_installed_wheel_uses_the_c_row_hash():
+    if not HAVE_CC:
+        pytest.skip("no C compiler here: the wheel is built without the row hash (the Python path is tested)")
+    assert rowhash.NATIVE, rowhash.NATIVE_WHY
+    assert rowhash.LIBRARY.is_file()
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 15, 16, 17, 64, 128, 129, 240, 241, 1000, 2048, 4096, 70_000])
+def test_rows_digests_equal_xxhash_of_each_row(width):
+    rng = np.random.default_rng(width)
+    mat = rng.integers(0, 256, (7, width), dtype=np.uint8)
+    assert rowhash.rows_digests(mat) == per_row(mat)
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(24, dtype=np.int32).reshape(4, 6),
+        np.arange(60, dtype=np.float64).reshape(3, 4, 5),  # rows of 2-d
+        np.zeros((0, 9), np.int64),  # no row
+        np.arange(40, dtype=np.int16).reshape(8, 5)[::2],  # strided rows
+        np.asfortranarray(np.arange(12, dtype=np.int32).reshape(3, 4)),  # not C order: its rows in C order
+    ],
+)
+def test_rows_digests_of_shapes_and_layouts(arr):
+    assert rowhash.rows_digests(arr) == per_row(np.ascontiguousarray(arr))
+
+
+def test_spans_and_json_hex_equal_their_references():
+    spans = [b"", b"x", bytes(range(256)) * 9, b"", "é".encode()]
+    assert rowhash.spans_digests(spans) == per_row(spans)
+    assert rowhash.spans_digests([]) == b""
+    raw = per_row(spans)
+    want = ", ".join(f'"{binascii.hexlify(raw[i : i + 16]).decode()}"' for i in range(0, len(raw), 16))
+    assert rowhash.json_hex(raw) == want
+    assert rowhash.json_hex(b"") == ""
+
+
+def _batches():
+    rng = np.random.default_rng(3)
+    tokens = [
+        {"tokens": rng.integers(0, 50_000, (8, 64), dtype=np.int32), "length": rng.integers(0, 64, 8, dtype=np.int32)}
+        for _ in range(3)
+    ]
+    return [
+        *tokens,  # a run of one layout
+        {"x": np.arange(5)},  # small leaves only
+        {"a": np.arange(12.0).reshape(4, 3), "b": np.arange(4, dtype=np.uint8), "c": np.arange(4, dtype=np.int64)},
+        {"img": rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8), "seg": rng.integers(0, 9, (2, 8, 8))},
+        {"text": np.array([b"ab", b"", b"c" * 300], dtype=object), "n": np.arange(3)},  # an object leaf
+        tokens[0],  # the first layout again
+    ]
+
+
+SCRIPT = """
+import json, pickle, sys
+from quern.pipeline import batch_digest, rowhash
+assert not rowhash.NATIVE and "QUERN_NATIVE=0" in rowhash.NATIVE_WHY, rowhash.NATIVE_WHY
+with open(sys.argv[1], "rb") as f:
+    batches = pickle.load(f)
+out = [[batch_digest.digests_of(b).rows, batch_digest.digests_of(b).leaves, batch_digest.ledger_digests(b)] for b in batches]
+json.dump(out, sys.stdout)
+"""
+
+
+def test_batch_digests_are_the_same_without_the_c_library(tmp_path):
+    batches = _batches()
+    here = [
+        [batch_digest.digests_of(b).rows, batch_digest.digests_of(b).leaves, list(batch_digest.ledger_digests(b))]
+        for b in batches
+    ]
+    path = tmp_path / "batches.pkl"
+    path.write_bytes(pickle.dumps(batches))
+    env = {**os.environ, "QUERN_NATIVE": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout) == here
+
+
+def test_a_chunks_digests_made_together_equal_each_batchs():
+    batches = _batches()
+    d = batch_digest.Digesting()
+    for b in batches:
+        d.add(b)
+    assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]
+    assert d.finish() == []  # finished: nothing kept
+
+
+def test_step_fields_made_together_equal_each_steps():
+    pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(40, dtype=np.int64)), seed=0).batch(8)
+    fields = ledger.StepFields(pipe, 1, 2)
+    for step in range(3):
+        fields.add(pipe.batch_at(step, process_index=1, process_count=2), step)
+    got = fields.finish()
+    assert got == [
+        ledger.step_fields(pipe, pipe.batch_at(s, process_index=1, process_count=2), s, 1, 2) for s in range(3)
+    ]
+    assert json.loads("{" + got[2] + "}")["rows"] == [4, 8]  # host 1 of 2: rows 4..8 of the global batch
+
+
+def test_a_batch_without_a_row_axis_is_refused_when_added():
+    fields = ledger.StepFields(
+        quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(8)), seed=0).batch(4), 0, 1
+    )
+    with pytest.raises(quern.StepError, match=r"step 5 \(host 0 of 1\).*leaf batch\['s'\]"):
+        fields.add({"x": np.arange(4), "s": np.int64(3)}, 5)
