@@ -5,32 +5,37 @@ What is measured
 **1. Digest throughput** (GB/s of batch bytes, one core, this thread): the row digests of
 :mod:`quern.pipeline.batch_digest` of two batches, ``tokens``: 256 rows of ``{"tokens": (512,)
 int32, "length": int32}`` (the vs_grain batch, 513 KiB) and ``images``: 64 rows of ``(224, 224,
-3)`` uint8 (9.2 MiB). First the part of quern's scheme that depends on the hash: one call per
-row of each leaf whose rows are over 16 bytes (the rest is vectorised NumPy), with xxHash's
-XXH3-128 (what quern uses) and with hashlib's blake2b (digest_size 16). Then, for XXH3,
-``digests_of`` itself (the row digests and the leaf digests: what a ledger line holds) and the
-whole ledger fields (``ledger.step_fields``: the JSON text too), in microseconds per batch: what
-is over the per-row calls is the scheme's own cost. The lowest of 5 medians of ``--reps``
-calls each, the figures taking turns (hot caches: the batch was just hashed).
+3)`` uint8 (9.2 MiB). First the part of quern's scheme that depends on the hash: the rows of each
+leaf whose rows are over 16 bytes (the rest is vectorised NumPy), hashed with one Python call per
+row with xxHash's XXH3-128 (what quern does without its C library), with quern's C loop
+(``rowhash.rows_digests``: one call per leaf; the line above the tables says whether it is
+built), and with hashlib's blake2b (digest_size 16), a call per row. Then ``digests_of``
+itself (the row digests and the leaf digests, as lists of hex strings) and the whole ledger
+fields (``ledger.step_fields``: the JSON text too), in microseconds per batch: what is over the
+hashing is the scheme's own cost. The lowest of 5 medians of ``--reps`` calls each, the figures
+taking turns (hot caches: the batch was just hashed).
 
 **2. Ledger cost on the vs_grain pipeline** (``benchmarks/vs_grain.py``'s quern pipeline:
 ArrayRecord, global shuffle, ``decode(int32)``, ``pad(512)``, ``batch(256)``, over its data,
 made if missing): records/s of ``pipe.iterator()`` without and with ``ledger=PATH`` (a file
 under a temporary folder), ``num_workers`` 0 and 2; then the same with vs_grain's CPU-heavy
 per-record transform (``heavy``, about 50-80 µs per record), 2 workers. Each run: a fresh
-iterator (workers started), ``--warmup`` batches, then ``next()`` for at least ``--seconds``; ``--runs``
-rounds, the four configs in turn (every second round in reverse order). Reported: the median
-records/s, the spread (lowest, highest), and the cost as ``1 - with / without`` of the medians
-and the median and range of each round's pair; the digest stage's share of the stage
-seconds (``it.stats()["stages"]["digest"]``: the time the digests take where the batches are
-made, the workers' own with 2 workers), and the CPU time of this process per batch over the
-timed run (``time.process_time``: all the work with 0 workers, the parent's share with 2), which
-other load disturbs less than records/s. Then the compute path alone, which other load
-disturbs least: the CPU time of the process (``time.process_time``: the reader's
-threads too) per step of making the batches (``execute.step_results``, 16 steps per bulk
-read), and the wall time of digesting each right after it is made (``ledger.step_fields``,
-as a worker does: caches cold), median and quartiles over ``--path-steps`` steps, and of
-digesting the last batch of each 16 again (hot).
+iterator (workers started), ``--warmup`` batches, then ``next()`` for at least the run's
+seconds; rounds of the two configs in turn (every second round in reverse order): with 0
+workers ``--runs0`` rounds of ``--seconds0`` (300 x 0.1 s: this machine's speed drifts by 10-20%
+from second to second, so many short paired runs are what resolves a cost of about 1%), with
+workers ``--runs`` rounds of ``--seconds`` (12 x 1 s: starting the workers takes a second).
+Reported: the median records/s and the spread (lowest, highest); the cost as ``1 - with /
+without`` of the medians with a 90% bootstrap interval (rounds resampled as pairs), the median
+and range of each round's pair; the digest stage's share of the stage seconds
+(``it.stats()["stages"]["digest"]``: the time the digests take where the batches are made, the
+workers' own with 2 workers), and the CPU time of this process per batch over the timed run
+(``time.process_time``: all the work with 0 workers, the parent's share with 2). Then the
+compute path alone: the CPU time of the process (``time.process_time``: the reader's threads
+too) per step of making the batches (``execute.step_results``, 16 steps per bulk read), and
+the wall time of digesting each right after it is made (``ledger.step_fields``, as a worker
+does: caches cold), median and quartiles over ``--path-steps`` steps, and of digesting the last
+batch of each 16 again (hot).
 
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
@@ -42,10 +47,10 @@ the reference's included).
 stream (``pack(2048, lengths=array)``, lognormal lengths) and a mixture of two components of
 ``N / 2`` each (``component=``). The packing plan is made once before timing.
 
-Nothing is asserted. Run (about 2 minutes on 2 cores; the ledger cost moves records/s by less
-than the machine's noise does, so more rounds of shorter runs help):
+Nothing is asserted. Run (about 5 minutes on 2 cores; ``QUERN_NATIVE=0`` in the environment
+measures the Python path):
 
-    .venv/bin/python benchmarks/verify.py [--runs 12] [--seconds 1] [--json FILE]
+    .venv/bin/python benchmarks/verify.py [--runs0 300] [--seconds0 0.1] [--runs 12] [--json FILE]
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ import xxhash
 import quern
 import quern.pipeline.execute
 import quern.verify
-from quern.pipeline import batch_digest, ledger
+from quern.pipeline import batch_digest, ledger, rowhash
 
 VS_GRAIN_RECORDS = 200_000
 
@@ -96,6 +101,17 @@ def _row_calls(batch: dict[str, np.ndarray], digest: Callable[[Any], bytes]) -> 
     return out
 
 
+def _c_loop(batch: dict[str, np.ndarray]) -> list[bytes]:
+    """The same rows as :func:`_row_calls`, one ``rowhash.rows_digests`` call per leaf (the C loop when built)."""
+    n = len(next(iter(batch.values())))
+    out = []
+    for k in sorted(batch):
+        m = np.ascontiguousarray(batch[k]).reshape(n, -1)
+        if m.nbytes > 16 * n:
+            out.append(rowhash.rows_digests(m))
+    return out
+
+
 def _median_seconds(fn: Callable[[], Any], reps: int) -> float:
     """The median seconds of ``reps`` calls of ``fn``."""
     times = []
@@ -115,7 +131,15 @@ def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
     print("\n## 1. Digest throughput (one core)\n")
     print(
         common.markdown_header(
-            ["batch", "MiB", "XXH3-128 GB/s (µs)", "blake2b GB/s", "digests_of µs (GB/s)", "ledger fields µs"]
+            [
+                "batch",
+                "MiB",
+                "XXH3-128, a call per row: GB/s (µs)",
+                "XXH3-128, C loop: GB/s (µs)",
+                "blake2b GB/s",
+                "digests_of µs (GB/s)",
+                "ledger fields µs",
+            ]
         )
     )
     blake = lambda b: hashlib.blake2b(b, digest_size=16).digest()  # noqa: E731
@@ -129,6 +153,7 @@ def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
         for name, batch in batches.items():
             for key, fn, n in (
                 ("x", lambda b=batch: _row_calls(b, xxhash.xxh3_128_digest), reps),
+                ("c", lambda b=batch: _c_loop(b), reps),
                 ("b", lambda b=batch: _row_calls(b, blake), max(3, reps // 10)),
                 ("d", lambda b=batch: batch_digest.digests_of(b), reps),
                 ("f", lambda b=batch: ledger.step_fields(_Sized, b, 0, 0, 1), reps),
@@ -138,11 +163,13 @@ def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
     out = {}
     for name, batch in batches.items():
         nbytes = sum(a.nbytes for a in batch.values())
-        x, b, d, f = (figures[name, k] for k in "xbdf")
+        x, c, b, d, f = (figures[name, k] for k in "xcbdf")
         out[name] = {
             "bytes": nbytes,
             "xxh3_gbs": nbytes / x / 1e9,
             "xxh3_calls_us": x * 1e6,
+            "xxh3_c_loop_gbs": nbytes / c / 1e9,
+            "xxh3_c_loop_us": c * 1e6,
             "blake2b_gbs": nbytes / b / 1e9,
             "digests_of_us": d * 1e6,
             "fields_us": f * 1e6,
@@ -153,6 +180,7 @@ def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
                     name,
                     f"{nbytes / 2**20:.2f}",
                     f"{nbytes / x / 1e9:.2f} ({x * 1e6:,.0f})",
+                    f"{nbytes / c / 1e9:.2f} ({c * 1e6:,.0f})",
                     f"{nbytes / b / 1e9:.2f}",
                     f"{d * 1e6:,.0f} ({nbytes / d / 1e9:.1f})",
                     f"{f * 1e6:,.0f}",
@@ -173,14 +201,25 @@ def _vs_grain_pipeline(heavy: bool = False) -> Any:
     return vs_grain.quern_pipeline(paths, heavy_work=heavy)
 
 
+def _interval(on: list[float], off: list[float], level: float = 0.9, draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval of the cost ``1 - median(on) / median(off)``, rounds resampled as pairs."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(on), np.asarray(off)
+    picks = rng.integers(0, len(a), (draws, len(a)))
+    costs = 1 - np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
+    lo, hi = np.percentile(costs, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
 def ledger_cost(
-    pipe: Any, runs: int, seconds: float, warmup: int, folder: str, workers: tuple[int, ...] = (0, 2), what: str = ""
+    pipe: Any, plans: dict[int, tuple[int, float]], warmup: int, folder: str, what: str = ""
 ) -> dict[str, Any]:
+    """Records/s with and without a ledger; ``plans``: workers -> (rounds, seconds per run)."""
     print(f"\n## 2. Ledger cost on the vs_grain pipeline{what}\n")
     stages: dict[str, list[float]] = {}
     cpu: dict[tuple[int, bool], list[float]] = {}  # CPU seconds of this process per batch, per round
 
-    def case(workers: int, with_ledger: bool) -> Callable[[], float]:
+    def case(workers: int, with_ledger: bool, seconds: float) -> Callable[[], float]:
         key = f"w{workers}-{'on' if with_ledger else 'off'}"
 
         def run() -> float:
@@ -209,20 +248,23 @@ def ledger_cost(
 
         return run
 
-    cases = [((w, on), case(w, on)) for w in workers for on in (False, True)]
-    got = common.interleaved(cases, runs, alternate=True)
-    print(common.markdown_header(["workers", "ledger", "records/s (median)", "lowest", "highest", "runs"]))
+    got: dict[tuple[int, bool], list[float]] = {}
+    for w, (runs, seconds) in plans.items():  # each worker count its own rounds (runs of 0 workers start fast)
+        cases = [((w, on), case(w, on, seconds)) for on in (False, True)]
+        got.update(common.interleaved(cases, runs, alternate=True))
+    print(common.markdown_header(["workers", "ledger", "rounds x s", "records/s (median)", "lowest", "highest"]))
     out: dict[str, Any] = {}
     for (w, on), rates in got.items():
+        runs, seconds = plans[w]
         print(
             common.markdown_row(
                 [
                     w,
                     "on" if on else "off",
+                    f"{runs} x {seconds:g}",
                     f"{statistics.median(rates):,.0f}",
                     f"{min(rates):,.0f}",
                     f"{max(rates):,.0f}",
-                    common.join_runs(rates),
                 ]
             )
         )
@@ -230,20 +272,30 @@ def ledger_cost(
     print()
     print(
         common.markdown_header(
-            ["workers", "cost (medians)", "cost per round: median", "lowest", "highest", "digest share of stage time"]
+            [
+                "workers",
+                "cost (medians)",
+                "90% interval (bootstrap)",
+                "cost per round: median",
+                "lowest",
+                "highest",
+                "digest share of stage time",
+            ]
         )
     )
-    for w in workers:
+    for w in plans:
         off, on = got[(w, False)], got[(w, True)]
         cost = 1 - statistics.median(on) / statistics.median(off)
+        lo, hi = _interval(on, off)
         per = [1 - a / b for a, b in zip(on, off)]
         share = statistics.median(stages.get(f"w{w}-on", [0.0]))
-        out[f"w{w}-cost"] = {"cost": cost, "per_round": per, "digest_share": share}
+        out[f"w{w}-cost"] = {"cost": cost, "interval": [lo, hi], "per_round": per, "digest_share": share}
         print(
             common.markdown_row(
                 [
                     w,
                     f"{cost * 100:+.2f}%",
+                    f"{lo * 100:+.2f}% to {hi * 100:+.2f}%",
                     f"{statistics.median(per) * 100:+.2f}%",
                     f"{min(per) * 100:+.2f}%",
                     f"{max(per) * 100:+.2f}%",
@@ -255,7 +307,7 @@ def ledger_cost(
     print(
         common.markdown_header(["workers", "ledger off µs/batch", "ledger on µs/batch", "cost (medians)", "per round"])
     )
-    for w in workers:
+    for w in plans:
         off, on = cpu[(w, False)], cpu[(w, True)]
         cost = statistics.median(on) / statistics.median(off) - 1
         per = sorted(a / b - 1 for a, b in zip(on, off))
@@ -423,8 +475,20 @@ def where_speed(seconds: float, folder: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=12, help="interleaved rounds of the ledger cost (default 12)")
-    ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per ledger-cost run (default 1)")
+    ap.add_argument(
+        "--runs0", type=int, default=300, help="interleaved rounds of the ledger cost, 0 workers (default 300)"
+    )
+    ap.add_argument("--seconds0", type=float, default=0.1, help="timed seconds per run, 0 workers (default 0.1)")
+    ap.add_argument(
+        "--runs", type=int, default=12, help="interleaved rounds of the ledger cost with workers (default 12)"
+    )
+    ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per run with workers (default 1)")
+    ap.add_argument(
+        "--workers",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[0, 2],
+        help="worker counts of the ledger cost, comma-separated (default 0,2)",
+    )
     ap.add_argument("--warmup", type=int, default=5, help="untimed batches per ledger-cost run (default 5)")
     ap.add_argument("--reps", type=int, default=200, help="calls per digest figure (default 200)")
     ap.add_argument("--path-steps", type=int, default=160, help="steps of the compute-path figure (default 160)")
@@ -443,17 +507,19 @@ def main() -> None:
     print("# Verify: ledger cost, digest throughput, quern verify, where\n")
     print(common.command_line())
     print(common.machine_line(xxhash=xxhash.VERSION))
+    print(f"row hash: {'the C loop' if rowhash.NATIVE else 'a Python call per row: ' + rowhash.NATIVE_WHY}")
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
         if "digests" not in args.skip:
             figures["digests"] = digest_throughput(args.reps)
         pipe = _vs_grain_pipeline() if {"ledger", "path", "verify"} - set(args.skip) else None
         if "ledger" not in args.skip:
-            figures["ledger"] = ledger_cost(pipe, args.runs, args.seconds, args.warmup, folder)
+            plans = {w: (args.runs0, args.seconds0) if w == 0 else (args.runs, args.seconds) for w in args.workers}
+            figures["ledger"] = ledger_cost(pipe, plans, args.warmup, folder)
         heavy = _vs_grain_pipeline(heavy=True) if {"heavy", "path"} - set(args.skip) else None
         if "heavy" not in args.skip:
             what = " with its CPU-heavy transform (--heavy of vs_grain.py), 2 workers"
-            figures["ledger_heavy"] = ledger_cost(heavy, args.runs, args.seconds, 2, folder, (2,), what)
+            figures["ledger_heavy"] = ledger_cost(heavy, {2: (args.runs, args.seconds)}, 2, folder, what)
         if "path" not in args.skip:
             figures["compute_path"] = compute_path({"vs_grain": pipe, "vs_grain --heavy": heavy}, args.path_steps)
         if "verify" not in args.skip:

@@ -6,11 +6,10 @@ little-endian, and the *layout*: each leaf's path, dtype and row shape. So a
 digest depends on the values, dtypes and shapes only: never on the memory layout
 (a Fortran-ordered, strided or big-endian batch of the same values gives the same
 digests), the nesting's container types or the order of a dict's keys. Every byte
-is hashed once, by xxHash's XXH3, with one call per row of each *large* leaf (a
+is hashed once, by xxHash's XXH3, row by row for each *large* leaf (a
 numeric leaf whose rows are over :data:`SMALL` bytes, or an object leaf); the
 *small* leaves (a scalar per row) and the layout enter through a 64-bit seed per
-row, made with NumPy for all rows at once. So a batch of one large leaf and small
-ones costs one call per row in all, and the calls are most of the time:
+row, made with NumPy for all rows at once:
 
 - layout seed ``L = xxh3_64(layout)``, the layout being the JSON text
   ``[[path, dtype, row shape], ...]`` sorted by path (dtype: ``dtype.str`` after
@@ -41,10 +40,12 @@ when several do. A check of accidents, not of forgeries.
 An object leaf (``bytes`` and ``str`` rows, as :func:`quern.pipeline.collate.collate`
 makes them) has as a row's bytes, per element, a type byte (``b`` or ``s``), the
 length as 8 bytes little-endian and the bytes (UTF-8 for ``str``): a large leaf.
-XXH3 (``pip install xxhash``) digests a batch of 256 rows of 512 int32 tokens in
-about 43 µs per core (12 GB/s; its 256 calls, about 105 ns each, are 28 µs of it) and
-64 images of 224x224x3 in about 140 µs (65 GB/s); blake2b's calls alone run at 1.0 and
-1.3 GB/s (``benchmarks/verify.py``).
+The per-row hashing is one call per part (:mod:`quern.pipeline.rowhash`): a C loop over
+xxHash built with the wheel, or, without it, one ``xxhash.xxh3_128_digest`` call per row (the
+same bytes). A batch of 256 rows of 512 int32 tokens hashes in about 12 µs in C against 28 µs
+row by row, 64 images of 224x224x3 in about 130 µs (``benchmarks/verify.py``).
+:class:`Digesting` makes the ledger values of consecutive batches with one fold and one hex
+conversion per run of batches of one layout.
 """
 
 from __future__ import annotations

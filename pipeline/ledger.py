@@ -12,7 +12,9 @@
 checks the steps before a later edit); ``rows`` are this host's rows of the
 global batch, ``row_digests`` and ``leaf_digests`` those of
 :mod:`quern.pipeline.batch_digest`. With workers, the digests are computed in the
-worker processes and travel with the batch. ``PATH`` may hold
+worker processes and travel with the batch; with 0 workers a prefetch thread hashes
+each batch's rows as it makes it (:class:`StepFields`), and the iterator finishes the
+chunk's lines when it takes the chunk. ``PATH`` may hold
 ``{process_index}``. Lines are kept in memory and written every
 :data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
 ``close()``, the end of the stream and an error, each write whole lines in one
