@@ -135,8 +135,9 @@ def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, proce
 class StepFields:
     """The :func:`step_fields` of consecutive steps of one host slice, with less work per step.
 
-    A prefetch thread adds each batch as it is made (its rows are hashed then, while in the cache)
-    and finishes the chunk's fields together (:class:`quern.pipeline.batch_digest.Digesting`).
+    A prefetch thread adds each batch as it is made (its rows are hashed then, while in the cache);
+    the iterator finishes the chunk's fields together when it takes the chunk
+    (:class:`quern.pipeline.batch_digest.Digesting`).
 
     Args:
         pipe: the pipeline.
