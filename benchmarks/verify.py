@@ -92,23 +92,17 @@ def _batches() -> dict[str, dict[str, np.ndarray]]:
 
 def _row_calls(batch: dict[str, np.ndarray], digest: Callable[[Any], bytes]) -> list[bytes]:
     """The hash-dependent part of quern's scheme: one call per row of each leaf whose rows are over 16 bytes."""
+    return _per_leaf(batch, lambda m: b"".join(map(digest, m)))
+
+
+def _per_leaf(batch: dict[str, np.ndarray], rows: Callable[[np.ndarray], bytes]) -> list[bytes]:
+    """``rows(matrix)`` of each leaf whose rows are over 16 bytes, as a (rows, bytes) matrix."""
     n = len(next(iter(batch.values())))
     out = []
     for k in sorted(batch):
         m = np.ascontiguousarray(batch[k]).reshape(n, -1)
         if m.nbytes > 16 * n:
-            out.append(b"".join(map(digest, m)))
-    return out
-
-
-def _c_loop(batch: dict[str, np.ndarray]) -> list[bytes]:
-    """The same rows as :func:`_row_calls`, one ``rowhash.rows_digests`` call per leaf (the C loop when built)."""
-    n = len(next(iter(batch.values())))
-    out = []
-    for k in sorted(batch):
-        m = np.ascontiguousarray(batch[k]).reshape(n, -1)
-        if m.nbytes > 16 * n:
-            out.append(rowhash.rows_digests(m))
+            out.append(rows(m))
     return out
 
 
@@ -153,7 +147,7 @@ def digest_throughput(reps: int, rounds: int = 5) -> dict[str, Any]:
         for name, batch in batches.items():
             for key, fn, n in (
                 ("x", lambda b=batch: _row_calls(b, xxhash.xxh3_128_digest), reps),
-                ("c", lambda b=batch: _c_loop(b), reps),
+                ("c", lambda b=batch: _per_leaf(b, rowhash.rows_digests), reps),
                 ("b", lambda b=batch: _row_calls(b, blake), max(3, reps // 10)),
                 ("d", lambda b=batch: batch_digest.digests_of(b), reps),
                 ("f", lambda b=batch: ledger.step_fields(_Sized, b, 0, 0, 1), reps),
@@ -507,7 +501,7 @@ def main() -> None:
     print("# Verify: ledger cost, digest throughput, quern verify, where\n")
     print(common.command_line())
     print(common.machine_line(xxhash=xxhash.VERSION))
-    print(f"row hash: {'the C loop' if rowhash.NATIVE else 'a Python call per row: ' + rowhash.NATIVE_WHY}")
+    print(f"row hash: {'the C loop' if rowhash.is_native() else 'a Python call per row: ' + rowhash.native_why()}")
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
         if "digests" not in args.skip:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout: the source tree of t
 INSTALLED = Path(quern.__file__).resolve().parent
 NOT_PACKAGE = ("tests", "benchmarks", "examples", "docs", "build", "dist", "site")  # as pyproject excludes
 NOT_SHIPPED = ("tests", "benchmarks", "examples")
-BUILD_HOOK = "hatch_build.py"  # the wheel's build hook (compiles pipeline/native/): in the sdist, not the wheel
+BUILD_HOOK = ".build/hatch_build.py"  # the wheel's build hook (compiles pipeline/native/): in the sdist, not the wheel
 
 
 def _checkout_files() -> list[str]:
@@ -47,7 +47,7 @@ def _package_modules(files: list[str]) -> set[str]:
     out = set()
     for f in files:
         parts = f.split("/")
-        if f.endswith(".py") and parts[0] not in NOT_PACKAGE and f != BUILD_HOOK:
+        if f.endswith(".py") and parts[0] not in NOT_PACKAGE:
             if not any(p.startswith(".") for p in parts):
                 out.add(f)
     return out

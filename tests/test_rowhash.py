@@ -1,7 +1,7 @@
 """The row hash's C loop gives xxhash's own digests, and batch digests do not depend on which path made them.
 
 ``quern.pipeline.rowhash`` hashes all rows of a leaf in one call to a C library built with the
-wheel (``hatch_build.py``), or row by row in Python without it. Every expected value here comes
+wheel (``.build/hatch_build.py``), or row by row in Python without it. Every expected value here comes
 from the ``xxhash`` package or ``binascii`` directly, or from a process where the library is off
 (``QUERN_NATIVE=0``). ``Digesting`` / ``StepFields`` (a chunk's ledger fields made together) are
 checked against ``ledger_digests`` / ``step_fields`` of each batch alone.
@@ -34,7 +34,7 @@ def per_row(rows) -> bytes:
 def test_the_installed_wheel_uses_the_c_row_hash():
     if not HAVE_CC:
         pytest.skip("no C compiler here: the wheel is built without the row hash (the Python path is tested)")
-    assert rowhash.NATIVE, rowhash.NATIVE_WHY
+    assert rowhash.is_native(), rowhash.native_why()
     assert rowhash.LIBRARY.is_file()
 
 
@@ -88,7 +88,7 @@ def _batches():
 SCRIPT = """
 import json, pickle, sys
 from quern.pipeline import batch_digest, rowhash
-assert not rowhash.NATIVE and "QUERN_NATIVE=0" in rowhash.NATIVE_WHY, rowhash.NATIVE_WHY
+assert not rowhash.is_native() and "QUERN_NATIVE=0" in rowhash.native_why(), rowhash.native_why()
 with open(sys.argv[1], "rb") as f:
     batches = pickle.load(f)
 out = [[batch_digest.digests_of(b).rows, batch_digest.digests_of(b).leaves, batch_digest.ledger_digests(b)] for b in batches]

@@ -225,10 +225,10 @@ def check_public(app: Sphinx, env: BuildEnvironment) -> None:
 
 
 def modules() -> list[str]:
-    """Every module of the package, by walking it (``__main__`` modules and the wheel's build hook left out)."""
+    """Every module of the package, by walking it (``__main__`` modules left out)."""
     package = importlib.import_module(PACKAGE)
     found = [PACKAGE] + [m.name for m in pkgutil.walk_packages(package.__path__, PACKAGE + ".")]
-    return sorted(m for m in found if not m.endswith(".__main__") and m != f"{PACKAGE}.hatch_build")
+    return sorted(m for m in found if not m.endswith(".__main__"))
 
 
 def _shadowed(name: str, public: set[str]) -> bool:

@@ -5,7 +5,7 @@
  * call per row, whose cost is mostly Python's. These loops make the same calls in C (ctypes releases
  * the GIL around each call). The hash is xxHash's own (xxhash/, version 0.8.4,
  * the release the xxhash package bundles), so the digests equal xxhash.xxh3_128_digest of each row.
- * On x86 the dispatcher picks SSE2, AVX2 or AVX-512 at run time. Built by hatch_build.py.
+ * On x86 the dispatcher picks SSE2, AVX2 or AVX-512 at run time. Built by .build/hatch_build.py.
  */
 #include <stddef.h>
 #include <stdint.h>
