@@ -37,6 +37,14 @@ the wall time of digesting each right after it is made (``ledger.step_fields``, 
 does: caches cold), median and quartiles over ``--path-steps`` steps, and of digesting the last
 batch of each 16 again (hot).
 
+**2b. Where the ledger's time goes** (0 workers): the CPU time per batch of each part of the
+ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the row hash,
+``StepFields.add`` and ``finish``, ``LedgerWriter.add``), each function wrapped with a timer of the
+calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
+3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
+of part 2, these figures hardly move with the machine's drift: when the pipeline keeps the cores
+busy, the cost in records/s is about the ledger's share of the CPU.
+
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
 and ``check_ledger`` of a ledger of as many steps: wall seconds and steps/s (steps computed,
@@ -467,6 +475,102 @@ def where_speed(seconds: float, folder: str) -> dict[str, Any]:
     return out
 
 
+_PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the order it runs
+    (batch_digest, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
+    (rowhash, "rows_digests", "the row hash (`rowhash.rows_digests`)"),
+    (ledger.StepFields, "add", "`StepFields.add` (the two above, on the prefetch thread)"),
+    (ledger.StepFields, "finish", "`StepFields.finish` (seeds, hex, the fields' text)"),
+    (ledger.LedgerWriter, "add", "`LedgerWriter.add` (the line, and every 16 lines a write)"),
+]
+
+
+def _idle_ticks() -> tuple[int, int] | None:
+    """(idle, all) CPU ticks of the machine since boot (``/proc/stat``; ``None`` elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def ledger_parts(pipe: Any, rounds: int, seconds: float, folder: str) -> dict[str, Any]:
+    """The CPU time per batch of each part of the ledger in a running iterator (0 workers).
+
+    Each part's function is wrapped with a timer of the calling thread's CPU (``time.thread_time``;
+    the wrapper adds about 1 µs a call); the iterator runs ``seconds`` after 20 untimed batches,
+    ``rounds`` times; the median per part. Beside it: the process's CPU per batch and the machine's
+    idle share over the same seconds (``/proc/stat``).
+    """
+    print("\n## 2b. Where the ledger's time goes, 0 workers (CPU in a running iterator)\n")
+    spent: dict[str, list[float]] = {what: [] for _, _, what in _PARTS}
+    totals: list[tuple[float, float, float | None]] = []  # (process CPU per batch, wall per batch, idle share)
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in _PARTS]
+    for _ in range(rounds):
+        acc = dict.fromkeys(spent, 0.0)
+        for (owner, name, fn), (_, _, what) in zip(originals, _PARTS):
+            setattr(owner, name, _cpu_timed(fn, acc, what))
+        try:
+            path = os.path.join(folder, f"parts-{time.monotonic_ns()}.jsonl")
+            it = common.started(pipe.iterator(num_workers=0, ledger=path))
+            try:
+                for _ in range(20):
+                    next(it)
+                for k in acc:
+                    acc[k] = 0.0
+                idle0, c0, t0, n = _idle_ticks(), time.process_time(), time.perf_counter(), 0
+                while time.perf_counter() - t0 < seconds:
+                    next(it)
+                    n += 1
+                wall, cpu, idle1 = time.perf_counter() - t0, time.process_time() - c0, _idle_ticks()
+            finally:
+                it.close()
+            os.remove(path)
+        finally:
+            for owner, name, fn in originals:
+                setattr(owner, name, fn)
+        share = None if idle0 is None or idle1 is None else (idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1)
+        totals.append((cpu / n, wall / n, share))
+        for k, v in acc.items():
+            spent[k].append(v / n)
+    cpu_batch = statistics.median(t[0] for t in totals)
+    print(common.markdown_header(["part", "CPU µs per batch", "share of the process's CPU"]))
+    out: dict[str, Any] = {}
+    for what, values in spent.items():
+        us = statistics.median(values) * 1e6
+        out[what] = us
+        print(common.markdown_row([what, f"{us:,.1f}", f"{us / (cpu_batch * 1e6):.2%}"]))
+    whole = sum(out[what] for _, name, what in _PARTS if name in ("add", "finish"))  # the last three rows
+    out["the ledger"] = whole
+    print(
+        common.markdown_row(
+            ["**the ledger** (the last three rows)", f"{whole:,.1f}", f"{whole / (cpu_batch * 1e6):.2%}"]
+        )
+    )
+    wall = statistics.median(t[1] for t in totals)
+    shares = [t[2] for t in totals if t[2] is not None]
+    idle = f"; the machine idle {statistics.median(shares):.0%} of the time" if shares else ""
+    print(
+        f"\nThe process: {cpu_batch * 1e6:,.0f} µs of CPU per batch in {wall * 1e6:,.0f} µs of wall time "
+        f"({cpu_batch / wall:.2f} cores){idle}. Median of {rounds} runs of {seconds:g} s."
+    )
+    out.update(cpu_per_batch_us=cpu_batch * 1e6, wall_per_batch_us=wall * 1e6)
+    return out
+
+
+def _cpu_timed(fn: Callable[..., Any], acc: dict[str, float], what: str) -> Callable[..., Any]:
+    """``fn`` adding the calling thread's CPU seconds of each call to ``acc[what]``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[what] += time.thread_time() - t0
+
+    return timed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -484,6 +588,7 @@ def main() -> None:
         help="worker counts of the ledger cost, comma-separated (default 0,2)",
     )
     ap.add_argument("--warmup", type=int, default=5, help="untimed batches per ledger-cost run (default 5)")
+    ap.add_argument("--parts-seconds", type=float, default=3.0, help="timed seconds per run of part 2b (default 3)")
     ap.add_argument("--reps", type=int, default=200, help="calls per digest figure (default 200)")
     ap.add_argument("--path-steps", type=int, default=160, help="steps of the compute-path figure (default 160)")
     ap.add_argument("--verify-steps", type=int, default=32, help="steps of the quern verify figures (default 32)")
@@ -492,7 +597,7 @@ def main() -> None:
         "--skip",
         action="append",
         default=[],
-        choices=["digests", "ledger", "heavy", "path", "verify", "where"],
+        choices=["digests", "ledger", "parts", "heavy", "path", "verify", "where"],
         help="skip a part (repeatable)",
     )
     args = common.parse_args(ap)
@@ -506,10 +611,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
         if "digests" not in args.skip:
             figures["digests"] = digest_throughput(args.reps)
-        pipe = _vs_grain_pipeline() if {"ledger", "path", "verify"} - set(args.skip) else None
+        pipe = _vs_grain_pipeline() if {"ledger", "parts", "path", "verify"} - set(args.skip) else None
         if "ledger" not in args.skip:
             plans = {w: (args.runs0, args.seconds0) if w == 0 else (args.runs, args.seconds) for w in args.workers}
             figures["ledger"] = ledger_cost(pipe, plans, args.warmup, folder)
+        if "parts" not in args.skip:
+            figures["ledger_parts"] = ledger_parts(pipe, 3, args.parts_seconds, folder)
         heavy = _vs_grain_pipeline(heavy=True) if {"heavy", "path"} - set(args.skip) else None
         if "heavy" not in args.skip:
             what = " with its CPU-heavy transform (--heavy of vs_grain.py), 2 workers"
