@@ -18,7 +18,7 @@ import glob as _glob
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -348,14 +348,13 @@ def _indexed_items(
     return [Item(kind, path, name, a, b, int(off[b] - off[a]), seen) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _sidecars(paths: Sequence[str], is_indexed: Callable[[str], bool]) -> set[str]:
+def _sidecars(paths: Sequence[str]) -> set[str]:
     """The offset sidecars (``FILE.quern.idx``, ``quern index``) among ``paths`` whose data file is there too.
 
-    They are the index of an input read by offset, not inputs: ``is_indexed(path)`` says whether a
-    data file is one of those.
+    They are the index of an input read by offset (of any format: JSON lines too), not inputs.
     """
     there = set(paths)
-    return {p for p in paths if p.endswith(SIDECAR) and p[: -len(SIDECAR)] in there and is_indexed(p[: -len(SIDECAR)])}
+    return {p for p in paths if p.endswith(SIDECAR) and p[: -len(SIDECAR)] in there}
 
 
 def _file_items(kind: Format, path: str, name: str, columns: Sequence[str], chunk: int = CHUNK) -> list[Item]:
@@ -449,7 +448,7 @@ def list_items(
             if not paths:
                 raise PrepareError(f"prepare: no file matches {given!r}")
             kinds = {p: _kind(p, fmt) for p in paths if os.path.isfile(p)}
-            for p in _sidecars(list(kinds), lambda data: True):  # quern index's, of any format (JSON lines too)
+            for p in _sidecars(list(kinds)):
                 del kinds[p]
             for p, kind in kinds.items():
                 items += _file_items(kind, p, os.path.basename(p), columns, chunk)
@@ -468,7 +467,7 @@ def list_items(
                 name, files = base, len(m["shards"])
             else:
                 found = _walk(root, include, output)
-                drop = _sidecars([rel for rel, _ in found], lambda data: True)  # quern index's, of any format
+                drop = _sidecars([rel for rel, _ in found])
                 found = [(rel, st) for rel, st in found if rel not in drop]
                 for rel, st in found:
                     p, what = os.path.join(root, rel), f"{base}/{rel}"
