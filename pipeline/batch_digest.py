@@ -406,8 +406,8 @@ def ledger_digests(batch: Any, where: str = "batch") -> tuple[int, str, str]:
 class Digesting:
     """The :func:`ledger_digests` of consecutive batches, made with less work per batch.
 
-    :meth:`add` hashes a batch's rows at once (while the batch is in the cache); :meth:`finish`
-    does the rest for all the batches together: for each run of batches of one layout, one fold of the rows'
+    :meth:`add` hashes a batch's rows at once (while the batch is in the cache) and keeps a copy of
+    its small leaves; :meth:`finish` does the rest for all the batches together: for each run of batches of one layout, one fold of the rows'
     seeds and one hex conversion. The results equal ``ledger_digests`` of each batch.
 
     Example:
@@ -425,8 +425,9 @@ class Digesting:
         """Hash the rows of ``batch``, the next batch.
 
         Args:
-            batch: a pytree of arrays sharing a leading row axis; it must not be written to until
-                :meth:`finish`.
+            batch: a pytree of arrays sharing a leading row axis; what :meth:`finish` needs of it
+                is kept (the row hashes and a copy of the small leaves), so it may be written to
+                once this returns.
             where: what the batch is, for messages.
 
         Raises:
@@ -434,7 +435,10 @@ class Digesting:
             TypeError: an object leaf holding other than ``bytes`` or ``str``.
         """
         plan, arrays = _prepare(batch, where)
-        self._batches.append((plan, arrays, _hashed(plan, arrays)))
+        hashed = _hashed(plan, arrays)
+        large = set(plan.large)
+        kept = [None if i in large else a.tobytes() for i, a in enumerate(arrays)]  # a few bytes a row
+        self._batches.append((plan, kept, hashed))
 
     def finish(self) -> list[tuple[int, str, str]]:
         """Per batch added, in order: ``(rows, row digests, leaf digests)`` as :func:`ledger_digests`."""

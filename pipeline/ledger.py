@@ -12,9 +12,9 @@
 checks the steps before a later edit); ``rows`` are this host's rows of the
 global batch, ``row_digests`` and ``leaf_digests`` those of
 :mod:`quern.pipeline.batch_digest`. With workers, the digests are computed in the
-worker processes and travel with the batch; with 0 workers a prefetch thread hashes
-each batch's rows as it makes it (:class:`StepFields`), and the iterator finishes the
-chunk's lines when it takes the chunk. ``PATH`` may hold
+worker processes and travel with the batch; with 0 workers the iterator hashes each
+batch's rows as it yields it (:meth:`LedgerWriter.add_batch`: the batch as the user
+gets it), and makes the lines of the steps kept together when it writes them. ``PATH`` may hold
 ``{process_index}``. Lines are kept in memory and written every
 :data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
 ``close()``, the end of the stream and an error, each write whole lines in one
@@ -111,7 +111,7 @@ def first_row(pipe: _Batched, step: int, process_index: int, process_count: int,
 def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, process_count: int) -> str:
     """The ledger line's fields that come from the batch: ``"rows"``, ``"row_digests"``, ``"leaf_digests"``.
 
-    Computed where the batch is made (a worker process, a prefetch thread), as JSON text.
+    Computed where the batch is made (a worker process, a service actor), as JSON text.
 
     Args:
         pipe: the pipeline.
@@ -135,8 +135,8 @@ def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, proce
 class StepFields:
     """The :func:`step_fields` of consecutive steps of one host slice, with less work per step.
 
-    A prefetch thread adds each batch as it is made (its rows are hashed then, while in the cache);
-    the iterator finishes the chunk's fields together when it takes the chunk
+    The iterator adds each batch as it yields it (its rows are hashed then) and finishes the fields
+    of the steps added together when it writes their lines
     (:class:`quern.pipeline.batch_digest.Digesting`).
 
     Args:
@@ -199,6 +199,9 @@ class LedgerWriter:
     ) -> None:
         self.path = os.fspath(path).replace("{process_index}", str(process_index))
         self.pipe = pipe
+        self._hosts = (int(process_index), int(process_count))
+        self._fields = StepFields(pipe, *self._hosts)
+        self._hashed: list[int] = []  # the steps of add_batch whose lines are not made yet
         self._head = f', "process_index": {int(process_index)}, "process_count": {int(process_count)}, '
         if pipe.num_steps is None or start_step < pipe.num_steps:
             pipe.fingerprint_at(start_step)
@@ -225,11 +228,44 @@ class LedgerWriter:
         Raises:
             OSError: the lines kept could not be written.
         """
-        line = f'{{"step": {step}, "fingerprint": "{self.pipe.fingerprint_at(step)}"{self._head}{fields}}}\n'
+        line = self._line(step, fields)
         with self._lock:
+            self._make_lines()  # the lines of earlier batches first
             self._lines.append(line)
-            if len(self._lines) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
-                self._write()
+            self._write_if_due()
+
+    def add_batch(self, step: int, batch: Any) -> None:
+        """Hash the rows of ``batch``, the batch of ``step`` about to be yielded; its line is made with the next flush.
+
+        What the line needs of the batch is kept (:meth:`StepFields.add`), so the batch may be written to
+        once this returns.
+
+        Args:
+            step: the step.
+            batch: this host's batch at ``step``.
+
+        Raises:
+            StepError: the batch cannot be digested per row (a leaf without a row axis), naming the
+                step, host slice and leaf.
+            OSError: the lines kept could not be written.
+        """
+        with self._lock:
+            self._fields.add(batch, step)
+            self._hashed.append(step)
+            self._write_if_due()
+
+    def _line(self, step: int, fields: str) -> str:
+        return f'{{"step": {step}, "fingerprint": "{self.pipe.fingerprint_at(step)}"{self._head}{fields}}}\n'
+
+    def _make_lines(self) -> None:
+        """The lines of the batches hashed by :meth:`add_batch`, made (all of them together) and kept."""
+        if self._hashed:
+            steps, self._hashed = self._hashed, []
+            self._lines += [self._line(s, f) for s, f in zip(steps, self._fields.finish())]
+
+    def _write_if_due(self) -> None:
+        if len(self._lines) + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
+            self._write()
 
     def flush(self) -> None:
         """Write the lines kept (no ``fsync``: the page cache survives a crash of the process).
@@ -241,6 +277,7 @@ class LedgerWriter:
             self._write()
 
     def _write(self) -> None:
+        self._make_lines()
         self._since = time.monotonic()
         if not self._lines or self._fd is None:
             return
@@ -264,6 +301,7 @@ class LedgerWriter:
         """Close the file without writing (a forked copy of the iterator: the lines are its parent's)."""
         with self._lock:
             self._lines.clear()
+            self._hashed, self._fields = [], StepFields(self.pipe, *self._hosts)
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypedDict, cast
 from . import execute, loader_threads
 from .errors import StepTimeoutError, StreamTimeoutError
 from .index import check_int, host_rows
-from .ledger import DIGEST, LedgerWriter, StepFields
+from .ledger import DIGEST, LedgerWriter
 from .loader_threads import Chunk
 from .lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from .service import RayService, ServiceFeed
@@ -135,7 +135,6 @@ class PipelineIterator:
     ) -> None:
         self._closed = True
         self._ledger: LedgerWriter | None = None
-        self._ready_fields: collections.deque[str] = collections.deque()  # the ledger's fields of _ready
         self._pid = os.getpid()  # the process it belongs to
         self._owner: dict[str, int] = {}  # "thread": the ident of the thread that has the iterator
         self._inside = False  # that thread is inside next() or close()
@@ -361,7 +360,7 @@ class PipelineIterator:
                 self._time_out(first, count, thread, where)
 
             try:  # wait, but give up if the iterator is closed (by another thread) meanwhile
-                batches, spent, seconds, fields = loader_threads.wait(
+                batches, spent, seconds = loader_threads.wait(
                     fut,
                     first,
                     stopping=self._waiting(first),
@@ -383,21 +382,14 @@ class PipelineIterator:
                 # error surfaces at exactly its own step and the good steps before it are yielded
                 self._careful_until = first + count
                 batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
-                if self._ledger is not None:
-                    fields = StepFields(self.pipe, self.process_index, self.process_count)
-                    fields.add(batches[0], self.step)
             self._ready.extend(batches)
-            if self._ledger is not None:
-                assert fields is not None
-                t0 = time.perf_counter()
-                self._ready_fields.extend(fields.finish())  # here, off the prefetch thread's path
-                if self.timed:
-                    add(self.timings, {DIGEST: time.perf_counter() - t0})
         self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
         self._fill(taking=1)
-        if self._ledger is not None:
-            self._ledger.add(self.step, self._ready_fields[0])
-            self._ready_fields.popleft()
+        if self._ledger is not None:  # its rows hashed now, as it is yielded (its line made with the next write)
+            t0 = time.perf_counter()
+            self._ledger.add_batch(self.step, self._ready[0])
+            if self.timed:
+                add(self.timings, {DIGEST: time.perf_counter() - t0})
         self.step += 1
         return self._ready.popleft()
 
@@ -456,7 +448,6 @@ class PipelineIterator:
                 self.process_count,
                 self.timed,
                 self._pid,
-                self._ledger is not None,
             )
             with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
                 if self.step_timeout is None and self._live is None:
@@ -472,7 +463,6 @@ class PipelineIterator:
             fut.cancel()
         self._pending.clear()
         self._ready.clear()
-        self._ready_fields.clear()
         self._chunk = 1
 
     def state(self) -> dict:
@@ -681,7 +671,6 @@ class PipelineIterator:
         self._closed = True
         self._pending.clear()
         self._ready.clear()
-        self._ready_fields.clear()
         if self._ledger is not None:  # its lines are the other process's to write
             ledger, self._ledger = self._ledger, None
             ledger.forget()

@@ -20,14 +20,13 @@ from typing import Any, NoReturn
 
 from . import execute
 from .errors import exit_if_forked
-from .ledger import DIGEST, StepFields
 from .sources import waiting
 from .timing import stage_now
 
 __all__ = ["Chunk", "check_step_timeout", "compute", "compute_on_own_thread", "wait"]
 
-# (batches, seconds per stage, wall seconds, the ledger's fields of the batches (to finish) or None)
-Chunk = tuple[list[Any], dict[str, float], float, StepFields | None]
+# (batches, seconds per stage, wall seconds)
+Chunk = tuple[list[Any], dict[str, float], float]
 
 
 def compute(
@@ -38,7 +37,6 @@ def compute(
     hosts: int,
     timed: bool,
     owner: int,
-    digests: bool = False,
 ) -> Chunk:
     """On a prefetch thread: the batches of ``count`` steps from ``first``.
 
@@ -55,37 +53,19 @@ def compute(
         hosts: the number of hosts.
         timed: whether to measure the seconds per stage.
         owner: the process id of the iterator's process.
-        digests: also start each batch's ledger fields as it is made
-            (:class:`quern.pipeline.ledger.StepFields`: its rows are hashed while it is
-            in the cache); the iterator finishes them when it takes the chunk, off this
-            thread.
 
     Returns:
-        ``(batches, seconds per stage, wall seconds, ledger fields)``; the seconds per
-        stage are empty when not ``timed``, the fields (a :class:`~quern.pipeline.ledger.StepFields`
-        to finish) ``None`` without ``digests``.
+        ``(batches, seconds per stage, wall seconds)``; the seconds per stage are empty when
+        not ``timed``.
 
     Raises:
-        StepError: a step failed, or (``digests``) its batch cannot be digested per row.
+        StepError: a step failed.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    if not digests:
-        batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
-        exit_if_forked(owner, "the iterator's process")
-        return batches, timings, time.perf_counter() - t0, None
-    batches, fields, spent = [], StepFields(pipe, index, hosts), 0.0
-    for result in execute.step_results(pipe, range(first, first + count), index, hosts, timings if timed else None):
-        if result.error is not None:
-            raise result.error
-        t1 = time.perf_counter()
-        fields.add(result.batch, result.step)  # its rows hashed while the batch is in the cache
-        spent += time.perf_counter() - t1
-        batches.append(result.batch)
-    if timed:
-        timings[DIGEST] = timings.get(DIGEST, 0.0) + spent
+    batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
     exit_if_forked(owner, "the iterator's process")
-    return batches, timings, time.perf_counter() - t0, fields
+    return batches, timings, time.perf_counter() - t0
 
 
 def compute_on_own_thread(

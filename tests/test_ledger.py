@@ -114,6 +114,23 @@ def test_lines_are_written_at_state_close_the_end_and_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_written_to_after_it_is_yielded_keeps_its_ledger_line(tmp_path, workers):
+    # the line of a step is made later than the step is yielded (every 16 steps): what it needs
+    # of the batch must be kept when it is yielded, the small leaves too (here "w", 8 bytes a row)
+    pipe, path = _pipe(), tmp_path / "l.jsonl"
+    with pipe.iterator(num_workers=workers, ledger=path) as it:
+        for _ in range(6):
+            batch = next(it)
+            batch["tokens"][:] = -1  # a user's in-place edit of the batch it got
+            batch["w"][:] = -1.0
+    lines = _lines(path)
+    assert [x["step"] for x in lines] == list(range(6))
+    for x in lines:
+        d = digests_of(pipe.batch_at(x["step"]))
+        assert x["row_digests"] == d.rows and x["leaf_digests"] == d.leaves, x["step"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_batch_leaf_without_a_row_axis_fails_the_step_with_a_ledger_only(tmp_path, workers):
     pipe = _pipe().map_batch(lambda b: {**b, "scale": np.float32(2)})
     with pipe.iterator(num_workers=workers) as it:
