@@ -42,8 +42,15 @@ ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves
 ``StepFields.add`` and ``finish``, ``LedgerWriter.add``), each function wrapped with a timer of the
 calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
-of part 2, these figures hardly move with the machine's drift: when the pipeline keeps the cores
-busy, the cost in records/s is about the ledger's share of the CPU.
+of part 2, these figures hardly move with the machine's drift; but they are not its cost in
+records/s: work on the consumer's thread runs while the prefetch thread waits for its reads.
+
+**2c. The floor** (0 workers): records/s with only the row hash of every batch (``Digesting.add``:
+the leaves taken and every row of every leaf over 16 bytes hashed, no seeds, no text, no write),
+in three places: on the prefetch thread as each batch is made (a ``map_batch``), on the
+consumer's thread after each ``next()``, and on a thread of its own fed by the consumer; against
+no ledger and the ledger, ``--floor-runs`` interleaved rounds of ``--seconds0``. What any design
+that hashes every byte must pay, wherever it hashes.
 
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
@@ -55,7 +62,7 @@ the reference's included).
 stream (``pack(2048, lengths=array)``, lognormal lengths) and a mixture of two components of
 ``N / 2`` each (``component=``). The packing plan is made once before timing.
 
-Nothing is asserted. Run (about 5 minutes on 2 cores; ``QUERN_NATIVE=0`` in the environment
+Nothing is asserted. Run (about 12 minutes on 2 cores; ``QUERN_NATIVE=0`` in the environment
 measures the Python path):
 
     .venv/bin/python benchmarks/verify.py [--runs0 300] [--seconds0 0.1] [--runs 12] [--json FILE]
@@ -66,8 +73,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import queue
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -328,6 +337,79 @@ def ledger_cost(
     return out
 
 
+def _hash_rows(batch: Any) -> Any:
+    """``batch``, after hashing every row of it as the ledger does (the C row hash), and nothing else."""
+    batch_digest.Digesting().add(batch)
+    return batch
+
+
+def hash_floor(pipe: Any, runs: int, seconds: float, warmup: int, folder: str) -> dict[str, Any]:
+    """Records/s with only the row hash of every batch, in three places, against no ledger and the ledger.
+
+    The row hash (:meth:`batch_digest.Digesting.add`: the leaves taken, every row of every leaf over
+    16 bytes hashed by the C loop; no seeds, no text, no write) is what any design that hashes every
+    byte must do. Three places: on the prefetch thread as each batch is made (a ``map_batch``),
+    on the consumer's thread after each ``next()``, and on a thread of its own fed by the
+    consumer. 0 workers, fresh iterators, the cases taking turns.
+    """
+    print("\n## 2c. The floor: the row hash alone, 0 workers\n")
+    hashed_pipe = pipe.map_batch(_hash_rows)
+
+    def case(kind: str) -> Callable[[], float]:
+        def run() -> float:
+            path = os.path.join(folder, f"floor-{time.monotonic_ns()}.jsonl") if kind == "ledger" else None
+            it = common.started((hashed_pipe if kind == "prefetch" else pipe).iterator(num_workers=0, ledger=path))
+            jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            worker = None
+            if kind == "thread":
+                worker = threading.Thread(target=lambda: all(_hash_rows(b) is not None for b in iter(jobs.get, None)))
+                worker.start()
+            try:
+                for _ in range(warmup):
+                    next(it)
+                if kind == "consumer":
+                    return common.rate(lambda: _hash_rows(next(it)), seconds, size=lambda b: len(b["length"]))
+                if kind == "thread":
+
+                    def step() -> Any:
+                        batch = next(it)
+                        jobs.put(batch)
+                        return batch
+
+                    return common.rate(step, seconds, size=lambda b: len(b["length"]))
+                return common.rate(lambda: next(it), seconds, size=lambda b: len(b["length"]))
+            finally:
+                if worker is not None:
+                    jobs.put(None)
+                    worker.join()
+                it.close()
+                if path:
+                    os.remove(path)
+
+        return run
+
+    kinds = {
+        "off": "no ledger, no hash",
+        "prefetch": "the row hash on the prefetch thread, as each batch is made (`map_batch`)",
+        "consumer": "the row hash on the consumer's thread, after each `next()`",
+        "thread": "the row hash on a thread of its own, fed by the consumer",
+        "ledger": "the ledger (`ledger=PATH`)",
+    }
+    got = common.interleaved([(k, case(k)) for k in kinds], runs, alternate=True)
+    off = got["off"]
+    print(common.markdown_header(["case", "records/s (median)", "cost (medians)", "90% interval (bootstrap)"]))
+    out: dict[str, Any] = {}
+    for k, what in kinds.items():
+        cost = 1 - statistics.median(got[k]) / statistics.median(off)
+        lo, hi = _interval(got[k], off) if k != "off" else (0.0, 0.0)
+        out[k] = {"rates": got[k], "cost": cost, "interval": [lo, hi]}
+        shown = "" if k == "off" else f"{cost * 100:+.2f}%"
+        spread = "" if k == "off" else f"{lo * 100:+.2f}% to {hi * 100:+.2f}%"
+        print(common.markdown_row([what, f"{statistics.median(got[k]):,.0f}", shown, spread]))
+    print(f"\n{runs} rounds of {seconds:g} s per case, fresh iterators, {warmup} untimed batches each.")
+    return out
+
+
 def compute_path(pipes: dict[str, Any], steps: int) -> dict[str, Any]:
     """CPU per step of making a batch; wall time of digesting it right after (cold) and again (hot)."""
     print(f"\n### The compute path: making the batch vs digesting it ({steps} steps)\n")
@@ -478,9 +560,13 @@ def where_speed(seconds: float, folder: str) -> dict[str, Any]:
 _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the order it runs
     (batch_digest, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
     (rowhash, "rows_digests", "the row hash (`rowhash.rows_digests`)"),
-    (ledger.StepFields, "add", "`StepFields.add` (the two above, on the prefetch thread)"),
+    (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
     (ledger.StepFields, "finish", "`StepFields.finish` (seeds, hex, the fields' text)"),
-    (ledger.LedgerWriter, "add", "`LedgerWriter.add` (the line, and every 16 lines a write)"),
+    (
+        ledger.LedgerWriter,
+        "add_batch",
+        "**the ledger**: `LedgerWriter.add_batch` (all the above, the lines, the writes)",
+    ),
 ]
 
 
@@ -540,13 +626,7 @@ def ledger_parts(pipe: Any, rounds: int, seconds: float, folder: str) -> dict[st
         us = statistics.median(values) * 1e6
         out[what] = us
         print(common.markdown_row([what, f"{us:,.1f}", f"{us / (cpu_batch * 1e6):.2%}"]))
-    whole = sum(out[what] for _, name, what in _PARTS if name in ("add", "finish"))  # the last three rows
-    out["the ledger"] = whole
-    print(
-        common.markdown_row(
-            ["**the ledger** (the last three rows)", f"{whole:,.1f}", f"{whole / (cpu_batch * 1e6):.2%}"]
-        )
-    )
+    out["the ledger"] = out[_PARTS[-1][2]]
     wall = statistics.median(t[1] for t in totals)
     shares = [t[2] for t in totals if t[2] is not None]
     idle = f"; the machine idle {statistics.median(shares):.0%} of the time" if shares else ""
@@ -588,6 +668,9 @@ def main() -> None:
         help="worker counts of the ledger cost, comma-separated (default 0,2)",
     )
     ap.add_argument("--warmup", type=int, default=5, help="untimed batches per ledger-cost run (default 5)")
+    ap.add_argument(
+        "--floor-runs", type=int, default=150, help="interleaved rounds of part 2c, 0 workers (default 150)"
+    )
     ap.add_argument("--parts-seconds", type=float, default=3.0, help="timed seconds per run of part 2b (default 3)")
     ap.add_argument("--reps", type=int, default=200, help="calls per digest figure (default 200)")
     ap.add_argument("--path-steps", type=int, default=160, help="steps of the compute-path figure (default 160)")
@@ -597,7 +680,7 @@ def main() -> None:
         "--skip",
         action="append",
         default=[],
-        choices=["digests", "ledger", "parts", "heavy", "path", "verify", "where"],
+        choices=["digests", "ledger", "floor", "parts", "heavy", "path", "verify", "where"],
         help="skip a part (repeatable)",
     )
     args = common.parse_args(ap)
@@ -611,10 +694,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
         if "digests" not in args.skip:
             figures["digests"] = digest_throughput(args.reps)
-        pipe = _vs_grain_pipeline() if {"ledger", "parts", "path", "verify"} - set(args.skip) else None
+        pipe = _vs_grain_pipeline() if {"ledger", "floor", "parts", "path", "verify"} - set(args.skip) else None
         if "ledger" not in args.skip:
             plans = {w: (args.runs0, args.seconds0) if w == 0 else (args.runs, args.seconds) for w in args.workers}
             figures["ledger"] = ledger_cost(pipe, plans, args.warmup, folder)
+        if "floor" not in args.skip:
+            figures["hash_floor"] = hash_floor(pipe, args.floor_runs, args.seconds0, args.warmup, folder)
         if "parts" not in args.skip:
             figures["ledger_parts"] = ledger_parts(pipe, 3, args.parts_seconds, folder)
         heavy = _vs_grain_pipeline(heavy=True) if {"heavy", "path"} - set(args.skip) else None
