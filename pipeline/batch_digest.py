@@ -406,9 +406,9 @@ def ledger_digests(batch: Any, where: str = "batch") -> tuple[int, str, str]:
 class Digesting:
     """The :func:`ledger_digests` of consecutive batches, made with less work per batch.
 
-    :meth:`add` hashes a batch's rows at once (while the batch is in the cache) and keeps a copy of
-    its small leaves; :meth:`finish` does the rest for all the batches together: for each run of batches of one layout, one fold of the rows'
-    seeds and one hex conversion. The results equal ``ledger_digests`` of each batch.
+    :meth:`add` hashes a batch's rows at once and keeps a copy of its small leaves; :meth:`finish`
+    does the rest for all the batches together: for each run of batches of one layout, one fold of
+    the rows' seeds and one hex conversion. The results equal ``ledger_digests`` of each batch.
 
     Example:
         >>> import numpy as np
