@@ -39,7 +39,7 @@ batch of each 16 again (hot).
 
 **2b. Where the ledger's time goes** (0 workers): the CPU time per batch of each part of the
 ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the row hash,
-``StepFields.add`` and ``finish``, ``LedgerWriter.add``), each function wrapped with a timer of the
+``StepFields.add`` and ``finish``, ``LedgerWriter.add_batch``), each function wrapped with a timer of the
 calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
 of part 2, these figures hardly move with the machine's drift; but they are not its cost in
@@ -343,6 +343,12 @@ def _hash_rows(batch: Any) -> Any:
     return batch
 
 
+def _hash_queued(jobs: queue.SimpleQueue[Any]) -> None:
+    """Hash the rows of each batch put on ``jobs`` (:func:`_hash_rows`) until a ``None``."""
+    for batch in iter(jobs.get, None):
+        _hash_rows(batch)
+
+
 def hash_floor(pipe: Any, runs: int, seconds: float, warmup: int, folder: str) -> dict[str, Any]:
     """Records/s with only the row hash of every batch, in three places, against no ledger and the ledger.
 
@@ -362,7 +368,7 @@ def hash_floor(pipe: Any, runs: int, seconds: float, warmup: int, folder: str) -
             jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
             worker = None
             if kind == "thread":
-                worker = threading.Thread(target=lambda: all(_hash_rows(b) is not None for b in iter(jobs.get, None)))
+                worker = threading.Thread(target=_hash_queued, args=(jobs,))
                 worker.start()
             try:
                 for _ in range(warmup):
