@@ -44,6 +44,8 @@ calling thread's CPU (about 1 µs a call), as a share of the process's CPU per b
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
 of part 2, these figures hardly move with the machine's drift; but they are not its cost in
 records/s: work on the consumer's thread runs while the prefetch thread waits for its reads.
+Last, the bound: the C row hash of one batch already in the cache, as a share of a batch's wall
+time (nothing else of the ledger; no placement or cache miss can make hashing every byte cheaper).
 
 **2c. The floor** (0 workers): records/s with only the row hash of every batch (``Digesting.add``:
 the leaves taken and every row of every leaf over 16 bytes hashed, no seeds, no text, no write),
@@ -641,7 +643,23 @@ def ledger_parts(pipe: Any, rounds: int, seconds: float, folder: str) -> dict[st
         f"({cpu_batch / wall:.2f} cores){idle}. Median of {rounds} runs of {seconds:g} s."
     )
     out.update(cpu_per_batch_us=cpu_batch * 1e6, wall_per_batch_us=wall * 1e6)
+    hot = _hot_hash_seconds(pipe.batch_at(0), 500)
+    out["hot_hash_us"] = hot * 1e6
+    print(
+        f"The bound of any design that hashes every byte: the C row hash of one batch already in the cache "
+        f"(the same batch, 500 calls, the median) takes {hot * 1e6:.1f} µs, {hot / wall:.2%} of a batch's wall "
+        "time above, with nothing else of the ledger (no leaves, seeds, text or write)."
+    )
     return out
+
+
+def _hot_hash_seconds(batch: dict[str, np.ndarray], reps: int) -> float:
+    """The median seconds of the C row hash of ``batch``'s leaves of over 16 bytes a row, hot in the cache."""
+    mats = [np.ascontiguousarray(a).reshape(len(a), -1) for a in batch.values()]
+    mats = [m for m in mats if m.nbytes > 16 * len(m)]
+    for m in mats:
+        rowhash.rows_digests(m)  # the library loaded, the batch in the cache
+    return _median_seconds(lambda: [rowhash.rows_digests(m) for m in mats], reps)
 
 
 def _cpu_timed(fn: Callable[..., Any], acc: dict[str, float], what: str) -> Callable[..., Any]:
