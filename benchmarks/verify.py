@@ -655,11 +655,8 @@ def ledger_parts(pipe: Any, rounds: int, seconds: float, folder: str) -> dict[st
 
 def _hot_hash_seconds(batch: dict[str, np.ndarray], reps: int) -> float:
     """The median seconds of the C row hash of ``batch``'s leaves of over 16 bytes a row, hot in the cache."""
-    mats = [np.ascontiguousarray(a).reshape(len(a), -1) for a in batch.values()]
-    mats = [m for m in mats if m.nbytes > 16 * len(m)]
-    for m in mats:
-        rowhash.rows_digests(m)  # the library loaded, the batch in the cache
-    return _median_seconds(lambda: [rowhash.rows_digests(m) for m in mats], reps)
+    _per_leaf(batch, rowhash.rows_digests)  # the library loaded, the batch in the cache
+    return _median_seconds(lambda: _per_leaf(batch, rowhash.rows_digests), reps)
 
 
 def _cpu_timed(fn: Callable[..., Any], acc: dict[str, float], what: str) -> Callable[..., Any]:
