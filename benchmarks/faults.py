@@ -66,6 +66,10 @@ Fresh processes and ``quern prepare``:
   works; held when no process of its tree (pool workers, resource tracker) is
   alive 10 s later; the notes count the processes left.
 
+The scenarios of issue 36 (live-stream commits, offset indexes, digests, ledgers, odd inputs)
+are in ``faults_live.py``, ``faults_indexes.py``, ``faults_digests.py``, ``faults_ledgers.py``
+and ``faults_inputs.py`` beside this file; their docstrings say what each one tries.
+
 Run:  .venv/bin/python benchmarks/faults.py [--trials N] [--seed S] [--only NAME,...]
 Exit status 1 when a scenario outside KNOWN_LIMITS did not hold in every trial.
 """
@@ -96,6 +100,11 @@ from collections.abc import Callable
 from typing import Any
 
 import common
+import faults_digests
+import faults_indexes
+import faults_inputs
+import faults_ledgers
+import faults_live
 import numpy as np
 
 import quern
@@ -1421,6 +1430,11 @@ SCENARIOS: dict[str, Callable[[int, random.Random, str], tuple[int, int, str]]] 
     "stalled server": stalled_server,
     "prepare input changed": prepare_input_changed,
     "prepare kill -9": prepare_kill,
+    **faults_live.SCENARIOS,
+    **faults_indexes.SCENARIOS,
+    **faults_digests.SCENARIOS,
+    **faults_ledgers.SCENARIOS,
+    **faults_inputs.SCENARIOS,
 }
 
 
