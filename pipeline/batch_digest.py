@@ -1,19 +1,25 @@
 """Batch digests: one hash per row of a collated batch, over the row's canonical content.
 
 A row's canonical content is, for each leaf of the batch (``batch['tokens']``;
-:func:`quern.pipeline.tree.leaves`), the leaf's row as bytes in C order,
-little-endian, and the *layout*: each leaf's path, dtype and row shape. So a
-digest depends on the values, dtypes and shapes only: never on the memory layout
-(a Fortran-ordered, strided or big-endian batch of the same values gives the same
-digests), the nesting's container types or the order of a dict's keys. Every byte
+:func:`quern.pipeline.tree.leaves`), the leaf's row in canonical form
+(:func:`quern.pipeline.canonical.values`: its values in C order, little-endian; a
+structured leaf's fields' values packed in field order, without padding or the
+bytes outside a field view), and the *layout*: each leaf's path, dtype
+description and row shape. So a digest depends on the values, dtypes and shapes
+only: never on the memory layout (a Fortran-ordered, strided, big-endian, aligned
+or padded batch of the same values gives the same digests), the nesting's
+container types or the order of a dict's keys; and two dtypes are never taken for
+one (``float8_e4m3fn`` and ``int4`` rows of the same bytes differ). Every byte
 is hashed once, by xxHash's XXH3, row by row for each *large* leaf (a
 numeric leaf whose rows are over :data:`SMALL` bytes, or an object leaf); the
 *small* leaves (a scalar per row) and the layout enter through a 64-bit seed per
 row, made with NumPy for all rows at once:
 
 - layout seed ``L = xxh3_64(layout)``, the layout being the JSON text
-  ``[[path, dtype, row shape], ...]`` sorted by path (dtype: ``dtype.str`` after
-  byte order is made little-endian);
+  ``[[path, dtype, row shape], ...]`` sorted by path (dtype: its description,
+  :func:`quern.pipeline.canonical.dtype_text`: ``<i4``, ``|u1``,
+  ``ml_dtypes.bfloat16:<V2``, ``{"fields":[["a",null,"<i4"],...]}``, ``|O`` for an
+  object leaf; the version of this form is :data:`FORMAT`, in every ledger line);
 - the row's *parts*: per large leaf, in path order, ``xxh3_128(row bytes)`` (16
   bytes, as ``xxh3_128_digest`` gives them). A batch without a large leaf has one
   part: ``xxh3_128`` of the row's bytes of all its leaves, concatenated in path order;
@@ -38,8 +44,10 @@ always when one word differs (a ``length``), and but for a chance of ``2**-64``
 when several do. A check of accidents, not of forgeries.
 
 An object leaf (``bytes`` and ``str`` rows, as :func:`quern.pipeline.collate.collate`
-makes them) has as a row's bytes, per element, a type byte (``b`` or ``s``), the
-length as 8 bytes little-endian and the bytes (UTF-8 for ``str``): a large leaf.
+makes them; or NumPy's ``StringDType``, described as such) has as a row's bytes, per
+element, a type byte (``b`` or ``s``), the length as 8 bytes little-endian and the
+bytes (UTF-8 for ``str``): a large leaf. A structured leaf with a field of Python
+objects is refused, naming the field.
 The per-row hashing is one call per part (:mod:`quern.pipeline.rowhash`): a C loop over
 xxHash built with the wheel, or, without it, one ``xxhash.xxh3_128_digest`` call per row (the
 same bytes). A batch of 256 rows of 512 int32 tokens hashes in about 12 µs in C against 28 µs
@@ -61,6 +69,7 @@ import numpy as np
 import xxhash
 
 from . import rowhash
+from .canonical import dtype_text, is_plain, values
 from .collate import describe
 from .index import hash64
 from .tree import leaves
@@ -68,10 +77,12 @@ from .tree import leaves
 __all__ = [
     "BatchDigests",
     "Digesting",
+    "FORMAT",
     "HASH",
     "SMALL",
     "digests_of",
     "leaf_row_digests",
+    "check_format",
     "ledger_digests",
     "row_digests_of",
     "step_digest_of",
@@ -79,6 +90,13 @@ __all__ = [
 
 HASH = "xxh3_128"
 """The hash of every digest here (xxHash's XXH3, 128 bits)."""
+FORMAT = 2
+"""The version of the canonical form, in every ledger line (``"digest_format"``).
+
+1 (a line without the field): a dtype was its ``dtype.str`` (``<V1`` for 17 ml_dtypes) and a
+structured leaf its bytes, padding included. 2: dtypes by name (:func:`~quern.pipeline.canonical.dtype_text`),
+structured leaves by their fields' values. Digests of two formats are never compared
+(:func:`check_format`)."""
 SMALL = 16
 """A numeric leaf's rows of at most this many bytes enter a row digest through its seed (others are hashed)."""
 
@@ -132,7 +150,7 @@ def _plan(key: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> _Plan:
     for path, dtype, shape in key:
         row_shape = [int(x) for x in shape[1:]]
         objects = dtype.hasobject
-        text = "|O" if objects else dtype.str if dtype.fields is None else _json(dtype.descr)
+        text = dtype_text(dtype)
         items = math.prod(row_shape)
         width = 0 if objects else dtype.itemsize * items
         seed = xxhash.xxh3_64_intdigest(_json([path, text, [int(shape[0]), *row_shape]]).encode())
@@ -218,7 +236,8 @@ def _canonical(batch: Any, where: str) -> tuple[_Plan, list[Any]]:
     Raises:
         ValueError: no leaf, or a leaf without a row axis: a scalar, a 0-d array, or a first axis
             other than the batch's rows.
-        TypeError: an object leaf holds something other than bytes or str.
+        TypeError: an object leaf holds something other than bytes or str, or a structured leaf a
+            field of objects.
     """
     found = sorted(leaves(batch), key=lambda item: item[0])
     if not found:
@@ -230,14 +249,14 @@ def _canonical(batch: Any, where: str) -> tuple[_Plan, list[Any]]:
     key: list[tuple[str, np.dtype, tuple[int, ...]]] = []
     out: list[Any] = []
     for path, arr in arrays:
-        if arr.dtype.hasobject:
+        if arr.dtype.hasobject and arr.dtype.names is None:  # objects, or NumPy's StringDType
             flat = np.ascontiguousarray(arr).reshape(n, math.prod(arr.shape[1:]))
             out.append([b"".join(_object_bytes(v, path, where) for v in row) for row in flat])
-            key.append((path, _OBJECT, arr.shape))
+            key.append((path, _OBJECT if arr.dtype.kind == "O" else arr.dtype, arr.shape))
             continue
-        target = arr.dtype.newbyteorder("<")  # big-endian values: the same digests as little-endian ones
-        out.append(np.ascontiguousarray(arr if target == arr.dtype else arr.astype(target)))  # C order
-        key.append((path, target, arr.shape))
+        canon = values(arr, f"{where}: leaf {path}")  # C order, little-endian, structures packed
+        out.append(canon)
+        key.append((path, canon.dtype, arr.shape))
     return _plan(tuple(key)), out
 
 
@@ -252,8 +271,7 @@ def _fast(batch: dict, sig: Any) -> tuple[_Plan, tuple[int, ...]] | None:
         type(a) is np.ndarray
         and a.ndim >= 1
         and a.shape[0] == arrays[0].shape[0]
-        and not a.dtype.hasobject
-        and a.dtype == a.dtype.newbyteorder("<")
+        and is_plain(a.dtype)
         and a.flags.c_contiguous
         for a in arrays
     )
@@ -362,7 +380,7 @@ def digests_of(batch: Any, where: str = "batch") -> BatchDigests:
     Raises:
         ValueError: a leaf without a row axis (a scalar, a 0-d array, another number of rows), named
             with ``where``.
-        TypeError: an object leaf holding other than ``bytes`` or ``str``.
+        TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
 
     Example:
         >>> import numpy as np
@@ -389,7 +407,7 @@ def ledger_digests(batch: Any, where: str = "batch") -> tuple[int, str, str]:
 
     Raises:
         ValueError: a leaf without a row axis, named with ``where``.
-        TypeError: an object leaf holding other than ``bytes`` or ``str``.
+        TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
 
     Example:
         >>> import numpy as np
@@ -432,7 +450,7 @@ class Digesting:
 
         Raises:
             ValueError: a leaf without a row axis, named with ``where``.
-            TypeError: an object leaf holding other than ``bytes`` or ``str``.
+            TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
         """
         plan, arrays = _prepare(batch, where)
         hashed = _hashed(plan, arrays)
@@ -467,6 +485,32 @@ class Digesting:
         return out
 
 
+def check_format(found: Any, where: str) -> None:
+    """Refuse a ledger line whose digests are of another format than :data:`FORMAT`.
+
+    Args:
+        found: the line's ``"digest_format"`` (``None``: it has none, format 1).
+        where: the line, ``FILE:LINE``.
+
+    Raises:
+        ValueError: another format: its digests cannot be compared with this quern's (every row
+            would differ), naming the line, both formats and what to do.
+    """
+    if type(found) is int and found == FORMAT:
+        return
+    if found is None:
+        what = "digest format 1 (it has no digest_format: an older quern wrote it)"
+    elif type(found) is int and found > FORMAT:
+        what = f"digest format {found} (a newer quern wrote it)"
+    else:
+        what = f"digest_format {found!r}, which no quern writes"
+    raise ValueError(
+        f"{where}: the line's digests are of {what}, and this quern computes digest format {FORMAT} (a dtype by "
+        "its name, a structured leaf by its fields' values): they cannot be compared; check the ledger with the "
+        "quern that wrote it, or record the run again"
+    )
+
+
 def row_digests_of(batch: Any, where: str = "batch") -> list[str]:
     """One digest per row of a collated batch, over the row's canonical content (see the module docstring).
 
@@ -480,7 +524,7 @@ def row_digests_of(batch: Any, where: str = "batch") -> list[str]:
 
     Raises:
         ValueError: a leaf without a row axis, named with ``where``.
-        TypeError: an object leaf holding other than ``bytes`` or ``str``.
+        TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
 
     Example:
         >>> import numpy as np
@@ -505,7 +549,7 @@ def leaf_row_digests(batch: Any, where: str = "batch") -> dict[str, list[str]]:
 
     Raises:
         ValueError: a leaf without a row axis, named with ``where``.
-        TypeError: an object leaf holding other than ``bytes`` or ``str``.
+        TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
     """
     plan, arrays = _prepare(batch, where)
     out = {}

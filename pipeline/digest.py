@@ -2,8 +2,8 @@
 
 :func:`digest` hashes a value by its content and type, never by its ``repr``
 or its address: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
-``bytes``, ``...``, slices, numpy arrays and scalars (dtype with its fields,
-shape and bytes), numpy dtypes,
+``bytes``, ``...``, slices, numpy arrays and scalars (dtype, shape and values),
+numpy dtypes,
 enum members, compiled regular expressions, and any nesting
 of ``dict``, ``list``, ``tuple``, ``set``, ``frozenset`` and ``range`` of them.
 An object with a ``fingerprint()`` method is described by what it returns.
@@ -12,6 +12,16 @@ where it was found, so that no value is ever hashed by its type name alone.
 
 The digest depends only on the value (dict and set order do not matter; list
 and tuple order do), and is the same in every process and Python session.
+
+A dtype is described completely (:func:`quern.pipeline.canonical.layout_text`):
+NumPy's own by ``dtype.str`` (byte order included), another library's by its
+type's name too (``ml_dtypes.float8_e4m3fn:<V1``: ``dtype.str`` alone is
+``<V1`` for 17 ml_dtypes), a structured one by its fields' names, titles,
+offsets and dtypes, its itemsize and alignment. An array's values are its bytes
+in C order, except that a structured array's are its fields' values packed
+(:func:`quern.pipeline.canonical.values`: padding bytes, whose content is
+undefined, never enter), an x87 long double's its 10 value bytes, and the items
+of an object or ``StringDType`` array are described one by one.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .canonical import is_plain, layout_text, values
 from .errors import FingerprintError
 
 __all__ = ["digest", "update", "HOW_TO_DECLARE"]
@@ -65,9 +76,18 @@ def _digest(value: Any, where: str, depth: int) -> str:
     return h.hexdigest()
 
 
-def _dtype_text(dtype: np.dtype) -> str:
-    """The dtype with its fields' names and types (``dtype.str`` alone is ``|V8`` for any record)."""
-    return str(dtype.descr) if dtype.fields is not None else dtype.str
+def _array_bytes(arr: np.ndarray, where: str) -> bytes:
+    """An array's values: its bytes in C order; a structure's fields packed, x87 padding zeroed.
+
+    Raises:
+        FingerprintError: a structured array with a field of Python objects.
+    """
+    if is_plain(arr.dtype.newbyteorder("<")):
+        return np.ascontiguousarray(arr).tobytes()  # byte order kept: the text names it
+    try:
+        return values(arr, where).tobytes()
+    except TypeError as e:
+        raise FingerprintError(f"{e}; {HOW_TO_DECLARE}") from None
 
 
 def _tag(h: Any, tag: bytes, payload: bytes = b"") -> None:
@@ -102,12 +122,12 @@ def update(h: Any, value: Any, *, where: str = "value", _depth: int = 0) -> None
         _tag(h, b"b", bytes(value))
     elif isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)
-        _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{_dtype_text(arr.dtype)}{arr.shape}".encode())
-        if arr.dtype.kind == "O":
+        _tag(h, b"a" if isinstance(value, np.ndarray) else b"g", f"{layout_text(arr.dtype)}{arr.shape}".encode())
+        if arr.dtype.kind in "OT":  # objects, NumPy's StringDType: item by item
             for i, item in enumerate(arr.reshape(-1).tolist()):
                 update(h, item, where=f"{where}[{i}]", _depth=_depth + 1)
         else:
-            _tag(h, b"v", np.ascontiguousarray(arr).tobytes())
+            _tag(h, b"v", _array_bytes(arr, where))
     elif isinstance(value, (list, tuple)):
         _tag(h, b"l" if isinstance(value, list) else b"t", str(len(value)).encode())
         for i, item in enumerate(value):
@@ -126,7 +146,7 @@ def update(h: Any, value: Any, *, where: str = "value", _depth: int = 0) -> None
         _tag(h, b"e", f"{type(value).__qualname__}.{value.name}".encode())
         update(h, value.value, where=f"{where}.value", _depth=_depth + 1)
     elif isinstance(value, np.dtype):
-        _tag(h, b"D", _dtype_text(value).encode())
+        _tag(h, b"D", layout_text(value).encode())
     elif isinstance(value, re.Pattern):
         _tag(h, b"R", repr((value.pattern, value.flags)).encode())
     elif isinstance(value, range):

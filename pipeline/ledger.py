@@ -4,14 +4,16 @@
 
 .. code-block:: json
 
-    {"step": 12, "fingerprint": "...", "process_index": 0, "process_count": 2,
+    {"step": 12, "fingerprint": "...", "process_index": 0, "process_count": 2, "digest_format": 2,
      "rows": [0, 128], "row_digests": ["..."], "leaf_digests": {"batch['tokens']": "..."}}
 
 ``fingerprint`` is :meth:`~quern.pipeline.dataset.Pipeline.fingerprint_at` of the step
 (the definition as it applies to the steps up to that one, so a ledger still
 checks the steps before a later edit); ``rows`` are this host's rows of the
 global batch, ``row_digests`` and ``leaf_digests`` those of
-:mod:`quern.pipeline.batch_digest`. With workers, the digests are computed in the
+:mod:`quern.pipeline.batch_digest`, whose canonical form is version ``digest_format``
+(:data:`~quern.pipeline.batch_digest.FORMAT`: a line of another is refused when read).
+With workers, the digests are computed in the
 worker processes and travel with the batch; with 0 workers the iterator hashes each
 batch's rows as it yields it (:meth:`LedgerWriter.add_batch`: the batch as the user
 gets it), and makes the lines of the steps kept together when it writes them. ``PATH`` may hold
@@ -38,7 +40,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from .batch_digest import Digesting
+from .batch_digest import FORMAT, Digesting, check_format
 from .errors import StepError
 from .index import host_rows
 
@@ -202,7 +204,8 @@ class LedgerWriter:
         self._hosts = (int(process_index), int(process_count))
         self._fields = StepFields(pipe, *self._hosts)
         self._hashed: list[int] = []  # the steps of add_batch whose lines are not made yet
-        self._head = f', "process_index": {int(process_index)}, "process_count": {int(process_count)}, '
+        hosts = f'"process_index": {int(process_index)}, "process_count": {int(process_count)}'
+        self._head = f', {hosts}, "digest_format": {FORMAT}, '
         if pipe.num_steps is None or start_step < pipe.num_steps:
             pipe.fingerprint_at(start_step)
         folder = os.path.dirname(self.path)
@@ -502,7 +505,8 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
         whose later line is kept).
 
     Raises:
-        ValueError: a file is missing or unreadable, or no file holds a ledger line.
+        ValueError: a file is missing or unreadable, no file holds a ledger line, or a line's digests
+            are of another ``digest_format`` than this quern's (naming the file and line).
     """
     files = expand_paths(specs)
     entries: dict[tuple[int, int, int], Entry] = {}
@@ -535,6 +539,7 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
             except ValueError as why:
                 issues.append(Issue("bad line", None, f"{file}:{k}: {why}"))
                 continue
+            check_format(obj.get("digest_format"), f"{file}:{k}")  # digests of another format: refused
             key = (e.step, e.process_count, e.process_index)
             seen = entries.get(key)
             if seen is None:

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -79,6 +80,50 @@ def test_record_dtypes_are_told_apart_by_their_fields():
     a = np.zeros(2, dtype=[("x", "<i4"), ("y", "<i4")])
     b = np.zeros(2, dtype=[("x", "<f4"), ("y", "<f4")])
     assert a.dtype.str == b.dtype.str and digest(a) != digest(b)
+
+
+def test_dtypes_of_other_libraries_are_told_apart_by_name():
+    """17 ml_dtypes share dtype.str '<V1': a cast to float8 and one to int4 had one fingerprint."""
+    types = [t for t in vars(ml_dtypes).values() if isinstance(t, type) and issubclass(t, np.generic)]
+    dtypes = [np.dtype(t) for t in types] + [np.dtype(t) for t in ("u1", "i1", "f2", "V1", "V2")]
+    assert sum(d.str == "<V1" for d in dtypes) >= 17
+    assert len({digest(d) for d in dtypes}) == len(dtypes)
+    raw = np.arange(4, dtype=np.uint8)
+    same_bytes = [raw.view(d) for d in dtypes if d.itemsize in (1, 2, 4)]
+    assert len({digest(a) for a in same_bytes}) == len(same_bytes)
+    assert len({digest(a[0]) for a in same_bytes}) == len(same_bytes)  # the scalars too
+
+
+def test_record_arrays_are_digested_by_their_values_not_their_padding():
+    dtype = np.dtype([("n", "u1"), ("x", "<f8"), ("o", "<i4", (2,))], align=True)  # padding after n and o
+    a, b = (np.full(3 * dtype.itemsize, fill, np.uint8).view(dtype) for fill in (0, 0xAB))
+    for r in (a, b):
+        r["n"], r["x"], r["o"] = [1, 2, 3], 0.5, [[1, 2], [3, 4], [5, 6]]
+    assert a.tobytes() != b.tobytes() and digest(a) == digest(b) and digest(a[1]) == digest(b[1])
+    packed = a.astype(np.dtype([("n", "u1"), ("x", "<f8"), ("o", "<i4", (2,))]))
+    assert digest(packed) != digest(a)  # another layout: a dtype is described with its offsets
+    assert digest(packed.dtype) != digest(a.dtype)
+    with pytest.raises(FingerprintError, match=r"arg has a structured dtype whose field 'p' holds Python objects"):
+        digest(np.zeros(1, [("p", "O")]), where="arg")
+
+
+def test_variable_width_strings_are_digested_by_their_items():
+    """A StringDType array's bytes locate its long strings in its own arena: another history, other bytes."""
+    words = ["a string longer than fifteen bytes", "short", "another string long enough to be on the heap"]
+    a = np.array(words, np.dtypes.StringDType())
+    b = np.array(["x" * 60, "short", "y" * 70], np.dtypes.StringDType())
+    b[0], b[2] = words[0], words[2]  # the same strings, elsewhere in the arena
+    assert a.tobytes() != b.tobytes() and digest(a) == digest(b)
+    assert digest(a) != digest(np.array(words, object)) != digest(np.array(words[:2] + ["x"], np.dtypes.StringDType()))
+
+
+def test_long_doubles_are_digested_without_their_padding():
+    if np.finfo(np.longdouble).nmant != 63:
+        pytest.skip("np.longdouble is not x87 extended precision here: no padding bytes")
+    x = np.array([1.5, 1 / 3], np.longdouble)
+    y = x.copy()
+    y.view(np.uint8).reshape(2, -1)[:, 10:] = 0xCD
+    assert x.tobytes() != y.tobytes() and digest(x) == digest(y) and digest(x[1]) == digest(y[1])
 
 
 def test_update_feeds_the_same_bytes_as_digest():

@@ -9,8 +9,11 @@ by hand with ``xxhash`` (and pinned as literals), not by the code under test.
 
 from __future__ import annotations
 
+import functools
 import json
+import struct
 
+import ml_dtypes
 import numpy as np
 import pytest
 import xxhash
@@ -303,3 +306,184 @@ def test_fingerprint_at_is_the_fingerprint_without_a_past_and_keeps_the_past_of_
     finite = quern.Pipeline.from_source({"x": np.arange(20)}, seed=0, num_epochs=1).batch(4)
     with pytest.raises(IndexError, match="past the end"):
         finite.fingerprint_at(5)
+
+
+# --------------------------------------------------------------------------- dtypes by name, structures by value (issue 36)
+
+
+def _ml_dtypes():
+    """Every dtype ml_dtypes defines (17 of them share ``dtype.str == '<V1'``)."""
+    out = []
+    for name in sorted(dir(ml_dtypes)):
+        t = getattr(ml_dtypes, name)
+        if isinstance(t, type) and issubclass(t, np.generic):
+            out.append(np.dtype(t))
+    return out
+
+
+def _same_bytes(dtype, n=6, width=24, seed=0):
+    """Rows of ``width`` bytes (one row of the same bytes for every dtype) viewed as ``dtype``."""
+    raw = np.random.default_rng(seed).integers(0, 256, (n, width), dtype=np.uint8)
+    return raw.view(dtype)
+
+
+def test_every_dtype_gives_its_own_digests_for_the_same_bytes():
+    """float8_e4m3fn and int4 rows of the same bytes were equal: both '<V1'."""
+    dtypes = _ml_dtypes() + [np.dtype(t) for t in ("u1", "i1", "f2", "i2", "u2", "f4", "i4", "u4", "c8", "V1", "V4")]
+    assert sum(d.str == "<V1" for d in dtypes) >= 17
+    for width in (1, 2, 4, 24):  # 1-4 bytes a row: a small leaf (through the seed); 24: a large one (hashed)
+        kinds = [d for d in dtypes if width % d.itemsize == 0]
+        digests = {}
+        for d in kinds:
+            batch = {"x": _same_bytes(d, width=width)}
+            rows, leaf = row_digests_of(batch), digests_of(batch).leaves["batch['x']"]
+            with_another_leaf = row_digests_of({**batch, "n": np.arange(6)})
+            digests[d] = (rows[0], leaf, with_another_leaf[0], json.loads(ledger_digests(batch)[1])[0])
+        for k in range(4):
+            seen = [v[k] for v in digests.values()]
+            assert len(set(seen)) == len(kinds), (width, k, [str(d) for d in kinds])
+
+
+def _view_as(batch, dtype):
+    return {"x": batch["x"].view(dtype)}
+
+
+def test_two_pipelines_differing_only_in_a_float8_cast_differ():
+    src = {"x": np.arange(64 * 8, dtype=np.uint8).reshape(64, 8)}
+    pipes = {
+        t.name: quern.Pipeline.from_source(src, seed=0).batch(4).map_batch(functools.partial(_view_as, dtype=t))
+        for t in (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.float8_e5m2))
+    }
+    assert len({p.fingerprint() for p in pipes.values()}) == 3  # the dtype argument: by name
+    assert len({p.step_digest(1) for p in pipes.values()}) == 3  # the same bytes in each step
+    assert len({p.row_digests(1)[0] for p in pipes.values()}) == 3
+
+
+def _record_dtype(order="<", align=False, gap=0):
+    """One record type, laid out several ways: byte order, aligned or packed, extra room after ``n``."""
+    inner = np.dtype([("a", order + "i2"), ("b", ml_dtypes.bfloat16, (2,))])
+    fields = [("n", "u1"), ("x", order + "f8"), ("s", inner), ("t", order + "i4", (2, 3))]
+    packed = np.dtype(fields, align=align)
+    if not gap:
+        return packed
+    offsets = [packed.fields[name][1] + (gap if name != "n" else 0) for name, *_ in fields]
+    return np.dtype(
+        {"names": [f[0] for f in fields], "formats": [packed.fields[f[0]][0] for f in fields], "offsets": offsets},
+        align=align,
+    )
+
+
+def _records(dtype, n=5, seed=1, garbage=0):
+    """``n`` rows of 3 records of fixed values; the bytes outside the fields (padding) set to ``garbage``."""
+    rng = np.random.default_rng(seed)
+    out = np.full((n, 3, dtype.itemsize), garbage, np.uint8).view(dtype).reshape(n, 3)
+    out["n"] = rng.integers(0, 256, (n, 3))
+    out["x"] = rng.random((n, 3))
+    out["s"]["a"] = rng.integers(-999, 999, (n, 3))
+    out["s"]["b"] = rng.random((n, 3, 2)).astype(ml_dtypes.bfloat16)
+    out["t"] = rng.integers(-(2**31), 2**31, (n, 3, 2, 3))
+    return out
+
+
+def test_structured_leaves_are_digested_by_their_fields_values_only():
+    want = digests_of({"r": _records(_record_dtype()), "k": np.arange(5)})
+    wide_dtype = np.dtype([("n", "u1"), ("junk", "i8"), ("x", "f8"), ("s", _record_dtype()["s"]), ("t", "i4", (2, 3))])
+    wide = np.zeros((5, 3), wide_dtype)
+    for name in ("n", "x", "s", "t"):
+        wide[name] = _records(_record_dtype())[name]
+    wide["junk"] = np.arange(15).reshape(5, 3) * 12345  # bytes outside the fields of the view below
+    layouts = {
+        "aligned, padding 0xAB": _records(_record_dtype(align=True), garbage=0xAB),
+        "big-endian": _records(_record_dtype(">"), garbage=7),
+        "room after a field": _records(_record_dtype(gap=5), garbage=0xFF),
+        "aligned big-endian": _records(_record_dtype(">", align=True, gap=8), garbage=0x5A),
+        "a multi-field view": wide[["n", "x", "s", "t"]],
+        "Fortran order": np.asfortranarray(_records(_record_dtype(align=True), garbage=1)),
+        "a strided view": np.repeat(_records(_record_dtype(), garbage=3), 2, axis=0)[::2],
+    }
+    for what, r in layouts.items():
+        assert r.dtype.itemsize != 0 and np.array_equal(r, _records(_record_dtype())), what
+        batch = {"r": r, "k": np.arange(5)}
+        assert digests_of(batch) == want, what
+        n, rows, leaves = ledger_digests(batch)
+        assert (json.loads(rows), json.loads(leaves)) == tuple(want), what
+    changed = _records(_record_dtype())
+    changed["s"]["b"][3, 1, 0] = 2.5
+    got = row_digests_of({"r": changed, "k": np.arange(5)})
+    assert [i for i in range(5) if got[i] != want.rows[i]] == [3]
+
+
+def test_structured_leaves_of_other_fields_differ_and_object_fields_are_refused():
+    base = np.zeros((4, 2), [("a", "i4"), ("b", "f4")])
+    base["a"], base["b"] = np.arange(8).reshape(4, 2), 0.5
+    d = row_digests_of({"r": base})
+    for other in (
+        base.astype([("b", "i4"), ("a", "f4")]),  # fields renamed (the same bytes by position)
+        base[["b", "a"]],  # fields reordered
+        base.astype([("a", "i4"), ("b", ml_dtypes.float8_e4m3fn, (4,))]).view([("a", "i4"), ("b", "f4")]),
+        base.astype([(("A", "a"), "i4"), ("b", "f4")]),  # a title
+        base.view(np.int64),  # the same bytes, not a structure
+    ):
+        assert all(x != y for x, y in zip(row_digests_of({"r": other}), d)), other.dtype
+    bad = np.zeros((2,), [("a", "i4"), ("s", [("o", "O")])])
+    with pytest.raises(TypeError, match=r"step 7: leaf batch\['r'\] has a structured dtype whose field 's.o' holds"):
+        row_digests_of({"r": bad}, "step 7")
+
+
+def test_byte_order_strings_datetimes_and_long_doubles_are_digested_by_value():
+    same = [
+        (np.array([["ab", "c"]] * 3, "<U3"), np.array([["ab", "c"]] * 3, ">U3")),
+        (np.arange(6).astype("<M8[ns]").reshape(3, 2), np.arange(6).astype(">M8[ns]").reshape(3, 2)),
+        (
+            np.arange(6, dtype=ml_dtypes.bfloat16),
+            np.arange(6, dtype=ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(">")),
+        ),
+    ]
+    for a, b in same:
+        assert row_digests_of({"x": a}) == row_digests_of({"x": b}), (a.dtype, b.dtype)
+    differ = [
+        (np.array(["ab"] * 3, "<U3"), np.array(["ab"] * 3, "<U4")),  # another width: another dtype
+        (np.array([b"ab"] * 3, "S4"), np.array(["ab"] * 3, "<U1").view("S4")),
+        (np.array(["ab"] * 3, object), np.array(["ab"] * 3, np.dtypes.StringDType())),
+        (np.arange(3).astype("<M8[ns]"), np.arange(3).astype("<m8[ns]")),
+    ]
+    for a, b in differ:
+        assert not set(row_digests_of({"x": a})) & set(row_digests_of({"x": b})), (a.dtype, b.dtype)
+
+
+def test_the_padding_bytes_of_x87_long_doubles_do_not_enter():
+    if np.finfo(np.longdouble).nmant != 63:
+        pytest.skip("np.longdouble is not x87 extended precision here: no padding bytes")
+    x = np.array([[1.5, -2.25], [3.0, 1 / 3]], np.longdouble)
+    y = x.copy()
+    y.view(np.uint8).reshape(2, 2, -1)[:, :, 10:] = 0xCD  # padding: undefined in NumPy's own arrays
+    assert np.array_equal(x, y) and x.tobytes() != y.tobytes()
+    assert row_digests_of({"x": x}) == row_digests_of({"x": y})
+    assert row_digests_of({"x": x.astype(np.clongdouble)}) == row_digests_of({"x": y.astype(np.clongdouble)})
+
+
+def test_golden_digests_of_an_ml_dtype_and_a_structured_leaf_computed_by_hand():
+    f8 = np.array([[0x38, 0x40], [0, 0x7F], [0xB8, 1]], np.uint8).view(ml_dtypes.float8_e4m3fn)  # 2 bytes a row
+    rec = np.zeros(3, np.dtype([("n", "u1"), ("x", ">f4")], align=True))  # 3 padding bytes after n
+    rec.view(np.uint8)[:] = 0xEE
+    rec["n"], rec["x"] = [1, 2, 3], [0.5, -1.0, 8.0]
+    batch = {"f": f8, "r": rec}
+    L = _layout_seed(
+        [
+            ["batch['f']", "ml_dtypes.float8_e4m3fn:<V1", [2]],
+            ["batch['r']", '{"fields":[["n",null,"|u1"],["x",null,"<f4"]]}', []],
+        ]
+    )
+    small = [bytes(f8.view(np.uint8)[i]) + struct.pack("<Bf", int(rec["n"][i]), float(rec["x"][i])) for i in range(3)]
+    rows = [_xor_seed(xxhash.xxh3_128_digest(small[i]), L) for i in range(3)]  # small leaves only: one part
+    assert row_digests_of(batch) == rows
+    leaf_r = xxhash.xxh3_128_hexdigest(
+        b"".join(s[2:] for s in small),
+        _layout_seed(["batch['r']", '{"fields":[["n",null,"|u1"],["x",null,"<f4"]]}', [3]]),
+    )
+    assert digests_of(batch).leaves["batch['r']"] == leaf_r
+    # pinned: what a ledger of these leaves holds (digest format 2)
+    assert (rows, leaf_r) == (
+        ["895a909c1f661ef68d66b33e984fcc40", "9ba3871df96df3926eb47f37df75f381", "fa9e7f2a977d34a8cadd239aebacabf4"],
+        "5d5b84f89f4bb184f6b7179ba7407c4c",
+    )

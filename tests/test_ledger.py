@@ -59,6 +59,7 @@ def test_a_ledger_holds_the_digests_of_batch_at_for_every_step_and_host(tmp_path
                 "fingerprint",
                 "process_index",
                 "process_count",
+                "digest_format",
                 "rows",
                 "row_digests",
                 "leaf_digests",
@@ -67,6 +68,7 @@ def test_a_ledger_holds_the_digests_of_batch_at_for_every_step_and_host(tmp_path
             d = digests_of(pipe.batch_at(s, h, 2))
             assert x["fingerprint"] == pipe.fingerprint_at(s) == pipe.fingerprint()
             assert (x["process_index"], x["process_count"], x["rows"]) == (h, 2, [4 * h, 4 * h + 4])
+            assert x["digest_format"] == 2
             assert x["row_digests"] == d.rows == pipe.row_digests(s, h, 2)
             assert x["leaf_digests"] == d.leaves
     ledger = read_ledger(str(tmp_path / "run" / "ledger-{process_index}.jsonl"))
@@ -321,5 +323,34 @@ def test_steps_asked_for_but_not_logged_and_foreign_ledgers_fail(tmp_path):
     missing = quern.verify.check_ledger(pipe, path, steps=range(5, 15))
     assert not missing.ok and missing.first.step == 10 and "missing" in missing.first.text
     other = quern.Pipeline.from_source({"x": np.arange(200)}, seed=4).shuffle().batch(4)
-    foreign = quern.verify.check_ledger(other.skip_steps(0, 1), path)  # every step is after the edit
-    assert not foreign.ok and "no logged step could be checked" in " ".join(foreign.lines())
+    with pytest.raises(ValueError, match=r"run\.jsonl:1: step 0 was logged by another pipeline.*before its edits"):
+        quern.verify.check_ledger(other.skip_steps(0, 1), path)  # every step is after the edit: refused all the same
+    before = quern.verify.check_ledger(pipe.skip_steps(0, 1), path)  # this pipeline's run before the edit
+    assert not before.ok and before.steps == 0 and "no logged step could be checked" in " ".join(before.lines())
+    assert before.summary_lines == [f"ledger {path}: no step checked of the 10 step(s) (0..9) logged by 1 host(s)"]
+
+
+def test_a_ledger_of_another_digest_format_is_refused_not_reported_as_differing(tmp_path):
+    """Digest format 2 describes a dtype by name (issue 36): a ledger of format 1 cannot be compared."""
+    pipe, (a, b) = _two_host_ledger(tmp_path, steps=3)
+    assert quern.verify.check_ledger(pipe, [a, b]).ok
+    lines = [json.loads(line) for line in b.read_text().splitlines()]
+    for fmt, why in (
+        (None, "digest format 1 .it has no digest_format: an older quern"),
+        (3, "digest format 3 .a newer quern"),
+    ):
+        for x in lines[1:]:
+            x.pop("digest_format")
+            if fmt is not None:
+                x["digest_format"] = fmt
+        b.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        want = rf"^{b}:2: the line's digests are of {why}.*this quern computes digest format 2.*record the run again"
+        for check in (
+            lambda: read_ledger([a, b]),
+            lambda: quern.verify.check_ledger(pipe, [a, b]),
+            lambda: quern.verify.compare_ledgers(a, b),
+        ):
+            with pytest.raises(ValueError, match=want):
+                check()
+        for x in lines[1:]:
+            x["digest_format"] = 2

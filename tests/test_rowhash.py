@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 import xxhash
@@ -75,6 +76,11 @@ def _batches():
         {"tokens": rng.integers(0, 50_000, (8, 64), dtype=np.int32), "length": rng.integers(0, 64, 8, dtype=np.int32)}
         for _ in range(3)
     ]
+    records = np.full((5, 4, 24), 0xAB, np.uint8).view(
+        np.dtype([("n", "u1"), ("x", ">f8"), ("t", "i2", (3,))], align=True)
+    )
+    records = records.reshape(5, 4)
+    records["n"], records["x"], records["t"] = 7, rng.random((5, 4)), rng.integers(0, 99, (5, 4, 3))
     return [
         *tokens,  # a run of one layout
         {"x": np.arange(5)},  # small leaves only
@@ -82,6 +88,12 @@ def _batches():
         {"img": rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8), "seg": rng.integers(0, 9, (2, 8, 8))},
         {"text": np.array([b"ab", b"", b"c" * 300], dtype=object), "n": np.arange(3)},  # an object leaf
         tokens[0],  # the first layout again
+        {  # other libraries' dtypes (ml_dtypes), a large leaf and a small one
+            "f8": rng.integers(0, 256, (4, 40), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn),
+            "bf": rng.random((4, 3)).astype(ml_dtypes.bfloat16),
+        },
+        {"rec": records, "n": np.arange(5)},  # a structured leaf with padding: its fields packed
+        {"rec": records[:, :1], "i4": rng.integers(0, 9, (5, 2)).astype(ml_dtypes.int4)},  # small leaves only
     ]
 
 
