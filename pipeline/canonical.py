@@ -28,6 +28,7 @@ offsets, itemsize and alignment included.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -123,27 +124,24 @@ def layout_text(dtype: np.dtype) -> str:
     return d if isinstance(d, str) else _json(d)
 
 
-def _packed(dtype: np.dtype, what: str, field: str = "") -> np.dtype:
+def _packed(dtype: np.dtype, field: str = "") -> np.dtype:
     """``dtype``'s canonical form: little-endian, structures packed in field order (titles kept).
 
     Raises:
-        TypeError: a field holds Python objects (named with ``what`` and its path, ``outer.inner``).
+        TypeError: a field holds Python objects; the message is its path (``outer.inner``).
     """
     if dtype.subdtype is not None:
         base, shape = dtype.subdtype
-        return np.dtype((_packed(base, what, field), shape))
+        return np.dtype((_packed(base, field), shape))
     if dtype.names is None:
         if dtype.hasobject:
-            raise TypeError(
-                f"{what} has a structured dtype whose field {field!r} holds Python objects ({dtype}): it cannot "
-                "be digested by value; make that field a leaf of its own (bytes or str rows) or of a numeric type"
-            )
+            raise TypeError(field)
         return dtype.newbyteorder("<")
     fields = _fields(dtype)
     return np.dtype(
         {
             "names": [name for name, *_ in fields],
-            "formats": [_packed(dt, what, f"{field}.{name}" if field else name) for name, dt, _, _ in fields],
+            "formats": [_packed(dt, f"{field}.{name}" if field else name) for name, dt, _, _ in fields],
             "titles": [title for *_, title in fields],
         }
     )
@@ -169,6 +167,17 @@ def _mask(dtype: np.dtype) -> np.ndarray | None:
         one = np.concatenate([np.full(10, 0xFF, _U8), np.zeros(unit - 10, _U8)])
         return np.tile(one, dtype.itemsize // unit)
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _target(dtype: np.dtype) -> tuple[np.dtype, np.ndarray | None]:
+    """The canonical dtype of ``dtype`` and its mask (:func:`_packed`, :func:`_mask`), kept per dtype.
+
+    Raises:
+        TypeError: a field holds Python objects (the message: its path).
+    """
+    packed = _packed(dtype)
+    return packed, _mask(packed)
 
 
 def is_plain(dtype: np.dtype) -> bool:
@@ -206,8 +215,13 @@ def values(arr: np.ndarray, what: str = "the array") -> np.ndarray:
         (9, True)
     """
     dtype = arr.dtype
-    target = _packed(dtype, what)
-    mask = _mask(target)
+    try:
+        target, mask = _target(dtype)
+    except TypeError as e:
+        raise TypeError(
+            f"{what} has a structured dtype whose field {e.args[0]!r} holds Python objects ({dtype}): it cannot "
+            "be digested by value; make that field a leaf of its own (bytes or str rows) or of a numeric type"
+        ) from None
     if dtype.names is None and mask is None:
         return np.ascontiguousarray(arr if target == dtype else arr.astype(target))
     out = arr.astype(target, order="C")  # a copy: fields by position (the same names, in order), packed
