@@ -4,8 +4,9 @@ A record is a line holding a JSON value; lines holding only whitespace are no
 records (they stay in the bytes of the record before them, where ``json.loads``
 ignores them). The index (:mod:`quern.pipeline.sources.offsets`) is made by one
 scan for newlines with NumPy over a memory map of the file. A line is parsed when
-read: one that does not parse, or lacks ``field``, is a
-:class:`~quern.pipeline.errors.SourceError` naming the file and the line number.
+read: one that does not parse (nested past Python's recursion limit too), or lacks
+``field``, is a :class:`~quern.pipeline.errors.SourceError` naming the file and the
+line number.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -154,8 +156,8 @@ class JsonlSource(IndexedSource):
             The parsed JSON value.
 
         Raises:
-            SourceError: the line does not parse, lacks ``field``, or does not end where the
-                index says (naming the file and the line).
+            SourceError: the line does not parse (or nests too deep to), lacks ``field``, or does
+                not end where the index says (naming the file and the line).
         """
         off = self._offsets[file_index]
         if data[-1:] != b"\n" and int(off[record + 1]) != self.sizes[file_index]:
@@ -170,6 +172,12 @@ class JsonlSource(IndexedSource):
             raise SourceError(
                 f"JsonlSource: {self.names[file_index]!r} line {line} (record {record}) is not valid JSON: {e}"
             ) from e
+        except RecursionError:  # arrays or objects nested past what Python's parser recurses into
+            line = self.line_number(file_index, record)
+            raise SourceError(
+                f"JsonlSource: {self.names[file_index]!r} line {line} (record {record}) nests arrays or objects "
+                f"too deep to parse (past Python's recursion limit, {sys.getrecursionlimit()})"
+            ) from None
         if self.field is None:
             return obj
         if not isinstance(obj, dict) or self.field not in obj:

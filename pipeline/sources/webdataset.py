@@ -13,8 +13,13 @@ without a key (a name with no dot in its last part), which it silently drops.
 
 Tar headers are parsed here (ustar, GNU long names, POSIX pax ``path`` and
 ``size``), their checksums checked, both when the shard is indexed and when a
-sample is read. The index (:mod:`quern.pipeline.sources.offsets`) holds each
-sample's byte range, from its first member's header to the next sample's.
+sample is read. Sparse members (GNU type ``S``, or POSIX ``GNU.sparse.*`` pax
+records, which GNU tar ``--sparse`` writes) are refused by name: their bytes in
+the tar are not the file's. The index (:mod:`quern.pipeline.sources.offsets`)
+holds each sample's byte range, from its first member's header to the next
+sample's; a read checks that framing: the sample's members share its key, and
+the samples just before and after it (their first headers, read for the
+purpose) have other keys, as consecutive samples always do.
 """
 
 from __future__ import annotations
@@ -116,6 +121,59 @@ def _slow_header(block: bytes, pos: int, name: str) -> tuple[str, bytes, int]:
     return info.name, kind, info.size
 
 
+def _sparse(name: str, member: str, at: int, pax: dict[str, str]) -> str:
+    """The refusal of a sparse member: an old GNU one (type ``S``) or a POSIX one (``GNU.sparse.*`` pax records).
+
+    A POSIX sparse member's header names it ``./GNUSparseFile.<pid>/NAME`` (formats 0.1 and 1.0) and its
+    data holds the file's non-zero parts only (after a map of them, in 1.0): read as bytes, it is neither
+    the file nor under the file's name. The message names the file's own name (``GNU.sparse.name``).
+    """
+    real = pax.get("GNU.sparse.name", member)
+    if not any(k.startswith("GNU.sparse.") for k in pax):
+        how = "an old GNU sparse member (type S)"
+    else:
+        version = (
+            f"{pax['GNU.sparse.major']}.{pax.get('GNU.sparse.minor', '0')}"
+            if "GNU.sparse.major" in pax
+            else ("0.1" if "GNU.sparse.map" in pax else "0.0")
+        )
+        stored = "" if real == member else f", stored as {member!r}"
+        how = f"a POSIX sparse member (GNU.sparse.* pax records, format {version}{stored})"
+    return (
+        f"WebDatasetSource: {name!r}: member {real!r} (header at byte {at}) is a sparse file, {how}: its bytes in "
+        "the tar are not the file's, and quern reads members in place without expanding them; write the shard "
+        "without --sparse (GNU tar: drop -S/--sparse)"
+    )
+
+
+def _plain_key(head: bytes) -> str | None:
+    """The key of the first member of ``head`` when it is plainly a keyed regular file, else ``None``.
+
+    Plainly: a ustar header of a regular file, after at most one pax header (whose ``path`` names
+    it). Checksums are not checked, nor what :func:`_members` checks: the framing check takes a key
+    read so only when it differs from its neighbours', and reads it in full otherwise.
+    """
+    try:
+        pax: dict[str, str] = {}
+        at = 0
+        if head[156:157] == tarfile.XHDTYPE:
+            size = int(head[124:136].rstrip(b" \0"), 8)
+            pax, at = _pax(head[_BLOCK : _BLOCK + size]), _BLOCK + _padded(size)
+        block = head[at : at + _BLOCK]
+        if len(block) < _BLOCK or block[156:157] not in (tarfile.REGTYPE, tarfile.AREGTYPE) or "GNU.sparse.name" in pax:
+            return None
+        name = pax.get("path")
+        if name is None:
+            path = block[:100].split(b"\0", 1)[0]
+            if block[257:263] == b"ustar\0" and block[345] != 0:
+                path = block[345:500].split(b"\0", 1)[0] + b"/" + path
+            name = path.decode("utf-8", "surrogateescape")
+    except (ValueError, IndexError):
+        return None
+    split = None if _META.match(name) or name.endswith("/") else split_name(name)
+    return None if split is None else split[0]
+
+
 def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) -> Iterator[_Member | int]:
     """The members of the tar bytes ``[pos, end)``, then the offset where they stop (an int).
 
@@ -160,8 +218,8 @@ def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) ->
             pass
         elif kind not in _SKIPPED_HEADERS:
             member = pax.get("path") or long_name or path
-            if kind == tarfile.GNUTYPE_SPARSE:
-                raise SourceError(f"WebDatasetSource: {name!r}: member {member!r} at byte {first} is a sparse file")
+            if kind == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax):
+                raise SourceError(_sparse(name, member, first, pax))
             yield _Member(first, member, kind in _REGULAR and not (kind == b"\0" and path.endswith("/")), data, size)
             first, long_name, pax = None, None, {}
         pos = data + _padded(size)
@@ -190,7 +248,8 @@ class WebDatasetSource(IndexedSource):
     Raises:
         FileNotFoundError: a glob matches nothing, or a path does not exist.
         SourceError: a shard is empty, compressed, not a tar, truncated (a member cut short,
-            no end-of-archive block) or has a member without a key (naming the shard and where).
+            no end-of-archive block), has a member without a key or a sparse member (naming the
+            shard and where).
 
     Example:
         >>> import tempfile, os, io, tarfile
@@ -241,7 +300,7 @@ class WebDatasetSource(IndexedSource):
 
         Raises:
             SourceError: a bad or truncated header, a member cut short, no end-of-archive block,
-                or a member without a key.
+                a member without a key, or a sparse member.
         """
         fd = f.fileno()
         starts: list[int] = []
@@ -280,6 +339,68 @@ class WebDatasetSource(IndexedSource):
         else:
             starts.append(0)
         return np.asarray(starts, dtype=np.int64)
+
+    def _read_file(self, f: int, wanted: np.ndarray) -> list:
+        """The samples ``wanted`` (sorted, distinct) of shard ``f``, the framing around each checked.
+
+        Consecutive samples have different keys (a sample ends where the key changes), so each
+        sample read is compared with the samples just before and after it: those read with it by
+        their keys, the others by their first member's header (one ``pread`` of 1.5 KiB each).
+        A boundary between members of one sample (an index that does not fit the shard) would
+        otherwise read one sample as two, each whole in itself.
+
+        Raises:
+            SourceError: two consecutive samples with one key, naming them; or what a read raises.
+        """
+        out = super()._read_file(f, wanted)
+        records = wanted.tolist()
+        keys: dict[int, str | None] = {r: s["__key__"] for r, s in zip(records, out)}
+        count = len(self._offsets[f]) - 1
+        others = sorted({n for r in records for n in (r - 1, r + 1) if 0 <= n < count} - keys.keys())
+        try:
+            with self._fds.use(f, self.paths[f]) as fd:
+                heads = {r: self._head(fd, f, r) for r in others}
+                keys.update((r, _plain_key(head)) for r, head in heads.items())
+                for r in records:
+                    for a in (r - 1, r):
+                        if a not in keys or a + 1 not in keys:
+                            continue
+                        for b in (a, a + 1):  # a key not read plainly, or equal: read in full
+                            if b in heads and (keys[b] is None or keys[a] == keys[a + 1]):
+                                keys[b] = self._first_key(fd, f, b, heads.pop(b))
+                        if keys[a] == keys[a + 1]:
+                            raise SourceError(
+                                f"WebDatasetSource: {self.where(f, a)} and record {a + 1} both hold sample "
+                                f"{keys[a]!r}: consecutive samples have different keys, so the index does not "
+                                "frame this shard's samples (the file changed since it was indexed?)"
+                            )
+        except OSError as e:
+            raise SourceError(f"WebDatasetSource: cannot read {self.names[f]!r}: {e}") from e
+        return out
+
+    def _head(self, fd: int, f: int, record: int) -> bytes:
+        """The first bytes of a sample (at most 1.5 KiB: its first member's header, after a pax or long-name one)."""
+        off = self._offsets[f]
+        return os.pread(fd, min(int(off[record + 1]) - int(off[record]), 3 * _BLOCK), int(off[record]))
+
+    def _first_key(self, fd: int, f: int, record: int, head: bytes) -> str:
+        """The key of a sample's first member, its headers parsed and checked as a read does (``head``: its first bytes)."""
+        off = self._offsets[f]
+        lo, hi = int(off[record]), int(off[record + 1])
+
+        def get(at: int, n: int) -> bytes:
+            return head[at - lo : at - lo + n] if at + n <= lo + len(head) else os.pread(fd, n, at)
+
+        for m in _members(get, lo, hi, self.names[f]):
+            if isinstance(m, int):
+                break
+            split = self._keyed(m, self.names[f])
+            if split is not None:
+                return split[0]
+        raise SourceError(
+            f"WebDatasetSource: {self.where(f, record)}: no sample where the index says (the file changed since "
+            "it was indexed?)"
+        )
 
     def decode(self, file_index: int, record: int, data: memoryview) -> Any:
         """A sample from its members' bytes.
@@ -346,7 +467,7 @@ def read_sample(record: bytes | bytearray | memoryview) -> dict[str, Any]:
 
     Raises:
         SourceError: a bad or truncated tar header, a member cut short, a member without a key,
-            members of two samples, a repeated extension, or no sample at all.
+            a sparse member, members of two samples, a repeated extension, or no sample at all.
 
     Example:
         >>> import io, tarfile
