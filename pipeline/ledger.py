@@ -24,25 +24,28 @@ call, so a crash tears at most the last line; a ledger opened again for
 appending (a resumed run) first drops such a torn tail.
 
 Reading (:func:`read_ledger`) merges the files of all hosts of a run: a torn
-last line is ignored and noted; a torn or bad line in the middle, missing
-steps or host slices, and a step and host slice logged twice with different
-content are :class:`Issue` s, never skipped silently. Steps logged again
-identically (after a resume) are fine.
+last line is ignored and noted; a torn or bad line in the middle (a step that
+is not an integer from 0 to :data:`STEP_LIMIT` - 1, say), missing steps or host
+slices, and a step and host slice logged twice with different content are
+:class:`Issue` s, never skipped silently. Steps logged again identically (after
+a resume) are fine. Gaps are found from the sorted steps logged, never from the
+range they span, so one line at a huge step costs no memory.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
 from .batch_digest import FORMAT, Digesting, check_format
 from .errors import StepError
-from .index import host_rows
+from .index import MAX_RECORDS, host_rows
 
 __all__ = [
     "FLUSH_LINES",
@@ -52,7 +55,9 @@ __all__ = [
     "Issue",
     "Ledger",
     "LedgerWriter",
+    "STEP_LIMIT",
     "expand_paths",
+    "find_gaps",
     "first_row",
     "read_ledger",
     "StepFields",
@@ -65,6 +70,8 @@ FLUSH_SECONDS = 2.0
 """Seconds after which kept lines are written at the next step, however few."""
 DIGEST = "digest"
 """The stage name of the time spent digesting batches for the ledger (in ``it.stats()["stages"]``)."""
+STEP_LIMIT = MAX_RECORDS
+"""No pipeline has a step or host count at or past it (``2**62``: stream positions stay below it)."""
 
 _KEYS = ("step", "fingerprint", "process_index", "process_count", "rows", "row_digests", "leaf_digests")
 
@@ -394,6 +401,8 @@ class Ledger(NamedTuple):
     """What keeps it from checking, in step order (lines that say no step first)."""
     notes: list[str]
     """What was ignored and why: a torn last line, steps logged again identically."""
+    superseded: tuple[Entry, ...] = ()
+    """The lines that a later line of their step and host slice under another fingerprint replaced."""
 
     def steps(self) -> list[int]:
         """The steps logged, increasing."""
@@ -460,8 +469,10 @@ def _entry(obj: Any, file: str, line: int) -> Entry:
     def is_int(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
-    if not (is_int(step) and step >= 0 and is_int(n) and n >= 1 and is_int(h) and 0 <= h < n):
-        raise ValueError(f"step {step!r}, process_index {h!r}, process_count {n!r}: not a step and host slice")
+    if not (is_int(step) and 0 <= step < STEP_LIMIT):
+        raise ValueError(f"step {step!r} is not a step (an integer from 0 to 2**62 - 1)")
+    if not (is_int(n) and 1 <= n < STEP_LIMIT and is_int(h) and 0 <= h < n):
+        raise ValueError(f"process_index {h!r}, process_count {n!r}: not a host slice of step {step}")
     if not isinstance(fp, str):
         raise ValueError(f"fingerprint {fp!r} is not a string")
     if not (isinstance(rows, list) and len(rows) == 2 and all(is_int(r) for r in rows) and 0 <= rows[0] <= rows[1]):
@@ -479,18 +490,6 @@ def _entry(obj: Any, file: str, line: int) -> Entry:
     return Entry(step, fp, h, n, rows[0], rows[1], raw, leaves, file, line)
 
 
-def _ranges(steps: Sequence[int]) -> str:
-    """``5..9, 12``: increasing steps as ranges."""
-    out, i = [], 0
-    while i < len(steps):
-        j = i
-        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
-            j += 1
-        out.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
 def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledger:
     """Read and merge the ledger files of a run (all its hosts, all its resumes).
 
@@ -502,7 +501,7 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
         slices between its first and last step, a step and host slice logged twice with different
         content under the same fingerprint) and notes (a torn last line, ignored; steps logged again
         identically; steps logged again under another fingerprint, a resume on an edited pipeline,
-        whose later line is kept).
+        whose later line is kept and the earlier one is in ``superseded``).
 
     Raises:
         ValueError: a file is missing or unreadable, no file holds a ledger line, or a line's digests
@@ -512,7 +511,8 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
     entries: dict[tuple[int, int, int], Entry] = {}
     issues: list[Issue] = []
     notes: list[str] = []
-    again = relogged = 0
+    superseded: list[Entry] = []
+    again = 0
     for file in files:
         try:
             with open(file, "rb") as f:
@@ -548,7 +548,7 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
                 again += 1
             elif seen.fingerprint != e.fingerprint:  # a resume on an edited definition: the later line counts
                 entries[key] = e
-                relogged += 1
+                superseded.append(seen)
             else:
                 issues.append(
                     Issue(
@@ -561,34 +561,45 @@ def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledge
         raise ValueError(f"no ledger line in {', '.join(files)}")
     if again:
         notes.append(f"{again} line(s) log a step and host slice again identically (a resumed run): fine")
-    if relogged:
+    if superseded:
         notes.append(
-            f"{relogged} line(s) log a step and host slice again under another definition (a resume on an edited "
-            "pipeline): the later line is the one checked"
+            f"{len(superseded)} line(s) log a step and host slice again under another definition (a resume on an "
+            "edited pipeline): the later line is the one checked"
         )
-    issues += _gaps(entries)
+    issues += find_gaps(entries)
     issues.sort(key=lambda i: -1 if i.step is None else i.step)
-    return Ledger(files, entries, issues, notes)
+    return Ledger(files, entries, issues, notes, tuple(superseded))
 
 
-def _gaps(entries: dict[tuple[int, int, int], Entry]) -> list[Issue]:
-    """The steps between the first and the last logged that are missing, or miss a host slice."""
+def find_gaps(entries: Iterable[tuple[int, int, int]]) -> list[Issue]:
+    """The steps between the first and the last logged that are missing, or miss a host slice.
+
+    From the sorted steps' differences, never a range materialised: memory in lines, not in steps or hosts.
+
+    Args:
+        entries: the ``(step, process_count, process_index)`` of each line.
+    """
     by_step: dict[int, dict[int, set[int]]] = {}
     for step, n, h in entries:
         by_step.setdefault(step, {}).setdefault(n, set()).add(h)
     steps = sorted(by_step)
+    runs = [(a + 1, b - 1) for a, b in zip(steps, steps[1:]) if b - a > 1]  # the missing steps, first and last
     out: list[Issue] = []
-    missing = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
-    if missing:
-        what = f"step {missing[0]} is" if len(missing) == 1 else f"steps {_ranges(missing)} are"
-        out.append(Issue("gap", missing[0], f"{what} missing from the ledger"))
+    if runs:
+        text = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+        what = f"step {text} is" if runs[0][0] == runs[-1][1] else f"steps {text} are"
+        out.append(Issue("gap", runs[0][0], f"{what} missing from the ledger"))
     for step in steps:
         counts = by_step[step]
         if any(len(hosts) == n for n, hosts in counts.items()):
             continue
-        lacking = "; ".join(
-            f"host slice(s) {', '.join(str(h) for h in sorted(set(range(n)) - hosts))} of {n}"
-            for n, hosts in sorted(counts.items())
-        )
+        lacking = "; ".join(f"host slice(s) {_lacking(hosts, n)} of {n}" for n, hosts in sorted(counts.items()))
         out.append(Issue("gap", step, f"step {step}: {lacking} missing from the ledger"))
     return out
+
+
+def _lacking(hosts: set[int], n: int, shown: int = 8) -> str:
+    """The first ``shown`` hosts below ``n`` not in ``hosts`` (each below ``n``), and how many lack."""
+    first = itertools.islice((h for h in itertools.count() if h not in hosts), min(shown, n - len(hosts)))
+    text = ", ".join(map(str, first))
+    return text if n - len(hosts) <= shown else f"{text}, ... ({n - len(hosts)} in all)"

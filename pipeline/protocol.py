@@ -217,7 +217,7 @@ class Stream(abc.ABC):
         return []
 
     def size_text(self) -> str:
-        """What the stream holds, for messages (``source 'x' has 100 records``)."""
+        """What the stream holds, as a noun phrase for messages (``source 'x' (100 records)``)."""
         return f"the stream of {type(self).__name__}"
 
     # ------------------------------------------------------------------ which stages may follow

@@ -31,13 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from .batch_digest import digests_of, leaf_row_digests, row_digests_of, step_digest_of
+from .batch_digest import digests_of, leaf_row_digests, step_digest_of
 from .ledger import Entry, Issue, Ledger, read_ledger
+from .ledger_check import lines_to_check, missing_runs, recompute, rows_by_step, steps_text
 from .protocol import Definition
 
 __all__ = ["Difference", "VerifyResult", "check_ledger", "compare_ledgers", "compare_topologies"]
-
-_CHUNK = 16  # steps per bulk computation of the reference
 
 
 @dataclasses.dataclass
@@ -152,37 +151,6 @@ def _label(process_count: int, num_workers: int, resume: int | None) -> str:
     return f"hosts {process_count}, workers {num_workers}" + (f", resumed at {resume}" if resume is not None else "")
 
 
-def _spans(steps: Sequence[int]) -> list[tuple[int, int]]:
-    """Increasing steps as ``[(first, count)]`` runs of consecutive ones."""
-    out: list[tuple[int, int]] = []
-    for s in steps:
-        if out and out[-1][0] + out[-1][1] == s:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        else:
-            out.append((s, 1))
-    return out
-
-
-def _steps_text(steps: Sequence[int]) -> str:
-    if not steps:
-        return "no step"
-    runs = _spans(sorted(steps))
-    text = ", ".join(f"{a}" if n == 1 else f"{a}..{a + n - 1}" for a, n in runs[:4])
-    return f"{len(steps)} step(s) ({text}{', ...' if len(runs) > 4 else ''})"
-
-
-def _rows_by_step(pipe: Definition, steps: Sequence[int], h: int, hosts: int) -> dict[int, list[str]]:
-    """The row digests of host ``h`` of ``hosts`` at each of ``steps`` (batch_at, read in bulk)."""
-    out: dict[int, list[str]] = {}
-    for first, count in _spans(steps):
-        for k in range(0, count, _CHUNK):
-            n = min(_CHUNK, count - k)
-            for i, batch in enumerate(pipe.batches_at(first + k, n, h, hosts)):  # type: ignore[attr-defined]
-                s = first + k + i
-                out[s] = row_digests_of(batch, where=f"step {s} (host {h} of {hosts})")
-    return out
-
-
 def _orders_by_hosts(pipe: Definition, steps: range, hosts: int) -> bool:
     """Whether the hosts' positions, concatenated in host order, differ from the global batch's at a step."""
     if hosts == 1:
@@ -289,10 +257,10 @@ def compare_topologies(
             return compare_topologies(
                 pipe, steps, hosts=host_counts, workers=worker_counts, resume_at=resumes, work_dir=tmp
             )
-    reference = _rows_by_step(pipe, list(steps), 0, 1)
+    reference = rows_by_step(pipe, list(steps), 0, 1)
     summary, differences, notes = [], [], []
     run_digest = step_digest_of([step_digest_of(reference[s]) for s in steps])
-    summary.append(f"reference (batch_at, 1 host): {_steps_text(list(steps))}, digest {run_digest}")
+    summary.append(f"reference (batch_at, 1 host): {steps_text(list(steps))}, digest {run_digest}")
     for n_hosts in host_counts:
         ref = reference
         if _orders_by_hosts(pipe, steps, n_hosts):
@@ -300,7 +268,7 @@ def compare_topologies(
                 f"hosts {n_hosts}: a batch's rows are ordered by the host count (balance_hosts, by design): "
                 f"compared with batch_at over {n_hosts} hosts, not with 1 host"
             )
-            per_host = [_rows_by_step(pipe, list(steps), h, n_hosts) for h in range(n_hosts)]
+            per_host = [rows_by_step(pipe, list(steps), h, n_hosts) for h in range(n_hosts)]
             ref = {s: [d for h in range(n_hosts) for d in per_host[h][s]] for s in steps}
         for n_workers in worker_counts:
             for resume in [None, *resumes]:
@@ -350,7 +318,7 @@ def _run_topology(
                 first = _topology_difference(pipe, s, entries, rows, ref[s], label, global_ref)
     what = "batch_at, 1 host" if global_ref else f"batch_at, {n_hosts} hosts"
     if not wrong:
-        line = f"{label}: {_steps_text(checked)} agree with the reference ({what}), digest {step_digest_of(digests)}"
+        line = f"{label}: {steps_text(checked)} agree with the reference ({what}), digest {step_digest_of(digests)}"
         return line, []
     line = f"{label}: {len(wrong)} of {len(checked)} step(s) differ from the reference ({what}), the first {wrong[0]}"
     return line, [first] if first is not None else []
@@ -399,42 +367,6 @@ def _topology_difference(
 # --------------------------------------------------------------------------- a ledger against the data
 
 
-def _refuse_other_pipelines(pipe: Definition, ledger: Ledger, wanted: range | None) -> tuple[set[int], list[str]]:
-    """Raise ``ValueError`` at the first line logged by another pipeline (or past the stream's end).
-
-    A line of another fingerprint at a step that this pipeline's edits change (a ledger of the
-    run before the edits) is no error: its step is left out of the check, with a note.
-
-    Returns:
-        The steps left out, and the notes saying why.
-    """
-    p: Any = pipe
-    edited: set[int] = set()
-    for e in sorted(ledger.entries.values(), key=lambda e: (e.file, e.line)):
-        if wanted is not None and e.step not in wanted:
-            continue
-        try:
-            mine = p.fingerprint_at(e.step)
-        except IndexError as why:
-            raise ValueError(f"{e.where}: step {e.step} is not a step of this pipeline ({why})") from why
-        if e.fingerprint != mine:
-            if pipe.stream.edits_before(e.step + 1):
-                edited.add(e.step)
-                continue
-            raise ValueError(
-                f"{e.where}: step {e.step} was logged by another pipeline: the line's fingerprint {e.fingerprint}, "
-                f"this pipeline's {mine} (for step {e.step}); check a ledger with the config of its own run"
-            )
-    if not edited:
-        return edited, []
-    first = min(edited)
-    note = (
-        f"{_steps_text(sorted(edited))} were logged before this pipeline's edits, which change them "
-        f"({'; '.join(pipe.stream.edits_before(first + 1))}): not checked; the steps before them are"
-    )
-    return edited, [note]
-
-
 def check_ledger(
     pipe: Definition,
     paths: str | os.PathLike | Iterable[str | os.PathLike],
@@ -446,9 +378,13 @@ def check_ledger(
     """Each step a ledger logged, against a recomputation of its host slice.
 
     The ledgers of all hosts of a run are merged (:func:`quern.pipeline.ledger.read_ledger`):
-    its gaps, torn lines in the middle and differing duplicates are differences too; a torn
-    last line is a note. Each logged host slice is recomputed by an iterator of that host
-    slice (with ``num_workers``) and its row and leaf digests compared.
+    its gaps, torn or bad lines in the middle and differing duplicates are differences too; a
+    torn last line is a note. Every line, whatever ``steps``, is sorted by its fingerprint
+    (:func:`quern.pipeline.ledger_check.lines_to_check`): this pipeline's are checked, those of
+    an earlier version of it (before its edits) are left out with a note, one at a step or host
+    count this pipeline cannot have is a bad line, any other is refused. Each host slice checked
+    is recomputed by an iterator of that host slice (with ``num_workers``) and its row and leaf
+    digests compared.
 
     Args:
         pipe: the pipeline of the run (its config).
@@ -461,68 +397,47 @@ def check_ledger(
         The result: a summary line, the differences (the first one with its records and leaf).
 
     Raises:
-        ValueError: no such file, no ledger line, or a line logged by another pipeline (naming
-            both fingerprints, the file and the line).
+        ValueError: no such file, no ledger line, or a line logged by another pipeline, wherever
+            it is and whatever this pipeline's edits (naming both fingerprints, the file and the line).
     """
-    ledger = read_ledger(paths)
+    read = read_ledger(paths)
     wanted = None if steps is None else _check_steps(pipe, steps)
-    edited, notes = _refuse_other_pipelines(pipe, ledger, wanted)
-    if edited:
-        kept = {k: e for k, e in ledger.entries.items() if k[0] not in edited}
-        ledger = ledger._replace(
-            entries=kept,
-            issues=[i for i in ledger.issues if i.step is None or i.step not in edited],
-            notes=list(ledger.notes) + notes,
-        )
+    ledger = lines_to_check(pipe, read)
+    logged = f"of the {steps_text(read.steps())} logged by {'/'.join(map(str, _counts(read)))} host(s)"
     if work_dir is None:
         with tempfile.TemporaryDirectory(prefix="quern-verify-") as tmp:
-            return _check_ledger(pipe, ledger, wanted, num_workers, tmp)
-    return _check_ledger(pipe, ledger, wanted, num_workers, work_dir)
+            return _check_ledger(pipe, ledger, wanted, num_workers, tmp, logged)
+    return _check_ledger(pipe, ledger, wanted, num_workers, work_dir, logged)
+
+
+def _counts(ledger: Ledger) -> list[int]:
+    """The host counts of a ledger's lines."""
+    return sorted({n for _, n, _ in ledger.entries})
 
 
 def _check_ledger(
-    pipe: Definition, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike
+    pipe: Definition, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike, logged: str
 ) -> VerifyResult:
+    """:func:`check_ledger` of the lines to check; ``logged`` (what was read) ends the summary when none is."""
     differences = [_issue_difference(i) for i in ledger.issues if wanted is None or i.step is None or i.step in wanted]
-    by_slice: dict[tuple[int, int], list[int]] = {}
-    for s, n, h in ledger.entries:
-        if wanted is None or s in wanted:
-            by_slice.setdefault((n, h), []).append(s)
     checked: set[int] = set()
-    p: Any = pipe
-    for (n_hosts, h), logged in sorted(by_slice.items()):
-        logged.sort()
-        fd, path = tempfile.mkstemp(dir=os.fspath(work_dir), prefix=f"recomputed-h{n_hosts}-{h}-", suffix=".jsonl")
-        os.close(fd)
-        for first, count in _spans(logged):
-            with p.iterator(first, process_index=h, process_count=n_hosts, num_workers=num_workers, ledger=path) as it:
-                for _ in range(count):
-                    next(it)
-        again = read_ledger(path)
-        broken = [i for i in again.issues if i.kind != "gap"]  # gaps: only the logged steps are recomputed
-        if broken:
-            raise RuntimeError(f"the recomputation's own ledger {path} does not read back: {broken[0].text}")
-        for s in logged:
-            checked.add(s)
-            d = _entry_difference(
-                pipe, ledger.entries[(s, n_hosts, h)], again.entries[(s, n_hosts, h)], "its recomputation"
-            )
-            if d is not None:
-                differences.append(d)
+    for line, again in recompute(pipe, ledger, wanted, num_workers, work_dir):
+        checked.add(line.step)
+        d = _entry_difference(pipe, line, again, "its recomputation")
+        if d is not None:
+            differences.append(d)
     if wanted is not None:
-        logged_steps = {s for s, _, _ in ledger.entries}
-        missing = [s for s in wanted if s not in logged_steps]
-        if missing:
-            differences.append(
-                Difference("missing", missing[0], f"{_steps_text(missing)} asked for are missing from the ledger")
-            )
+        runs = missing_runs([s for s in ledger.steps() if s in wanted], wanted.start, wanted.stop)
+        if runs:
+            text = f"{steps_text(runs=runs)} asked for are missing from the ledger"
+            differences.append(Difference("missing", runs[0][0], text))
+    files = ", ".join(ledger.files)
     if not checked:
         differences.append(Difference("missing", None, "no logged step could be checked against this pipeline"))
-    files = ", ".join(ledger.files)
+        return _result([f"ledger {files}: no step checked {logged}"], differences, list(ledger.notes), 0)
     bad = sorted({d.step for d in differences if d.step is not None})
-    counts = sorted({n for _, n, _ in ledger.entries})
     summary = [
-        f"ledger {files}: {_steps_text(sorted(checked))} logged by {'/'.join(map(str, counts))} host(s), "
+        f"ledger {files}: {steps_text(sorted(checked))} logged by {'/'.join(map(str, _counts(ledger)))} host(s), "
         + ("every host slice agrees with a recomputation" if not differences else f"{len(bad)} step(s) do not check")
     ]
     return _result(summary, differences, list(ledger.notes), len(checked))
@@ -604,7 +519,7 @@ def compare_ledgers(
     for x, led, other in (("A", a, b), ("B", b, a)):
         only = sorted(set(led.steps()) - set(other.steps()))
         if only:
-            notes.append(f"run {x} logs {_steps_text(only)} that the other does not: not compared")
+            notes.append(f"run {x} logs {steps_text(only)} that the other does not: not compared")
     reordered = []
     for s in common:
         sa, sb = a.slices(s), b.slices(s)
@@ -652,19 +567,19 @@ def compare_ledgers(
         )
     if reordered:
         notes.append(
-            f"{_steps_text(reordered)} hold the same rows in another order under another host count (as "
+            f"{steps_text(reordered)} hold the same rows in another order under another host count (as "
             "balance_hosts orders them, by design): compared as sets only"
         )
     if not common:
         differences.append(Difference("missing", None, "the two ledgers have no step in common: nothing compared"))
     bad = sorted({d.step for d in differences if d.step is not None})
     summary = [
-        f"run {x}: {', '.join(led.files)}: {_steps_text(led.steps())}, host count(s) "
+        f"run {x}: {', '.join(led.files)}: {steps_text(led.steps())}, host count(s) "
         + "/".join(str(n) for n in sorted({n for _, n, _ in led.entries}))
         for x, led in zip("AB", runs)
     ]
     summary.append(
-        f"compared {_steps_text(common)}: "
+        f"compared {steps_text(common)}: "
         + ("they agree" if not differences else f"{len(bad)} step(s) differ or do not check")
     )
     return _result(summary, differences, notes, len(common))

@@ -234,7 +234,7 @@ PREFIX_ONCE = [
     (
         "short stream",
         lambda c, d: set_path(set_path(c, "num_epochs", 1), "batch.size", 1000),
-        "batch: source 'toks' has 600 records x 1 epoch(s), fewer than one batch of 1000",
+        "batch: source 'toks' (600 records) x 1 epoch(s), fewer than one batch of 1000",
     ),
 ]
 

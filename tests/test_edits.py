@@ -8,6 +8,7 @@ paths that existed before the edits (``batch_at`` of the original pipeline, its
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -461,3 +462,77 @@ def test_the_refusal_names_the_edit_that_changes_the_past():
     with pytest.raises(ValueError, match=r"skip_steps\(5, 6\), which changes the steps from 5 on") as e:
         edited.check_state(pipe.skip_steps(20, 30).state_at(10))
     assert "skip_steps(20, 30), which" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- odd ids (issue 36, point 10)
+
+
+def _huge_npy(path, count: int) -> None:
+    """A .npy file whose header claims ``count`` int64 ids, followed by 64 bytes: what ``np.save`` writes, cut."""
+    header = {"descr": "<i8", "fortran_order": False, "shape": (count,)}
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(bytes(64))
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ({"ids": [2**64]}, r"exclude\.0: record id 18446744073709551616 is out of range \(record ids fit in int64"),
+        ({"ids": [-(2**63) - 1]}, r"exclude\.0: record id -9223372036854775809 is out of range"),
+        ({"file": "big.txt"}, r"exclude\.0: .*big\.txt, line 2: record id 99999999999999999999 is out of range"),
+        ({"file": "u64.npy"}, r"exclude\.0: .*u64\.npy: record id 18446744073709551615 is out of range"),
+        (
+            {"file": "huge.npy"},
+            r"exclude\.0: .*huge\.npy: its \.npy header claims 962072674304 ids of int64 \(7\.0 TiB\)",
+        ),
+        ({"file": "obj.npy"}, r"exclude\.0: .*obj\.npy: needs a 1-D array of integer ids, got object"),
+    ],
+    ids=["ids-2**64", "ids-below-int64", "text-file", "npy-uint64", "npy-header-7TiB", "npy-object"],
+)
+def test_exclude_ids_that_do_not_fit_are_config_errors_naming_the_file_and_value(tmp_path, entry, match):
+    """Ids past int64 and a .npy header claiming 7 TiB were an OverflowError, a MemoryError or "id -1"."""
+    (tmp_path / "big.txt").write_text("1 2\n3 99999999999999999999\n")
+    np.save(tmp_path / "u64.npy", np.asarray([1, 2**64 - 1], dtype=np.uint64))
+    np.save(tmp_path / "obj.npy", np.asarray([1, None], dtype=object))
+    _huge_npy(tmp_path / "huge.npy", 7 * 2**40 // 8)
+    path = _config(tmp_path, exclude=[{"from_step": 1, **entry}])
+    with pytest.raises(quern.ConfigError, match=match):
+        quern.load_config(path)
+    done = run_quern("explain", path, "--step", 0)
+    assert done.returncode == 2, done.stdout + done.stderr  # a usage error, not an unexpected one (1)
+    assert re.search(match, done.stderr) and "Traceback" not in done.stderr, done.stderr
+
+
+def test_uint64_ids_that_fit_are_read(tmp_path):
+    np.save(tmp_path / "u64.npy", np.asarray([9, 1], dtype=np.uint64))
+    got = quern.load_config(_config(tmp_path, exclude=[{"from_step": 5, "file": "u64.npy"}]))
+    want = quern.load_config(_config(tmp_path)).exclude([1, 9], from_step=5)
+    assert got.fingerprint() == want.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("make", "want"),
+    [
+        (lambda: _plain().batch(2), f"would leave no record of source 'arrays' ({N} records): it excludes"),
+        (
+            lambda: _plain().filter(lambda r: r["x"] % 2 == 0).batch(2),
+            f"would leave no record of source 'arrays' ({N} records, 12 kept by the filter): it excludes",
+        ),
+    ],
+    ids=["source", "filtered"],
+)
+def test_the_message_of_an_exclusion_of_every_record_reads_as_a_sentence(make, want):
+    """It read "would leave no record of source 'arrays' has 23 records"."""
+    with pytest.raises(ValueError) as e:
+        make().exclude(list(range(N)), from_step=1)
+    assert want in str(e.value)
+
+
+def test_size_texts_read_as_noun_phrases_in_their_messages():
+    few = quern.Pipeline.from_source({"x": np.arange(3)}, num_epochs=1)
+    with pytest.raises(ValueError, match=r"^source 'arrays' \(3 records\) x 1 epoch\(s\), fewer than one batch of 4"):
+        few.batch(4)
+    edited = _plain(num_epochs=1).batch(2).exclude([1, 2], from_step=3)
+    with pytest.raises(IndexError, match=r"\(source 'arrays' \(23 records\), 2 of them excluded from position 6 on x"):
+        edited.batch_at(100)

@@ -323,8 +323,93 @@ def test_steps_asked_for_but_not_logged_and_foreign_ledgers_fail(tmp_path):
     missing = quern.verify.check_ledger(pipe, path, steps=range(5, 15))
     assert not missing.ok and missing.first.step == 10 and "missing" in missing.first.text
     other = quern.Pipeline.from_source({"x": np.arange(200)}, seed=4).shuffle().batch(4)
-    foreign = quern.verify.check_ledger(other.skip_steps(0, 1), path)  # every step is after the edit
-    assert not foreign.ok and "no logged step could be checked" in " ".join(foreign.lines())
+    with pytest.raises(ValueError, match=r"run\.jsonl:1: step 0 was logged by another pipeline.*before its edits"):
+        quern.verify.check_ledger(other.skip_steps(0, 1), path)  # every step is after the edit: refused all the same
+    before = quern.verify.check_ledger(pipe.skip_steps(0, 1), path)  # this pipeline's run before the edit
+    assert not before.ok and before.steps == 0 and "no logged step could be checked" in " ".join(before.lines())
+    assert before.summary_lines == [f"ledger {path}: no step checked of the 10 step(s) (0..9) logged by 1 host(s)"]
+
+
+def _edit_line(path, k, **fields):
+    """Line ``k`` (from 1) of a ledger file with ``fields`` set."""
+    lines = path.read_text().splitlines(keepends=True)
+    doc = json.loads(lines[k - 1])
+    doc.update(fields)
+    lines[k - 1] = json.dumps(doc) + "\n"
+    path.write_text("".join(lines))
+
+
+def test_a_line_at_a_step_or_host_count_the_pipeline_cannot_have_is_a_bad_line(tmp_path):
+    """Issue 36, point 7: named by file and line, the other lines still checked (before: a refusal naming no line)."""
+    pipe = quern.Pipeline.from_source({"x": np.arange(40)}, seed=3, num_epochs=1).shuffle().batch(4)
+    path = tmp_path / "run.jsonl"
+    with pipe.iterator(ledger=path) as it:
+        for _ in range(6):
+            next(it)
+    _edit_line(path, 3, step=10)  # past the end (10 steps)
+    _edit_line(path, 5, process_count=3)  # 3 hosts cannot split a batch of 4
+    result = quern.verify.check_ledger(pipe, path)
+    assert not result.ok
+    assert [(d.kind, d.text.split(" (", 1)[0]) for d in result.differences[:2]] == [
+        ("bad line", f"{path}:3: step 10 is not a step of this pipeline"),
+        ("bad line", f"{path}:5: step 4, host 0 of 3: not a host slice here"),
+    ]
+    assert "past the end of the stream: 10 steps" in result.differences[0].text
+    assert "not divisible by the host count" in result.differences[1].text
+    assert [(d.kind, d.step) for d in result.differences[2:]] == [("gap", 2)]  # steps 2 and 4 lack a line
+    assert "steps 2, 4 are missing" in result.differences[2].text
+    assert result.summary_lines[0].startswith(f"ledger {path}: 4 step(s) (0..1, 3, 5) logged by 1 host(s)")
+
+
+def test_missing_host_slices_of_a_huge_host_count_are_counted_not_listed(tmp_path):
+    pipe = _pipe()
+    path = tmp_path / "run.jsonl"
+    with pipe.iterator(ledger=path) as it:
+        for _ in range(3):
+            next(it)
+    _edit_line(path, 2, process_count=10**6, process_index=3)
+    ledger = read_ledger(path)
+    assert [(i.kind, i.step, i.text) for i in ledger.issues] == [
+        (
+            "gap",
+            1,
+            "step 1: host slice(s) 0, 1, 2, 4, 5, 6, 7, 8, ... (999999 in all) of 1000000 missing from the ledger",
+        )
+    ]
+
+
+def test_a_ledger_of_an_earlier_version_is_told_from_another_pipelines(tmp_path):
+    """Issue 36, point 9: a line is left out only when it is this pipeline's before (some of) its edits."""
+    pipe = quern.Pipeline.from_source({"x": np.arange(200)}, seed=3).shuffle().batch(4)
+    first = pipe.skip_steps(4, 6)  # the run after the first edit
+    path = tmp_path / "run.jsonl"
+    with first.iterator(ledger=path) as it:
+        for _ in range(10):
+            next(it)
+    both = first.exclude([7, 8], from_step=7)  # a second edit, from step 7
+    result = quern.verify.check_ledger(both, path)
+    assert result.ok, result.lines()
+    assert "7 step(s) (0..6)" in result.summary_lines[0]
+    assert any(n.startswith("3 step(s) (7..9) were logged before this pipeline's edits") for n in result.notes)
+    other = quern.Pipeline.from_source({"x": np.arange(200)}, seed=4).shuffle().batch(4)
+    other_edited = other.skip_steps(4, 6).exclude([7, 8], from_step=7)
+    with pytest.raises(ValueError, match=r"run\.jsonl:1: step 0 was logged by another pipeline"):
+        quern.verify.check_ledger(other_edited, path)
+    foreign = tmp_path / "foreign.jsonl"
+    with other.iterator(7, ledger=foreign) as it:  # another pipeline's steps 7..9, after both edits start
+        for _ in range(3):
+            next(it)
+    spliced = tmp_path / "spliced.jsonl"
+    spliced.write_text("".join(path.read_text().splitlines(keepends=True)[:7]) + foreign.read_text())
+    with pytest.raises(ValueError, match=r"spliced\.jsonl:8: step 7 was logged by another pipeline.*before its edits"):
+        quern.verify.check_ledger(both, spliced)
+    foreign.unlink()
+    with other.iterator(20, ledger=foreign) as it:
+        next(it)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(path.read_text() + foreign.read_text())  # a foreign line at step 20, outside the steps asked for
+    with pytest.raises(ValueError, match=r"mixed\.jsonl:11: step 20 was logged by another pipeline"):
+        quern.verify.check_ledger(both, mixed, steps=range(5))
 
 
 def test_a_ledger_of_another_digest_format_is_refused_not_reported_as_differing(tmp_path):

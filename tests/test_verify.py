@@ -1,10 +1,13 @@
-"""Tests of pipeline/verify.py (``quern.verify``) and ``quern verify`` (issue 24, point 3).
+"""Tests of pipeline/verify.py (``quern.verify``) and ``quern verify`` (issue 24, point 3; issue 36, points 7, 9).
 
 The step digests agree across 1/2/4 hosts, 0/2 workers and resumes (a ``balance_hosts``
 pipeline within the same host count); a change the fingerprint cannot see (a helper a transform
 reaches through a module attribute, edited on disk) makes ``quern verify CONFIG --ledger`` in a
 fresh process exit 1 naming the step, row, record and leaf; two runs' ledgers are compared
-without the data. The command runs as a subprocess.
+without the data. A ledger line at an absurd step (``2**63``, ``-1``, ``1e30``, ``"3"``, past
+the addressable stream) is a bad line named by file and line, found in small memory; a ledger of
+another pipeline is refused (exit 2) whatever the config's edits and wherever its lines are. The
+command runs as a subprocess, on the quern this test imports.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -23,6 +28,9 @@ import quern
 import quern.verify
 
 pytestmark = pytest.mark.timeout(300)
+
+QUERN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(quern.__file__)))
+"""The folder holding the quern this test imports: the commands run on it too."""
 
 
 def _mixed(n, seed):
@@ -134,8 +142,13 @@ def run_config(tmp_path):
     return path
 
 
+def _quern(*args, cwd, check=True):
+    """``quern ARGS`` in ``cwd``, importing modules there (workers import helpers_mod) and this test's quern."""
+    return quern_cmd(*args, cwd=cwd, pythonpath=os.pathsep.join([str(cwd), QUERN_ROOT]), check=check)
+
+
 def _verify(*args, cwd, check=True):
-    out = quern_cmd("verify", *args, cwd=cwd, pythonpath=str(cwd), check=False)  # workers import helpers_mod
+    out = _quern("verify", *args, cwd=cwd, check=False)
     if check:
         assert out.returncode == 0, out.stdout + out.stderr
     return out
@@ -153,7 +166,7 @@ def test_quern_verify_passes_across_topologies_and_resumes(run_config, tmp_path)
 
 def test_quern_verify_finds_a_change_the_fingerprint_cannot_see(run_config, tmp_path):
     cwd = tmp_path
-    run = quern_cmd("run", run_config, "--steps", 6, "--ledger", tmp_path / "a.jsonl", cwd=cwd, pythonpath=str(cwd))
+    run = _quern("run", run_config, "--steps", 6, "--ledger", tmp_path / "a.jsonl", cwd=cwd)
     assert "6 steps" in run.stdout
     assert _verify(run_config, "--ledger", tmp_path / "a.jsonl", cwd=cwd).stdout.startswith(
         f"ledger {tmp_path / 'a.jsonl'}: 6 step(s) (0..5) logged by 1 host(s), every host slice agrees"
@@ -177,9 +190,7 @@ def test_quern_verify_finds_a_change_the_fingerprint_cannot_see(run_config, tmp_
     assert "  at step 2, host 0 of 1, row 3" in text
     assert f"  records: toks[{record}]" in text and "  leaf: batch['tokens']" in text
     # a second run with the edited helper, on 2 workers, compared with the first without the data
-    quern_cmd(
-        "run", run_config, "--steps", 6, "--workers", 2, "--ledger", tmp_path / "b.jsonl", cwd=cwd, pythonpath=str(cwd)
-    )
+    _quern("run", run_config, "--steps", 6, "--workers", 2, "--ledger", tmp_path / "b.jsonl", cwd=cwd)
     same = _verify("--compare", tmp_path / "a.jsonl", tmp_path / "a.jsonl", cwd=cwd)
     assert same.stdout.splitlines()[-1] == "compared 6 step(s) (0..5): they agree"
     diff = _verify("--compare", tmp_path / "a.jsonl", tmp_path / "b.jsonl", cwd=cwd, check=False)
@@ -193,7 +204,7 @@ def test_quern_verify_finds_a_change_the_fingerprint_cannot_see(run_config, tmp_
 
 def test_quern_verify_reports_gaps_and_refuses_bad_input(run_config, tmp_path):
     cwd = tmp_path
-    quern_cmd("run", run_config, "--steps", 5, "--ledger", tmp_path / "a.jsonl", cwd=cwd, pythonpath=str(cwd))
+    _quern("run", run_config, "--steps", 5, "--ledger", tmp_path / "a.jsonl", cwd=cwd)
     lines = (tmp_path / "a.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "gap.jsonl").write_text("".join(lines[:2] + lines[3:]))
     out = _verify(run_config, "--ledger", tmp_path / "gap.jsonl", cwd=cwd, check=False)
@@ -212,3 +223,94 @@ def test_quern_verify_reports_gaps_and_refuses_bad_input(run_config, tmp_path):
     assert both.returncode == 2 and "--hosts and --resume-at do not apply" in both.stderr
     result = json.loads(lines[0])
     assert set(result) >= {"step", "fingerprint", "rows", "row_digests", "leaf_digests"}
+
+
+# --------------------------------------------------------------------------- absurd steps, foreign ledgers (issue 36)
+
+LIMITED = """
+import resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+sys.argv[0] = "quern"
+runpy.run_module("quern", run_name="__main__", alter_sys=True)
+"""
+"""``python -m quern`` in at most 2 GiB of address space: a command that materialises a huge range fails."""
+
+
+def _verify_small(*args, cwd):
+    """``quern verify ARGS`` in 2 GiB of address space (:data:`LIMITED`), within 60 s; not checked."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), QUERN_ROOT])}
+    command = [sys.executable, "-c", LIMITED, "verify", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _run(config, ledger, cwd, steps=6):
+    _quern("run", config, "--steps", steps, "--ledger", ledger, cwd=cwd)
+    return ledger.read_text().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize(
+    "step, shown",
+    [
+        (2**63, str(2**63)),  # past int64
+        (2**62, str(2**62)),  # past any pipeline's steps (positions stay below 2**62)
+        (2**61, str(2**61)),  # past this pipeline's addressable steps (batch 8)
+        (-1, "-1"),
+        (1e30, "1e+30"),
+        ("3", "'3'"),
+    ],
+    ids=["2**63", "2**62", "2**61", "-1", "1e30", "str"],
+)
+def test_quern_verify_names_a_line_with_an_absurd_step_in_small_memory(run_config, tmp_path, step, shown):
+    lines = _run(run_config, tmp_path / "a.jsonl", tmp_path)
+    doc = json.loads(lines[3])
+    doc["step"] = step
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines[:3] + [json.dumps(doc) + "\n"] + lines[4:]))
+    out = _verify_small(run_config, "--ledger", bad, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr  # a ledger that does not check: a bad line
+    first = next((line for line in out.stdout.splitlines() if line.startswith("first difference: ")), "")
+    assert first.startswith(f"first difference: {bad}:4: step {shown} is not a step"), out.stdout
+    assert "5 step(s) (0..2, 4..5) logged by 1 host(s), 1 step(s) do not check" in out.stdout  # the others checked
+    assert out.stdout.endswith("2 differences in all\n")  # the bad line, and step 3 missing
+
+
+def test_quern_verify_refuses_a_foreign_ledger_whatever_the_edits(run_config, tmp_path):
+    own = _run(run_config, tmp_path / "a.jsonl", tmp_path)
+    mine = json.loads(own[0])["fingerprint"]
+    cfg = yaml.safe_load(run_config.read_text())
+    edited = tmp_path / "edited.yaml"  # this pipeline, with an edit from step 0
+    edited.write_text(yaml.safe_dump({**cfg, "skip": [{"start": 0, "stop": 1}]}))
+    other = tmp_path / "other.yaml"  # another pipeline (another seed), with the same edit
+    other.write_text(yaml.safe_dump({**cfg, "seed": 6, "skip": [{"start": 0, "stop": 1}]}))
+    theirs = quern.load_config(other).fingerprint_at(0)
+    refused = _verify(other, "--ledger", tmp_path / "a.jsonl", cwd=tmp_path, check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"a.jsonl:1: step 0 was logged by another pipeline: the line's fingerprint {mine}" in refused.stderr
+    assert f"this pipeline's {theirs} (for step 0)" in refused.stderr
+    # this pipeline's own run before the edit: nothing to check, said plainly (not "by  host(s)")
+    before = _verify(edited, "--ledger", tmp_path / "a.jsonl", cwd=tmp_path, check=False)
+    assert before.returncode == 1, before.stdout + before.stderr
+    assert before.stdout.splitlines()[0] == (
+        f"ledger {tmp_path / 'a.jsonl'}: no step checked of the 6 step(s) (0..5) logged by 1 host(s)"
+    )
+    assert "6 step(s) (0..5) were logged before this pipeline's edits" in before.stdout
+    assert "by  host" not in before.stdout
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_quern_verify_refuses_a_foreign_duplicate_line_wherever_it_is(run_config, tmp_path, where):
+    own = _run(run_config, tmp_path / "a.jsonl", tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(run_config.read_text().replace("seed: 5", "seed: 6"))
+    foreign = _run(other, tmp_path / "b.jsonl", tmp_path)[2]  # step 2 of another pipeline's run
+    lines = [foreign, *own] if where == "first" else [*own, foreign]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(lines))
+    at = 1 if where == "first" else len(lines)
+    out = _verify(run_config, "--ledger", mixed, cwd=tmp_path, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    mine, theirs = json.loads(own[2])["fingerprint"], json.loads(foreign)["fingerprint"]
+    assert (
+        f"mixed.jsonl:{at}: step 2 was logged by another pipeline: the line's fingerprint {theirs}, "
+        f"this pipeline's {mine} (for step 2)"
+    ) in out.stderr

@@ -283,8 +283,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status: 0 when all agree, :data:`EXIT_DATA` on a difference (or a ledger's gap,
-        differing duplicate or torn line in the middle). Bad arguments and unreadable or foreign
-        ledgers raise (exit 2).
+        differing duplicate, torn line in the middle or bad line). Bad arguments, unreadable ledgers
+        and ledgers with a line of another pipeline raise (exit 2).
 
     Raises:
         ValueError: arguments that do not go together, or a ledger that cannot be checked.

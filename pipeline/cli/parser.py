@@ -21,9 +21,13 @@ The parser knows the commands by name only (``args.command``); what each does is
 - :data:`EXIT_INTERRUPTED` (130): interrupted (Ctrl-C).
 
 ``quern verify`` exits :data:`EXIT_DATA` (1) when the digests differ (or a ledger
-has gaps, differing duplicates or a torn line in the middle), naming the first
-differing step, host slice, row, records and leaf; and :data:`EXIT_USAGE` (2) for
-a ledger it cannot read or that another pipeline logged.
+has gaps, differing duplicates, a torn line in the middle, or a bad line: a step
+that is not an integer from 0 to 2**62 - 1 or that the pipeline does not have, a
+host count that cannot split its batch, each named by file and line), naming the
+first differing step, host slice, row, records and leaf; and :data:`EXIT_USAGE`
+(2) for a ledger it cannot read or with a line another pipeline logged (wherever
+the line is and whatever the config's edits), naming the file, the line and both
+fingerprints.
 """
 
 from __future__ import annotations
@@ -233,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help=help,
         description=help + "; exit 0 when all agree, 1 naming the first differing step, host slice, row, records "
-        "and leaf",
+        "and leaf (or a ledger's gap, differing duplicate, torn or bad line, named by file and line), 2 for a "
+        "ledger that cannot be read or holds a line of another pipeline (named, with both fingerprints)",
         parents=[common],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

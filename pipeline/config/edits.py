@@ -67,6 +67,46 @@ class ExcludeConfig(BaseModel):
         return self
 
 
+_INT64 = np.iinfo(np.int64)
+_RANGE = "record ids fit in int64, 0 to 2**63 - 1"
+
+
+def _out_of_int64(ids: list[int]) -> int | None:
+    """The first of ``ids`` (Python integers) that does not fit in int64, or ``None``."""
+    return next((i for i in ids if not _INT64.min <= i <= _INT64.max), None)
+
+
+def _bytes_text(n: int) -> str:
+    """``n`` bytes in the largest binary unit it reaches (``7.0 TiB``)."""
+    size, unit = float(n), "bytes"
+    for name in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, name
+    return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+
+
+def _npy_ids(path: str) -> np.ndarray:
+    """The ids of a ``.npy`` file, its header checked before its data is read (no allocation on its word)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = header(f)
+        held = os.fstat(f.fileno()).st_size - f.tell()
+    if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+        raise ConfigError(f"{path}: needs a 1-D array of integer ids, got {dtype} of shape {shape}")
+    claimed = shape[0] * dtype.itemsize
+    if claimed > held:
+        raise ConfigError(
+            f"{path}: its .npy header claims {shape[0]} ids of {dtype} ({_bytes_text(claimed)}), and the file holds "
+            f"{held} bytes after the header: the file is cut short or its header is wrong"
+        )
+    ids = np.load(path, allow_pickle=False)
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > _INT64.max:
+        raise ConfigError(f"{path}: record id {int(ids.max())} is out of range ({_RANGE})")
+    return ids.astype(np.int64)
+
+
 def read_ids(path: str) -> np.ndarray:
     """The record ids in a ``.npy`` file or a text file.
 
@@ -77,16 +117,17 @@ def read_ids(path: str) -> np.ndarray:
         A 1-D int64 array.
 
     Raises:
-        ConfigError: the file cannot be read, or holds anything but integers (naming the file and the token).
+        ConfigError: the file cannot be read, holds anything but integers, or an id that does not fit
+            in int64, or its ``.npy`` header claims more data than the file holds (naming the file and
+            the token or value).
     """
     try:
         if path.endswith(".npy"):
-            ids = np.load(path, allow_pickle=False)
-            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-                raise ConfigError(f"{path}: needs a 1-D array of integer ids, got {ids.dtype} of shape {ids.shape}")
-            return ids.astype(np.int64)
+            return _npy_ids(path)
         with open(path) as f:
             text = f.read()
+    except ConfigError:
+        raise
     except OSError as e:
         raise ConfigError(f"cannot read the ids of {path}: {e.strerror or e}") from None
     except ValueError as e:
@@ -96,8 +137,10 @@ def read_ids(path: str) -> np.ndarray:
         for token in line.split("#", 1)[0].replace(",", " ").split():
             try:
                 out.append(int(token))
-            except ValueError:
-                raise ConfigError(f"{path}, line {n}: {token!r} is not an integer record id") from None
+            except ValueError:  # (a number of over 4300 digits too)
+                raise ConfigError(f"{path}, line {n}: {token!r:.60} is not an integer record id") from None
+            if _out_of_int64(out[-1:]) is not None:
+                raise ConfigError(f"{path}, line {n}: record id {token} is out of range ({_RANGE})")
     return np.asarray(out, dtype=np.int64)
 
 
@@ -125,6 +168,9 @@ def apply_edits(pipe: Any, skip: list[SkipConfig], exclude: list[ExcludeConfig],
                 pipe = pipe.skip_steps(entry.start, entry.stop)
             else:
                 ids = entry.ids
+                big = None if ids is None else _out_of_int64(ids)
+                if big is not None:
+                    raise ConfigError(f"record id {big} is out of range ({_RANGE})")
                 if entry.file is not None:
                     path = os.path.expanduser(entry.file)
                     ids = read_ids(path if os.path.isabs(path) else os.path.join(base, path))

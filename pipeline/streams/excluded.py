@@ -237,8 +237,9 @@ class ExcludedStream(SegmentStream):
         return self.base.read_order()
 
     def size_text(self) -> str:
-        """The base's, with the records excluded."""
-        return f"{self.base.size_text()}, {len(self.cuts[-1].ids)} excluded from position {self.cuts[0].own} on"
+        """The base's, with the records excluded (``source 'x' (100 records), 3 of them excluded from position 8 on``)."""
+        n = len(self.cuts[-1].ids)
+        return f"{self.base.size_text()}, {n} of them excluded from position {self.cuts[0].own} on"
 
     def refusal(self, stage: str) -> str | None:
         """Stages that change the records (shuffle, filter, pack, ...) belong before the exclusion."""

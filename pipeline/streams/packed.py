@@ -121,8 +121,8 @@ class PackedStream(Stream):
         return [op.label(k) for k, op in enumerate(self.inner.record_ops)] + [PACK]
 
     def size_text(self) -> str:
-        """``the packed stream has R rows of S tokens in its first epoch``."""
-        return f"the packed stream has {self.rows_before(1)} rows of {self.seq_len} tokens in its first epoch"
+        """``the packed stream (R rows of S tokens in its first epoch)``."""
+        return f"the packed stream ({self.rows_before(1)} rows of {self.seq_len} tokens in its first epoch)"
 
     def refusal(self, stage: str) -> str | None:
         """Packed rows may be mapped, batched and mixed; the rest belongs before ``pack()``."""

@@ -73,8 +73,8 @@ class SourceStream(SegmentStream):
         return self.shuffle_mode
 
     def size_text(self) -> str:
-        """``source 'x' has 100 records``."""
-        return f"source {self.source.name!r} has {len(self.source)} records"
+        """``source 'x' (100 records)``."""
+        return f"source {self.source.name!r} ({len(self.source)} records)"
 
     def refusal(self, stage: str) -> str | None:
         """Every stage may follow a source stream, but ``mix`` after ``balance_hosts``."""
@@ -290,5 +290,5 @@ class FilteredStream(SourceStream):
         return len(self.survivors)
 
     def size_text(self) -> str:
-        """``source 'x' has 100 records (50 kept by the filter)``."""
-        return f"{super().size_text()} ({len(self.survivors)} kept by the filter)"
+        """``source 'x' (100 records, 50 kept by the filter)``."""
+        return f"source {self.source.name!r} ({len(self.source)} records, {len(self.survivors)} kept by the filter)"
