@@ -210,9 +210,10 @@ def values(arr: np.ndarray, what: str = "the array") -> np.ndarray:
         TypeError: a field of a structured dtype holds Python objects (named).
 
     Example:
-        >>> a = np.array([(1, 2.0)], dtype=np.dtype([("n", "u1"), ("x", ">f8")], align=True))
-        >>> values(a).dtype.itemsize, values(a).tobytes() == values(a[["n", "x"]].astype(a.dtype)).tobytes()
-        (9, True)
+        >>> aligned = np.array([(1, 2.0)], dtype=np.dtype([("n", "u1"), ("x", ">f8")], align=True))
+        >>> packed = aligned.astype([("n", "u1"), ("x", "<f8")])
+        >>> aligned.dtype.itemsize, values(aligned).tobytes() == values(packed).tobytes() == packed.tobytes()
+        (16, True)
     """
     dtype = arr.dtype
     try:
