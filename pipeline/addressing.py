@@ -243,7 +243,7 @@ class Addressed:
         src = self.stream.source if component is None else None
         if component is not None and component in self.leaf_names:
             src = self.leaves[self.leaf_names.index(component)].stream.source
-        if src is not None and record >= len(src):
+        if src is not None and self.stream.wait_timeout() is None and record >= len(src):  # live: no length
             of = "" if component is None else f" (component {component!r})"
             raise IndexError(
                 f"where(): record {record} is not a record of source {src.name!r}{of}: it has {len(src)} "

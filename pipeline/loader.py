@@ -186,6 +186,8 @@ class PipelineIterator:
                 f"step_timeout={self.step_timeout:g} on a live stream: a step waiting for entries the producer has "
                 "not written yet is not stuck; the source's timeout= is how long next() waits for them"
             )
+        if self._live is not None:  # a resume checked against the live stream's commit record
+            pipe.stream.begin(pipe, self.step, int(process_index), int(process_count))
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif self._live is not None:

@@ -261,6 +261,9 @@ class Stream(abc.ABC):
         """The seconds a consumer waits for a step of a live stream, whose entries may not exist yet (``None``: not live)."""
         return None
 
+    def begin(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
+        """An iterator of a live stream starts at ``step``: the stream checks the resume (nothing elsewhere)."""
+
     def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
         """Record that host ``process_index`` of ``process_count`` trained every step before ``step`` (a live stream).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from redisserver import RedisServer, pad_of, produce
 import quern
 from quern import SourceError, StepError, StreamTimeoutError
 from quern.pipeline.sources import RedisStreamSource
+from quern.pipeline.sources.redis_stream import entry_digest
 
 KEY = "ev"
 
@@ -83,7 +85,15 @@ def test_record_is_the_entry_fields_as_a_dict(srv):
     ids = produce(r, 0, 20)
     src = source(srv)
     assert src.origin == (0, ids[0])
-    assert src.identity() == {"type": "RedisStreamSource", "name": KEY, "key": KEY, "origin": [0, ids[0]]}
+    digest = entry_digest({b"v": b"0", b"pad": pad_of(0)})
+    assert src.origin_digest == digest
+    assert src.identity() == {
+        "type": "RedisStreamSource",
+        "name": KEY,
+        "key": KEY,
+        "origin": [0, ids[0]],
+        "origin_digest": digest,
+    }
     rows = src.read_many(np.array([3, 0, 3]))
     assert rows == [{"v": b"3", "pad": pad_of(3)}, {"v": b"0", "pad": pad_of(0)}, {"v": b"3", "pad": pad_of(3)}]
     assert all(type(k) is str and type(v) is bytes for row in rows for k, v in row.items())
@@ -321,6 +331,35 @@ def test_iterator_with_workers_times_out_and_goes_on(srv):
         produce_later(r, 8, 24, delay=0.3)
         assert values(next(it)) == list(range(8, 16))
         assert values(next(it)) == list(range(16, 24))
+
+
+def test_where_names_the_step_and_row_of_an_entry(srv):
+    """``where(p)`` of a live stream: the step and row of the entry at position ``p`` (its record id),
+    in log order and shuffled within windows of steps; the row ``explain`` names by that entry's ID."""
+    r = srv.client()
+    ids = produce(r, 0, 96)
+    assert live(source(srv)).where(37) == [(4, 5)]
+    for pipe in (live(source(srv)), live(source(srv), seed=3, steps=3)):
+        for p in (0, 5, 37, 95, 96, 500):
+            [(s, row)] = pipe.where(p, epochs=2)  # one pass: a live stream has no epochs
+            if p < 96:
+                assert pipe.explain(s)[row] == [(KEY, ids[p])]
+                assert values(pipe.batch_at(s))[row] == p
+            else:
+                assert s >= 12  # an entry that does not exist yet: where it will be
+    with pytest.raises(ValueError, match="record must be >= 0"):
+        live(source(srv)).where(-1)
+
+
+def test_edits_are_refused_as_the_lineage_guide_says(srv):
+    produce(srv.client(), 0, 16)
+    pipe = live(source(srv))
+    with pytest.raises(ValueError, match=r"skip_steps\(\) does not apply to a live stream.*start_step"):
+        pipe.skip_steps(1, 2)
+    with pytest.raises(ValueError, match=r"exclude\(\) does not apply to a live stream"):
+        pipe.exclude([3], from_step=1)
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "lineage-and-edits.md").read_text()
+    assert "works on every pipeline but a live stream, which refuses both edits" in guide
 
 
 # ------------------------------------------------------------------ commits

@@ -210,8 +210,8 @@ def test_server_that_stays_down_fails_naming_the_url(srv):
     assert 2.0 <= time.monotonic() - t0 < 8  # retried for retry_seconds (then given up)
     assert isinstance(e.value.__cause__, SourceError)
     t0 = time.monotonic()
-    with pipe.iterator(2) as it:
-        with pytest.raises(Exception, match=f"cannot reach Redis at {srv.url}"):
+    with pytest.raises(Exception, match=f"cannot reach Redis at {srv.url}"):
+        with pipe.iterator(2) as it:  # its open reads the commit record
             next(it)
     assert time.monotonic() - t0 < 10
     t0 = time.monotonic()
@@ -339,6 +339,55 @@ def test_a_stream_recreated_while_a_source_reads_it(srv):
         except StepError as e:
             assert isinstance(e.__cause__, SourceError), e
     assert got == {}, f"steps read from the recreated stream as if it were the old one: {got}"
+
+
+def recreate(r: Any, ids: list[str], value: Any) -> None:
+    """Delete the stream and add entries with the same IDs again, entry ``i`` with ``v = value(i)``."""
+    r.delete(KEY)
+    p = r.pipeline(transaction=False)
+    for i, entry_id in enumerate(ids):
+        p.xadd(KEY, {"v": str(value(i)), "pad": pad_of(i)}, id=entry_id)
+    p.execute()
+
+
+def test_a_stream_recreated_with_the_same_ids_and_other_content_is_refused(srv):
+    """The same entry IDs, other fields: the origin entry's content differs, at open and at a read."""
+    r = srv.client()
+    ids = produce(r, 0, 10 * B)
+    src = RedisStreamSource(srv.url, KEY, timeout=2)
+    pipe = live(src)
+    assert values(pipe.batch_at(2)) == list(range(8, 12))
+    before = pipe.fingerprint()
+    recreate(r, ids, lambda i: 1000 + i)
+    with pytest.raises(SourceError, match=r"other fields.*recreated"):
+        RedisStreamSource(srv.url, KEY, timeout=2)
+    got = {}
+    for s in (2, 3, 9):
+        try:
+            got[s] = values(pipe.batch_at(s))
+        except StepError as e:
+            assert isinstance(e.__cause__, SourceError) and "fields" in str(e.__cause__), e
+    assert got == {}, f"steps read from the recreated stream as if it were the old one: {got}"
+    for k in r.keys(f"{KEY}:quern:*"):  # a new record of the new stream: another identity
+        r.delete(k)
+    assert live(RedisStreamSource(srv.url, KEY, timeout=2)).fingerprint() != before
+
+
+def test_a_stream_recreated_with_the_same_origin_entry_is_refused_by_its_anchors(srv):
+    """The origin entry byte for byte the same, later entries other: the newest anchor kept beside the
+    stream differs (at open), and so does any anchor a read starts from."""
+    r = srv.client()
+    ids = produce(r, 0, 3000)
+    src = RedisStreamSource(srv.url, KEY, timeout=2)
+    pipe = live(src)
+    assert values(pipe.batch_at(625)) == list(range(2500, 2504))  # keeps an anchor beside the stream
+    assert values(pipe.batch_at(100)) == list(range(400, 404))
+    recreate(r, ids, lambda i: i if i == 0 else 1000 + i)
+    with pytest.raises(SourceError, match="recreated"):
+        RedisStreamSource(srv.url, KEY, timeout=2)
+    with pytest.raises(StepError) as e:
+        pipe.batch_at(700)  # read on from the newest anchor this source knows
+    assert isinstance(e.value.__cause__, SourceError)
 
 
 def test_entries_deleted_from_the_middle(srv):

@@ -12,11 +12,16 @@ not exist yet are waited for with ``XREAD BLOCK``.
 
 Beside the stream ``KEY``, the source keeps (plain Redis keys):
 
-- ``KEY:quern:origin``: the position and ID of the first entry the source ever
-  saw, set once; the source's identity is the key and this entry (the ID at
-  position 0 for a stream read from its start);
-- ``KEY:quern:anchors``: a sorted set of entry IDs by position;
-- ``KEY:quern:commit:GROUP``: what each host committed (:meth:`~quern.sources.RedisStreamSource.commit`).
+- ``KEY:quern:origin``: the position, ID and content digest (:func:`entry_digest`)
+  of the first entry the source ever saw, set once; the source's identity is the
+  key and this entry (the ID at position 0 for a stream read from its start);
+- ``KEY:quern:anchors``: a sorted set of entries by position, each ``ID DIGEST``;
+- ``KEY:quern:commit:GROUP``: the commit record (:mod:`.live_commits`).
+
+A read checks the entry it starts from (an anchor) by ID and content, so a stream
+deleted and recreated under the key is refused once a read starts from an entry
+whose ID or fields changed; at open the origin and the newest kept anchor are
+checked. Entries between anchors are not compared.
 
 The pipeline side (steps of ``B`` positions, the commit after the step) is
 :mod:`quern.pipeline.streams.live`.
@@ -25,6 +30,7 @@ The pipeline side (steps of ``B`` positions, the commit after the step) is
 from __future__ import annotations
 
 import bisect
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,39 +39,24 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import EntriesTimeoutError, SourceError
-from . import waiting
+from . import live_commits, waiting
 from .base import Source
+from .live_commits import CommitRecord, Run, StepMap
 
-__all__ = ["ANCHOR_EVERY", "RedisStreamSource", "parse_id"]
+__all__ = ["ANCHOR_EVERY", "RedisStreamSource", "entry_digest", "parse_id"]
 
 ANCHOR_EVERY = 1024
 """Positions between two anchors kept beside the stream."""
 _MOST = 16384  # entries one XRANGE asks for
 _T = TypeVar("_T")
-_COMMIT = """
-local count = tonumber(redis.call('HGET', KEYS[1], 'count') or '0')
-local want = tonumber(ARGV[2])
-if count ~= want then
-  local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
-  local low = nil
-  for i = 0, count - 1 do
-    local v = redis.call('HGET', KEYS[1], 'h' .. i)
-    v = v and tonumber(v) or base
-    if low == nil or v < low then low = v end
-  end
-  if low == nil then low = base end
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'count', want, 'base', low)
-end
-local field = 'h' .. ARGV[1]
-local old = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
-if tonumber(ARGV[3]) > old then redis.call('HSET', KEYS[1], field, ARGV[3]) end
-return 1
-"""
-"""Record that host ``ARGV[1]`` of ``ARGV[2]`` trained every step before ``ARGV[3]`` (atomic).
+_Anchor = tuple[int, bytes, str | None]
+"""An entry known to be at a position: ``(position, ID, digest)`` (``None``: its fields unknown)."""
 
-A new host count starts a new record whose hosts not yet heard from count as what
-all hosts of the old one had committed (``base``)."""
+
+def _anchor_member(member: bytes) -> tuple[bytes, str | None]:
+    """``(ID, digest)`` of a member of the anchors' sorted set (``ID DIGEST``; an older quern's: ``ID``)."""
+    entry_id, _, digest = member.partition(b" ")
+    return entry_id, (digest.decode() or None)
 
 
 def parse_id(entry_id: bytes | str) -> tuple[int, int]:
@@ -86,6 +77,24 @@ def parse_id(entry_id: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def entry_digest(fields: dict) -> str:
+    """The content of an entry: BLAKE2b of its field names and values, in the stream's order.
+
+    Args:
+        fields: ``{name: value}`` (bytes) as redis-py gives an entry.
+
+    Returns:
+        24 hex digits.
+    """
+    h = hashlib.blake2b(digest_size=12)
+    for k, v in fields.items():
+        for part in (k, v):
+            part = part if isinstance(part, bytes) else str(part).encode()
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+    return h.hexdigest()
+
+
 def _set_once(key: str, value: str) -> Callable[[Any], Any]:
     """``SET key value NX`` as a call of a client."""
     return lambda c: c.set(key, value, nx=True)
@@ -102,17 +111,19 @@ class RedisStreamSource(Source):
     ``Pipeline.from_source(RedisStreamSource(...)).batch(B)`` makes a live pipeline:
     step ``s`` is the entries at positions ``[s*B, (s+1)*B)`` of the stream in ID order,
     so a step is a function of the log, and a restarted trainer resumes with
-    ``pipe.iterator(start_step=src.committed())``. Entries that do not exist yet are
+    ``pipe.iterator(start_step=src.committed(pipe))``. Entries that do not exist yet are
     waited for, at most ``timeout`` seconds from when the consumer asks for the step
     (``batch_at``, ``next``): prefetching never times out by itself. Positions count
     entries since the stream was created, so trimming never renumbers them; a step
     whose entries were trimmed away is an error naming its first missing position.
 
     **Delivery.** ``it.commit(step)`` records in Redis that every step before ``step``
-    was trained by this host (:meth:`committed` is the smallest step all hosts of the
-    run committed), and a restart at :meth:`committed` gets exactly the steps after
-    it again, with the same bytes. Training is exactly-once when ``commit`` follows a
-    *durable checkpoint* that includes the step: a process killed between reading and
+    was trained by this host, with the batch size and window that map steps to entries
+    (:meth:`committed` is the smallest step all hosts of the run committed, and never
+    goes back), and a restart at :meth:`committed` gets exactly the steps after it
+    again, with the same bytes; a restart with another batch size or window continues
+    at the first untrained entry, or is refused. Training is exactly-once when
+    ``commit`` follows a *durable checkpoint* that includes the step: a process killed between reading and
     committing replays those steps, none is lost or seen twice by the model that is
     restored. Committing after the optimizer step alone loses the steps between the
     last checkpoint and the commit if the model is restored from that checkpoint.
@@ -120,7 +131,8 @@ class RedisStreamSource(Source):
     A Redis server that goes away (killed, restarted) is retried with backoff for
     ``retry_seconds``; then the read fails naming the URL. One that cannot be reached
     when the source opens is an error at once (a wrong URL). A stream deleted and
-    created again under the same key is refused, at open and at any read after.
+    created again under the same key is refused, at open and at a read, when its origin
+    entry, or the anchor the read starts from, has another ID or other fields.
 
     Args:
         url: the Redis server, ``redis://HOST:PORT/DB`` (what ``redis.Redis.from_url`` takes).
@@ -144,6 +156,7 @@ class RedisStreamSource(Source):
         group: the commit record's name.
         timeout: the consumer's wait.
         origin: ``(position, ID)`` of the first entry the source ever saw.
+        origin_digest: that entry's content digest (``entry_digest``; ``""``: kept by an older quern).
     """
 
     STREAM = "live"
@@ -173,22 +186,23 @@ class RedisStreamSource(Source):
         self.timeout, self.retry_seconds = float(timeout), float(retry_seconds)
         self.name = name or key
         self._state()
-        self.origin = self._find_origin()
+        self.origin, self.origin_digest = self._find_origin()
 
     # -- connection ----------------------------------------------------------------------------------------
 
     def _state(self) -> None:
         self._client: Any = None
         self._lock = threading.Lock()
-        self._anchors: list[tuple[int, bytes]] = []  # (position, ID), sorted: entries this process saw
+        self._anchors: list[_Anchor] = []  # (position, ID, digest), sorted: entries this process saw
         self._added = 0  # the most entries-added seen: it never goes down in the same stream
+        self._runs: dict[tuple[int, int], Run] = {}  # (host, hosts) -> the iterator run that commits as it
         origin = getattr(self, "origin", None)
         if origin is not None:
-            self._anchors.append((origin[0], origin[1].encode()))
+            self._anchors.append((origin[0], origin[1].encode(), self.origin_digest or None))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_client", "_lock", "_anchors", "_added"):
+        for k in ("_client", "_lock", "_anchors", "_added", "_runs"):
             state.pop(k, None)
         return state
 
@@ -280,8 +294,8 @@ class RedisStreamSource(Source):
             )
         return added - length, (first[0] if first else None), added
 
-    def _find_origin(self) -> tuple[int, str]:
-        """The first entry the source ever saw, as kept beside the stream (set now if missing)."""
+    def _find_origin(self) -> tuple[tuple[int, str], str]:
+        """The first entry the source ever saw and its digest, as kept beside the stream (set now if missing)."""
         origin_key, anchors_key, _ = self._keys()
         deadline = time.monotonic() + self.timeout
         first_contact: bool | None = None  # the first command: a server that cannot be reached fails at once
@@ -289,16 +303,17 @@ class RedisStreamSource(Source):
             kept = self._call("GET origin", lambda c: c.get(origin_key), retry=first_contact is not None)
             first_contact = False
             if kept is not None:
-                pos_text, _, id_text = kept.decode().partition(" ")
+                pos_text, id_text, digest = (kept.decode().split(" ") + [""])[:3]
                 origin = (int(pos_text), id_text)
-                self._check_origin(origin)
-                self._anchors = [(origin[0], origin[1].encode())]
-                return origin
+                self._check_origin((*origin, digest))
+                self._anchors = [(origin[0], origin[1].encode(), digest or None)]
+                return origin, digest
             info = self._call("XINFO STREAM", self._info)
             if info is not None:
                 pos, first, _ = self._head(info)
                 if first is not None:
-                    self._call("SET origin", _set_once(origin_key, f"{pos} {first.decode()}"))
+                    digest = entry_digest(_field(info, "first-entry")[1])
+                    self._call("SET origin", _set_once(origin_key, f"{pos} {first.decode()} {digest}"))
                     continue  # read back what was kept (another process may have been first)
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -307,8 +322,11 @@ class RedisStreamSource(Source):
                 )
             self._call("XREAD", lambda c: c.xread({self.key: b"0-0"}, count=1, block=int(self.BLOCK_SECONDS * 1000)))
 
-    def _check_origin(self, origin: tuple[int, str]) -> None:
-        """Refuse a stream recreated under the same key (its origin entry is not where it was)."""
+    def _check_origin(self, origin: tuple[int, str, str]) -> None:
+        """Refuse a stream recreated under the same key.
+
+        Its origin entry, or the newest anchor kept beside it, is not where it was, or holds other fields.
+        """
         info = self._call("XINFO STREAM", self._info)
         if info is None:
             raise SourceError(
@@ -316,21 +334,34 @@ class RedisStreamSource(Source):
                 f"{origin[1]!r} (position {origin[0]}) is kept beside it: it was deleted; delete {self._keys()[0]!r} "
                 "too to start a new stream"
             )
-        pos, first, added = self._head(info)
-        if added <= origin[0] or (first is not None and pos <= origin[0] and not self._id_at(origin)):
+        pos, _, added = self._head(info)
+        why = f"it has added {added} entries" if added <= origin[0] else None
+        _, anchors_key, _ = self._keys()
+        newest = self._call("ZREVRANGE", lambda c: c.zrevrange(anchors_key, 0, 0, withscores=True))
+        kept = [(origin[0], origin[1].encode(), origin[2] or None)]
+        kept += [(int(score), *_anchor_member(member)) for member, score in newest]
+        for at, entry_id, digest in kept:
+            if why is None and pos <= at < added:  # still held: the entry must be there, with its fields
+                got = self._call("XRANGE", self._one(entry_id))
+                if not got:
+                    why = f"no entry {entry_id.decode()!r} at position {at}"
+                elif digest is not None and entry_digest(got[0][1]) != digest:
+                    why = f"entry {entry_id.decode()!r} at position {at} holds other fields"
+        if why is not None:
             raise SourceError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream whose position "
-                f"{origin[0]} was entry {origin[1]!r} (recreated?); delete its {self.key}:quern:* keys to start anew"
+                f"{origin[0]} was entry {origin[1]!r} ({why}: recreated?); delete its {self.key}:quern:* keys to "
+                "start anew"
             )
 
-    def _id_at(self, origin: tuple[int, str]) -> bool:
-        got = self._call("XRANGE", lambda c: c.xrange(self.key, origin[1], origin[1], count=1))
-        return bool(got)
+    def _one(self, entry_id: bytes) -> Callable[[Any], list]:
+        """``XRANGE`` of the one entry ``entry_id`` (``[]``: none), as a call of a client."""
+        return lambda c: c.xrange(self.key, entry_id, entry_id, count=1)
 
-    def _anchor_before(self, position: int) -> tuple[int, bytes] | None:
+    def _anchor_before(self, position: int) -> _Anchor | None:
         """The nearest known entry before ``position``: this process's, else the one kept beside the stream."""
         with self._lock:
-            k = bisect.bisect_left(self._anchors, (position, b""))
+            k = bisect.bisect_left(self._anchors, (position,))
             local = self._anchors[k - 1] if k else None
         if local is not None and position - local[0] <= ANCHOR_EVERY:
             return local
@@ -340,22 +371,26 @@ class RedisStreamSource(Source):
             lambda c: c.zrevrangebyscore(anchors_key, f"({position}", "-inf", start=0, num=1, withscores=True),
         )
         if got and (local is None or int(got[0][1]) > local[0]):
-            return int(got[0][1]), got[0][0]
+            return (int(got[0][1]), *_anchor_member(got[0][0]))
         return local
 
-    def _learn(self, position: int, entry_id: bytes) -> None:
-        """Remember entry ``entry_id`` at ``position``: here, and beside the stream every ANCHOR_EVERY positions."""
+    def _learn(self, position: int, entry_id: bytes, fields: dict) -> None:
+        """Remember entry ``entry_id`` at ``position`` and its digest.
+
+        Here, and beside the stream every ANCHOR_EVERY positions.
+        """
         with self._lock:
-            k = bisect.bisect_left(self._anchors, (position, b""))
-            near = any(abs(p - position) < ANCHOR_EVERY for p, _ in self._anchors[max(0, k - 1) : k + 1])
+            k = bisect.bisect_left(self._anchors, (position,))
+            near = any(abs(a[0] - position) < ANCHOR_EVERY for a in self._anchors[max(0, k - 1) : k + 1])
             if k < len(self._anchors) and self._anchors[k][0] == position:
                 return
-            self._anchors.insert(k, (position, entry_id))
+            digest = entry_digest(fields)
+            self._anchors.insert(k, (position, entry_id, digest))
             if len(self._anchors) > 4096:
                 del self._anchors[1:2048]  # keep the origin and the newest
         if not near:
             _, anchors_key, _ = self._keys()
-            self._call("ZADD", lambda c: c.zadd(anchors_key, {entry_id: position}))
+            self._call("ZADD", lambda c: c.zadd(anchors_key, {entry_id + b" " + digest.encode(): position}))
 
     # -- reading ---------------------------------------------------------------------------------------------
 
@@ -413,7 +448,7 @@ class RedisStreamSource(Source):
                 if pos <= base + k < stop:
                     out.append((entry_id, fields))
             if got:
-                self._learn(base + len(got) - 1, got[-1][0])
+                self._learn(base + len(got) - 1, got[-1][0], got[-1][1])
             pos = max(pos, base + len(got))
             if pos < stop and base + len(got) >= added:  # the log ends before `stop`: wait for more
                 last = got[-1][0] if got else (anchor[1] if anchor is not None else b"0-0")
@@ -421,7 +456,7 @@ class RedisStreamSource(Source):
         return out
 
     def _check_same_stream(
-        self, anchor: tuple[int, bytes] | None, head: int, head_id: bytes | None, added: int, got: list
+        self, anchor: _Anchor | None, head: int, head_id: bytes | None, added: int, got: list
     ) -> None:
         """Refuse a stream that is not the one this source read: recreated, or with entries lost and re-added."""
         with self._lock:
@@ -433,6 +468,10 @@ class RedisStreamSource(Source):
             why = f"it has added {added} entries, and its origin entry {self.origin[1]!r} was at position {self.origin[0]}"
         elif anchor is not None and anchor[0] >= head and (not got or got[0][0] != anchor[1]):
             why = f"entry {anchor[1]!r}, which was at position {anchor[0]}, is no longer there"
+        elif (
+            anchor is not None and anchor[0] >= head and anchor[2] is not None and entry_digest(got[0][1]) != anchor[2]
+        ):
+            why = f"entry {anchor[1]!r} at position {anchor[0]} holds other fields than it did (recreated?)"
         if why is not None:
             raise SourceError(
                 f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source read ({why}): "
@@ -496,47 +535,73 @@ class RedisStreamSource(Source):
         got = self.entries(lo, hi)
         return [got[i - lo][0].decode() for i in ids.tolist()]
 
-    # -- commits ---------------------------------------------------------------------------------------------
+    # -- commits (what they mean, and who may change the record: .live_commits) ------------------------------------
 
-    def commit(self, step: int, process_index: int = 0, process_count: int = 1) -> None:
+    def resuming(self, steps: StepMap, start: int, process_index: int, process_count: int) -> None:
+        """An iterator of host ``process_index`` of ``process_count`` starts at ``start`` (the iterator calls it).
+
+        Raises:
+            ValueError: ``steps`` differs from the commit record's and ``start`` is not the step that
+                begins at its first untrained entry (naming what changed and the committed position).
+        """
+        self._runs[(int(process_index), int(process_count))] = live_commits.begin(self, steps, int(start))
+
+    def commit(self, step: int, process_index: int = 0, process_count: int = 1) -> bool:
         """Record that host ``process_index`` of ``process_count`` trained every step before ``step``.
 
-        Called by ``it.commit(step)``; commits only move forward (an older step is kept as it was).
+        Called by ``it.commit(step)``, with the batch size and window of the iterator's pipeline;
+        a host's commits only move forward. A commit of a run the record does not belong to
+        (another host count, batch size or window, or a run a later one took it over from) is
+        ignored with a warning, so :meth:`committed` never goes back; an iterator's first commit
+        takes the record over when its run resumed where the record stands.
 
         Args:
             step: the step after the last one trained.
             process_index: this host.
             process_count: the hosts of the run.
 
+        Returns:
+            Whether the record took it (``False``: ignored, with a ``UserWarning`` saying why).
+
         Raises:
             SourceError: the server cannot be reached.
         """
-        _, _, commit_key = self._keys()
-        args = (int(process_index), int(process_count), int(step))
-        self._call("EVAL commit", lambda c: c.eval(_COMMIT, 1, commit_key, *args))
+        i, n = int(process_index), int(process_count)
+        return live_commits.commit(self, self._runs.get((i, n)), int(step), i, n)
 
-    def committed(self) -> int:
+    def committed(self, pipe: Any = None) -> int:
         """The step to resume at: the smallest step every host of the run committed (0 before any commit).
 
+        Args:
+            pipe: the pipeline that resumes: the step of *its* batch size and window that begins
+                at the first untrained entry (``None``: the step of the record's).
+
         Returns:
-            ``pipe.iterator(start_step=src.committed())`` trains exactly the steps not committed.
+            ``pipe.iterator(start_step=src.committed(pipe))`` trains exactly the entries not yet
+            trained. Never less than before, for one batch size and window.
 
         Raises:
+            ValueError: no step of ``pipe`` begins at the first untrained entry (naming what changed
+                and the committed position), or ``pipe`` reads another stream.
             SourceError: the server cannot be reached.
         """
-        _, _, commit_key = self._keys()
-        record = self._call("HGETALL", lambda c: c.hgetall(commit_key))
-        if not record:
-            return 0
-        fields = {k.decode(): int(v) for k, v in record.items()}
-        base, count = fields.get("base", 0), fields.get("count", 0)
-        return min((fields.get(f"h{i}", base) for i in range(count)), default=base)
+        return live_commits.committed(self, pipe)
+
+    def commit_record(self) -> CommitRecord | None:
+        """The commit record of ``group`` as it is now (``None`` before any commit); see :mod:`.live_commits`."""
+        return live_commits.read(self)
 
     def identity(self) -> dict:
         """A description of the data for the pipeline fingerprint.
 
         Returns:
-            The type, name, key and origin entry (the server's URL is not part of it: a copy of
-            the stream elsewhere is the same data).
+            The type, name, key, origin entry and its digest (the server's URL is not part of
+            it: a copy of the stream elsewhere is the same data).
         """
-        return {"type": type(self).__name__, "name": self.name, "key": self.key, "origin": list(self.origin)}
+        return {
+            "type": type(self).__name__,
+            "name": self.name,
+            "key": self.key,
+            "origin": list(self.origin),
+            "origin_digest": self.origin_digest,
+        }

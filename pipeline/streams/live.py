@@ -23,6 +23,7 @@ from ..errors import StreamTimeoutError
 from ..plan import Segments
 from ..protocol import Definition, contiguous_positions
 from ..sources import Source
+from ..sources.live_commits import StepMap
 from .segments import SegmentStream
 
 __all__ = ["LiveStream"]
@@ -65,9 +66,15 @@ class LiveStream(SegmentStream):
         return f"live stream {self.source.name!r}"
 
     def refusal(self, stage: str) -> str | None:
-        """Only ``batch`` and ``shuffle("steps")`` may follow a live stream."""
+        """Only ``batch`` and ``shuffle("steps")`` may follow a live stream; the edits are refused too."""
         if stage in _ALLOWED:
             return None
+        if stage in ("skip_steps", "exclude"):
+            return (
+                f"{stage}() does not apply to a live stream ({self.source!r}): its steps are the log's positions, "
+                "which its commit record counts in entries; to leave steps out, start the iterator at a later "
+                "step (pipe.iterator(start_step=...)) with the same batch size"
+            )
         return (
             f"{stage}() does not apply to a live stream ({self.source!r}): it is endless and read in log order, "
             "so nothing that needs all its records applies (batch() and shuffle('steps', steps=W) do)"
@@ -91,6 +98,22 @@ class LiveStream(SegmentStream):
     def record_ids(self, positions: np.ndarray) -> np.ndarray:
         """The record id of a position: the position itself (its entry)."""
         return np.asarray(positions, dtype=np.int64)
+
+    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+        """The step and row of the entry at position ``record`` (its record id); one pass, whatever ``epochs``.
+
+        Raises:
+            ValueError: ``component`` given (a live stream is not a mixture).
+        """
+        if component is not None:
+            raise ValueError(f"component={component!r}: the pipeline is not a mixture (it has no components)")
+        b = pipe.need_batch("where")
+        k = record  # the natural position whose row holds the entry
+        if self.shuffle_steps is not None:
+            n = self.shuffle_steps * b
+            g = record // n
+            k = g * n + int(_index.epoch_positions(np.array([record % n]), n, self.seed, "global", epoch=g)[0])
+        return [(k // b, k % b)]
 
     def segments(self, positions: np.ndarray) -> Segments:
         """Per position: leaf 0, the entry at that position and the position."""
@@ -137,8 +160,17 @@ class LiveStream(SegmentStream):
         """The seconds a consumer waits for a step's entries (the source's ``timeout``)."""
         return float(cast(Any, self.source).timeout)
 
+    def step_map(self, pipe: Definition) -> StepMap:
+        """How ``pipe`` maps steps to positions: its batch size, window and the window's seed."""
+        window = self.shuffle_steps or 0
+        return StepMap(pipe.need_batch("commit"), window, self.seed if window else 0)
+
+    def begin(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
+        """Check a resume at ``step`` against the commit record (refused when it would lose or repeat entries)."""
+        cast(Any, self.source).resuming(self.step_map(pipe), step, process_index, process_count)
+
     def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
-        """Record, beside the log, that this host trained every step before ``step``."""
+        """Record, beside the log, that this host trained every step before ``step`` (with the step map)."""
         cast(Any, self.source).commit(step, process_index, process_count)
 
     def late(self, pipe: Definition, step: int, process_index: int, process_count: int, waited: float) -> Exception:
