@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import struct
-import tempfile
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def _key_of(path: str, key: str | None) -> str:
 
 
 def store(path: str, ids: np.ndarray, n: int, *, kind: bytes = SURVIVORS, key: str | None = None) -> None:
-    """Write an index file atomically (a temporary file in the same folder, renamed into place).
+    """Write an index file atomically (:func:`write_atomically`).
 
     Args:
         path: where to write it (its folder is made if missing).
@@ -98,25 +98,31 @@ def store(path: str, ids: np.ndarray, n: int, *, kind: bytes = SURVIVORS, key: s
     write_atomically(path, [_HEADER.pack(kind, len(ids), n, _checksum(field, ids), field), ids.view(np.uint8).data])
 
 
-def write_atomically(path: str, chunks: list[bytes | memoryview]) -> None:
-    """Write ``chunks`` to ``path`` atomically: a temporary file in its folder, fsynced, renamed into place.
+def write_atomically(path: str, chunks: list[bytes | memoryview], *, durable: bool = True) -> None:
+    """Write ``chunks`` to ``path`` atomically: a temporary file in its folder, renamed into place.
+
+    The file gets the mode a file made by ``open(path, "w")`` gets (``0o666`` less the umask),
+    not ``0o600`` as from :func:`tempfile.mkstemp`.
 
     Args:
         path: the file (its folder is made if missing).
         chunks: its bytes, in order.
+        durable: fsync it before the rename (``False``: a file whose loss in a crash costs
+            nothing but work, such as a record the reader verifies).
 
     Raises:
         OSError: it cannot be written (no temporary file is left).
     """
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -124,6 +130,18 @@ def write_atomically(path: str, chunks: list[bytes | memoryview]) -> None:
         except OSError:
             pass
         raise
+
+
+def _temporary(path: str) -> tuple[int, str]:
+    """A new file beside ``path`` (``PATH.<random>.tmp``), open for writing, its mode ``0o666`` less the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp  # the umask applies, as to any file made by open()
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path!r}")  # pragma: no cover - 100 collisions of 48 bits
 
 
 def load(path: str, n: int, *, kind: bytes = SURVIVORS, key: str | None = None) -> tuple[np.ndarray | None, str]:
