@@ -52,6 +52,11 @@ pytestmark = pytest.mark.timeout(120)
 FORMATS = ("webdataset", "tfrecord", "jsonl")
 CLASSES: dict[str, type] = {"webdataset": WebDatasetSource, "tfrecord": TFRecordSource, "jsonl": JsonlSource}
 SUFFIX = {"webdataset": ".tar", "tfrecord": ".tfrecord", "jsonl": ".jsonl"}
+LEFT_OUT = {  # why an index that leaves the last record out is not used
+    "webdataset": "lies after its last sample",
+    "tfrecord": "outside them hold data",
+    "jsonl": "outside them hold data",
+}
 
 
 # --------------------------------------------------------------------------- files, written by each format's library
@@ -106,6 +111,11 @@ def open_source(fmt: str, paths: Any, index_cache: Path, **kw: Any) -> Any:
     return CLASSES[fmt](paths, index_cache=index_cache, **kw)
 
 
+def built_indexes(index_cache: Path) -> list[Path]:
+    """The indexes cached in ``index_cache`` (not the records of the files hashed, in ``offsets/files/``)."""
+    return sorted((index_cache / "offsets").glob("*.idx"))
+
+
 def read_all(src: Any) -> list[Any]:
     return list(src.read_many(np.arange(len(src))))
 
@@ -114,7 +124,7 @@ def write_sidecar(src: Any, k: int, offsets: np.ndarray | None = None, path: str
     """Write file ``k``'s sidecar index (``offsets``: the source's own by default) with offsets.dump/store."""
     target = offsets_mod.sidecar_path(path or src.paths[k])
     off = src.offsets(k) if offsets is None else offsets
-    offsets_mod.store(target, offsets_mod.dump(src.FORMAT, src.sizes[k], src.samples[k], off))
+    offsets_mod.store(target, offsets_mod.dump(src.FORMAT, src.sizes[k], src.contents[k], off))
     return target
 
 
@@ -322,16 +332,16 @@ def test_index_is_built_then_cached_and_found_for_a_copy_elsewhere(fmt, tmp_path
     idx = tmp_path / "idx"
     src = open_source(fmt, paths, idx)
     assert src.index_sources == ["built", "built"]
-    cached = sorted((idx / "offsets").iterdir())
+    cached = built_indexes(idx)
     assert [p.name for p in cached] == sorted(
-        f"{src.FORMAT}-{size}-{sample}.idx" for size, sample in zip(src.sizes, src.samples)
+        f"{src.FORMAT}-{size}-{content}.idx" for size, content in zip(src.sizes, src.contents)
     )
     for k in range(2):
         got, why = offsets_mod.load(
-            offsets_mod.cache_path(src.FORMAT, src.sizes[k], src.samples[k], idx),
+            offsets_mod.cache_path(src.FORMAT, src.sizes[k], src.contents[k], idx),
             src.FORMAT,
             src.sizes[k],
-            src.samples[k],
+            src.contents[k],
         )
         assert why == "verified" and got.tolist() == src.offsets(k).tolist()
     again = open_source(fmt, paths, idx)
@@ -340,7 +350,7 @@ def test_index_is_built_then_cached_and_found_for_a_copy_elsewhere(fmt, tmp_path
     shutil.copytree(tmp_path / "data", copy)
     moved = open_source(fmt, sorted(copy.iterdir()), idx)  # keyed by the file's identity, not its path
     assert moved.index_sources == ["cache", "cache"] and read_all(moved) == want
-    assert sorted((idx / "offsets").iterdir()) == cached  # nothing new built
+    assert built_indexes(idx) == cached  # nothing new built
     renamed = tmp_path / "renamed" / f"other{SUFFIX[fmt]}"
     renamed.parent.mkdir()
     shutil.copy(paths[1], renamed)
@@ -356,13 +366,13 @@ def test_a_sidecar_is_used_before_the_cache(fmt, tmp_path):
         assert write_sidecar(src, k) == str(paths[k]) + ".quern.idx"
     side = open_source(fmt, paths, tmp_path / "idx2")
     assert side.index_sources == ["sidecar", "sidecar"] and read_all(side) == want
-    assert not (tmp_path / "idx2" / "offsets").exists()  # nothing built, nothing cached
+    assert not built_indexes(tmp_path / "idx2")  # nothing built, nothing cached
     assert open_source(fmt, paths, tmp_path / "idx").index_sources == ["sidecar", "sidecar"]  # before the cache
-    # the sidecar's offsets are what is read: one that leaves the last record out gives one record less
+    # a sidecar that leaves the last record out (its checksum right) is checked against the file: not used
     write_sidecar(src, 0, src.offsets(0)[:-1])
-    short = open_source(fmt, paths, tmp_path / "idx3")
-    assert short.index_sources == ["sidecar", "sidecar"] and len(short) == len(want) - 1
-    assert read_all(short) == want[:9] + want[10:]
+    with pytest.warns(UserWarning, match=rf"sidecar index .*part-000.*is not used: .*{LEFT_OUT[fmt]}"):
+        short = open_source(fmt, paths, tmp_path / "idx3")
+    assert short.index_sources == ["built", "sidecar"] and read_all(short) == want
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -374,11 +384,11 @@ def test_quern_index_writes_sidecars_the_sources_use(fmt, tmp_path):
     done = quern_cmd("index", str(tmp_path / "data" / f"*{SUFFIX[fmt]}"))
     for k, p in enumerate(paths):
         assert f"{p}: 10 {fmt} records; index {p}.quern.idx written" in done.stdout
-        got, why = offsets_mod.load(str(p) + ".quern.idx", fmt, scanned.sizes[k], scanned.samples[k])
+        got, why = offsets_mod.load(str(p) + ".quern.idx", fmt, scanned.sizes[k], scanned.contents[k])
         assert why == "verified" and got.tolist() == scanned.offsets(k).tolist()  # what a scan finds
     src = open_source(fmt, paths, tmp_path / "idx")
     assert src.index_sources == ["sidecar", "sidecar"] and read_all(src) == want
-    assert not (tmp_path / "idx" / "offsets").exists()
+    assert not built_indexes(tmp_path / "idx")
     write_files(fmt, tmp_path / "data", n_files=2, per_file=11)  # both rewritten: file 0's sidecar is stale
     os.unlink(str(paths[1]) + ".quern.idx")  # file 1 has none
     again = quern_cmd("index", *map(str, paths))
@@ -400,7 +410,9 @@ def test_a_tfrecord_sidecar_from_the_tfrecord_packages_index(tmp_path):
     theirs = np.asarray([o for o, _ in index] + [index[-1][0] + index[-1][1]], np.int64)
     size = os.path.getsize(path)
     probe = TFRecordSource(path, index_cache=tmp_path / "probe")
-    offsets_mod.store(offsets_mod.sidecar_path(str(path)), offsets_mod.dump("tfrecord", size, probe.samples[0], theirs))
+    offsets_mod.store(
+        offsets_mod.sidecar_path(str(path)), offsets_mod.dump("tfrecord", size, probe.contents[0], theirs)
+    )
     src = TFRecordSource(path, index_cache=tmp_path / "idx")
     assert src.index_sources == ["sidecar"] and read_all(src) == read_tfrecords(path)
 
@@ -446,7 +458,7 @@ def test_a_stale_or_damaged_sidecar_is_not_used(fmt, bad, tmp_path):
 def test_a_damaged_cached_index_is_rebuilt(fmt, damage, tmp_path):
     (path,) = write_files(fmt, tmp_path / "data", n_files=1)
     src = open_source(fmt, path, tmp_path / "idx")
-    cached = offsets_mod.cache_path(src.FORMAT, src.sizes[0], src.samples[0], tmp_path / "idx")
+    cached = offsets_mod.cache_path(src.FORMAT, src.sizes[0], src.contents[0], tmp_path / "idx")
     good = Path(cached).read_bytes()
     if damage == "flipped-offset":
         flip_byte(cached, 128 + 8 * 3)
@@ -456,8 +468,9 @@ def test_a_damaged_cached_index_is_rebuilt(fmt, damage, tmp_path):
         os.truncate(cached, 128 + 8)
     else:
         Path(cached).write_bytes(b"")
-    assert offsets_mod.load(cached, src.FORMAT, src.sizes[0], src.samples[0])[0] is None
-    again = open_source(fmt, path, tmp_path / "idx")
+    assert offsets_mod.load(cached, src.FORMAT, src.sizes[0], src.contents[0])[0] is None
+    with pytest.warns(UserWarning, match=r"the cached index .*\.idx is not used"):
+        again = open_source(fmt, path, tmp_path / "idx")
     assert again.index_sources == ["built"]
     assert read_all(again) == reference(fmt, path)
     assert Path(cached).read_bytes() == good  # stored again
@@ -477,10 +490,11 @@ def test_load_refuses_each_bad_index_with_its_reason(tmp_path):
     checksum = bytearray(good)
     checksum[60] ^= 0x01  # inside the header's checksum
     cases = {
-        "wrong magic": (b"QUERNOX2" + good[8:], "jsonl", 100, sample),
+        "wrong magic": (b"QUERNOX9" + good[8:], "jsonl", 100, sample),
+        "an old format (version 1": (b"QUERNOX1" + good[8:], "jsonl", 100, sample),
         "an index of a jsonl file, not tfrecord": (good, "tfrecord", 100, sample),
         "made for a file of 100 bytes, not 101": (good, "jsonl", 101, sample),
-        "made for another file of the same size (its sampled hash differs)": (good, "jsonl", 100, "cd" * 16),
+        "made for other contents of a file of this size": (good, "jsonl", 100, "cd" * 16),
         "its checksum does not match (damaged)": (bytes(flipped), "jsonl", 100, sample),
         "its checksum does not match": (bytes(checksum), "jsonl", 100, sample),
         "(partial or damaged)": (good[:-8], "jsonl", 100, sample),
@@ -510,13 +524,14 @@ def test_a_pickled_source_reads_the_same_records(fmt, tmp_path):
     # the offsets travel as their index file, verified again where unpickled; where it is missing
     # (another machine, a cleaned cache) the file is indexed again there
     for k in range(2):
-        os.unlink(offsets_mod.cache_path(src.FORMAT, src.sizes[k], src.samples[k], tmp_path / "idx"))
+        os.unlink(offsets_mod.cache_path(src.FORMAT, src.sizes[k], src.contents[k], tmp_path / "idx"))
     assert pickle.loads(blob).read_many(ids) == want
-    # an index file that now holds another count of records (a file indexed under other rules) is refused
-    k0 = offsets_mod.cache_path(src.FORMAT, src.sizes[0], src.samples[0], tmp_path / "idx")
-    offsets_mod.store(k0, offsets_mod.dump(src.FORMAT, src.sizes[0], src.samples[0], src.offsets(0)[:-1]))
-    with pytest.raises(SourceError, match=r"the index .* of .*part-000.* cannot be used here: it holds"):
-        pickle.loads(blob)
+    # an index file that now leaves the last record out (its checksum right) is checked against the file,
+    # refused and made again
+    k0 = offsets_mod.cache_path(src.FORMAT, src.sizes[0], src.contents[0], tmp_path / "idx")
+    offsets_mod.store(k0, offsets_mod.dump(src.FORMAT, src.sizes[0], src.contents[0], src.offsets(0)[:-1]))
+    with pytest.warns(UserWarning, match=rf"the cached index .* is not used: .*{LEFT_OUT[fmt]}"):
+        assert pickle.loads(blob).read_many(ids) == want
 
 
 def test_a_pickled_jsonl_source_keeps_its_field(tmp_path):
@@ -584,9 +599,10 @@ def test_jsonl_field_is_part_of_the_identity(tmp_path):
     assert JsonlSource(path, field="text", index_cache=tmp_path / "idx").identity() == text
 
 
-def test_a_big_file_change_outside_the_sampled_bytes_is_caught_when_read(tmp_path):
-    """Over 1 MiB a file is hashed in sampled ranges: a change inside them changes the identity; one
-    outside keeps it (and the cached index), and the record's CRC catches it at read."""
+def test_a_big_file_change_outside_the_sampled_bytes_changes_the_identity_and_the_index(tmp_path):
+    """Over 1 MiB the sampled hash reads ranges of a file; the content hash reads every byte: a change
+    outside the sampled ranges is another file (another identity, an index of its own, a warning), and
+    the record's CRC still names the damaged record at read."""
     path = tmp_path / "big.tfrecord"
     payloads = [bytes([i]) * 50_000 for i in range(40)]  # 2 MB
     write_tfrecords(path, payloads)
@@ -605,16 +621,18 @@ def test_a_big_file_change_outside_the_sampled_bytes_is_caught_when_read(tmp_pat
     k = unsampled[0]
     flip_byte(path, int(off[k]) + 12 + 100)  # a data byte no sampled range reads
     assert tfrecord_crc_errors(path) == [k]
-    same = TFRecordSource(path, index_cache=tmp_path / "idx")
-    assert same.identity() == ident and same.index_sources == ["cache"]
+    with pytest.warns(UserWarning, match=r"big\.tfrecord' changed in place .* its old contents is not used"):
+        same = TFRecordSource(path, index_cache=tmp_path / "idx")
+    assert same.identity() != ident and same.index_sources == ["built"]
+    assert same.identity()["files"][0]["records"] == 40 and same.offsets(0).tolist() == off.tolist()
     others = np.array([i for i in range(40) if i != k])
     assert list(same.read_many(others)) == [payloads[i] for i in others]
     with pytest.raises(SourceError, match=rf"big\.tfrecord' record {k} .*data's CRC does not match"):
         same.read_many(np.array([k]))
-    flip_byte(path, int(off[k]) + 12 + 100)  # back
-    flip_byte(path, 100)  # inside the first 64 KiB, a sampled range
-    changed = TFRecordSource(path, index_cache=tmp_path / "idx")
-    assert changed.identity() != ident and changed.index_sources == ["built"]
+    flip_byte(path, int(off[k]) + 12 + 100)  # back: the first file again, its index found in the cache
+    with pytest.warns(UserWarning, match="changed in place"):
+        back = TFRecordSource(path, index_cache=tmp_path / "idx")
+    assert back.identity() == ident and back.index_sources == ["cache"]
 
 
 # --------------------------------------------------------------------------- URLs

@@ -294,7 +294,7 @@ def test_a_valid_index_that_does_not_fit_the_records_is_caught_at_read(fmt, why,
         off = np.delete(off, 2)
         bad = 1
     sidecar = offsets_mod.sidecar_path(str(path))
-    offsets_mod.store(sidecar, offsets_mod.dump(src.FORMAT, src.sizes[0], src.samples[0], off))
+    offsets_mod.store(sidecar, offsets_mod.dump(src.FORMAT, src.sizes[0], src.contents[0], off))
     wrong = open_source(fmt, path, tmp_path)
     assert wrong.index_sources == ["sidecar"] and len(wrong) == len(want) - (fmt != "jsonl")
     assert wrong.read_many(np.array([4])) == [want[5 if fmt != "jsonl" else 4]]
@@ -430,13 +430,17 @@ def test_quern_index_refuses_bad_files_naming_them(tmp_path):
 
 
 def test_an_index_cache_that_cannot_be_written(tmp_path):
-    """The index is not cached (a warning names the file and the folder); the records read, also pickled."""
+    """The index is not cached, nor the file's content hash (warnings name the file and the folder); the
+    records read, also pickled."""
     path = tmp_path / "a.jsonl"
     want = write_good("jsonl", path)
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the cache folder should be")
-    with pytest.warns(UserWarning, match=rf"cannot cache the index of {named(path)} in {re.escape(str(blocker))}"):
+    with pytest.warns(UserWarning) as caught:
         src = JsonlSource(path, index_cache=blocker)
+    said = [str(w.message) for w in caught]
+    assert any(re.search(rf"cannot cache the index of {named(path)} in {re.escape(str(blocker))}", m) for m in said)
+    assert any(re.search(rf"cannot keep the content hash of {named(path)} .*read whole .* every open", m) for m in said)
     assert src.index_sources == ["built"] and list(src.read_many(np.arange(6))) == want
     copy = pickle.loads(pickle.dumps(src))  # its offsets travel in the pickle
     assert list(copy.read_many(np.array([5, 0, 3]))) == [want[5], want[0], want[3]]

@@ -25,7 +25,7 @@ from ..limits import MAX_BYTES
 from ..progress import Bar
 from ..service import RayService
 from ..sources import IndexedSource, JsonlSource, TFRecordSource, WebDatasetSource
-from ..sources.base import expand_paths
+from ..sources.indexed import data_files
 from ..sources.prepared import MANIFEST
 from ..tree import leaves
 from . import reports
@@ -369,9 +369,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         args: The parsed arguments.
 
     Returns:
-        The exit status, 0 (a file that cannot be indexed: exit 1, naming it and where).
+        The exit status, 0 (a file that cannot be indexed: exit 1, naming it and where; a sidecar
+        named as a file: exit 2).
     """
-    files = expand_paths(args.paths, "index")
+    files = data_files(args.paths, "index")  # the sidecars a glob matches are left out
     groups: dict[type[IndexedSource], list[str]] = {}
     for path in files:
         groups.setdefault(_index_kind(path, args.format), []).append(path)

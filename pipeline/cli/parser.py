@@ -352,14 +352,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     help = (
         "index WebDataset tar shards, TFRecord and JSON-lines files for random access: write each file's record "
-        "offsets beside it (FILE.quern.idx), which the sources use instead of scanning the file on first open"
+        "offsets and content hash beside it (FILE.quern.idx), which the sources check against the file and use "
+        "instead of scanning it"
     )
-    p = sub.add_parser("index", help=help, description=help, parents=[common], epilog=EPILOG)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or globs (a sidecar already right is kept)")
+    plain = argparse.ArgumentParser(add_help=False)  # no --allow: indexing runs no config's code
+    plain.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=traceback_help)
+    index_epilog = (
+        "errors: one message on stderr, or the full traceback with --traceback. exit status: 0 done; 1 a file "
+        "could not be indexed (not a regular file, empty, compressed or bad data: named, with where); 2 bad "
+        "arguments (a format that cannot be told by the name, a sidecar named as a file); 130 interrupted."
+    )
+    p = sub.add_parser("index", help=help, description=help, parents=[plain], epilog=index_epilog)
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or globs (a sidecar already right is kept; the sidecars a glob matches are left out)",
+    )
     p.add_argument(
         "--format",
         choices=list(INDEX_FORMATS),
         help="the format of every file (default: by name: .tar; .tfrecord, .tfrecords, .tfrec; .jsonl, .ndjson, .json)",
     )
-    p.add_argument("--threads", type=_positive, default=None, help="files scanned at once (default: up to 8)")
+    p.add_argument(
+        "--threads", type=_positive, default=None, help="files hashed and scanned at once (default: up to 8)"
+    )
     return ap

@@ -6,29 +6,31 @@ offsets are kept in a verified index, :mod:`quern.pipeline.sources.offsets`)
 and decodes one record from its bytes (:meth:`~quern.sources.IndexedSource.decode`). This
 module does the rest: paths, globs and URLs (fetched whole into the disk cache,
 keyed there by URL and the server's size and ETag or Last-Modified), refusing
-compressed files, finding or building the indexes (a sidecar, the cache, else a
-scan, in parallel over files), bulk reads grouped per file (consecutive records
-in one ``pread``), the checks that a file did not change, and the identity.
+what is not a regular file and compressed files, each file's content hash
+(:mod:`quern.pipeline.sources.contents`), finding, checking or building the
+indexes (a sidecar, the cache, else a scan, in parallel over files), bulk reads
+grouped per file (consecutive records in one ``pread``), the checks that a file
+did not change, and the identity.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
-import threading
+import stat
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from ..cache import ShardCache, is_url
 from ..errors import SourceError
+from . import contents as contents_mod
 from . import offsets as offsets_mod
-from .base import FileStats, Source, check_ids, expand_paths, group_by, sample_hash
+from .base import FileStats, Source, check_ids, expand_paths, group_by
+from .descriptors import Descriptors
 
-__all__ = ["COMPRESSED", "IndexedSource", "Sidecar", "check_file", "compression_of"]
+__all__ = ["COMPRESSED", "IndexedSource", "Sidecar", "check_file", "compression_of", "data_files"]
 
 COMPRESSED = {
     b"\x1f\x8b": "gzip",
@@ -38,7 +40,13 @@ COMPRESSED = {
 }
 """Magic bytes of compressed files, which cannot be read by offset."""
 _RUN_BYTES = 64 << 20  # the most bytes one pread reads (a run of consecutive records is cut beyond it)
-_MAX_FDS = 256  # open files kept per process
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def compression_of(head: bytes) -> str | None:
@@ -62,7 +70,7 @@ def compression_of(head: bytes) -> str | None:
 
 
 def check_file(what: str, fmt: str, name: str, path: str, size: int) -> None:
-    """Refuse a file that cannot be read by offset: an empty or a compressed one.
+    """Refuse a file that cannot be read by offset: not a regular file, empty, or compressed.
 
     Args:
         what: the source's class name, for the message.
@@ -72,8 +80,16 @@ def check_file(what: str, fmt: str, name: str, path: str, size: int) -> None:
         size: its size in bytes.
 
     Raises:
-        SourceError: the file is empty, or compressed (with what to do instead).
+        SourceError: the file is a directory, a FIFO or another file that is not a regular one,
+            is empty, or is compressed (with what to do instead).
     """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise SourceError(f"{what}: {name!r}: cannot stat it: {e}") from e
+    if not stat.S_ISREG(mode):
+        other = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise SourceError(f"{what}: {name!r} is {other}, not a {fmt} file: only regular files can be read by offset")
     if size == 0:
         raise SourceError(f"{what}: {name!r} is empty (0 bytes): it holds no {fmt} records")
     with open(path, "rb") as f:
@@ -87,6 +103,40 @@ def check_file(what: str, fmt: str, name: str, path: str, size: int) -> None:
         )
 
 
+def data_files(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:
+    """The files named by a glob, a path, or a list of them, less the sidecar indexes globs match.
+
+    Args:
+        paths: a path or glob, or a list of them.
+        what: the source's name, for the messages.
+
+    Returns:
+        The files (:func:`~quern.pipeline.sources.base.expand_paths`), without the files a glob
+        matched that end with :data:`~quern.pipeline.sources.offsets.SIDECAR` (``data/*`` matches
+        the sidecars ``quern index`` wrote there).
+
+    Raises:
+        FileNotFoundError: a glob matches nothing but sidecars, or a path does not exist.
+        ValueError: no path is given, or a path named (not matched) is a sidecar.
+    """
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[str] = []
+    for p in (os.fspath(g) for g in given):
+        files = expand_paths(p, what)
+        if not any(c in p for c in "*?["):
+            if p.endswith(offsets_mod.SIDECAR):
+                raise ValueError(f"{what}: {p!r} is a sidecar index (`quern index` writes them), not a data file")
+            out.extend(files)
+            continue
+        kept = [f for f in files if not f.endswith(offsets_mod.SIDECAR)]
+        if not kept:
+            raise FileNotFoundError(f"{what}: no file but sidecar indexes matches {p!r}")
+        out.extend(kept)
+    if not out:
+        raise ValueError(f"{what}: no files given")
+    return out
+
+
 class Sidecar(NamedTuple):
     """What :meth:`~quern.sources.IndexedSource.write_sidecars` did for one file."""
 
@@ -98,75 +148,6 @@ class Sidecar(NamedTuple):
     """Its sidecar index."""
     built: bool
     """Whether it was written (``False``: the sidecar there was already right for the file)."""
-
-
-class _Fds:
-    """This process's open files, by file index, each counted while in use (``pread`` needs no lock).
-
-    At most :data:`_MAX_FDS` are kept; beyond that the least recently used ones not in use are closed.
-    A file dropped (or evicted) while a thread reads it is closed when that thread is done. After a fork
-    the inherited descriptors (the child's own copies) are closed and files are opened again.
-    """
-
-    def __init__(self) -> None:
-        self._fds: collections.OrderedDict[int, list[int]] = collections.OrderedDict()  # k -> [fd, users]
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def _forked(self) -> None:
-        if self._pid != os.getpid():
-            for fd, _ in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self._fds.clear()
-            self._pid = os.getpid()
-
-    @contextlib.contextmanager
-    def use(self, k: int, path: str) -> Iterator[int]:
-        """The open descriptor of file ``k`` (``path``), held open while the block runs."""
-        with self._lock:
-            self._forked()
-            entry = self._fds.get(k)
-            if entry is None:
-                entry = self._fds[k] = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), 0]
-            entry[1] += 1
-            self._fds.move_to_end(k)
-            while len(self._fds) > _MAX_FDS:
-                idle = next((j for j, e in self._fds.items() if e[1] == 0), None)
-                if idle is None:
-                    break
-                os.close(self._fds.pop(idle)[0])
-        try:
-            yield entry[0]
-        finally:
-            with self._lock:
-                entry[1] -= 1
-                gone = self._fds.get(k) is not entry  # dropped or evicted meanwhile: closed by its last user
-                if gone and entry[1] == 0 and self._pid == os.getpid():
-                    os.close(entry[0])
-
-    def drop(self, k: int) -> None:
-        """Forget file ``k``'s descriptor (closed now, or by the thread using it when it is done)."""
-        with self._lock:
-            entry = self._fds.pop(k, None) if self._pid == os.getpid() else None
-            if entry is not None and entry[1] == 0:
-                os.close(entry[0])
-
-    def close(self) -> None:
-        with self._lock:
-            entries = list(self._fds.values()) if self._pid == os.getpid() else []
-            self._fds.clear()
-            for fd, users in entries:
-                if users == 0:
-                    os.close(fd)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
 
 class IndexedSource(Source):
@@ -188,12 +169,14 @@ class IndexedSource(Source):
 
     Raises:
         FileNotFoundError: a glob matches nothing, or a path does not exist.
-        SourceError: a file is empty, compressed or holds bad data (naming the file and where),
-            or a URL cannot be fetched.
+        SourceError: a file is not a regular file, is empty, compressed or holds bad data (naming
+            the file and where), or a URL cannot be fetched.
 
     Attributes:
         paths: the local files read (for URLs, their copies in the cache).
         urls: the URLs given, else ``None``.
+        contents: each file's content hash (:mod:`quern.pipeline.sources.contents`), taken when the
+            source opened it (or remembered for its unchanged stat identity).
         counts: the records of each file.
         starts: the first record id of each file, and the total.
         index_sources: per file, where its index came from: ``"sidecar"``, ``"cache"`` or ``"built"``.
@@ -203,6 +186,8 @@ class IndexedSource(Source):
     """The format's name in index files and messages."""
     SUFFIXES: tuple[str, ...] = ()
     """File name endings the default ``name`` drops."""
+    FILLER = b""
+    """The bytes a file may hold outside its records (the base :meth:`check_bounds`): none by default."""
 
     def __init__(
         self,
@@ -227,7 +212,7 @@ class IndexedSource(Source):
         elif any(is_url(p) for p in given):
             raise ValueError(f"{what}: give local paths or URLs, not both: {given!r}")
         else:
-            self.paths = expand_paths(given, what)
+            self.paths = data_files(given, what)
         self.names = list(self.urls or self.paths)  # how messages name the files
         base = self.names[0].rstrip("/").rsplit("/", 1)[-1]
         for suffix in self.SUFFIXES:
@@ -240,21 +225,30 @@ class IndexedSource(Source):
         self.sizes = [st[0] for st in self._files.stats]
         for k, (path, size) in enumerate(zip(self.paths, self.sizes)):
             check_file(what, self.FORMAT, self.names[k], path, size)
-        self.samples = [sample_hash(p, s) for p, s in zip(self.paths, self.sizes)]
+        self._fds = Descriptors()
+        known = contents_mod.know(self.paths, self.names, self.index_cache, threads=index_threads)
+        self.contents = [k.content for k in known]
+        for k, kn in enumerate(known):
+            self._files.check(k)  # hashed from the file the source opened
+            if kn.before is not None:
+                warnings.warn(
+                    f"{what}: {self.names[k]!r} changed in place since it was last opened here (its contents "
+                    "differ): the index of its old contents is not used",
+                    stacklevel=2,
+                )
         self._offsets: list[np.ndarray] = []
         self._index_files: list[str | None] = []
         self.index_sources: list[str] = []
-        self._find_indexes(index_threads)
+        self._find_indexes(index_threads, [kn.stat for kn in known])
         for k, off in enumerate(self._offsets):
             if len(off) < 2:
                 raise SourceError(f"{what}: {self.names[k]!r} holds no {self.FORMAT} records")
         self.counts = np.asarray([len(o) - 1 for o in self._offsets], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        self._fds = _Fds()
 
     # -- opening -----------------------------------------------------------------------------------------
 
-    def _find_indexes(self, threads: int | None) -> None:
+    def _find_indexes(self, threads: int | None, stats: list[os.stat_result]) -> None:
         """Each file's offsets: from its sidecar, else the cache, else a scan (stored in the cache)."""
         what = type(self).__name__
         found: list[np.ndarray | None] = []
@@ -269,54 +263,62 @@ class IndexedSource(Source):
                 self.scan, [self.paths[k] for k in missing], [self.names[k] for k in missing], threads=threads
             )
             for k, off in zip(missing, built):
-                self._files.check(k)  # scanned from the file the source opened
+                self._files.check(k)  # scanned from the file the source opened,
+                contents_mod.unchanged(self.paths[k], stats[k], self.names[k])  # the one its contents were hashed of
                 found[k] = off
-                target = offsets_mod.cache_path(self.FORMAT, self.sizes[k], self.samples[k], self.index_cache)
+                target = offsets_mod.cache_path(self.FORMAT, self.sizes[k], self.contents[k], self.index_cache)
                 try:
-                    offsets_mod.store(target, offsets_mod.dump(self.FORMAT, self.sizes[k], self.samples[k], off))
+                    offsets_mod.store(target, offsets_mod.dump(self.FORMAT, self.sizes[k], self.contents[k], off))
                     self._index_files[k] = target
                 except OSError as e:
                     warnings.warn(f"{what}: cannot cache the index of {self.names[k]!r} in {target}: {e}", stacklevel=3)
         self._offsets = [off for off in found if off is not None]
 
+    def _checked(self, k: int, data: bytes | str) -> tuple[np.ndarray | None, str]:
+        """An index (its bytes or path) verified for file ``k`` (:func:`offsets.load`) and checked against its bytes."""
+        off, why = offsets_mod.load(data, self.FORMAT, self.sizes[k], self.contents[k])
+        if off is None:
+            return None, why
+        try:
+            with self._fds.use(k, self.paths[k]) as fd:
+                bad = self.check_bounds(fd, self.sizes[k], int(off[0]), int(off[-1]), self.names[k])
+        except OSError as e:
+            return None, f"the file cannot be read to check it ({e})"
+        return (None, bad) if bad is not None else (off, why)
+
     def _known_index(self, k: int) -> tuple[np.ndarray | None, str, str | None]:
-        """File ``k``'s verified offsets from its sidecar or the cache: ``(offsets, from, file)``."""
-        fmt, size, sample = self.FORMAT, self.sizes[k], self.samples[k]
-        cached = offsets_mod.cache_path(fmt, size, sample, self.index_cache)
-        candidates: list[tuple[str, bytes | str, str | None]] = []
-        if self.urls is None:
-            candidates.append(
-                ("sidecar", offsets_mod.sidecar_path(self.paths[k]), offsets_mod.sidecar_path(self.paths[k]))
-            )
-        candidates.append(("cache", cached, cached))
-        for src, data, where in candidates:
-            off, why = offsets_mod.load(data, fmt, size, sample)
+        """File ``k``'s checked offsets from its sidecar or the cache: ``(offsets, from, file)``."""
+        what, fmt, size, content = type(self).__name__, self.FORMAT, self.sizes[k], self.contents[k]
+        candidates = [("sidecar", offsets_mod.sidecar_path(self.paths[k]), "sidecar")] if self.urls is None else []
+        candidates.append(("cache", offsets_mod.cache_path(fmt, size, content, self.index_cache), "cached"))
+        fetched = offsets_mod.cache_path(fmt, size, content, self.index_cache, fetched=True)
+        if self.urls is not None:  # a sidecar fetched beside the URL before: kept apart from the local files' indexes
+            candidates.append(("cache", fetched, "fetched sidecar"))
+        for src, where, kind in candidates:
+            off, why = self._checked(k, where)
             if off is not None:
                 return off, src, where
-            if src == "sidecar" and why != "not built yet":
-                warnings.warn(
-                    f"{type(self).__name__}: the sidecar index {where} is not used: {why}",
-                    stacklevel=4,
-                )
-        if self.urls is not None and self.cache is not None:  # a sidecar beside the URL, fetched once
-            url = offsets_mod.sidecar_path(self.urls[k])
-            try:
-                blob = self.cache.read(url)
-            except FileNotFoundError:
-                return None, "built", None
-            except SourceError as e:  # a sidecar that cannot be fetched (forbidden, the network): index the file
-                warnings.warn(f"{type(self).__name__}: the sidecar index {url} cannot be fetched: {e}", stacklevel=4)
-                return None, "built", None
-            off, why = offsets_mod.load(blob, fmt, size, sample)
-            if off is None:
-                warnings.warn(f"{type(self).__name__}: the sidecar index {url} is not used: {why}", stacklevel=4)
-                return None, "built", None
-            try:
-                offsets_mod.store(cached, blob)
-                return off, "sidecar", cached
-            except OSError:
-                return off, "sidecar", None
-        return None, "built", None
+            if why != "not built yet" and not (src == "cache" and why.startswith("cannot read it")):
+                warnings.warn(f"{what}: the {kind} index {where} is not used: {why}", stacklevel=4)
+        if self.urls is None or self.cache is None:
+            return None, "built", None
+        url = offsets_mod.sidecar_path(self.urls[k])  # a sidecar beside the URL, fetched once
+        try:
+            blob = self.cache.read(url)
+        except FileNotFoundError:
+            return None, "built", None
+        except SourceError as e:  # a sidecar that cannot be fetched (forbidden, the network): index the file
+            warnings.warn(f"{what}: the sidecar index {url} cannot be fetched: {e}", stacklevel=4)
+            return None, "built", None
+        off, why = self._checked(k, blob)
+        if off is None:
+            warnings.warn(f"{what}: the sidecar index {url} is not used: {why}", stacklevel=4)
+            return None, "built", None
+        try:
+            offsets_mod.store(fetched, blob)
+            return off, "sidecar", fetched
+        except OSError:
+            return off, "sidecar", None
 
     @classmethod
     def write_sidecars(
@@ -324,47 +326,84 @@ class IndexedSource(Source):
     ) -> list[Sidecar]:
         """Index local files and write each index beside its file (``FILE.quern.idx``): ``quern index``.
 
-        A sidecar already right for its file (verified as when a source opens it) is kept.
+        A sidecar already right for its file (verified and checked as when a source opens it) is
+        kept. The sidecars a glob matches are left out (``data/*``).
 
         Args:
             paths: a path or glob, or a list of them.
-            threads: files scanned at once (default: up to 8).
+            threads: files hashed and scanned at once (default: up to 8).
 
         Returns:
             Per file, in order, what was done.
 
         Raises:
             FileNotFoundError: a glob matches nothing, or a path does not exist.
-            SourceError: a file is empty, compressed or holds bad data (naming it and where).
+            ValueError: a path named is a sidecar.
+            SourceError: a file is not a regular file, is empty, compressed or holds bad data
+                (naming it and where).
             OSError: a sidecar cannot be written.
         """
         what = cls.__name__
-        files = expand_paths(paths, what)
-        sizes = [os.path.getsize(p) for p in files]
+        files = data_files(paths, what)
+        stats = FileStats(what, files)
+        sizes = [st[0] for st in stats.stats]
         for p, size in zip(files, sizes):
             check_file(what, cls.FORMAT, p, p, size)
-        samples = [sample_hash(p, size) for p, size in zip(files, sizes)]
-        found = [
-            offsets_mod.load(offsets_mod.sidecar_path(p), cls.FORMAT, size, h)[0]
-            for p, size, h in zip(files, sizes, samples)
-        ]
+        known = contents_mod.know(files, files, threads=threads)
+        found: list[np.ndarray | None] = []
+        for k, p in enumerate(files):
+            off, _ = offsets_mod.load(offsets_mod.sidecar_path(p), cls.FORMAT, sizes[k], known[k].content)
+            if off is not None:
+                with open(p, "rb", buffering=0) as f:
+                    off = None if cls.check_bounds(f.fileno(), sizes[k], int(off[0]), int(off[-1]), p) else off
+            found.append(off)
         missing = [k for k, off in enumerate(found) if off is None]
-        built = dict(
-            zip(
-                missing,
-                offsets_mod.build(cls.scan, [files[k] for k in missing], [files[k] for k in missing], threads=threads),
-            )
-        )
+        scanned = offsets_mod.build(cls.scan, [files[k] for k in missing], [files[k] for k in missing], threads=threads)
+        built = dict(zip(missing, scanned))
         out = []
         for k, off in enumerate(found):
-            new = off is None
             if off is None:
+                stats.check(k)
+                contents_mod.unchanged(files[k], known[k].stat, files[k])
                 off = built[k]
-                offsets_mod.store(
-                    offsets_mod.sidecar_path(files[k]), offsets_mod.dump(cls.FORMAT, sizes[k], samples[k], off)
-                )
-            out.append(Sidecar(files[k], len(off) - 1, offsets_mod.sidecar_path(files[k]), new))
+                dump = offsets_mod.dump(cls.FORMAT, sizes[k], known[k].content, off)
+                offsets_mod.store(offsets_mod.sidecar_path(files[k]), dump)
+            out.append(Sidecar(files[k], len(off) - 1, offsets_mod.sidecar_path(files[k]), k in built))
         return out
+
+    @classmethod
+    def check_bounds(cls, fd: int, size: int, first: int, last: int, name: str) -> str | None:
+        """Why an index's records cannot run from byte ``first`` to byte ``last`` of a file (``None``: they can).
+
+        An index file's checksum is no signature: one made by hand, or for other rules, can leave
+        records out at either end. This reads the file's bytes outside ``[first, last)``: they must
+        be :attr:`FILLER` only (the base: none, so the records run from byte 0 to the file's end).
+        A format whose records are framed otherwise overrides it. Records inside are framed by what
+        each read checks.
+
+        Args:
+            fd: the file, open for reading.
+            size: its size in bytes.
+            first: the index's first offset.
+            last: its last offset.
+            name: how messages name the file.
+
+        Returns:
+            ``None``, or why the index does not fit the file.
+        """
+        for lo, hi in ((0, first), (last, size)):
+            at = lo
+            while at < hi:
+                chunk = os.pread(fd, min(hi - at, 1 << 20), at)
+                if not chunk:
+                    return f"the file ends at byte {at}, inside the bytes {lo}-{hi} outside its records"
+                if chunk.translate(None, cls.FILLER):
+                    return (
+                        f"its records run from byte {first} to {last} of {size}, and the bytes {lo}-{hi} outside them "
+                        "hold data (records it leaves out: a forged or damaged index?)"
+                    )
+                at += len(chunk)
+        return None
 
     # -- what subclasses implement -------------------------------------------------------------------------
 
@@ -513,11 +552,12 @@ class IndexedSource(Source):
         """A description of the data for the pipeline fingerprint.
 
         Returns:
-            The type, name, length and per file its name, size, record count and sampled hash.
+            The type, name, length and per file its name, size, record count and content hash
+            (of every byte: any change of a file changes it).
         """
         files = [
-            {"file": n.rstrip("/").rsplit("/", 1)[-1], "size": s, "records": int(c), "sample": h}
-            for n, s, c, h in zip(self.names, self.sizes, self.counts, self.samples)
+            {"file": n.rstrip("/").rsplit("/", 1)[-1], "size": s, "records": int(c), "content": h}
+            for n, s, c, h in zip(self.names, self.sizes, self.counts, self.contents)
         ]
         return {**super().identity(), "files": files}
 
@@ -531,20 +571,29 @@ class IndexedSource(Source):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._fds = _Fds()
+        what = type(self).__name__
+        self._fds = Descriptors()
+        elsewhere = [k for k, st in enumerate(self._files.stats) if st[1] is None and os.path.exists(self.paths[k])]
+        if elsewhere:  # another machine (FileStats keeps sizes only): its copies of the files must be the same
+            paths, names = [self.paths[k] for k in elsewhere], [self.names[k] for k in elsewhere]
+            known = contents_mod.know(paths, names, self.index_cache)
+            for k, kn in zip(elsewhere, known):
+                if kn.content != self.contents[k]:
+                    raise SourceError(
+                        f"{what}: {self.names[k]!r} on this machine is not the file the source opened: its contents "
+                        f"differ (content hash {kn.content}, not {self.contents[k]})"
+                    )
         for k, off in enumerate(self._offsets):
             if off is not None:
                 continue
             path = self._index_files[k]
             assert path is not None
-            got, why = offsets_mod.load(path, self.FORMAT, self.sizes[k], self.samples[k])
+            got, why = self._checked(k, path) if os.path.exists(self.paths[k]) else (None, "the file is missing")
             if got is None and os.path.exists(self.paths[k]):  # another machine, a cleaned cache: made again here
                 got = self._known_index(k)[0]
                 if got is None:
                     got = offsets_mod.build(self.scan, [self.paths[k]], [self.names[k]])[0]
             if got is None or len(got) != self.counts[k] + 1:
                 why = why if got is None else f"it holds {len(got) - 1} records, not {int(self.counts[k])}"
-                raise SourceError(
-                    f"{type(self).__name__}: the index {path} of {self.names[k]!r} cannot be used here: {why}"
-                )
+                raise SourceError(f"{what}: the index {path} of {self.names[k]!r} cannot be used here: {why}")
             self._offsets[k] = got

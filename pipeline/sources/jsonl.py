@@ -87,6 +87,7 @@ class JsonlSource(IndexedSource):
 
     FORMAT = "jsonl"
     SUFFIXES = (".jsonl", ".ndjson", ".json")
+    FILLER = b" \t\r\n"  # JSON's whitespace: the lines before the first record and after the last
 
     def __init__(
         self,

@@ -4,21 +4,25 @@ A file read by offset (:mod:`quern.pipeline.sources.indexed`) needs, once, one
 sequential scan that finds its records' byte ranges: record ``k`` is the bytes
 ``[offsets[k], offsets[k + 1])`` of the file. The scan's result is kept in an
 *index file*, in the cache folder (``$QUERN_CACHE_DIR``, else
-``~/.cache/quern``, folder ``offsets/``) under the data file's identity, or beside
-the data file as a *sidecar* (``FILE.quern.idx``, written by ``quern index``).
-Both have one format, verified before use (:func:`load`):
+``~/.cache/quern``, folder ``offsets/``) under the data file's size and content
+hash, or beside the data file as a *sidecar* (``FILE.quern.idx``, written by
+``quern index``). Both have one format, verified before use (:func:`load`):
 
-- a 128-byte header: the magic ``QUERNOX1``, the format (``webdataset``,
-  ``tfrecord`` or ``jsonl``), the data file's size and its sampled hash
-  (:func:`~quern.pipeline.sources.base.sample_hash`, 16 bytes), the record count
-  ``n`` and an XXH3-128 checksum of the header's fields and the offsets;
+- a 128-byte header: the magic ``QUERNOX2``, the format (``webdataset``,
+  ``tfrecord`` or ``jsonl``), the data file's size and its content hash (the
+  XXH3-128 of every byte, :func:`~quern.pipeline.sources.contents.content_hash`),
+  the record count ``n`` and an XXH3-128 checksum of the header's fields and the
+  offsets;
 - ``n + 1`` offsets, 64-bit little-endian, strictly increasing within the file.
 
-An index is used only for the file it was made for: the same format, size and
-sampled hash (a copy of the file elsewhere keeps its index), a matching checksum
-and offsets that fit. What the sampled hash does not cover (a same-size change of
-bytes it does not read) is caught when a record is read: every format checks its
-framing there (a tar header's checksum, a TFRecord's CRCs, a line's newline).
+An index is used only for the file whose every byte it was made for: the same
+format, size and content hash (a copy of the file elsewhere keeps its index; a
+file changed in any byte does not), a matching checksum and offsets that fit.
+The checksum is no signature (anyone can compute it), so the source also checks
+an index against the file's bytes at its ends before using it
+(:meth:`~quern.sources.IndexedSource.check_bounds`): no record lies before the
+first offset or after the last. An index fetched beside a URL is kept in
+``offsets/fetched/``, never where the indexes of local files are looked up.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from ..plan.indexfile import cache_dir, write_atomically
 
 __all__ = ["MAGIC", "SIDECAR", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
 
-MAGIC = b"QUERNOX1"
+MAGIC = b"QUERNOX2"  # version 1 held a sampled hash of the file, not of all of it
 SIDECAR = ".quern.idx"
 """The suffix of a sidecar index: ``data.tar`` has ``data.tar.quern.idx``."""
-_FIELDS = struct.Struct("<8s16sQ16sQ")  # magic, format, data size, sampled hash, records
+_FIELDS = struct.Struct("<8s16sQ16sQ")  # magic, format, data size, content hash, records
 _HEADER = struct.Struct("<8s16sQ16sQ16s56x")  # the fields, their checksum, padding: 128 bytes
 _FORMAT_BYTES = 16
 
@@ -48,24 +52,29 @@ Scan = Callable[[BinaryIO, int, str], np.ndarray]
 """A format's scan: ``(file, size, name) -> offsets`` (``n + 1`` int64), raising SourceError on bad data."""
 
 
-def cache_path(fmt: str, size: int, sample: str, folder: str | os.PathLike | None = None) -> str:
+def cache_path(
+    fmt: str, size: int, content: str, folder: str | os.PathLike | None = None, *, fetched: bool = False
+) -> str:
     """Where the cached index of a data file is kept.
 
     Args:
         fmt: the format.
         size: the data file's size in bytes.
-        sample: its sampled hash (32 hex digits).
+        content: its content hash (32 hex digits).
         folder: the cache folder (default: ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``).
+        fetched: the index of a file fetched from a URL, taken from the sidecar beside it (kept
+            apart: only the sources of URLs look there).
 
     Returns:
-        ``offsets/<fmt>-<size>-<sample>.idx`` in the cache folder: named by the file's identity,
-        not its path, so a copy of the file finds it.
+        ``offsets/<fmt>-<size>-<content>.idx`` in the cache folder (``offsets/fetched/...``
+        with ``fetched``): named by the file's contents, not its path, so a copy of the file
+        finds it.
 
     Example:
         >>> cache_path("jsonl", 10, "ab" * 16, "/c")
         '/c/offsets/jsonl-10-abababababababababababababababab.idx'
     """
-    return os.path.join(cache_dir(folder), "offsets", f"{fmt}-{size}-{sample}.idx")
+    return os.path.join(cache_dir(folder), "offsets", *(["fetched"] if fetched else []), f"{fmt}-{size}-{content}.idx")
 
 
 def sidecar_path(data: str) -> str:
@@ -93,13 +102,13 @@ def _format_field(fmt: str) -> bytes:
     return raw.ljust(_FORMAT_BYTES, b"\0")
 
 
-def dump(fmt: str, size: int, sample: str, offsets: np.ndarray) -> bytes:
+def dump(fmt: str, size: int, content: str, offsets: np.ndarray) -> bytes:
     """An index file's bytes.
 
     Args:
         fmt: the format.
         size: the data file's size in bytes.
-        sample: its sampled hash (32 hex digits).
+        content: its content hash (32 hex digits).
         offsets: ``n + 1`` offsets, strictly increasing, the last at most ``size``.
 
     Returns:
@@ -107,7 +116,7 @@ def dump(fmt: str, size: int, sample: str, offsets: np.ndarray) -> bytes:
     """
     offsets = np.ascontiguousarray(offsets, dtype="<i8")
     n = len(offsets) - 1
-    fields = (MAGIC, _format_field(fmt), size, bytes.fromhex(sample), n)
+    fields = (MAGIC, _format_field(fmt), size, bytes.fromhex(content), n)
     head = _FIELDS.pack(*fields)
     return _HEADER.pack(*fields, _checksum(head, offsets)) + offsets.tobytes()
 
@@ -125,19 +134,21 @@ def store(path: str, data: bytes) -> None:
     write_atomically(path, [data])
 
 
-def load(data: bytes | str, fmt: str, size: int, sample: str) -> tuple[np.ndarray | None, str]:
+def load(data: bytes | str, fmt: str, size: int, content: str) -> tuple[np.ndarray | None, str]:
     """The verified offsets of an index, or why it cannot be used for this data file.
 
     Args:
         data: the index file's bytes, or its path.
         fmt: the format the data file is read as.
         size: the data file's size in bytes.
-        sample: the data file's sampled hash (32 hex digits).
+        content: the data file's content hash (32 hex digits).
 
     Returns:
         ``(offsets, "verified")``, or ``(None, why)``: missing, too short, not an index (wrong
-        magic), of another format, made for another file (size or sampled hash), damaged (its
-        length or checksum), or offsets that do not fit the file.
+        magic; version 1), of another format, made for another file (its size or contents),
+        damaged (its length or checksum), or offsets that do not fit the file's size. That the
+        offsets fit the file's bytes is the source's check
+        (:meth:`~quern.sources.IndexedSource.check_bounds`).
 
     Example:
         >>> blob = dump("jsonl", 10, "00" * 16, np.array([0, 4, 10]))
@@ -154,7 +165,9 @@ def load(data: bytes | str, fmt: str, size: int, sample: str) -> tuple[np.ndarra
             return None, f"cannot read it ({e})"
     if len(data) < _HEADER.size:
         return None, f"{len(data)} bytes, shorter than its header"
-    magic, got_fmt, got_size, got_sample, n, digest = _HEADER.unpack_from(data)
+    magic, got_fmt, got_size, got_content, n, digest = _HEADER.unpack_from(data)
+    if magic == b"QUERNOX1":
+        return None, "an old format (version 1, made for a sampled hash of the file): index it again"
     if magic != MAGIC:
         return None, "not a quern index file (wrong magic)"
     if got_fmt != _format_field(fmt):
@@ -162,8 +175,8 @@ def load(data: bytes | str, fmt: str, size: int, sample: str) -> tuple[np.ndarra
         return None, f"an index of a {other} file, not {fmt}"
     if got_size != size:
         return None, f"made for a file of {got_size} bytes, not {size}"
-    if got_sample != bytes.fromhex(sample):
-        return None, "made for another file of the same size (its sampled hash differs)"
+    if got_content != bytes.fromhex(content):
+        return None, "made for other contents of a file of this size (the file changed since it was indexed?)"
     if len(data) != _HEADER.size + 8 * (n + 1):
         return None, f"{len(data)} bytes where {n} records need {_HEADER.size + 8 * (n + 1)} (partial or damaged)"
     offsets = np.frombuffer(data, dtype="<i8", offset=_HEADER.size).astype(np.int64)

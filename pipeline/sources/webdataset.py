@@ -286,6 +286,43 @@ class WebDatasetSource(IndexedSource):
         return split
 
     @classmethod
+    def check_bounds(cls, fd: int, size: int, first: int, last: int, name: str) -> str | None:
+        """Why an index's samples cannot run from byte ``first`` to ``last`` of a shard (``None``: they can).
+
+        The shard's first sample member (its first header, a pax one included) must be at ``first``,
+        and from ``last`` on, up to the end-of-archive block, no member may be part of a sample.
+
+        Args:
+            fd: the shard, open for reading.
+            size: its size in bytes.
+            first: the index's first offset.
+            last: its last offset.
+            name: how messages name the shard.
+
+        Returns:
+            ``None``, or why the index does not fit the shard.
+        """
+
+        def get(at: int, n: int) -> bytes:
+            return os.pread(fd, n, at)
+
+        try:
+            for m in _members(get, 0, size, name):
+                if isinstance(m, int) or cls._keyed(m, name) is not None:
+                    at = m if isinstance(m, int) else m.header
+                    if at != first:
+                        return f"its first sample starts at byte {first}, and the shard's first sample at byte {at}"
+                    break
+            for m in _members(get, last, size, name):
+                if isinstance(m, int):
+                    return None if m < size else f"no end-of-archive block follows its last sample (byte {last})"
+                if cls._keyed(m, name) is not None:
+                    return f"tar member {m.name!r} (header at byte {m.header}) lies after its last sample"
+        except SourceError as e:
+            return f"the tar headers at its first or last offset do not parse: {e}"
+        return None  # pragma: no cover - _members ends with an int
+
+    @classmethod
     def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:
         """The offsets of a shard's samples.
 

@@ -1,0 +1,239 @@
+"""What a data file read by offset holds: a hash of all its bytes, and what this host remembers of it.
+
+An offset index (:mod:`quern.pipeline.sources.offsets`) is made for the file whose
+bytes hash to its *content hash*, the XXH3-128 of the whole file
+(:func:`content_hash`): any byte changed, anywhere, gives another hash, so the
+index is not used for it. Reading every file whole at every open would cost
+more than the index saves, so the cache folder keeps a *record* per file (by
+device and inode): the file's stat identity when it was hashed (size,
+modification and change times in nanoseconds, inode, device) and the hash
+(:func:`know`). While a file's stat identity is the one recorded, the hash is
+taken from the record and the file is not read; a file written in place
+changes its change time (``st_ctime_ns``, which no program can set back), and
+is then hashed again. A record is trusted only if the file's times were at
+least :data:`RACY_NS` older than the hash when it was taken: a file changed
+within one tick of the file system's clock after being hashed keeps its times,
+so a file that recent is hashed again at every open until it is older.
+
+A record is a hint that saves reading: a missing, damaged or unwritable one
+costs one read of the file, never a wrong hash. Records are made only here,
+from a hash of the file this host just read; nothing fetched is one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import struct
+import time
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import xxhash
+
+from ..errors import SourceError
+from ..plan.indexfile import cache_dir, write_atomically
+
+__all__ = ["RACY_NS", "Known", "content_hash", "know", "record_path", "remember", "unchanged"]
+
+RACY_NS = 2_000_000_000
+"""How much older than its hash (ns) a file's times must be for its record to be trusted (clock ticks, skew)."""
+_MAGIC = b"QUERNFS1"
+_FIELDS = struct.Struct("<8sQqqQQ16s?7x")  # magic, size, mtime_ns, ctime_ns, inode, device, hash, trusted
+_RECORD = struct.Struct(f"<{_FIELDS.size}s16s")  # the fields and their XXH3-128
+_BLOCK = 8 << 20  # bytes hashed per read
+
+
+class Known(NamedTuple):
+    """A file's content hash and how it was known (:func:`know`)."""
+
+    content: str
+    """Its content hash (32 hex digits)."""
+    stat: os.stat_result
+    """Its stat when hashed (or when its record was found)."""
+    hashed: bool
+    """Whether it was read to hash it (``False``: its record gave the hash)."""
+    before: str | None
+    """The other hash the record of this file (its device and inode) held, if it held another: the file
+    was changed in place since this host last hashed it."""
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def content_hash(path: str, size: int, name: str | None = None) -> str:
+    """The XXH3-128 of every byte of a file.
+
+    Args:
+        path: the file.
+        size: its size in bytes (from the stat the caller took).
+        name: how messages name it (default: ``path``).
+
+    Returns:
+        32 hex digits.
+
+    Raises:
+        SourceError: the file holds another number of bytes than ``size`` (it changed), or cannot be read.
+
+    Example:
+        >>> import tempfile, os
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     path = os.path.join(d, "a")
+        ...     with open(path, "wb") as f:
+        ...         _ = f.write(b"abc")
+        ...     content_hash(path, 3) == xxhash.xxh3_128(b"abc").hexdigest()
+        True
+    """
+    h = xxhash.xxh3_128()
+    buf = bytearray(min(_BLOCK, max(size, 1)))
+    view = memoryview(buf)
+    total = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(view)
+                if not n:
+                    break
+                h.update(view[:n])
+                total += n
+    except OSError as e:
+        raise SourceError(f"{name or path!r}: cannot read it to hash its contents: {e}") from e
+    if total != size:
+        raise SourceError(f"{name or path!r} holds {total} bytes, not the {size} it had when opened: it changed")
+    return h.hexdigest()
+
+
+def record_path(st: os.stat_result, folder: str | os.PathLike | None = None) -> str:
+    """Where the record of the file of stat ``st`` is kept.
+
+    Args:
+        st: the file's stat.
+        folder: the cache folder (default: ``$QUERN_CACHE_DIR``, else ``~/.cache/quern``).
+
+    Returns:
+        ``offsets/files/<device>-<inode>`` in the cache folder.
+    """
+    return os.path.join(cache_dir(folder), "offsets", "files", f"{st.st_dev}-{st.st_ino}")
+
+
+def _recall(st: os.stat_result, folder: str | os.PathLike | None) -> tuple[str | None, bool]:
+    """The hash the record of this file holds (``None``: none, or damaged) and whether it is for ``st`` and trusted."""
+    try:
+        with open(record_path(st, folder), "rb") as f:
+            data = f.read(_RECORD.size + 1)
+    except OSError:
+        return None, False
+    if len(data) != _RECORD.size:
+        return None, False
+    fields, digest = _RECORD.unpack(data)
+    if xxhash.xxh3_128_digest(fields) != digest:
+        return None, False
+    magic, *ident, content, trusted = _FIELDS.unpack(fields)
+    if magic != _MAGIC:
+        return None, False
+    return content.hex(), trusted and tuple(ident) == _identity(st)
+
+
+def remember(st: os.stat_result, content: str, started_ns: int, folder: str | os.PathLike | None = None) -> bool:
+    """Keep the record of a file hashed at stat ``st``.
+
+    Args:
+        st: the file's stat, taken before the hash (and found again after it).
+        content: its content hash.
+        started_ns: when the hash began (``time.time_ns()``): the record is trusted only if the
+            file's times are at least :data:`RACY_NS` older.
+        folder: the cache folder.
+
+    Returns:
+        Whether it was written (``False``: the cache folder cannot be written; the file will be
+        hashed again at its next open).
+    """
+    trusted = max(st.st_mtime_ns, st.st_ctime_ns) < started_ns - RACY_NS
+    fields = _FIELDS.pack(_MAGIC, *_identity(st), bytes.fromhex(content), trusted)
+    try:
+        write_atomically(record_path(st, folder), [_RECORD.pack(fields, xxhash.xxh3_128_digest(fields))], durable=False)
+    except OSError:
+        return False
+    return True
+
+
+def unchanged(path: str, st: os.stat_result, name: str) -> None:
+    """Check that a file's stat identity (size, times, inode, device) is still ``st``.
+
+    Args:
+        path: the file.
+        st: its stat when it was hashed.
+        name: how messages name it.
+
+    Raises:
+        SourceError: it changed (or cannot be stat'ed).
+    """
+    try:
+        now = os.stat(path)
+    except OSError as e:
+        raise SourceError(f"{name!r}: cannot stat it: {e}") from e
+    if _identity(now) != _identity(st):
+        raise SourceError(f"{name!r} changed while it was hashed or indexed: open it again once it is written")
+
+
+def _hash(path: str, name: str, st: os.stat_result, before: str | None, folder: str | os.PathLike | None) -> Known:
+    started = time.time_ns()
+    content = content_hash(path, st.st_size, name)
+    unchanged(path, st, name)
+    if not remember(st, content, started, folder):
+        warnings.warn(
+            f"cannot keep the content hash of {name!r} in {os.path.dirname(record_path(st, folder))}: the file "
+            "will be read whole to hash it again at every open",
+            stacklevel=4,
+        )
+    return Known(content, st, True, before if before is not None and before != content else None)
+
+
+def know(
+    paths: Sequence[str],
+    names: Sequence[str],
+    folder: str | os.PathLike | None = None,
+    *,
+    threads: int | None = None,
+) -> list[Known]:
+    """The content hash of each file: from its record while its stat identity is the record's, else read.
+
+    Files without a trusted record for their stat identity are hashed in parallel, and
+    their records written.
+
+    Args:
+        paths: the files.
+        names: how messages name them.
+        folder: the cache folder of the records.
+        threads: files hashed at once (default: up to 8).
+
+    Returns:
+        One :class:`Known` per file, in order.
+
+    Raises:
+        SourceError: a file cannot be stat'ed or read, or changed while it was hashed.
+    """
+    out: list[Known | None] = []
+    todo: list[tuple[int, os.stat_result, str | None]] = []
+    for k, path in enumerate(paths):
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise SourceError(f"{names[k]!r}: cannot stat it: {e}") from e
+        content, trusted = _recall(st, folder)
+        out.append(Known(content, st, False, None) if trusted and content is not None else None)
+        if not trusted or content is None:
+            todo.append((k, st, content))
+    if len(todo) == 1:
+        k, st, before = todo[0]
+        out[k] = _hash(paths[k], names[k], st, before, folder)
+    elif todo:
+        workers = threads or max(1, min(8, os.cpu_count() or 1, len(todo)))
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="quern-hash") as pool:
+            done = pool.map(lambda t: _hash(paths[t[0]], names[t[0]], t[1], t[2], folder), todo)
+            for (k, _, _), known in zip(todo, done):
+                out[k] = known
+    assert all(k is not None for k in out)
+    return [k for k in out if k is not None]
