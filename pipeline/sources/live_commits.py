@@ -56,7 +56,8 @@ if not r[3] then
   r[2], r[3] = '', '0'
 end
 if tonumber(r[1]) ~= tonumber(ARGV[2]) or (ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3])
-    or (ARGV[4] ~= '' and r[3] ~= ARGV[4]) then
+    or (ARGV[4] ~= '' and r[3] ~= ARGV[4])
+    or (ARGV[4] == '' and ARGV[6] ~= '' and tonumber(ARGV[6]) < tonumber(r[4] or '0')) then
   return {'other'}
 end
 if r[2] == '' and ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'steps', ARGV[3]) end
@@ -67,7 +68,9 @@ return {'ok', r[3]}
 """
 """Host ``ARGV[1]`` of ``ARGV[2]`` (step map ``ARGV[3]``, run ``ARGV[4]``; ``''``: any) committed step
 ``ARGV[5]`` (atomic): ``{'ok', run}``; ``{'none'}`` without a record; ``{'other'}`` when the record
-belongs to another host count, step map or run. A record of an older quern (no ``run``) becomes
+belongs to another host count, step map or run, or when a host's first commit (no run yet) comes
+from an iterator that started (``ARGV[6]``) before the record's ``base``: it joins a run only if
+it started where that run did or later. A record of an older quern (no ``run``) becomes
 run 0 of an unknown step map, which the next commit's map fills in."""
 
 TAKE = """
@@ -336,7 +339,8 @@ def commit(src: RecordHolder, run: Run | None, step: int, i: int, n: int) -> boo
     steps = "" if run is None else run.steps.text()
     for _ in range(16):  # a record that changes under each try: other runs commit at once
         number = "" if run is None or run.number is None else str(run.number)
-        got = _eval(src, "EVAL commit", COMMIT, i, n, steps, number, step)
+        start = "" if run is None else run.start
+        got = _eval(src, "EVAL commit", COMMIT, i, n, steps, number, step, start)
         if got[0] == b"ok":
             if run is not None:
                 run.number = int(got[1])

@@ -5,7 +5,7 @@ A position counts the entries added to the stream since it was created (Redis
 the stream still holds is at ``entries-added - length``. Entries deleted from
 the middle (``XDEL``) would make positions uncountable: the source refuses to
 read past such a hole. Reading positions ``[a, b)`` finds the ID of an entry
-before ``a`` (an *anchor*: one this process read, one kept beside the stream
+at or before ``a`` (an *anchor*: one this process read, one kept beside the stream
 every :data:`ANCHOR_EVERY` positions, or the stream's first entry) and reads on
 from it with ``XRANGE`` in one transaction with ``XINFO STREAM``; entries that do
 not exist yet are waited for with ``XREAD BLOCK``.
@@ -359,16 +359,16 @@ class RedisStreamSource(Source):
         return lambda c: c.xrange(self.key, entry_id, entry_id, count=1)
 
     def _anchor_before(self, position: int) -> _Anchor | None:
-        """The nearest known entry before ``position``: this process's, else the one kept beside the stream."""
+        """The nearest known entry at or before ``position``: this process's, else one kept beside the stream."""
         with self._lock:
-            k = bisect.bisect_left(self._anchors, (position,))
+            k = bisect.bisect_left(self._anchors, (position + 1,))
             local = self._anchors[k - 1] if k else None
         if local is not None and position - local[0] <= ANCHOR_EVERY:
             return local
         _, anchors_key, _ = self._keys()
         got = self._call(
             "ZREVRANGEBYSCORE",
-            lambda c: c.zrevrangebyscore(anchors_key, f"({position}", "-inf", start=0, num=1, withscores=True),
+            lambda c: c.zrevrangebyscore(anchors_key, position, "-inf", start=0, num=1, withscores=True),
         )
         if got and (local is None or int(got[0][1]) > local[0]):
             return (int(got[0][1]), *_anchor_member(got[0][0]))
@@ -441,7 +441,7 @@ class RedisStreamSource(Source):
                     f"stream now starts at position {head} (entry {head_id!r}); a step needing it cannot be made"
                 )
             if anchor is not None and anchor[0] >= head:
-                got, base = got[1:], anchor[0] + 1  # the anchor came back first (checked): the rest follows it
+                base = anchor[0]  # the anchor came back first (checked): the rest follows it
             else:
                 base = head  # from the stream's first entry held (the anchor was trimmed away)
             for k, (entry_id, fields) in enumerate(got):
