@@ -44,7 +44,7 @@ import numpy as np
 
 import quern
 from quern.pipeline.sources import RedisStreamSource
-from quern.pipeline.sources.redis_stream import _COMMIT
+from quern.pipeline.sources.live_commits import COMMIT as _COMMIT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -336,10 +336,12 @@ def _source_commits(url: str, key: str, n: int) -> list[float]:
 
 
 def _script_calls(client: Any, command: str, script: str, n: int) -> list[float]:
-    """Seconds of each of ``n`` ``EVAL``/``EVALSHA`` calls of the commit script, steps 1..n of group ``raw``."""
+    """Seconds of each of ``n`` ``EVAL``/``EVALSHA`` calls of the commit script, steps 1..n of a record of its own
+    (one host, batch size 64, run 1: every call is taken)."""
     steps = iter(range(1, n + 1))
     key = f"bench:raw:{command}:{time.monotonic_ns()}"
-    return timed_calls(lambda: client.execute_command(command, script, 1, key, 0, 1, next(steps)), n)
+    client.hset(key, mapping={"count": 1, "steps": "64 0 0", "run": 1, "base": 0})
+    return timed_calls(lambda: client.execute_command(command, script, 1, key, 0, 1, "64 0 0", "1", next(steps), ""), n)
 
 
 # --------------------------------------------------------------------------- 3. live tail
