@@ -24,6 +24,11 @@ streams of ``--entries`` entries (3 small fields; 2 small fields and a 1,000-byt
    entry's ``XADD`` to the return of its batch, for every entry (it includes the wait for
    the batch to fill) and for the last entry of each batch (what the pipeline adds), beside a
    plain redis-py ``XREAD BLOCK`` loop.
+4. The checks of issue 36, each timed alone (``--commits`` calls): opening a source (its origin and
+   the newest anchor kept beside the stream checked by ID and field digest), that anchor check
+   alone, ``src.commit_record()`` (the ``HGETALL`` an iterator's open adds to check its start),
+   an iterator's open and close for scale, and ``entry_digest`` of one entry (a read computes two
+   per ``XRANGE`` call: the anchor it starts from, and the last entry it learns).
 
 Every redis-server started is stopped at the end (and on an error).
 """
@@ -45,6 +50,7 @@ import numpy as np
 import quern
 from quern.pipeline.sources import RedisStreamSource
 from quern.pipeline.sources.live_commits import COMMIT as _COMMIT
+from quern.pipeline.sources.redis_stream import entry_digest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -459,6 +465,51 @@ def live_tail(client: Any, url: str, args: argparse.Namespace) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- 4. the checks of issue 36
+
+
+def checks(client: Any, url: str, args: argparse.Namespace) -> dict:
+    """Seconds of each check a live stream makes since issue 36 (points 1-3), each timed alone."""
+    n = args.commits
+    print(f"\n## 4. Checks ({n:,} calls each)\n")
+    src = RedisStreamSource(url, "small")
+    pipe = quern.Pipeline.from_source(src).map(fields).batch(BATCH)
+    pipe.batch_at(args.entries // BATCH - 1)  # an anchor kept beside the stream, far from the origin
+    _, anchors_key, _ = src._keys()
+    newest = client.zrevrange(anchors_key, 0, 0)[0].split(b" ")[0]
+    small, big = client.xrange("small", count=1)[0][1], client.xrange("kb", count=1)[0][1]
+
+    def anchor_check() -> None:
+        client.zrevrange(anchors_key, 0, 0, withscores=True)
+        entry_digest(client.xrange("small", newest, newest, count=1)[0][1])
+
+    calls = {
+        "ping": ("`PING` (a round trip)", timed_calls(client.ping, n)),
+        "open": (
+            "`RedisStreamSource(url, key)`: open, with its checks",
+            timed_calls(lambda: RedisStreamSource(url, "small"), n),
+        ),
+        "anchor": ("of which the newest kept anchor's check", timed_calls(anchor_check, n)),
+        "record": ("`src.commit_record()`: what an iterator's open adds", timed_calls(src.commit_record, n)),
+        "iterator": (
+            "`pipe.iterator().close()`, 0 workers (for scale)",
+            timed_calls(lambda: pipe.iterator().close(), max(1, n // 10)),
+        ),
+        "digest": ("`entry_digest` of a small entry (3 fields)", timed_calls(lambda: entry_digest(small), n)),
+        "digest-kb": (
+            f"`entry_digest` of an entry with a {BLOB:,}-byte blob",
+            timed_calls(lambda: entry_digest(big), n),
+        ),
+    }
+    print(common.markdown_header(["call", "median µs", "p90 µs", "mean µs"]))
+    out: dict[str, Any] = {}
+    for name, (text, seconds) in calls.items():
+        med, p90 = percentiles(seconds)
+        out[name] = {"median_us": med, "p90_us": p90, "mean_us": statistics.fmean(seconds) * 1e6}
+        print(common.markdown_row([text, f"{med:,.1f}", f"{p90:,.1f}", f"{out[name]['mean_us']:,.1f}"]))
+    return out
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -477,7 +528,11 @@ def main() -> None:
     )
     ap.add_argument("--hiredis", metavar="DIR", help="a folder holding the hiredis package: adds the hiredis rows")
     ap.add_argument(
-        "--skip", action="append", default=[], choices=["commits", "live"], help="skip a section (repeatable)"
+        "--skip",
+        action="append",
+        default=[],
+        choices=["throughput", "commits", "live", "checks"],
+        help="skip a section (repeatable)",
     )
     args = common.parse_args(ap, child)
     if args is None:
@@ -507,12 +562,14 @@ def main() -> None:
                 f"filled {key!r}: {args.entries:,} entries ({label}) in {seconds:.1f} s, {info / 2**20:,.0f} MiB in the server"
             )
         figures: dict[str, Any] = {"entries": args.entries, "read": args.read}
-        rates = throughput(client, srv.url, streams, args)
-        figures["throughput"] = rates
+        if "throughput" not in args.skip:
+            figures["throughput"] = throughput(client, srv.url, streams, args)
         if "commits" not in args.skip:
             figures["commits"] = commits(client, srv.url, "small", args)
         if "live" not in args.skip:
             figures["live"] = live_tail(client, srv.url, args)
+        if "checks" not in args.skip:
+            figures["checks"] = checks(client, srv.url, args)
         client.close()
     print(f"\ntotal time {time.perf_counter() - t_start:.0f} s (the server stopped)")
     common.save_figures(args.json, figures)
