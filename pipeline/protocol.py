@@ -263,6 +263,7 @@ class Stream(abc.ABC):
 
     def begin(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
         """An iterator of a live stream starts at ``step``: the stream checks the resume (nothing elsewhere)."""
+        return None
 
     def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
         """Record that host ``process_index`` of ``process_count`` trained every step before ``step`` (a live stream).
