@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import re
 import shutil
 import stat
@@ -195,6 +196,27 @@ def test_a_file_is_hashed_until_its_record_is_trusted_then_not_read(tmp_path):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the modification time set back
     changed = know()
     assert changed.hashed and changed.content != first.content and changed.before == first.content
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("reader", ["open", "pickled"])
+def test_an_open_source_refuses_a_same_size_rewrite_with_its_mtime_set_back(fmt, reader, tmp_path):
+    """A file rewritten in place under an open source (and under its pickled copy on this host, as a worker
+    holds it), with the same size and its modification time set back: the change time moved, so a read
+    is refused, not served through the index of the old bytes."""
+    path = tmp_path / f"a{SUFFIX[fmt]}"
+    write_ten(fmt, path, seed=0)
+    src = CLASSES[fmt](path, index_cache=tmp_path / "idx")
+    copy = pickle.loads(pickle.dumps(src))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    st = os.stat(path)
+    rewrite_in_place(path, bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns
+    reading = src if reader == "open" else copy
+    with pytest.raises(SourceError, match=r"changed since the source opened it \(it was written, or its metadata"):
+        reading.read_many(np.arange(10))
 
 
 # --------------------------------------------------------------------------- point 5: forged indexes

@@ -373,35 +373,45 @@ def host_name() -> str:
     return os.uname().nodename
 
 
-Stat = tuple[int, int | None, int | None, int | None]  # size, mtime_ns, inode, device
+Stat = tuple[int, int | None, int | None, int | None, int | None]  # size, mtime_ns, ctime_ns, inode, device
 
 
 class FileStats:
     """What a source's files were when it opened them, to refuse reading them once changed.
 
-    Holds each file's ``(size, mtime_ns, inode, device)``, taken before the
-    source reads it: a reader of a file truncated, rewritten or replaced under
-    it returns empty, stale or other records without an error. Pickled to
+    Holds each file's ``(size, mtime_ns, ctime_ns, inode, device)``, taken
+    before the source reads it: a reader of a file truncated, rewritten or
+    replaced under it returns empty, stale or other records without an error.
+    The change time is there because the modification time can be set back
+    (``os.utime``, ``touch -d``, ``rsync -t``) and the change time cannot: a
+    ``write()`` or ``truncate()`` sets it, and so does a change of the file's
+    metadata (mode, owner, links, times), which is refused too. Pickled to
     another machine (where inodes and times differ), the size is kept and the
     rest is taken at the first check there. Not seen: a same-size rewrite that
-    keeps the inode within one tick of the file system's clock.
+    keeps the inode within one tick of the file system's clock (coarse clocks;
+    kernels from 6.13 use fine-grained change times once a file's times were
+    read), and a write through a shared writable mapping to a page already
+    dirty, which changes no time.
 
     Args:
         what: the source, for the messages.
         paths: its files.
+        ctime: whether the change time is compared (``False`` for files of the
+            disk cache, whose access time, and so change time, a hit sets; they
+            are verified when fetched and never written in place).
 
     Raises:
         SourceError: a file cannot be stat'ed.
     """
 
-    def __init__(self, what: str, paths: Sequence[str]) -> None:
-        self.what, self.paths, self.host = what, list(paths), host_name()
+    def __init__(self, what: str, paths: Sequence[str], *, ctime: bool = True) -> None:
+        self.what, self.paths, self.host, self.ctime = what, list(paths), host_name(), ctime
         self.stats: list[Stat] = [self._stat(i) for i in range(len(self.paths))]
 
     def __setstate__(self, d: dict) -> None:
         self.__dict__.update(d)
         if self.host != host_name():  # another machine: other inodes and times; the size stays
-            self.stats = [(size, None, None, None) for size, *_ in self.stats]
+            self.stats = [(size, None, None, None, None) for size, *_ in self.stats]
             self.host = host_name()
 
     def _stat(self, i: int, gone: str = "cannot stat it") -> Stat:
@@ -409,7 +419,7 @@ class FileStats:
             st = os.stat(self.paths[i])
         except OSError as e:
             raise SourceError(f"{self.what}: {self.paths[i]!r}: {gone}: {e}") from e
-        return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns if self.ctime else 0, st.st_ino, st.st_dev
 
     def check(self, i: int) -> None:
         """Check that file ``i`` is still the file the source opened (one ``os.stat``).
@@ -429,7 +439,11 @@ class FileStats:
             what = (
                 f"its size went from {want[0]} to {now[0]} bytes"
                 if now[0] != want[0]
-                else ("it was replaced by another file" if now[2:] != want[2:] else "it was modified")
+                else (
+                    "it was replaced by another file"
+                    if now[3:] != want[3:]
+                    else ("it was modified" if now[1] != want[1] else "it was written, or its metadata changed")
+                )
             )
             raise SourceError(
                 f"{self.what}: {self.paths[i]!r} changed since the source opened it ({what}): reads of a file "

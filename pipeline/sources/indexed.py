@@ -221,7 +221,7 @@ class IndexedSource(Source):
                 break
         self.name = name or base or self.FORMAT
         self.index_cache = None if index_cache is None else os.fspath(index_cache)
-        self._files = FileStats(what, self.paths)  # before any byte is read
+        self._files = FileStats(what, self.paths, ctime=self.urls is None)  # before any byte is read
         self.sizes = [st[0] for st in self._files.stats]
         for k, (path, size) in enumerate(zip(self.paths, self.sizes)):
             check_file(what, self.FORMAT, self.names[k], path, size)
