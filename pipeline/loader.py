@@ -186,8 +186,9 @@ class PipelineIterator:
                 f"step_timeout={self.step_timeout:g} on a live stream: a step waiting for entries the producer has "
                 "not written yet is not stuck; the source's timeout= is how long next() waits for them"
             )
+        self._live_run: Any = None  # a live stream: this iterator's run, which its commits carry
         if self._live is not None:  # a resume checked against the live stream's commit record
-            pipe.stream.begin(pipe, self.step, int(process_index), int(process_count))
+            self._live_run = cast(Any, pipe.stream).start(pipe, self.step, int(process_index), int(process_count))
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif self._live is not None:
@@ -532,7 +533,7 @@ class PipelineIterator:
                 f"commit({step}): step {step - 1} was not yielded yet (this iterator yielded the steps before "
                 f"{self.step}); commit the step after the last one trained"
             )
-        self.pipe.stream.commit(self.pipe, step, self.process_index, self.process_count)
+        cast(Any, self.pipe.stream).commit(self.pipe, step, self.process_index, self.process_count, self._live_run)
 
     def wait_for_workers(self, timeout: float | None = None) -> bool:
         """Block until every worker process has started, or ``timeout`` seconds pass first.

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +28,8 @@ import pytest
 from redisserver import RedisServer, produce
 
 import quern
-from quern.pipeline.sources import RedisStreamSource
+from quern.pipeline.sources import RedisStreamSource, live_commits
+from quern.pipeline.sources.live_commits import StepMap
 
 KEY = "ev"
 
@@ -297,3 +299,180 @@ def test_a_run_on_the_old_host_count_again_ignores_the_first_runs_late_commit(sr
     assert [w.category for w in caught] == [UserWarning] and "ignored" in str(caught[0].message)
     upto(third[1], 12)
     assert src.committed() == 12
+
+
+def runs(srv: RedisServer, start: int, count: int, key: str = KEY) -> list[tuple[RedisStreamSource, Any]]:
+    """``(source, run)`` per host of a run on ``count`` hosts resumed at ``start`` (batch size 4)."""
+    out = []
+    for h in range(count):
+        src = RedisStreamSource(srv.url, key, timeout=5)
+        out.append((src, src.resuming(StepMap(4), start, h, count)))
+    return out
+
+
+def commit_as(host: tuple[RedisStreamSource, Any], step: int, i: int, n: int) -> bool:
+    src, run = host
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return src.commit(step, i, n, run=run)
+
+
+def test_hosts_of_a_new_run_racing_their_first_commit_all_count(srv, monkeypatch):
+    """A host whose first commit finds the old run's record, and that reads it again after a peer of
+    its own run took it over, joins the peer's run: it never takes the record over a second time
+    (which wiped the peer's commit and left committed() stuck at the base for good)."""
+    r = srv.client()
+    for trial in range(12):
+        key = f"ev{trial}"
+        produce(r, 0, 60, key)
+        for i, host in enumerate(runs(srv, 0, 2, key)):
+            commit_as(host, 10, i, 2)
+        new = runs(srv, 10, 4, key)
+        if trial == 0:  # forced: host 0's first commit lands inside host 1's, before it reads the record
+            real = live_commits.read
+            fired: list[int] = []
+
+            def read(src: Any, real: Any = real, fired: list[int] = fired, new: Any = new) -> Any:
+                if src is new[1][0] and not fired:
+                    fired.append(1)
+                    assert commit_as(new[0], 12, 0, 4)
+                return real(src)
+
+            monkeypatch.setattr(live_commits, "read", read)
+            assert commit_as(new[1], 12, 1, 4)
+            monkeypatch.undo()
+            assert fired
+        barrier = threading.Barrier(4)
+
+        def first(i: int, new: Any = new, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            commit_as(new[i], 12, i, 4)
+
+        threads = [threading.Thread(target=first, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(commit_as(new[i], 30, i, 4) for i in range(4)), new[0][0].commit_record()
+        assert new[0][0].committed() == 30, f"trial {trial}: {new[0][0].commit_record()}"
+
+
+def test_a_take_over_decided_on_a_stale_record_is_not_made(srv, monkeypatch):
+    """The record's own run commits between a new run's read of the record and its take-over: the
+    take-over (made on that version of the record) is not made, and committed() stays 16."""
+    produce(srv.client(), 0, 100)
+    old = runs(srv, 0, 2)
+    for i, host in enumerate(old):
+        commit_as(host, 10, i, 2)
+    new0 = runs(srv, 10, 4)[0]
+    real = live_commits.read
+    fired: list[int] = []
+
+    def read(src: Any) -> Any:
+        record = real(src)
+        if src is new0[0] and not fired:  # between the new host's read and its take-over
+            fired.append(1)
+            for i, host in enumerate(old):
+                assert commit_as(host, 16, i, 2)
+        return record
+
+    monkeypatch.setattr(live_commits, "read", read)
+    with pytest.warns(UserWarning, match=r"host 0 of 4 ignored.*started at step 10.*stays 16"):
+        assert not new0[0].commit(11, 0, 4, run=new0[1])
+    monkeypatch.undo()
+    assert fired and new0[0].committed() == 16
+
+
+def test_a_take_over_races_the_records_own_run_with_threads(srv):
+    """The same race unforced: an old run commits on while a new run's first commit may take the record
+    over; a poller never sees committed() decrease."""
+    r = srv.client()
+    for trial in range(10):
+        key = f"ev{trial}"
+        produce(r, 0, 60, key)
+        old = runs(srv, 0, 2, key)
+        for i, host in enumerate(old):
+            commit_as(host, 10, i, 2)
+        new0 = runs(srv, 10, 4, key)[0]
+        poll = RedisStreamSource(srv.url, key, timeout=5)
+        seen: list[int] = []
+        stop = threading.Event()
+        barrier = threading.Barrier(2)
+
+        def old_run(old: Any = old, barrier: threading.Barrier = barrier, trial: int = trial) -> None:
+            barrier.wait()
+            time.sleep(0.0002 * trial)
+            for s in range(11, 30):
+                for i, host in enumerate(old):
+                    commit_as(host, s, i, 2)
+
+        def poller(poll: Any = poll, seen: list[int] = seen, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                seen.append(poll.committed())
+
+        threads = [threading.Thread(target=old_run), threading.Thread(target=poller)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        commit_as(new0, 11, 0, 4)
+        threads[0].join()
+        stop.set()
+        threads[1].join()
+        seen.append(poll.committed())
+        assert seen == sorted(seen), f"trial {trial}: committed() went backwards: {seen}"
+
+
+def test_a_late_first_commit_of_an_older_run_never_takes_the_record_back(srv):
+    """A host of a 2-host run that started before the current 4-host run took the record over, and that
+    commits only now, is older than the record's run: ignored, and the 4-host run goes on counting."""
+    produce(srv.client(), 0, 200)
+    for i, host in enumerate(runs(srv, 0, 2)):
+        commit_as(host, 10, i, 2)
+    zombie = runs(srv, 10, 2)[1]  # a 2-host run resumed at 10 that never committed; then killed
+    current = runs(srv, 10, 4)
+    assert commit_as(current[0], 12, 0, 4)
+    with pytest.warns(UserWarning, match=r"host 1 of 2 ignored.*later than this iterator"):
+        assert not zombie[0].commit(14, 1, 2, run=zombie[1])
+    for step in (20, 40):
+        assert all(commit_as(current[i], step, i, 4) for i in range(4))
+    assert current[0][0].committed() == 40
+
+
+def test_two_iterators_over_one_source_keep_their_own_step_maps(srv):
+    """An iterator of batch size 8 made (not committed) beside a trainer of batch size 4 over the same
+    source object: the trainer's commits still carry its own step map and start."""
+    produce(srv.client(), 0, 200)
+    src = RedisStreamSource(srv.url, KEY, timeout=5)
+    pipe4 = quern.Pipeline.from_source(src).batch(4)
+    pipe8 = quern.Pipeline.from_source(src).batch(8)
+    with pipe4.iterator() as it:
+        for _ in range(10):
+            next(it)
+        it.commit(10)
+        with pipe8.iterator(start_step=src.committed(pipe8)) as peek:
+            next(peek)
+            for _ in range(10):
+                next(it)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                it.commit(20)  # entries 0-79 trained
+    record = src.commit_record()
+    assert (record.steps, record.done, record.position) == (StepMap(4), 20, 80)
+    assert (src.committed(pipe4), src.committed(pipe8)) == (20, 10)
+
+
+def test_a_resume_inside_a_window_is_refused_naming_the_windows_first_step(srv):
+    produce(srv.client(), 0, 100)
+    src = RedisStreamSource(srv.url, KEY, timeout=5)
+    with quern.Pipeline.from_source(src, seed=5).batch(4).iterator() as it:
+        for _ in range(8):
+            next(it)
+        it.commit(8)  # entries 0-31
+    windowed = quern.Pipeline.from_source(src, seed=5).shuffle("steps", steps=4).batch(4)
+    with pytest.raises(ValueError) as e:
+        windowed.iterator(start_step=9)
+    message = str(e.value)
+    assert "step 9 is not the first of its window of steps 8-11" in message, message
+    assert "Resume at its step 8" in message and "not at 32" not in message, message
+    with windowed.iterator(start_step=8) as it:
+        next(it)

@@ -53,6 +53,7 @@ local r = redis.call('HMGET', KEYS[1], 'count', 'steps', 'run', 'base')
 if not r[1] then return {'none'} end
 if not r[3] then
   redis.call('HSET', KEYS[1], 'run', '0', 'steps', '')
+  redis.call('HINCRBY', KEYS[1], 'ver', 1)
   r[2], r[3] = '', '0'
 end
 if tonumber(r[1]) ~= tonumber(ARGV[2]) or (ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3])
@@ -63,28 +64,33 @@ end
 if r[2] == '' and ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'steps', ARGV[3]) end
 local field = 'h' .. ARGV[1]
 local old = tonumber(redis.call('HGET', KEYS[1], field) or '-1')
-if tonumber(ARGV[5]) > old then redis.call('HSET', KEYS[1], field, ARGV[5]) end
+if tonumber(ARGV[5]) > old then
+  redis.call('HSET', KEYS[1], field, ARGV[5])
+  redis.call('HINCRBY', KEYS[1], 'ver', 1)
+end
 return {'ok', r[3]}
 """
 """Host ``ARGV[1]`` of ``ARGV[2]`` (step map ``ARGV[3]``, run ``ARGV[4]``; ``''``: any) committed step
 ``ARGV[5]`` (atomic): ``{'ok', run}``; ``{'none'}`` without a record; ``{'other'}`` when the record
 belongs to another host count, step map or run, or when a host's first commit (no run yet) comes
 from an iterator that started (``ARGV[6]``) before the record's ``base``: it joins a run only if
-it started where that run did or later. A record of an older quern (no ``run``) becomes
-run 0 of an unknown step map, which the next commit's map fills in."""
+it started where that run did or later. Every change adds 1 to the record's ``ver``. A record of
+an older quern (no ``run``) becomes run 0 of an unknown step map, which the next commit's map fills in."""
 
 TAKE = """
-local run = redis.call('HGET', KEYS[1], 'run')
 local exists = redis.call('EXISTS', KEYS[1]) == 1
-if (ARGV[3] == '' and exists) or (ARGV[3] ~= '' and run ~= ARGV[3]) then return {'moved'} end
-local new = tostring((tonumber(run or '0') or 0) + 1)
+local ver = redis.call('HGET', KEYS[1], 'ver') or '0'
+if (ARGV[3] == '' and exists) or (ARGV[3] ~= '' and (not exists or ver ~= ARGV[3])) then return {'moved'} end
+local new = tostring((tonumber(redis.call('HGET', KEYS[1], 'run') or '0') or 0) + 1)
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'count', ARGV[1], 'steps', ARGV[2], 'run', new, 'base', ARGV[4], 'h' .. ARGV[5], ARGV[6])
+redis.call('HSET', KEYS[1], 'count', ARGV[1], 'steps', ARGV[2], 'run', new, 'base', ARGV[4],
+  'h' .. ARGV[5], ARGV[6], 'ver', tostring(tonumber(ver) + 1))
 return {'ok', new}
 """
 """A run on ``ARGV[1]`` hosts with step map ``ARGV[2]`` takes the record over at step ``ARGV[4]``, with
-host ``ARGV[5]``'s commit of ``ARGV[6]``, if the record is still run ``ARGV[3]`` (``''``: none):
-``{'ok', run}``, or ``{'moved'}`` when it changed meanwhile (read it again)."""
+host ``ARGV[5]``'s commit of ``ARGV[6]``, if the record is still at version ``ARGV[3]`` (``''``: none),
+the one the decision to take it was made on: ``{'ok', run}``, or ``{'moved'}`` when any commit changed
+it meanwhile (read it again)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +160,7 @@ class CommitRecord:
         run: the run's number.
         base: the step the run took it over at.
         hosts: the step each host committed (those heard from).
+        version: how many times it changed (``ver``): a take-over is made on the version it read.
     """
 
     count: int
@@ -161,6 +168,7 @@ class CommitRecord:
     run: int
     base: int
     hosts: dict[int, int]
+    version: int = 0
 
     @staticmethod
     def parse(fields: dict) -> CommitRecord | None:
@@ -173,7 +181,8 @@ class CommitRecord:
         }
         hosts = {int(k[1:]): int(v) for k, v in got.items() if k[:1] == "h" and k[1:].isdigit()}
         steps = StepMap.parse(got.get("steps", ""))
-        return CommitRecord(int(got.get("count", 0)), steps, int(got.get("run", 0)), int(got.get("base", 0)), hosts)
+        number, base, version = (int(got.get(k, 0)) for k in ("run", "base", "ver"))
+        return CommitRecord(int(got.get("count", 0)), steps, number, base, hosts, version)
 
     @property
     def done(self) -> int:
@@ -249,11 +258,19 @@ def refusal(record: CommitRecord | None, steps: StepMap, start: int | None, what
     if step is not None:
         if start is None:
             return None
+        at = old.position(record.done)
         there = steps.position(start)
+        if steps.whole(start):
+            where = f"its step {start} begins at position {there}, not at {at}"
+        else:  # the window's positions are shuffled together: a step inside it begins nowhere
+            first = start - start % steps.window
+            where = (
+                f"its step {start} is not the first of its window of steps {first}-{first + steps.window - 1} "
+                f"(positions [{there}, {there + steps.unit()}) shuffled together)"
+            )
         return (
-            f"{out}, so its step {start} begins at position {there}, not at {old.position(record.done)}: "
-            f"entries would be {'repeated' if there < old.position(record.done) else 'lost'}. Resume at its "
-            f"step {step} (start_step=src.committed(pipe)), which begins there"
+            f"{out}, so {where}: entries would be {'repeated' if there < at else 'lost'}. Resume at its "
+            f"step {step} (start_step=src.committed(pipe)), which begins at position {at}"
         )
     if not old.whole(record.done):
         reason = f"the trained entries end inside a window of {old.window} steps"
@@ -283,10 +300,19 @@ def continues(record: CommitRecord, steps: StepMap | None, start: int) -> bool:
 
 @dataclasses.dataclass
 class Run:
-    """An iterator's commits: the step it started at, its step map, and the record's run it joined."""
+    """An iterator's commits (each iterator has its own).
+
+    Attributes:
+        start: the step it started at.
+        steps: its step map.
+        seen: the record's run number when it started (0: no record): it may take over only that
+            run's record, never one a later run took over meanwhile (it is older than that run).
+        number: the record's run it joined or took over with its first commit (``None``: none yet).
+    """
 
     start: int
     steps: StepMap
+    seen: int = 0
     number: int | None = None
 
 
@@ -323,14 +349,22 @@ def begin(src: RecordHolder, steps: StepMap, start: int) -> Run:
     Raises:
         ValueError: the start would lose or repeat entries (:func:`refusal`).
     """
-    why = refusal(read(src), steps, start, _what(src))
+    record = read(src)
+    why = refusal(record, steps, start, _what(src))
     if why is not None:
         raise ValueError(f"RedisStreamSource {src.name!r}: resuming at step {start} refused: {why}")
-    return Run(start, steps)
+    return Run(start, steps, 0 if record is None else record.run)
 
 
 def commit(src: RecordHolder, run: Run | None, step: int, i: int, n: int) -> bool:
     """Host ``i`` of ``n`` (of ``run``; ``None``: a commit outside an iterator) committed ``step``.
+
+    The commit joins the record when it belongs to this host count and step map (and to the run
+    this iterator joined, or, before its first commit, to a run that started where this iterator
+    did or before). Otherwise this iterator's first commit takes the record over, atomically with
+    the record it decided on (its version), and only when the record is still the run this
+    iterator saw when it started and it resumed where that run stands (:func:`continues`). A
+    record a peer of the same run took over meanwhile is joined, never taken over again.
 
     Returns:
         Whether the record took it; ``False`` (with a ``UserWarning``) when it belongs to another
@@ -346,12 +380,19 @@ def commit(src: RecordHolder, run: Run | None, step: int, i: int, n: int) -> boo
                 run.number = int(got[1])
             return True
         record = read(src) if got[0] == b"other" else None
+        if record is not None and _joins(record, run, n):
+            continue  # changed since the COMMIT (a peer of this run took it over): join it
+        if got[0] == b"other" and record is None:
+            continue  # deleted since the COMMIT
         if record is not None and (
-            run is None or run.number is not None or not continues(record, run.steps, run.start)
+            run is None
+            or run.number is not None
+            or record.run != run.seen
+            or not continues(record, run.steps, run.start)
         ):
             warnings.warn(_ignored(src, step, i, n, run, record), stacklevel=5)  # it.commit's caller
             return False
-        expect = "" if record is None else str(record.run)  # none yet, or this run resumed where it stands
+        expect = "" if record is None else str(record.version)  # none yet, or the record decided on
         base = 0 if record is None or run is None else resume_step(record, run.steps) or 0
         took = _eval(src, "EVAL take", TAKE, n, steps, expect, base, i, step)
         if took[0] == b"ok":
@@ -359,6 +400,13 @@ def commit(src: RecordHolder, run: Run | None, step: int, i: int, n: int) -> boo
                 run.number = int(took[1])
             return True
     raise SourceError(f"RedisStreamSource: {_what(src)} at {src.url} changed under each of 16 commits")
+
+
+def _joins(record: CommitRecord, run: Run | None, n: int) -> bool:
+    """Whether COMMIT would now take a commit of ``run`` on ``n`` hosts (as its script decides)."""
+    if record.count != n or (run is not None and record.steps not in (None, run.steps)):
+        return False
+    return run is None or (record.run == run.number if run.number is not None else run.start >= record.base)
 
 
 def _ignored(src: RecordHolder, step: int, i: int, n: int, run: Run | None, record: CommitRecord) -> str:
@@ -370,6 +418,8 @@ def _ignored(src: RecordHolder, step: int, i: int, n: int, run: Run | None, reco
         why = f"a later run took {_what(src)} over (its run {record.run})"
     if run is None:
         why += "; a commit made outside an iterator never takes a record over"
+    elif run.number is None and record.run != run.seen:
+        why += f", which is later than this iterator (it started when the record was run {run.seen})"
     elif run.number is None:
         why += f", and this iterator started at step {run.start}, not where the record stands"
     return f"RedisStreamSource {src.name!r}: commit({step}) of host {i} of {n} ignored: {why}: committed() stays {record.done}"

@@ -195,14 +195,14 @@ class RedisStreamSource(Source):
         self._lock = threading.Lock()
         self._anchors: list[_Anchor] = []  # (position, ID, digest), sorted: entries this process saw
         self._added = 0  # the most entries-added seen: it never goes down in the same stream
-        self._runs: dict[tuple[int, int], Run] = {}  # (host, hosts) -> the iterator run that commits as it
+        self._kept: set[int] = set()  # blocks of ANCHOR_EVERY positions this process kept an anchor of
         origin = getattr(self, "origin", None)
         if origin is not None:
             self._anchors.append((origin[0], origin[1].encode(), self.origin_digest or None))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_client", "_lock", "_anchors", "_added", "_runs"):
+        for k in ("_client", "_lock", "_anchors", "_added", "_kept"):
             state.pop(k, None)
         return state
 
@@ -334,8 +334,10 @@ class RedisStreamSource(Source):
                 f"{origin[1]!r} (position {origin[0]}) is kept beside it: it was deleted; delete {self._keys()[0]!r} "
                 "too to start a new stream"
             )
-        pos, _, added = self._head(info)
+        pos, first, added = self._head(info)
         why = f"it has added {added} entries" if added <= origin[0] else None
+        if why is None and pos <= origin[0] and (pos, first) != (origin[0], origin[1].encode()):
+            why = f"its first entry is {first!r} at position {pos}"  # entries before the origin: shifted
         _, anchors_key, _ = self._keys()
         newest = self._call("ZREVRANGE", lambda c: c.zrevrange(anchors_key, 0, 0, withscores=True))
         kept = [(origin[0], origin[1].encode(), origin[2] or None)]
@@ -381,14 +383,15 @@ class RedisStreamSource(Source):
         """
         with self._lock:
             k = bisect.bisect_left(self._anchors, (position,))
-            near = any(abs(a[0] - position) < ANCHOR_EVERY for a in self._anchors[max(0, k - 1) : k + 1])
             if k < len(self._anchors) and self._anchors[k][0] == position:
                 return
             digest = entry_digest(fields)
             self._anchors.insert(k, (position, entry_id, digest))
             if len(self._anchors) > 4096:
                 del self._anchors[1:2048]  # keep the origin and the newest
-        if not near:
+            keep = position // ANCHOR_EVERY not in self._kept  # one ZADD per block of positions read
+            self._kept.add(position // ANCHOR_EVERY)
+        if keep:
             _, anchors_key, _ = self._keys()
             self._call("ZADD", lambda c: c.zadd(anchors_key, {entry_id + b" " + digest.encode(): position}))
 
@@ -444,13 +447,15 @@ class RedisStreamSource(Source):
                 base = anchor[0]  # the anchor came back first (checked): the rest follows it
             else:
                 base = head  # from the stream's first entry held (the anchor was trimmed away)
+            if len(got) < count and base + len(got) != added:  # the XRANGE reached the stream's end
+                self._not_same(f"{len(got)} entries follow position {base}, but it has added {added}")
             for k, (entry_id, fields) in enumerate(got):
                 if pos <= base + k < stop:
                     out.append((entry_id, fields))
             if got:
                 self._learn(base + len(got) - 1, got[-1][0], got[-1][1])
-            pos = max(pos, base + len(got))
-            if pos < stop and base + len(got) >= added:  # the log ends before `stop`: wait for more
+            pos, was = max(pos, base + len(got)), pos
+            if pos < stop and (base + len(got) >= added or pos == was):  # the log ends before `stop`: wait
                 last = got[-1][0] if got else (anchor[1] if anchor is not None else b"0-0")
                 self._wait(last, pos, first, stop, added, until)  # wakes up; the transaction reads them
         return out
@@ -466,6 +471,8 @@ class RedisStreamSource(Source):
             why = f"it has added {added} entries, fewer than the {seen} it had (entries lost in a restart?)"
         elif added <= self.origin[0]:
             why = f"it has added {added} entries, and its origin entry {self.origin[1]!r} was at position {self.origin[0]}"
+        elif head <= self.origin[0] and (head, head_id) != (self.origin[0], self.origin[1].encode()):
+            why = f"its first entry is {head_id!r} at position {head}, where its origin {self.origin[1]!r} was"
         elif anchor is not None and anchor[0] >= head and (not got or got[0][0] != anchor[1]):
             why = f"entry {anchor[1]!r}, which was at position {anchor[0]}, is no longer there"
         elif (
@@ -473,11 +480,15 @@ class RedisStreamSource(Source):
         ):
             why = f"entry {anchor[1]!r} at position {anchor[0]} holds other fields than it did (recreated?)"
         if why is not None:
-            raise SourceError(
-                f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source read ({why}): "
-                "its positions no longer name the same entries; open a new source (and delete its "
-                f"{self.key}:quern:* keys to start anew)"
-            )
+            self._not_same(why)
+
+    def _not_same(self, why: str) -> None:
+        """Refuse a stream that is not the one this source read, saying ``why``."""
+        raise SourceError(
+            f"RedisStreamSource: stream {self.key!r} at {self.url} is not the stream this source read ({why}): "
+            "its positions no longer name the same entries; open a new source (and delete its "
+            f"{self.key}:quern:* keys to start anew)"
+        )
 
     def _wait(self, last: bytes, pos: int, first: int, stop: int, added: int, until: float | None) -> None:
         """Block until entries after ``last`` exist (one ``XREAD BLOCK``), or give up at ``until``.
@@ -537,28 +548,36 @@ class RedisStreamSource(Source):
 
     # -- commits (what they mean, and who may change the record: .live_commits) ------------------------------------
 
-    def resuming(self, steps: StepMap, start: int, process_index: int, process_count: int) -> None:
+    def resuming(self, steps: StepMap, start: int, process_index: int, process_count: int) -> Run:
         """An iterator of host ``process_index`` of ``process_count`` starts at ``start`` (the iterator calls it).
+
+        Returns:
+            The iterator's run, which its commits carry (``commit(..., run=)``).
 
         Raises:
             ValueError: ``steps`` differs from the commit record's and ``start`` is not the step that
                 begins at its first untrained entry (naming what changed and the committed position).
         """
-        self._runs[(int(process_index), int(process_count))] = live_commits.begin(self, steps, int(start))
+        return live_commits.begin(self, steps, int(start))
 
-    def commit(self, step: int, process_index: int = 0, process_count: int = 1) -> bool:
+    def commit(self, step: int, process_index: int = 0, process_count: int = 1, *, run: Run | None = None) -> bool:
         """Record that host ``process_index`` of ``process_count`` trained every step before ``step``.
 
         Called by ``it.commit(step)``, with the batch size and window of the iterator's pipeline;
         a host's commits only move forward. A commit of a run the record does not belong to
         (another host count, batch size or window, or a run a later one took it over from) is
         ignored with a warning, so :meth:`committed` never goes back; an iterator's first commit
-        takes the record over when its run resumed where the record stands.
+        takes the record over when its run resumed where the record stands and no later run took
+        it over since the iterator started. Called directly (no ``run``), ``step`` is a step of the
+        record's own batch size and window: such a commit joins the record's run on
+        ``process_count`` hosts, never takes a record over, and before any record exists makes one
+        whose step map the first iterator's commit fills in.
 
         Args:
             step: the step after the last one trained.
             process_index: this host.
             process_count: the hosts of the run.
+            run: the committing iterator's run (what :meth:`resuming` returned).
 
         Returns:
             Whether the record took it (``False``: ignored, with a ``UserWarning`` saying why).
@@ -567,7 +586,7 @@ class RedisStreamSource(Source):
             SourceError: the server cannot be reached.
         """
         i, n = int(process_index), int(process_count)
-        return live_commits.commit(self, self._runs.get((i, n)), int(step), i, n)
+        return live_commits.commit(self, run, int(step), i, n)
 
     def committed(self, pipe: Any = None) -> int:
         """The step to resume at: the smallest step every host of the run committed (0 before any commit).

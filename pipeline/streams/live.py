@@ -23,7 +23,7 @@ from ..errors import StreamTimeoutError
 from ..plan import Segments
 from ..protocol import Definition, contiguous_positions
 from ..sources import Source
-from ..sources.live_commits import StepMap
+from ..sources.live_commits import Run, StepMap
 from .segments import SegmentStream
 
 __all__ = ["LiveStream"]
@@ -167,11 +167,21 @@ class LiveStream(SegmentStream):
 
     def begin(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
         """Check a resume at ``step`` against the commit record (refused when it would lose or repeat entries)."""
-        cast(Any, self.source).resuming(self.step_map(pipe), step, process_index, process_count)
+        self.start(pipe, step, process_index, process_count)
 
-    def commit(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
-        """Record, beside the log, that this host trained every step before ``step`` (with the step map)."""
-        cast(Any, self.source).commit(step, process_index, process_count)
+    def start(self, pipe: Definition, step: int, process_index: int, process_count: int) -> Run:
+        """:meth:`begin`, returning the iterator's run, which its commits carry (one per iterator).
+
+        Raises:
+            ValueError: the resume would lose or repeat entries.
+        """
+        return cast(Any, self.source).resuming(self.step_map(pipe), step, process_index, process_count)
+
+    def commit(
+        self, pipe: Definition, step: int, process_index: int, process_count: int, run: Run | None = None
+    ) -> None:
+        """Record, beside the log, that this host trained every step before ``step`` (with ``run``'s step map)."""
+        cast(Any, self.source).commit(step, process_index, process_count, run=run)
 
     def late(self, pipe: Definition, step: int, process_index: int, process_count: int, waited: float) -> Exception:
         """The error of a consumer that waited ``waited`` seconds for ``step`` in vain."""
