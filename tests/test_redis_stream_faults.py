@@ -8,6 +8,7 @@ run the installed package (``import quern``) with this interpreter, each with a 
 
 from __future__ import annotations
 
+import pickle
 import signal
 import subprocess
 import sys
@@ -482,3 +483,49 @@ def test_a_stream_whose_count_of_entries_went_down_is_refused(srv):
     r.execute_command("XSETID", KEY, ids[-1], "ENTRIESADDED", 5 * B)  # as if the last step's entries were lost
     with pytest.raises(StepError, match="fewer than the"):
         pipe.batch_at(5)
+
+
+def test_a_trainer_reading_in_order_keeps_an_anchor_every_1024_positions(srv):
+    """Read step by step (each read near the last), the source still keeps an anchor beside the stream
+    in each block of 1,024 positions it read, so a stream recreated with the same IDs and origin entry
+    but other later entries is refused at open, and by a read from a far resume step."""
+    r = srv.client()
+    ids = produce(r, 0, 2100)
+    src = RedisStreamSource(srv.url, KEY, timeout=2)
+    with live(src).iterator() as it:
+        for _ in range(2100 // B):
+            next(it)
+        it.commit(300)
+    kept = sorted(int(score) // 1024 for _, score in r.zrange(f"{KEY}:quern:anchors", 0, -1, withscores=True))
+    assert kept == [0, 1, 2], kept
+    recreate(r, ids, lambda i: i if i == 0 else 100_000 + i)
+    with pytest.raises(SourceError, match="holds other fields.*recreated"):
+        RedisStreamSource(srv.url, KEY, timeout=2)
+    with pytest.raises(StepError) as e:  # the open source reads on from a kept anchor
+        live(pickle.loads(pickle.dumps(src))).batch_at(400)  # a copy that knows only the origin (a worker's)
+    assert isinstance(e.value.__cause__, SourceError) and "fields" in str(e.value.__cause__)
+
+
+def test_a_stream_recreated_with_an_entry_before_its_origin_is_refused(srv):
+    """The old entries with their IDs and fields, after one new first entry: every position shifts by
+    one. Refused at open and by a source already open, at once (not a busy wait past its timeout)."""
+    r = srv.client()
+    ids = produce(r, 0, 25 * B)
+    src = RedisStreamSource(srv.url, KEY, timeout=2)
+    pipe = live(src)
+    assert values(pipe.batch_at(0)) == [0, 1, 2, 3]
+    r.delete(KEY)
+    r.xadd(KEY, {"v": "1000", "pad": pad_of(0)}, id="0-1")
+    p = r.pipeline(transaction=False)
+    for i, entry_id in enumerate(ids):
+        p.xadd(KEY, {"v": str(i), "pad": pad_of(i)}, id=entry_id)
+    p.execute()
+    with pytest.raises(SourceError, match=r"first entry is b'0-1' at position 0.*recreated"):
+        RedisStreamSource(srv.url, KEY, timeout=2)
+    for step in (0, 24, 25):
+        began = time.monotonic()
+        with pytest.raises(StepError) as e:
+            pipe.batch_at(step)
+        assert isinstance(e.value.__cause__, SourceError), e.value
+        assert "not the stream this source read" in str(e.value.__cause__)
+        assert time.monotonic() - began < 2, f"step {step} took {time.monotonic() - began:.1f} s"
