@@ -11,6 +11,7 @@ that are not regular files. Expected records come from each format's library (``
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import pickle
 import re
@@ -217,6 +218,43 @@ def test_an_open_source_refuses_a_same_size_rewrite_with_its_mtime_set_back(fmt,
     reading = src if reader == "open" else copy
     with pytest.raises(SourceError, match=r"changed since the source opened it \(it was written, or its metadata"):
         reading.read_many(np.arange(10))
+
+
+def test_a_write_between_the_hash_and_the_scan_stores_no_index(tmp_path, monkeypatch):
+    """A writer holding a dirty shared mapping (no stat field changes) rewrites the tar after the source
+    hashed it and before its scan: the scan's own hash of the bytes it read differs, so the source is
+    refused and nothing is cached under the old hash; a copy of the old bytes then reads its own 2 samples
+    (it read 3, through the index of the new bytes stored under the old hash)."""
+    old, new = (
+        _tar([("a.txt", b"x"), ("a.cls", b"x"), ("b.txt", b"x")]),
+        _tar([("a.txt", b"x"), ("c.cls", b"x"), ("b.txt", b"x")]),
+    )
+    path = tmp_path / "s.tar"
+    path.write_bytes(old)
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, len(old))
+    m[:] = old  # the page is dirty and writable now: the next write through it changes no time
+    real = offsets_mod.build
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        before = os.stat(path)
+        m[:] = new
+        after = os.stat(path)
+        assert (before.st_mtime_ns, before.st_ctime_ns) == (after.st_mtime_ns, after.st_ctime_ns)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(offsets_mod, "build", build)
+    try:
+        with pytest.raises(SourceError, match=r"s\.tar' changed while it was indexed \(the bytes scanned are not"):
+            WebDatasetSource(path, index_cache=tmp_path / "idx")
+    finally:
+        m.close()
+        os.close(fd)
+    monkeypatch.setattr(offsets_mod, "build", real)
+    copy = tmp_path / "copy.tar"
+    copy.write_bytes(old)
+    src = WebDatasetSource(copy, index_cache=tmp_path / "idx")
+    assert src.index_sources == ["built"] and len(src) == 2 and read_all(src) == read_webdataset(copy)
 
 
 # --------------------------------------------------------------------------- point 5: forged indexes

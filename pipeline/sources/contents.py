@@ -18,6 +18,14 @@ so a file that recent is hashed again at every open until it is older.
 A record is a hint that saves reading: a missing, damaged or unwritable one
 costs one read of the file, never a wrong hash. Records are made only here,
 from a hash of the file this host just read; nothing fetched is one.
+
+The hash and an index's scan are two reads of the file; a write between them
+could give an index of other bytes than those hashed. So a scan reads the file
+through a :class:`HashedFile`, which hashes every byte as it passes (the bytes
+the scan skips are read and hashed too): the index is kept only if that hash is
+the one the source looked it up by. What no stat field shows (a write through a
+shared writable mapping to a page already dirty changes no time) is not seen
+between two opens: a trusted record then gives the old hash for new bytes.
 """
 
 from __future__ import annotations
@@ -28,14 +36,14 @@ import struct
 import time
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import xxhash
 
 from ..errors import SourceError
 from ..plan.indexfile import cache_dir, write_atomically
 
-__all__ = ["RACY_NS", "Known", "content_hash", "know", "record_path", "remember", "unchanged"]
+__all__ = ["RACY_NS", "HashedFile", "Known", "content_hash", "know", "record_path", "remember", "unchanged"]
 
 RACY_NS = 2_000_000_000
 """How much older than its hash (ns) a file's times must be for its record to be trusted (clock ticks, skew)."""
@@ -103,6 +111,87 @@ def content_hash(path: str, size: int, name: str | None = None) -> str:
     if total != size:
         raise SourceError(f"{name or path!r} holds {total} bytes, not the {size} it had when opened: it changed")
     return h.hexdigest()
+
+
+class HashedFile:
+    """A file read forward once, every byte hashed as it passes: what a scan reads is what is hashed.
+
+    The bytes returned are private copies (not a map of the page cache), and the bytes a
+    scan skips are read and hashed too, so :meth:`finish` gives the XXH3-128 of exactly the
+    bytes the scan's offsets were found in. Reads ahead :data:`_BLOCK` bytes at a time.
+
+    Args:
+        f: the file, open for reading from byte 0 (unbuffered).
+        size: its size in bytes (from the stat the caller took).
+        name: how messages name it.
+
+    Example:
+        >>> import io
+        >>> h = HashedFile(io.BytesIO(b"abcdef"), 6, "x")
+        >>> h.read_at(1, 2), h.read_at(4, 9)
+        (b'bc', b'ef')
+        >>> h.finish() == xxhash.xxh3_128(b"abcdef").hexdigest()
+        True
+    """
+
+    def __init__(self, f: BinaryIO, size: int, name: str) -> None:
+        self._f, self.size, self.name = f, size, name
+        self._hash = xxhash.xxh3_128()
+        self._buf, self._at = b"", 0  # the bytes [_at, _at + len(_buf)) of the file
+        self._end = 0  # every byte before it was hashed
+        self._pos = 0
+
+    def _take(self, n: int) -> bytes:
+        data = self._f.read(n)
+        self._hash.update(data)
+        self._end += len(data)
+        return data
+
+    def read_at(self, at: int, n: int) -> bytes:
+        """The bytes ``[at, at + n)`` (fewer at the file's end); ``at`` never before an earlier read's start.
+
+        Raises:
+            ValueError: ``at`` lies before the start of the last read (a scan reads forward).
+        """
+        if at < self._at:
+            raise ValueError(f"{self.name!r}: a read at byte {at} after one at byte {self._at}: scans read forward")
+        end = min(at + n, self.size)
+        if end > self._end:
+            keep = self._buf[at - self._at :] if at < self._end else b""
+            while self._end < at and self._take(min(_BLOCK, at - self._end)):  # skipped: hashed all the same
+                pass
+            self._at = min(at, self._end)
+            parts, goal = [keep], max(end, min(self._end + _BLOCK, self.size))
+            while self._end < goal and (chunk := self._take(goal - self._end)):
+                parts.append(chunk)
+            self._buf = b"".join(parts)
+        return self._buf[at - self._at : max(at, end) - self._at]
+
+    def seek(self, pos: int) -> int:
+        """Where the next :meth:`read` starts."""
+        self._pos = pos
+        return pos
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes from the position (fewer at the file's end)."""
+        data = self.read_at(self._pos, n)
+        self._pos += len(data)
+        return data
+
+    def finish(self) -> str:
+        """The content hash of the file: the bytes read, and the rest of the file read and hashed now.
+
+        Raises:
+            SourceError: the file holds another number of bytes than ``size`` (it changed).
+        """
+        self._buf = b""
+        while self._end < self.size and self._take(min(_BLOCK, self.size - self._end)):
+            pass
+        if self._end != self.size or self._f.read(1):
+            raise SourceError(
+                f"{self.name!r} changed while it was indexed (its size): open it again once it is written"
+            )
+        return self._hash.hexdigest()
 
 
 def record_path(st: os.stat_result, folder: str | os.PathLike | None = None) -> str:

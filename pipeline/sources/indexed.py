@@ -16,10 +16,9 @@ did not change, and the identity.
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from collections.abc import Sequence
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,114 +26,23 @@ from ..cache import ShardCache, is_url
 from ..errors import SourceError
 from . import contents as contents_mod
 from . import offsets as offsets_mod
-from .base import FileStats, Source, check_ids, expand_paths, group_by
+from .base import FileStats, Source, check_ids, group_by
+from .contents import HashedFile
 from .descriptors import Descriptors
+from .localfiles import COMPRESSED, check_file, compression_of, data_files
 
 __all__ = ["COMPRESSED", "IndexedSource", "Sidecar", "check_file", "compression_of", "data_files"]
 
-COMPRESSED = {
-    b"\x1f\x8b": "gzip",
-    b"\x28\xb5\x2f\xfd": "zstd",
-    b"BZh": "bzip2",
-    b"\xfd7zXZ\x00": "xz",
-}
-"""Magic bytes of compressed files, which cannot be read by offset."""
 _RUN_BYTES = 64 << 20  # the most bytes one pread reads (a run of consecutive records is cut beyond it)
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
 
 
-def compression_of(head: bytes) -> str | None:
-    """The compression a file's first bytes show, if any.
-
-    Args:
-        head: the file's first 6 bytes (or fewer).
-
-    Returns:
-        ``"gzip"``, ``"zstd"``, ``"bzip2"`` or ``"xz"``, else ``None``.
-
-    Example:
-        >>> import gzip
-        >>> compression_of(gzip.compress(b"x")[:6]), compression_of(b'{"a": 1}')
-        ('gzip', None)
-    """
-    for magic, name in COMPRESSED.items():
-        if head.startswith(magic):
-            return name
-    return None
-
-
-def check_file(what: str, fmt: str, name: str, path: str, size: int) -> None:
-    """Refuse a file that cannot be read by offset: not a regular file, empty, or compressed.
-
-    Args:
-        what: the source's class name, for the message.
-        fmt: the format.
-        name: how messages name the file (its path or URL).
-        path: the local file.
-        size: its size in bytes.
-
-    Raises:
-        SourceError: the file is a directory, a FIFO or another file that is not a regular one,
-            is empty, or is compressed (with what to do instead).
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise SourceError(f"{what}: {name!r}: cannot stat it: {e}") from e
-    if not stat.S_ISREG(mode):
-        other = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise SourceError(f"{what}: {name!r} is {other}, not a {fmt} file: only regular files can be read by offset")
-    if size == 0:
-        raise SourceError(f"{what}: {name!r} is empty (0 bytes): it holds no {fmt} records")
-    with open(path, "rb") as f:
-        head = f.read(6)
-    kind = compression_of(head)
-    if kind is not None:
+def _same_bytes(what: str, name: str, content: str, scanned: str) -> None:
+    """Refuse an index scanned from other bytes than those hashed before (a write between the two reads)."""
+    if scanned != content:
         raise SourceError(
-            f"{what}: {name!r} is {kind}-compressed: its records cannot be read by offset (random access into a "
-            f"{kind} stream is impossible). Decompress it (for gzip: gunzip), or convert it to ArrayRecord with "
-            "`quern prepare`"
+            f"{what}: {name!r} changed while it was indexed (the bytes scanned are not those hashed before: "
+            f"content hash {scanned}, not {content}): open it again once it is written"
         )
-
-
-def data_files(paths: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:
-    """The files named by a glob, a path, or a list of them, less the sidecar indexes globs match.
-
-    Args:
-        paths: a path or glob, or a list of them.
-        what: the source's name, for the messages.
-
-    Returns:
-        The files (:func:`~quern.pipeline.sources.base.expand_paths`), without the files a glob
-        matched that end with :data:`~quern.pipeline.sources.offsets.SIDECAR` (``data/*`` matches
-        the sidecars ``quern index`` wrote there).
-
-    Raises:
-        FileNotFoundError: a glob matches nothing but sidecars, or a path does not exist.
-        ValueError: no path is given, or a path named (not matched) is a sidecar.
-    """
-    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    out: list[str] = []
-    for p in (os.fspath(g) for g in given):
-        files = expand_paths(p, what)
-        if not any(c in p for c in "*?["):
-            if p.endswith(offsets_mod.SIDECAR):
-                raise ValueError(f"{what}: {p!r} is a sidecar index (`quern index` writes them), not a data file")
-            out.extend(files)
-            continue
-        kept = [f for f in files if not f.endswith(offsets_mod.SIDECAR)]
-        if not kept:
-            raise FileNotFoundError(f"{what}: no file but sidecar indexes matches {p!r}")
-        out.extend(kept)
-    if not out:
-        raise ValueError(f"{what}: no files given")
-    return out
 
 
 class Sidecar(NamedTuple):
@@ -262,9 +170,10 @@ class IndexedSource(Source):
             built = offsets_mod.build(
                 self.scan, [self.paths[k] for k in missing], [self.names[k] for k in missing], threads=threads
             )
-            for k, off in zip(missing, built):
+            for k, (off, content) in zip(missing, built):
                 self._files.check(k)  # scanned from the file the source opened,
                 contents_mod.unchanged(self.paths[k], stats[k], self.names[k])  # the one its contents were hashed of
+                _same_bytes(what, self.names[k], self.contents[k], content)  # and in the bytes hashed
                 found[k] = off
                 target = offsets_mod.cache_path(self.FORMAT, self.sizes[k], self.contents[k], self.index_cache)
                 try:
@@ -365,7 +274,8 @@ class IndexedSource(Source):
             if off is None:
                 stats.check(k)
                 contents_mod.unchanged(files[k], known[k].stat, files[k])
-                off = built[k]
+                off, content = built[k]
+                _same_bytes(what, files[k], known[k].content, content)
                 dump = offsets_mod.dump(cls.FORMAT, sizes[k], known[k].content, off)
                 offsets_mod.store(offsets_mod.sidecar_path(files[k]), dump)
             out.append(Sidecar(files[k], len(off) - 1, offsets_mod.sidecar_path(files[k]), k in built))
@@ -408,7 +318,7 @@ class IndexedSource(Source):
     # -- what subclasses implement -------------------------------------------------------------------------
 
     @classmethod
-    def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:  # pragma: no cover - abstract
+    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:  # pragma: no cover - abstract
         """The record offsets of one file, by one sequential scan.
 
         Args:
@@ -592,7 +502,8 @@ class IndexedSource(Source):
             if got is None and os.path.exists(self.paths[k]):  # another machine, a cleaned cache: made again here
                 got = self._known_index(k)[0]
                 if got is None:
-                    got = offsets_mod.build(self.scan, [self.paths[k]], [self.names[k]])[0]
+                    got, content = offsets_mod.build(self.scan, [self.paths[k]], [self.names[k]])[0]
+                    _same_bytes(what, self.names[k], self.contents[k], content)
             if got is None or len(got) != self.counts[k] + 1:
                 why = why if got is None else f"it holds {len(got) - 1} records, not {int(self.counts[k])}"
                 raise SourceError(f"{what}: the index {path} of {self.names[k]!r} cannot be used here: {why}")

@@ -3,7 +3,7 @@
 A record is a line holding a JSON value; lines holding only whitespace are no
 records (they stay in the bytes of the record before them, where ``json.loads``
 ignores them). The index (:mod:`quern.pipeline.sources.offsets`) is made by one
-scan for newlines with NumPy over a memory map of the file. A line is parsed when
+scan for newlines with NumPy, block by block, over the bytes it hashes. A line is parsed when
 read: one that does not parse (nested past Python's recursion limit too), or lacks
 ``field``, is a :class:`~quern.pipeline.errors.SourceError` naming the file and the
 line number.
@@ -12,43 +12,42 @@ line number.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from ..cache import ShardCache
 from ..errors import SourceError
+from .contents import HashedFile
 from .indexed import IndexedSource
 
 __all__ = ["JsonlSource"]
 
-_BLOCK = 64 << 20  # bytes searched for newlines at once
+_BLOCK = 16 << 20  # bytes searched for newlines at once
 _WHITESPACE = np.zeros(256, dtype=bool)
 _WHITESPACE[[9, 10, 13, 32]] = True  # what JSON calls whitespace
 
 
-def _line_starts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The starts and ends (exclusive, newline excluded) of the lines of ``a``, in blocks."""
-    nl = [np.flatnonzero(a[i : i + _BLOCK] == 10) + i for i in range(0, len(a), _BLOCK)]
-    newlines = np.concatenate(nl) if nl else np.zeros(0, dtype=np.int64)
-    starts = np.concatenate([[0], newlines + 1]).astype(np.int64)
-    ends = np.concatenate([newlines, [len(a)]]).astype(np.int64)
-    return starts, ends
+def _records(buf: bytes, base: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The starts and ends of the whole lines of ``buf`` (file bytes from ``base``) that hold more than whitespace.
 
-
-def _records(m: mmap.mmap) -> tuple[np.ndarray, np.ndarray]:
-    """The starts and ends of the lines of ``m`` that hold more than whitespace."""
-    a = np.frombuffer(m, dtype=np.uint8)
-    starts, ends = _line_starts(a)
+    Returns:
+        Their starts and ends (exclusive, newline excluded) in the file, and where in ``buf`` the
+        bytes after its last newline (a line not yet whole) begin.
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    newlines = np.flatnonzero(a == 10)
+    starts = np.concatenate([[0], newlines[:-1] + 1]).astype(np.int64) if len(newlines) else newlines
+    ends = newlines.astype(np.int64)
     keep = ends > starts
     keep[keep] = ~_WHITESPACE[a[starts[keep]]]  # a line starting with other than whitespace holds more
     for i in np.flatnonzero((ends > starts) & ~keep).tolist():  # one starting with whitespace: looked at whole
-        keep[i] = bool(m[int(starts[i]) : int(ends[i])].strip(b" \t\r\n"))  # JSON's whitespace only
-    return starts[keep], ends[keep]
+        keep[i] = bool(buf[int(starts[i]) : int(ends[i])].strip(b" \t\r\n"))  # JSON's whitespace only
+    rest = int(newlines[-1]) + 1 if len(newlines) else 0
+    return starts[keep] + base, ends[keep] + base, rest
 
 
 class JsonlSource(IndexedSource):
@@ -105,7 +104,7 @@ class JsonlSource(IndexedSource):
         super().__init__(paths, name=name, cache=cache, index_cache=index_cache, index_threads=index_threads)
 
     @classmethod
-    def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
         """The offsets of a JSON-lines file's records (its lines that hold more than whitespace).
 
         Args:
@@ -117,8 +116,18 @@ class JsonlSource(IndexedSource):
             ``n + 1`` offsets: record ``k`` runs from its line's start to the next record's
             (the lines of whitespace between them included), the last to its line's newline.
         """
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
-            first, last = _records(m)  # no view of the map outlives this call: it can close
+        firsts, lasts = [], []
+        carry, base = b"", 0  # the bytes from ``base`` after the last newline read: a line not yet whole
+        while True:
+            block = f.read(_BLOCK)
+            buf = carry + block if block else carry + b"\n"  # the last line, newline or not
+            first, last, rest = _records(buf, base)
+            firsts.append(first)
+            lasts.append(last)
+            carry, base = buf[rest:], base + rest
+            if not block:
+                break
+        first, last = np.concatenate(firsts), np.concatenate(lasts)
         if not len(first):
             return np.zeros(1, dtype=np.int64)
         stop = min(int(last[-1]) + 1, size)  # the last record's newline, if it has one

@@ -31,13 +31,13 @@ import concurrent.futures
 import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
 
 import numpy as np
 import xxhash
 
 from ..errors import SourceError
 from ..plan.indexfile import cache_dir, write_atomically
+from .contents import HashedFile
 
 __all__ = ["MAGIC", "SIDECAR", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
 
@@ -48,7 +48,7 @@ _FIELDS = struct.Struct("<8s16sQ16sQ")  # magic, format, data size, content hash
 _HEADER = struct.Struct("<8s16sQ16sQ16s56x")  # the fields, their checksum, padding: 128 bytes
 _FORMAT_BYTES = 16
 
-Scan = Callable[[BinaryIO, int, str], np.ndarray]
+Scan = Callable[[HashedFile, int, str], np.ndarray]
 """A format's scan: ``(file, size, name) -> offsets`` (``n + 1`` int64), raising SourceError on bad data."""
 
 
@@ -193,8 +193,12 @@ def build(
     names: Sequence[str],
     *,
     threads: int | None = None,
-) -> list[np.ndarray]:
-    """Scan files for their record offsets, in parallel over files.
+) -> list[tuple[np.ndarray, str]]:
+    """Scan files for their record offsets, in parallel over files, hashing each in the same pass.
+
+    Each scan reads its file through a :class:`~quern.pipeline.sources.contents.HashedFile`:
+    the content hash returned is of exactly the bytes the offsets were found in. A caller
+    keeps the offsets only if it is the hash it looked the index up by.
 
     Args:
         scan: the format's scan.
@@ -203,17 +207,19 @@ def build(
         threads: files scanned at once (default: up to 8, at most the CPUs and the files).
 
     Returns:
-        Each file's offsets, in order.
+        Each file's offsets and content hash, in order.
 
     Raises:
         SourceError: a file cannot be read or holds bad data (the first such file's error).
     """
 
-    def one(k: int) -> np.ndarray:
+    def one(k: int) -> tuple[np.ndarray, str]:
         size = os.path.getsize(paths[k])
         try:
             with open(paths[k], "rb", buffering=0) as f:
-                return scan(f, size, names[k])
+                hashed = HashedFile(f, size, names[k])
+                off = scan(hashed, size, names[k])
+                return off, hashed.finish()
         except OSError as e:
             raise SourceError(f"{names[k]}: cannot read it to index its records: {e}") from e
 

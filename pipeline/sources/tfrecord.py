@@ -11,12 +11,13 @@ length's CRC; a read checks both CRCs of the records it returns.
 from __future__ import annotations
 
 import struct
-from typing import Any, BinaryIO
+from typing import Any
 
 import crc32c
 import numpy as np
 
 from ..errors import SourceError
+from .contents import HashedFile
 from .indexed import IndexedSource
 
 __all__ = ["TFRecordSource", "masked_crc"]
@@ -84,7 +85,7 @@ class TFRecordSource(IndexedSource):
     SUFFIXES = (".tfrecords", ".tfrecord", ".tfrec")
 
     @classmethod
-    def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
         """The offsets of a TFRecord file's records, each length's CRC checked.
 
         Args:

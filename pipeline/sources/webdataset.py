@@ -28,11 +28,12 @@ import os
 import re
 import tarfile
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import SourceError
+from .contents import HashedFile
 from .indexed import IndexedSource
 
 __all__ = ["WebDatasetSource", "read_sample", "split_name"]
@@ -323,7 +324,7 @@ class WebDatasetSource(IndexedSource):
         return None  # pragma: no cover - _members ends with an int
 
     @classmethod
-    def scan(cls, f: BinaryIO, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
         """The offsets of a shard's samples.
 
         Args:
@@ -339,12 +340,11 @@ class WebDatasetSource(IndexedSource):
             SourceError: a bad or truncated header, a member cut short, no end-of-archive block,
                 a member without a key, or a sparse member.
         """
-        fd = f.fileno()
         starts: list[int] = []
         key: str | None = None
         exts: set[str] = set()
         last_end = 0
-        for m in _members(lambda at, n: os.pread(fd, n, at), 0, size, name):
+        for m in _members(f.read_at, 0, size, name):
             if isinstance(m, int):
                 if m >= size:
                     raise SourceError(
