@@ -18,11 +18,16 @@ step map or run number is ignored (:class:`~quern.pipeline.sources.RedisStreamSo
 the committed position never goes back. A resume whose step map differs from the record's must
 start at the step that begins exactly at the first untrained entry (:func:`resume_step`), or it
 is refused (:func:`refusal`).
+
+A committed position names entries only in the same stream: :func:`entry_digest` and
+:func:`parse_id` are what :class:`~quern.pipeline.sources.RedisStreamSource` identifies
+entries (its origin and anchors) by.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import warnings
 from collections.abc import Callable
@@ -37,10 +42,13 @@ __all__ = [
     "RecordHolder",
     "Run",
     "StepMap",
+    "anchor_member",
     "begin",
     "commit",
     "committed",
     "continues",
+    "entry_digest",
+    "parse_id",
     "read",
     "refusal",
     "resume_step",
@@ -91,6 +99,51 @@ return {'ok', new}
 host ``ARGV[5]``'s commit of ``ARGV[6]``, if the record is still at version ``ARGV[3]`` (``''``: none),
 the one the decision to take it was made on: ``{'ok', run}``, or ``{'moved'}`` when any commit changed
 it meanwhile (read it again)."""
+
+
+# -- the entries positions name (the source's identity checks, beside the record) --------------------------
+
+
+def anchor_member(member: bytes) -> tuple[bytes, str | None]:
+    """``(ID, digest)`` of a member of the anchors' sorted set (``ID DIGEST``; an older quern's: ``ID``)."""
+    entry_id, _, digest = member.partition(b" ")
+    return entry_id, (digest.decode() or None)
+
+
+def parse_id(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry ID as ``(milliseconds, sequence)``, the order Redis keeps.
+
+    Args:
+        entry_id: ``b"1700000000000-3"``.
+
+    Returns:
+        The two numbers.
+
+    Example:
+        >>> parse_id(b"17-3") < parse_id("17-10")
+        True
+    """
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def entry_digest(fields: dict) -> str:
+    """The content of an entry: BLAKE2b of its field names and values, in the stream's order.
+
+    Args:
+        fields: ``{name: value}`` (bytes) as redis-py gives an entry.
+
+    Returns:
+        24 hex digits.
+    """
+    h = hashlib.blake2b(digest_size=12)
+    for k, v in fields.items():
+        for part in (k, v):
+            part = part if isinstance(part, bytes) else str(part).encode()
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+    return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,13 +15,17 @@ Beside the stream ``KEY``, the source keeps (plain Redis keys):
 - ``KEY:quern:origin``: the position, ID and content digest (:func:`entry_digest`)
   of the first entry the source ever saw, set once; the source's identity is the
   key and this entry (the ID at position 0 for a stream read from its start);
-- ``KEY:quern:anchors``: a sorted set of entries by position, each ``ID DIGEST``;
+- ``KEY:quern:anchors``: a sorted set of entries by position, each ``ID DIGEST``: a
+  process keeps one in each block of ANCHOR_EVERY positions it reads (one ``ZADD`` a block);
 - ``KEY:quern:commit:GROUP``: the commit record (:mod:`.live_commits`).
 
-A read checks the entry it starts from (an anchor) by ID and content, so a stream
-deleted and recreated under the key is refused once a read starts from an entry
-whose ID or fields changed; at open the origin and the newest kept anchor are
-checked. Entries between anchors are not compared.
+A stream deleted and recreated under the key is refused when: at open, its origin is not the
+first entry at its position (another ID, an entry before it, other fields) or its newest kept
+anchor is missing or holds other fields; at a read, the anchor the read starts from is missing
+or holds other fields, the entries after it are not as many as the positions say, the origin is
+not the first entry at its position, or fewer entries were ever added than before. Entries
+between anchors are not compared: one recreated with the same IDs, origin entry and count,
+differing only in entries no read starts from, is not detected.
 
 The pipeline side (steps of ``B`` positions, the commit after the step) is
 :mod:`quern.pipeline.streams.live`.
@@ -30,7 +34,6 @@ The pipeline side (steps of ``B`` positions, the commit after the step) is
 from __future__ import annotations
 
 import bisect
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,58 +44,16 @@ import numpy as np
 from ..errors import EntriesTimeoutError, SourceError
 from . import live_commits, waiting
 from .base import Source
-from .live_commits import CommitRecord, Run, StepMap
+from .live_commits import CommitRecord, Run, StepMap, anchor_member, entry_digest, parse_id
 
 __all__ = ["ANCHOR_EVERY", "RedisStreamSource", "entry_digest", "parse_id"]
 
 ANCHOR_EVERY = 1024
-"""Positions between two anchors kept beside the stream."""
+"""A source keeps an anchor beside the stream in each block of this many positions it reads."""
 _MOST = 16384  # entries one XRANGE asks for
 _T = TypeVar("_T")
 _Anchor = tuple[int, bytes, str | None]
 """An entry known to be at a position: ``(position, ID, digest)`` (``None``: its fields unknown)."""
-
-
-def _anchor_member(member: bytes) -> tuple[bytes, str | None]:
-    """``(ID, digest)`` of a member of the anchors' sorted set (``ID DIGEST``; an older quern's: ``ID``)."""
-    entry_id, _, digest = member.partition(b" ")
-    return entry_id, (digest.decode() or None)
-
-
-def parse_id(entry_id: bytes | str) -> tuple[int, int]:
-    """A stream entry ID as ``(milliseconds, sequence)``, the order Redis keeps.
-
-    Args:
-        entry_id: ``b"1700000000000-3"``.
-
-    Returns:
-        The two numbers.
-
-    Example:
-        >>> parse_id(b"17-3") < parse_id("17-10")
-        True
-    """
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def entry_digest(fields: dict) -> str:
-    """The content of an entry: BLAKE2b of its field names and values, in the stream's order.
-
-    Args:
-        fields: ``{name: value}`` (bytes) as redis-py gives an entry.
-
-    Returns:
-        24 hex digits.
-    """
-    h = hashlib.blake2b(digest_size=12)
-    for k, v in fields.items():
-        for part in (k, v):
-            part = part if isinstance(part, bytes) else str(part).encode()
-            h.update(len(part).to_bytes(8, "little"))
-            h.update(part)
-    return h.hexdigest()
 
 
 def _set_once(key: str, value: str) -> Callable[[Any], Any]:
@@ -132,7 +93,8 @@ class RedisStreamSource(Source):
     ``retry_seconds``; then the read fails naming the URL. One that cannot be reached
     when the source opens is an error at once (a wrong URL). A stream deleted and
     created again under the same key is refused, at open and at a read, when its origin
-    entry, or the anchor the read starts from, has another ID or other fields.
+    entry is not the first at its position, or an anchor (one kept every 1,024 positions read)
+    has another ID or other fields (the module's text says exactly what is compared).
 
     Args:
         url: the Redis server, ``redis://HOST:PORT/DB`` (what ``redis.Redis.from_url`` takes).
@@ -341,7 +303,7 @@ class RedisStreamSource(Source):
         _, anchors_key, _ = self._keys()
         newest = self._call("ZREVRANGE", lambda c: c.zrevrange(anchors_key, 0, 0, withscores=True))
         kept = [(origin[0], origin[1].encode(), origin[2] or None)]
-        kept += [(int(score), *_anchor_member(member)) for member, score in newest]
+        kept += [(int(score), *anchor_member(member)) for member, score in newest]
         for at, entry_id, digest in kept:
             if why is None and pos <= at < added:  # still held: the entry must be there, with its fields
                 got = self._call("XRANGE", self._one(entry_id))
@@ -373,7 +335,7 @@ class RedisStreamSource(Source):
             lambda c: c.zrevrangebyscore(anchors_key, position, "-inf", start=0, num=1, withscores=True),
         )
         if got and (local is None or int(got[0][1]) > local[0]):
-            return (int(got[0][1]), *_anchor_member(got[0][0]))
+            return (int(got[0][1]), *anchor_member(got[0][0]))
         return local
 
     def _learn(self, position: int, entry_id: bytes, fields: dict) -> None:
