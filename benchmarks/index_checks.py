@@ -10,6 +10,9 @@ file's hash is trusted only then), and the page cache is warm. Then:
 * ``open, new host``: an open with the index in the cache but no record of the files
   (another host sharing the cache folder, a sidecar on a host that never saw the
   files): every file is read and hashed;
+* ``check``: the check of the index at every boundary alone (``check_bounds`` and
+  ``check_inside``), which an index found without a verdict of this host pays once
+  (a sidecar's first use, a new host: part of ``open, new host``);
 * ``read 1``: ``read_many`` of one random id, per call;
 * ``read 256``: ``read_many`` of 256 random ids, per record.
 
@@ -109,12 +112,25 @@ def measure(fmt: str, args: argparse.Namespace, tmp: str, rng: np.random.Generat
     elsewhere = statistics.median(
         new_host(cls, paths, cache, os.path.join(tmp, f"other-{fmt}")) for _ in range(args.repeats)
     )
+
+    def check() -> None:
+        for k, p in enumerate(paths):
+            off = src.offsets(k)
+            with open(p, "rb", buffering=0) as f:
+                bad = cls.check_bounds(f.fileno(), src.sizes[k], int(off[0]), int(off[-1]), p)
+                bad = bad or getattr(cls, "check_inside", lambda *a: None)(
+                    f.fileno(), src.sizes[k], off, src.contents[k], p
+                )
+            assert bad is None, bad
+
+    checking = median_s(check, args.repeats)
     ids = np.random.default_rng(1).integers(0, len(src), size=(2048,))
     one = median_s(lambda: [src.read_many(ids[i : i + 1]) for i in range(2048)], args.repeats) / 2048
     many = median_s(lambda: [src.read_many(ids[i : i + 256]) for i in range(0, 2048, 256)], args.repeats) / 2048
     shutil.rmtree(folder)
     return (
         f"| {fmt} | {args.mib} | {len(src):,} | {build:.2f} | {remembered * 1e3:.1f} | {elsewhere * 1e3:.0f} "
+        f"| {checking * 1e3:.0f} "
         f"| {one * 1e6:.1f} | {many * 1e6:.2f} |"
     )
 
@@ -129,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     print(
-        "| format | MiB | records | build: s | open, remembered: ms | open, new host: ms | read 1: µs | read 256: µs/record |"
+        "| format | MiB | records | build: s | open, remembered: ms | open, new host: ms | check: ms | read 1: µs "
+        "| read 256: µs/record |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in args.formats.split(","):
             print(measure(fmt, args, tmp, rng), flush=True)

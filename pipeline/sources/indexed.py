@@ -175,6 +175,7 @@ class IndexedSource(Source):
                 contents_mod.unchanged(self.paths[k], stats[k], self.names[k])  # the one its contents were hashed of
                 _same_bytes(what, self.names[k], self.contents[k], content)  # and in the bytes hashed
                 found[k] = off
+                offsets_mod.mark_checked(self.FORMAT, self.contents[k], off, self.index_cache)
                 target = offsets_mod.cache_path(self.FORMAT, self.sizes[k], self.contents[k], self.index_cache)
                 try:
                     offsets_mod.store(target, offsets_mod.dump(self.FORMAT, self.sizes[k], self.contents[k], off))
@@ -190,7 +191,7 @@ class IndexedSource(Source):
             return None, why
         try:
             with self._fds.use(k, self.paths[k]) as fd:
-                bad = self.check_bounds(fd, self.sizes[k], int(off[0]), int(off[-1]), self.names[k])
+                bad = self.fits(fd, self.sizes[k], off, self.contents[k], self.names[k], self.index_cache)
         except OSError as e:
             return None, f"the file cannot be read to check it ({e})"
         return (None, bad) if bad is not None else (off, why)
@@ -264,7 +265,7 @@ class IndexedSource(Source):
             off, _ = offsets_mod.load(offsets_mod.sidecar_path(p), cls.FORMAT, sizes[k], known[k].content)
             if off is not None:
                 with open(p, "rb", buffering=0) as f:
-                    off = None if cls.check_bounds(f.fileno(), sizes[k], int(off[0]), int(off[-1]), p) else off
+                    off = None if cls.fits(f.fileno(), sizes[k], off, known[k].content, p) else off
             found.append(off)
         missing = [k for k, off in enumerate(found) if off is None]
         scanned = offsets_mod.build(cls.scan, [files[k] for k in missing], [files[k] for k in missing], threads=threads)
@@ -276,10 +277,62 @@ class IndexedSource(Source):
                 contents_mod.unchanged(files[k], known[k].stat, files[k])
                 off, content = built[k]
                 _same_bytes(what, files[k], known[k].content, content)
+                offsets_mod.mark_checked(cls.FORMAT, content, off)
                 dump = offsets_mod.dump(cls.FORMAT, sizes[k], known[k].content, off)
                 offsets_mod.store(offsets_mod.sidecar_path(files[k]), dump)
             out.append(Sidecar(files[k], len(off) - 1, offsets_mod.sidecar_path(files[k]), k in built))
         return out
+
+    @classmethod
+    def fits(
+        cls, fd: int, size: int, off: np.ndarray, content: str, name: str, folder: str | os.PathLike | None = None
+    ) -> str | None:
+        """Why an index does not fit a file (``None``: it does), checked at most once per content and index on a host.
+
+        The checksum of an index file is no signature: one made by hand can leave records out at
+        either end (:meth:`check_bounds`) or cut records at other places inside
+        (:meth:`check_inside`). A verdict that both passed is kept in the cache folder
+        (:func:`~quern.pipeline.sources.offsets.checked`): the next open of the same bytes with
+        the same index checks nothing.
+
+        Args:
+            fd: the file, open for reading.
+            size: its size in bytes.
+            off: the index's offsets.
+            content: the file's content hash.
+            name: how messages name the file.
+            folder: the cache folder of the verdicts.
+
+        Returns:
+            ``None``, or why the index does not fit the file.
+        """
+        if offsets_mod.checked(cls.FORMAT, content, off, folder):
+            return None
+        bad = cls.check_bounds(fd, size, int(off[0]), int(off[-1]), name) or cls.check_inside(
+            fd, size, off, content, name
+        )
+        if bad is None:
+            offsets_mod.mark_checked(cls.FORMAT, content, off, folder)
+        return bad
+
+    @classmethod
+    def check_inside(cls, fd: int, size: int, off: np.ndarray, content: str, name: str) -> str | None:
+        """Why an index's boundaries inside a file are not its records' (``None``: they are, or cannot be told here).
+
+        The base checks nothing; a format overrides it with what can be checked at every
+        boundary at once (vectorised), or with a scan compared to the index.
+
+        Args:
+            fd: the file, open for reading.
+            size: its size in bytes.
+            off: the index's offsets (its ends already checked by :meth:`check_bounds`).
+            content: the file's content hash.
+            name: how messages name the file.
+
+        Returns:
+            ``None``, or why the index does not fit the file.
+        """
+        return None
 
     @classmethod
     def check_bounds(cls, fd: int, size: int, first: int, last: int, name: str) -> str | None:

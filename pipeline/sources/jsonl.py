@@ -104,6 +104,41 @@ class JsonlSource(IndexedSource):
         super().__init__(paths, name=name, cache=cache, index_cache=index_cache, index_threads=index_threads)
 
     @classmethod
+    def check_inside(cls, fd: int, size: int, off: np.ndarray, content: str, name: str) -> str | None:
+        """Why the index's boundaries are not the file's lines (``None``: they are): scanned again and compared.
+
+        The scan is a NumPy newline search over the bytes it hashes, about the cost of the
+        hash: cheaper than checking each boundary's line. Done once per file content and index
+        on a host (:meth:`~quern.sources.IndexedSource.fits`).
+
+        Args:
+            fd: the file, open for reading.
+            size: its size.
+            off: the index's offsets.
+            content: its content hash: the bytes scanned must have it.
+            name: how messages name it.
+
+        Returns:
+            ``None``, or the first record whose boundaries differ from the file's lines.
+        """
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+            f.seek(0)
+            hashed = HashedFile(f, size, name)
+            lines = cls.scan(hashed, size, name)
+            scanned = hashed.finish()
+        if scanned != content:
+            return "the file changed while it was checked"
+        if len(lines) == len(off) and np.array_equal(lines, off):
+            return None
+        n = min(len(lines), len(off))
+        k = int(np.flatnonzero(lines[:n] != off[:n])[0]) if np.any(lines[:n] != off[:n]) else n
+        return (
+            f"its {len(off) - 1} records are not the file's {len(lines) - 1} lines of JSON: its boundary {k} is at "
+            f"byte {int(off[k]) if k < len(off) else size}, the line's at byte {int(lines[k]) if k < len(lines) else size} "
+            "(lines split or merged: a forged or damaged index?)"
+        )
+
+    @classmethod
     def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
         """The offsets of a JSON-lines file's records (its lines that hold more than whitespace).
 

@@ -39,7 +39,18 @@ from ..errors import SourceError
 from ..plan.indexfile import cache_dir, write_atomically
 from .contents import HashedFile
 
-__all__ = ["MAGIC", "SIDECAR", "build", "cache_path", "dump", "load", "sidecar_path", "store"]
+__all__ = [
+    "MAGIC",
+    "SIDECAR",
+    "build",
+    "cache_path",
+    "checked",
+    "dump",
+    "load",
+    "mark_checked",
+    "sidecar_path",
+    "store",
+]
 
 MAGIC = b"QUERNOX2"  # version 1 held a sampled hash of the file, not of all of it
 SIDECAR = ".quern.idx"
@@ -119,6 +130,41 @@ def dump(fmt: str, size: int, content: str, offsets: np.ndarray) -> bytes:
     fields = (MAGIC, _format_field(fmt), size, bytes.fromhex(content), n)
     head = _FIELDS.pack(*fields)
     return _HEADER.pack(*fields, _checksum(head, offsets)) + offsets.tobytes()
+
+
+def _verdict_path(fmt: str, content: str, offsets: np.ndarray, folder: str | os.PathLike | None) -> str:
+    digest = xxhash.xxh3_128_hexdigest(np.ascontiguousarray(offsets, dtype="<i8").data)
+    return os.path.join(cache_dir(folder), "offsets", "checked", f"{fmt}-{content}-{digest}")
+
+
+def checked(fmt: str, content: str, offsets: np.ndarray, folder: str | os.PathLike | None = None) -> bool:
+    """Whether these offsets were checked against every boundary of the file of this content on this host.
+
+    A verdict is an empty file named by the format, the file's content hash and the
+    XXH3-128 of the offsets, in ``offsets/checked/`` of the cache folder; only
+    :func:`mark_checked` makes one, after the check passed (or a scan made the offsets).
+
+    Args:
+        fmt: the format.
+        content: the data file's content hash.
+        offsets: the index's offsets.
+        folder: the cache folder.
+
+    Returns:
+        Whether a verdict is there.
+    """
+    return os.path.exists(_verdict_path(fmt, content, offsets, folder))
+
+
+def mark_checked(fmt: str, content: str, offsets: np.ndarray, folder: str | os.PathLike | None = None) -> None:
+    """Keep the verdict that these offsets fit every boundary of the file of this content (:func:`checked`).
+
+    A verdict that cannot be written costs the check again at the next open, nothing else.
+    """
+    try:
+        write_atomically(_verdict_path(fmt, content, offsets, folder), [b""], durable=False)
+    except OSError:
+        pass
 
 
 def store(path: str, data: bytes) -> None:

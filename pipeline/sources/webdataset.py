@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import SourceError
 from .contents import HashedFile
 from .indexed import IndexedSource
+from .tarchecks import check_headers
 
 __all__ = ["WebDatasetSource", "read_sample", "split_name"]
 
@@ -285,6 +286,11 @@ class WebDatasetSource(IndexedSource):
                 "to lose data: rename it, or remove it from the shard)"
             )
         return split
+
+    @classmethod
+    def check_inside(cls, fd: int, size: int, off: np.ndarray, content: str, name: str) -> str | None:
+        """Why the index's sample boundaries are not the shard's (:func:`~quern.pipeline.sources.tarchecks.check_headers`)."""
+        return check_headers(fd, size, off, name)
 
     @classmethod
     def check_bounds(cls, fd: int, size: int, first: int, last: int, name: str) -> str | None:

