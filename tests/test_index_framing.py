@@ -110,3 +110,28 @@ def test_a_sidecar_is_checked_once_per_content_and_index_on_a_host(fmt, tmp_path
     with pytest.warns(UserWarning, match="checked again"):
         other = CLASSES[fmt](path, index_cache=tmp_path / "other-host")
     assert other.index_sources == ["built"]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax", "gnu-long-name"])
+def test_a_record_ending_after_an_extended_header_is_refused(fmt, tmp_path):
+    """A sidecar whose boundary skips sample 1's pax (or GNU long-name) header, starting it at the member's
+    own header: record 0 ended with that header pending, and its parser stopped there silently (every
+    record read, one sample under another key). The read now refuses record 0, naming it."""
+    path = tmp_path / "s.tar"
+    long = "k" * 60 + ".x" + "t" * 60 if fmt == tarfile.GNU_FORMAT else "ключ"  # a key in the first 100 bytes
+    _tar(path, [("a.txt", b"A"), (f"{long}.txt", b"K"), ("c.txt", b"C")], fmt=fmt)
+    src = WebDatasetSource(path, index_cache=tmp_path / "probe")
+    off = src.offsets(0).copy()
+    raw = path.read_bytes()
+    assert raw[int(off[1]) + 156 : int(off[1]) + 157] in (b"x", b"L")
+    size = int(raw[int(off[1]) + 124 : int(off[1]) + 136].rstrip(b" \0"), 8)
+    off[1] += 512 + -(-size // 512) * 512  # the member's own header
+    _forge(src, path, off)
+    forged = WebDatasetSource(path, index_cache=tmp_path / "other")
+    assert list(forged.read_many(np.array([2]))) == [{"__key__": "c", "txt": b"C"}]
+    with pytest.raises(
+        SourceError,
+        match=rf"s\.tar' record 0 \(bytes 0-{off[1]}\): the extended tar header \(pax or GNU long name\) at byte "
+        rf"1024 has no member after it before byte {off[1]}",
+    ):
+        forged.read_many(np.array([0]))

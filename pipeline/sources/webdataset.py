@@ -176,11 +176,15 @@ def _plain_key(head: bytes) -> str | None:
     return None if split is None else split[0]
 
 
-def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) -> Iterator[_Member | int]:
+def _members(
+    get: Callable[[int, int], bytes], pos: int, end: int, name: str, where: str | None = None
+) -> Iterator[_Member | int]:
     """The members of the tar bytes ``[pos, end)``, then the offset where they stop (an int).
 
     ``get(offset, n)`` returns the bytes at ``offset`` (fewer at the file's end). The
-    iteration stops at the end-of-archive block (yielding its offset) or at ``end``.
+    iteration stops at the end-of-archive block (yielding its offset) or at ``end``; a pax
+    or GNU long-name header with no member after it before ``end`` is refused, naming
+    ``where`` (the record; default: the file ``name``).
     """
     first: int | None = None
     long_name: str | None = None
@@ -225,6 +229,11 @@ def _members(get: Callable[[int, int], bytes], pos: int, end: int, name: str) ->
             yield _Member(first, member, kind in _REGULAR and not (kind == b"\0" and path.endswith("/")), data, size)
             first, long_name, pax = None, None, {}
         pos = data + _padded(size)
+    if first is not None:
+        raise SourceError(
+            f"WebDatasetSource: {where or repr(name)}: the extended tar header (pax or GNU long name) at byte {first} "
+            f"has no member after it before byte {end}: a member cut from its header (a forged or damaged index?)"
+        )
     yield pos
 
 
@@ -434,7 +443,7 @@ class WebDatasetSource(IndexedSource):
         def get(at: int, n: int) -> bytes:
             return head[at - lo : at - lo + n] if at + n <= lo + len(head) else os.pread(fd, n, at)
 
-        for m in _members(get, lo, hi, self.names[f]):
+        for m in _members(get, lo, hi, self.names[f], self.where(f, record)):
             if isinstance(m, int):
                 break
             split = self._keyed(m, self.names[f])
@@ -463,7 +472,9 @@ class WebDatasetSource(IndexedSource):
         sample: dict[str, Any] = {}
         lo = int(self._offsets[file_index][record])
         n = len(data)
-        for m in _members(lambda at, k: bytes(data[at - lo : at - lo + k]), lo, lo + n, name):
+        for m in _members(
+            lambda at, k: bytes(data[at - lo : at - lo + k]), lo, lo + n, name, self.where(file_index, record)
+        ):
             if isinstance(m, int):
                 break
             split = self._keyed(m, name)
