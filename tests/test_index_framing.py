@@ -135,3 +135,65 @@ def test_a_record_ending_after_an_extended_header_is_refused(fmt, tmp_path):
         rf"1024 has no member after it before byte {off[1]}",
     ):
         forged.read_many(np.array([0]))
+
+
+@pytest.mark.parametrize("zeros_in", ["__pad__/z", "003.bin"])
+def test_a_last_offset_in_zero_data_is_not_taken_for_the_end(zeros_in, tmp_path):
+    """A sidecar whose last offset points into 2 KiB of zeros inside a member's data: the zero block there
+    was taken for the end of the archive, and sample 004 after it was dropped (every read succeeded
+    with the zeros in a skipped ``__pad__`` member). Every byte from the end block to the file's end
+    must be zero: not used, with a warning; all 5 samples read."""
+    path = tmp_path / "s.tar"
+    members = [(f"{k:03d}.txt", b"%d" % k) for k in range(4)] + [(zeros_in, bytes(2048)), ("004.txt", b"4")]
+    _tar(path, members)
+    src = WebDatasetSource(path, index_cache=tmp_path / "probe")
+    off = src.offsets(0)
+    raw = path.read_bytes()
+    zeros = raw.find(bytes(1024), int(off[3]) + 1024)
+    zeros = -(-zeros // 512) * 512
+    _forge(src, path, np.concatenate([off[:4], [zeros]]))
+    with pytest.warns(UserWarning, match=r"and the zero block at byte \d+ after it is no end of the archive"):
+        again = WebDatasetSource(path, index_cache=tmp_path / "other")
+    assert again.index_sources == ["built"] and list(again.read_many(np.arange(5))) == read_webdataset(path)
+
+
+def test_a_skipped_member_that_overruns_its_record_is_refused(tmp_path):
+    """A ``__pad__`` member (skipped, as webdataset skips ``__x__`` members) whose data holds a tar member
+    crafted there, and a sidecar with a boundary at that crafted header: record 0 ended inside the pad's
+    data and read as sample 000 alone. A skipped member must fit in its record: the read refuses it."""
+    crafted = io.BytesIO()
+    with tarfile.open(fileobj=crafted, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("x.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"FAKE"))
+    hidden = crafted.getvalue()[:1024]  # its header and data block, no end-of-archive
+    path = tmp_path / "s.tar"
+    _tar(path, [("000.txt", b"0"), ("__pad__/z", hidden), ("001.txt", b"1")])
+    src = WebDatasetSource(path, index_cache=tmp_path / "probe")
+    off = src.offsets(0)
+    assert len(src) == 2 and path.read_bytes()[1536 : 1536 + 5] == b"x.txt"
+    _forge(src, path, np.array([0, 1536, int(off[1]), int(off[2])]))
+    forged = WebDatasetSource(path, index_cache=tmp_path / "other")
+    assert forged.index_sources == ["sidecar"]  # the crafted header is a header: left to the read
+    with pytest.raises(SourceError, match=r"s\.tar' record 0 \(bytes 0-1536\): its members are not one sample"):
+        forged.read_many(np.array([0]))
+
+
+def test_a_zero_block_inside_a_record_is_refused(tmp_path):
+    """As above, the pad's data a crafted member then a zero block: record 1 (from the crafted header to
+    sample 001) read as sample ``x``, the parser stopping at the zero block. A record's bytes end at its
+    last member's padding, never at a zero block: refused. (A crafted member that fills the pad's data
+    to its end reads as a sample: only a walk of every member from the start could tell.)"""
+    crafted = io.BytesIO()
+    with tarfile.open(fileobj=crafted, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("x.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"FAKE"))
+    path = tmp_path / "s.tar"
+    _tar(path, [("000.txt", b"0"), ("__pad__/z", crafted.getvalue()[:1024] + bytes(1024)), ("001.txt", b"1")])
+    src = WebDatasetSource(path, index_cache=tmp_path / "probe")
+    off = src.offsets(0)
+    _forge(src, path, np.array([0, 1536, int(off[1]), int(off[2])]))
+    forged = WebDatasetSource(path, index_cache=tmp_path / "other")
+    with pytest.raises(SourceError, match=r"s\.tar' record 1 \(bytes 1536-\d+\): a zero block \(the end of a tar\)"):
+        forged.read_many(np.array([1]))

@@ -237,6 +237,27 @@ def _members(
     yield pos
 
 
+def _zeros_to_end(fd: int, at: int, size: int, last: int) -> str | None:
+    """Why the bytes from the end-of-archive block at ``at`` to the file's end are not all zero (``None``: they are).
+
+    A tar ends with zero blocks and zero padding: a zero block followed by anything else is
+    inside a member's data, not the end (an index whose last offset points into zeros there).
+    """
+    pos = at
+    while pos < size:
+        chunk = os.pread(fd, min(size - pos, 1 << 20), pos)
+        if not chunk:
+            break
+        if chunk.count(0) != len(chunk):
+            nonzero = pos + len(chunk) - len(chunk.lstrip(b"\0"))
+            return (
+                f"its last sample ends at byte {last}, and the zero block at byte {at} after it is no end of the archive: "
+                f"byte {nonzero} is not zero (samples left out: a forged or damaged index?)"
+            )
+        pos += len(chunk)
+    return None
+
+
 class WebDatasetSource(IndexedSource):
     """WebDataset tar shards, read in place by offset; a record is a sample, ``{"__key__": str, ext: bytes}``.
 
@@ -331,7 +352,11 @@ class WebDatasetSource(IndexedSource):
                     break
             for m in _members(get, last, size, name):
                 if isinstance(m, int):
-                    return None if m < size else f"no end-of-archive block follows its last sample (byte {last})"
+                    return (
+                        _zeros_to_end(fd, m, size, last)
+                        if m < size
+                        else (f"no end-of-archive block follows its last sample (byte {last})")
+                    )
                 if cls._keyed(m, name) is not None:
                     return f"tar member {m.name!r} (header at byte {m.header}) lies after its last sample"
         except SourceError as e:
@@ -476,12 +501,18 @@ class WebDatasetSource(IndexedSource):
             lambda at, k: bytes(data[at - lo : at - lo + k]), lo, lo + n, name, self.where(file_index, record)
         ):
             if isinstance(m, int):
+                if m < lo + n:  # a record's bytes end at its last member's padding, never at a zero block
+                    raise SourceError(
+                        f"WebDatasetSource: {self.where(file_index, record)}: a zero block (the end of a tar) at byte "
+                        f"{m}, inside the record: the index does not frame this shard's samples"
+                    )
                 break
             split = self._keyed(m, name)
-            if split is None:
+            overruns = m.data + m.size > lo + n  # any member, one skipped (``__x__``, not regular) too
+            if split is None and not overruns:
                 continue
-            key, ext = split
-            if sample and (key != sample["__key__"] or ext in sample) or m.data + m.size > lo + n:
+            key, ext = split or ("", "")
+            if overruns or sample and (key != sample["__key__"] or ext in sample):
                 raise SourceError(
                     f"WebDatasetSource: {self.where(file_index, record)}: its members are not one sample where the "
                     "index says (the file changed since it was indexed?)"
