@@ -198,6 +198,38 @@ def test_an_index_that_splits_a_sample_in_two_is_refused_at_read(tmp_path, read,
         src.read_many(np.array(read))
 
 
+def _member(name: str, data: bytes, kind: bytes = tarfile.REGTYPE, size: int | None = None) -> bytes:
+    """A USTAR member's bytes; ``size`` patches its size field (its checksum made again)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, len(data)
+    buf = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+    if size is not None:
+        buf[124:136] = b"%011o\0" % size
+        buf[148:156] = b" " * 8
+        buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("d", tarfile.DIRTYPE), ("d/", tarfile.AREGTYPE), ("l", tarfile.SYMTYPE), ("h", tarfile.LNKTYPE)],
+    ids=["dir", "old-dir", "symlink", "hardlink"],
+)
+def test_a_member_without_data_whose_size_is_not_0_is_read_as_tarfile_reads_it(tmp_path, name, kind):
+    """A directory (or link) member whose size field says 512: ``tarfile`` (and so the webdataset library)
+    reads the next block as a header, skipping data for regular members and unknown types only; quern
+    skipped 512 bytes, hiding the member there (``b.txt``)."""
+    raw = _member("a.txt", b"A") + _member(name, b"", kind, size=512) + _member("b.txt", b"B")
+    path = tmp_path / "s.tar"
+    path.write_bytes(raw + _member("c.txt", b"C") + bytes(1024))
+    with tarfile.open(path) as tar:
+        assert [m.name for m in tar.getmembers()] == ["a.txt", name.rstrip("/"), "b.txt", "c.txt"]
+    want = read_webdataset(path)
+    assert [s["__key__"] for s in want] == ["a", "b", "c"]
+    src = WebDatasetSource(path, index_cache=tmp_path / "idx")
+    assert list(src.read_many(np.arange(len(src)))) == want
+
+
 # --------------------------------------------------------------------------- JSON lines
 
 

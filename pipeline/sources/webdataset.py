@@ -226,7 +226,10 @@ def _members(
             member = pax.get("path") or long_name or path
             if kind == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax):
                 raise SourceError(_sparse(name, member, first, pax))
-            yield _Member(first, member, kind in _REGULAR and not (kind == b"\0" and path.endswith("/")), data, size)
+            folder = kind == tarfile.DIRTYPE or (kind == tarfile.AREGTYPE and path.endswith("/"))
+            if folder or (kind in tarfile.SUPPORTED_TYPES and kind not in _REGULAR):
+                size = 0  # as tarfile: data follows regular members and unknown types only, whatever the size field
+            yield _Member(first, member, kind in _REGULAR and not folder, data, size)
             first, long_name, pax = None, None, {}
         pos = data + _padded(size)
     if first is not None:
