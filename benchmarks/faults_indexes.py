@@ -19,8 +19,10 @@ Each scenario is a function ``(trials, rng, tmp) -> (tried, held, notes)`` as in
   records, never another count.
 * ``forged sidecar``: a file of 10-60 records of a random format with a sidecar of a
   valid checksum and the file's content hash whose offsets are forged at random
-  (records left out at the start, the end or both; boundaries removed, added,
-  shifted; random increasing offsets). Held when reading every record gives the
+  (records left out at the start, the end or both; boundaries removed (records
+  merged), added, shifted; records split inside: at a tar member's header within a
+  sample, at a byte inside a TFRecord frame or a JSON line; random increasing
+  offsets). Held when reading every record gives the
   records of a fresh index, or a ``SourceError`` naming the file: never fewer or
   other records.
 * ``fetched sidecar``: the same forged sidecar served beside the file's URL (an HTTP
@@ -261,11 +263,29 @@ def stale_index(fmt: str) -> Callable[[int, random.Random, str], tuple[int, int,
 # --------------------------------------------------------------------------- forged sidecars
 
 
-def forge(off: np.ndarray, size: int, rng: random.Random) -> tuple[np.ndarray, str]:
+def _inner_points(fmt: str, path: str, off: np.ndarray, rng: random.Random) -> list[int]:
+    """1-3 points inside records where a forged boundary splits one: a tar member's header inside a sample
+    (else a block inside one), a byte inside a TFRecord frame or a JSON line."""
+    if fmt == "tar":
+        with tarfile.open(path) as tar:
+            heads = sorted(set(m.offset for m in tar.getmembers()) - set(off.tolist()))
+        if heads:
+            return rng.sample(heads, min(len(heads), rng.randrange(1, 4)))
+    ks = [k for k in range(len(off) - 1) if off[k + 1] - off[k] > 2]
+    out = []
+    for k in rng.sample(ks, min(len(ks), rng.randrange(1, 4))):
+        lo, hi = int(off[k]) + 1, int(off[k + 1]) - 1
+        out.append(lo + (rng.randrange(hi - lo) // 512 * 512 if fmt == "tar" else rng.randrange(hi - lo)))
+    return out
+
+
+def forge(fmt: str, path: str, off: np.ndarray, size: int, rng: random.Random) -> tuple[np.ndarray, str]:
     """Forged offsets from a file's true ones: strictly increasing within ``[0, size]``, and how."""
     n = len(off) - 1
-    how = rng.choice(["head", "tail", "both", "remove", "add", "shift", "random"])
-    if how == "head":
+    how = rng.choice(["head", "tail", "both", "remove", "add", "shift", "random", "split", "split"])
+    if how == "split":
+        new = np.union1d(off, _inner_points(fmt, path, off, rng))
+    elif how == "head":
         new = off[rng.randrange(1, n) :]
     elif how == "tail":
         new = off[: rng.randrange(1, n)]
@@ -293,25 +313,31 @@ def _forged_case(rng: random.Random, folder: str, t: int) -> tuple[str, str, byt
     path = os.path.join(folder, f"f{t}{SUFFIX[fmt]}")
     write_file(fmt, path, rng.randrange(10, 60), rng, big=False)
     probe = CLASSES[fmt](path, index_cache=os.path.join(folder, f"probe{t}"))
-    off, how = forge(probe.offsets(0), probe.sizes[0], rng)
+    off, how = forge(fmt, path, probe.offsets(0), probe.sizes[0], rng)
     return fmt, path, offsets_mod.dump(probe.FORMAT, probe.sizes[0], probe.contents[0], off), how
 
 
 def forged_sidecar(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, str]:
     folder = os.path.join(tmp, "forged")
     os.makedirs(folder, exist_ok=True)
-    held, refused, hows = 0, 0, set()
+    held, refused, at_open, hows = 0, 0, 0, set()
     for t in range(trials):
         fmt, path, blob, how = _forged_case(rng, folder, t)
         hows.add(how)
         with open(offsets_mod.sidecar_path(path), "wb") as f:
             f.write(blob)
-        got = outcome(opened(fmt, path, os.path.join(folder, f"idx{t}")))
+        src = opened(fmt, path, os.path.join(folder, f"idx{t}"))
+        at_open += not isinstance(src, str) and src.index_sources != ["sidecar"]
+        got = outcome(src)
         os.unlink(offsets_mod.sidecar_path(path))
         want = fresh(fmt, path, folder)
         held += agrees(got, want, path)
         refused += isinstance(got, str)
-    return trials, held, f"forgeries: {', '.join(sorted(hows))}; {refused} read as an error naming the file"
+    return (
+        trials,
+        held,
+        f"forgeries: {', '.join(sorted(hows))}; {at_open} not used at open, {refused} read as an error naming the file",
+    )
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
