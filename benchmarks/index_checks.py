@@ -64,8 +64,8 @@ def write(fmt: str, path: str, size: int, record: int, rng: np.random.Generator)
                 head = struct.pack("<Q", len(body))
                 f.write(head + struct.pack("<I", masked_crc(head)) + body + struct.pack("<I", masked_crc(body)))
         else:
-            text = "w" * (record - 40)
-            f.write("".join(json.dumps({"id": i, "text": text}) + "\n" for i in range(n)).encode())
+            text, salt = "w" * (record - 60), int(rng.integers(1 << 30))  # files of other contents
+            f.write("".join(json.dumps({"id": i, "salt": salt, "text": text}) + "\n" for i in range(n)).encode())
 
 
 def median_s(fn: Any, repeats: int) -> float:

@@ -12,6 +12,7 @@ line number.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import sys
 from collections.abc import Sequence
@@ -105,22 +106,39 @@ class JsonlSource(IndexedSource):
 
     @classmethod
     def check_inside(cls, fd: int, size: int, off: np.ndarray, content: str, name: str) -> str | None:
-        """Why the index's boundaries are not the file's lines (``None``: they are): scanned again and compared.
+        """Why the index's boundaries are not the file's lines (``None``: they are).
 
-        The scan is a NumPy newline search over the bytes it hashes, about the cost of the
-        hash: cheaper than checking each boundary's line. Done once per file content and index
-        on a host (:meth:`~quern.sources.IndexedSource.fits`).
+        Every record but the first must start after a newline (NumPy over a memory map). If
+        the file holds no other newline than those ending the records (counted with
+        ``bytes.count``, about the cost of the hash), each record is one line and the index is
+        the scan's. Else (blank lines, or a record of two lines) the file is scanned again and
+        the offsets compared: about 20 times the cost of the hash. Done once per file content
+        and index on a host (:meth:`~quern.sources.IndexedSource.fits`).
 
         Args:
             fd: the file, open for reading.
             size: its size.
             off: the index's offsets.
-            content: its content hash: the bytes scanned must have it.
+            content: its content hash: the bytes scanned again must have it.
             name: how messages name it.
 
         Returns:
             ``None``, or the first record whose boundaries differ from the file's lines.
         """
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
+            a = np.frombuffer(m, dtype=np.uint8)
+            bad = np.flatnonzero(a[off[1:-1] - 1] != 10)
+            ends_line = bool(a[int(off[-1]) - 1] == 10)
+            del a
+        if bad.size:
+            k = int(bad[0]) + 1
+            return (
+                f"its record {k} starts at byte {int(off[k])}, which does not follow a newline (a line split: a "
+                "forged or damaged index?)"
+            )
+        newlines = sum(os.pread(fd, min(_BLOCK, size - at), at).count(b"\n") for at in range(0, size, _BLOCK))
+        if newlines == len(off) - 2 + ends_line:
+            return None
         with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
             f.seek(0)
             hashed = HashedFile(f, size, name)
