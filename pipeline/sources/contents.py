@@ -43,7 +43,7 @@ import xxhash
 from ..errors import SourceError
 from ..plan.indexfile import cache_dir, write_atomically
 
-__all__ = ["RACY_NS", "HashedFile", "Known", "content_hash", "know", "record_path", "remember", "unchanged"]
+__all__ = ["RACY_NS", "HashedFile", "Known", "content_hash", "hashed", "know", "record_path", "remember", "unchanged"]
 
 RACY_NS = 2_000_000_000
 """How much older than its hash (ns) a file's times must be for its record to be trusted (clock ticks, skew)."""
@@ -192,6 +192,20 @@ class HashedFile:
                 f"{self.name!r} changed while it was indexed (its size): open it again once it is written"
             )
         return self._hash.hexdigest()
+
+
+def hashed(f: HashedFile | BinaryIO, size: int, name: str) -> HashedFile:
+    """``f`` as a :class:`HashedFile` (a plain file, open at byte 0, is wrapped in one): what a scan reads from.
+
+    Args:
+        f: a :class:`HashedFile`, or a file open for reading at byte 0 (unbuffered).
+        size: its size in bytes.
+        name: how messages name it.
+
+    Returns:
+        ``f`` itself, or a :class:`HashedFile` reading it.
+    """
+    return f if isinstance(f, HashedFile) else HashedFile(f, size, name)
 
 
 def record_path(st: os.stat_result, folder: str | os.PathLike | None = None) -> str:

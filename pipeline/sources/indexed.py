@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -371,7 +371,7 @@ class IndexedSource(Source):
     # -- what subclasses implement -------------------------------------------------------------------------
 
     @classmethod
-    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:  # pragma: no cover - abstract
+    def scan(cls, f: HashedFile | BinaryIO, size: int, name: str) -> np.ndarray:  # pragma: no cover - abstract
         """The record offsets of one file, by one sequential scan.
 
         Args:

@@ -16,13 +16,13 @@ import mmap
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..cache import ShardCache
 from ..errors import SourceError
-from .contents import HashedFile
+from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 
 __all__ = ["JsonlSource"]
@@ -157,7 +157,7 @@ class JsonlSource(IndexedSource):
         )
 
     @classmethod
-    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile | BinaryIO, size: int, name: str) -> np.ndarray:
         """The offsets of a JSON-lines file's records (its lines that hold more than whitespace).
 
         Args:
@@ -169,6 +169,7 @@ class JsonlSource(IndexedSource):
             ``n + 1`` offsets: record ``k`` runs from its line's start to the next record's
             (the lines of whitespace between them included), the last to its line's newline.
         """
+        f = hashed(f, size, name)
         firsts, lasts = [], []
         carry, base = b"", 0  # the bytes from ``base`` after the last newline read: a line not yet whole
         while True:

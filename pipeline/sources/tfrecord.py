@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import mmap
 import struct
-from typing import Any
+from typing import Any, BinaryIO
 
 import crc32c
 import numpy as np
 
 from ..errors import SourceError
-from .contents import HashedFile
+from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 
 __all__ = ["TFRecordSource", "masked_crc"]
@@ -133,7 +133,7 @@ class TFRecordSource(IndexedSource):
         return None
 
     @classmethod
-    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile | BinaryIO, size: int, name: str) -> np.ndarray:
         """The offsets of a TFRecord file's records, each length's CRC checked.
 
         Args:
@@ -147,6 +147,7 @@ class TFRecordSource(IndexedSource):
         Raises:
             SourceError: a bad length CRC, or a last record cut short.
         """
+        f = hashed(f, size, name)
         starts = [0]
         buf, at = b"", 0  # buf holds the file's bytes [at, at + len(buf))
         pos = 0

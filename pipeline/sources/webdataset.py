@@ -28,12 +28,12 @@ import os
 import re
 import tarfile
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from ..errors import SourceError
-from .contents import HashedFile
+from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 from .tarchecks import check_headers
 
@@ -367,7 +367,7 @@ class WebDatasetSource(IndexedSource):
         return None  # pragma: no cover - _members ends with an int
 
     @classmethod
-    def scan(cls, f: HashedFile, size: int, name: str) -> np.ndarray:
+    def scan(cls, f: HashedFile | BinaryIO, size: int, name: str) -> np.ndarray:
         """The offsets of a shard's samples.
 
         Args:
@@ -383,6 +383,7 @@ class WebDatasetSource(IndexedSource):
             SourceError: a bad or truncated header, a member cut short, no end-of-archive block,
                 a member without a key, or a sparse member.
         """
+        f = hashed(f, size, name)
         starts: list[int] = []
         key: str | None = None
         exts: set[str] = set()
