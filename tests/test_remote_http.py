@@ -207,6 +207,15 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
         assert pq_remote.identity() == pq_local.identity() and ar_remote.identity() == ar_local.identity()
         assert dump.source_config(ar_remote, "source")["paths"] == [f"{srv.url}/t-{k}.array_record" for k in range(2)]
         assert cache.stats["misses"] == 4
+        # a second open of the same URLs is a cache hit, which sets the cached files' access (and so change)
+        # time: the sources opened first still read (their files did not change)
+        again = [
+            quern.sources.ParquetSource([f"{srv.url}/t-{k}.parquet" for k in range(2)], cache=cache),
+            quern.sources.ArrayRecordSource([f"{srv.url}/t-{k}.array_record" for k in range(2)], cache=cache),
+        ]
+        assert [r["tokens"].tolist() for r in pq_remote.read_many(ids)] == [rows[i].tolist() for i in ids]
+        assert list(ar_remote.read_many(ids)) == [rows[i].tobytes() for i in ids]
+        assert [r["tokens"].tolist() for r in again[0].read_many(ids)] == [rows[i].tolist() for i in ids]
 
 
 @pytest.mark.parametrize("lookahead", [64, 0])

@@ -130,7 +130,9 @@ class ArrayRecordSource(Source):
         self.name = name or default
         self._pool = HandlePool(max_open_files)
         self._fetch_state()
-        self._files: FileStats | None = FileStats("ArrayRecordSource", self.paths)  # before a reader sees them
+        self._files: FileStats | None = FileStats(  # before a reader sees them; a cache hit sets a cached file's ctime
+            "ArrayRecordSource", self.paths, ctime=self._file_urls is None
+        )
         counts = []
         for i in range(len(self.paths)):
             reader = self._reader(i)

@@ -268,7 +268,7 @@ class ParquetSource(Source):
             self._pins = [pin for _, pin in held]
         else:
             self.paths = expand_paths(paths, "ParquetSource")
-        self._files = FileStats("ParquetSource", self.paths)  # before reading them
+        self._files = FileStats("ParquetSource", self.paths, ctime=self.urls is None)  # a cache hit sets ctime
         self.columns = [columns] if isinstance(columns, str) else (list(columns) if columns is not None else None)
         shown = self.urls[0].rstrip("/").rsplit("/", 1)[-1] if self.urls else os.path.basename(self.paths[0])
         self.name = name or shown.split("-")[0].split(".")[0] or "parquet"
