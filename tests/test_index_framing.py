@@ -64,14 +64,14 @@ def _split(fmt: str, off: np.ndarray) -> np.ndarray:
     return np.insert(off, 3, inside)
 
 
-@pytest.mark.parametrize("fmt", list(CLASSES))
-@pytest.mark.parametrize("how", ["split", "merged", "not at a header"])
+@pytest.mark.parametrize(
+    ("fmt", "how"),
+    [(fmt, how) for fmt in CLASSES for how in ("split", "merged")] + [("webdataset", "not at a header")],
+)  # "not at a header": an offset inside a member's data, a tar-only case
 def test_a_forged_sidecar_that_cuts_records_inside_is_not_used(fmt, how, tmp_path):
     """A sidecar with a valid checksum and right ends that splits a record in two or merges two: refused
     at open with a warning (it was accepted: another record count and fingerprint; only reads of the
     records cut failed), all 6 records read from an index built here."""
-    if how == "not at a header" and fmt != "webdataset":
-        pytest.skip("a tar-only case: an offset inside a member's data")
     path, want = _files(fmt, tmp_path)
     src = CLASSES[fmt](path, index_cache=tmp_path / "probe")
     off = src.offsets(0)
