@@ -11,7 +11,7 @@ replaced too, so where a line stands in its file never changes the outcome):
   made: a run from before the later edits) is left out, with a note naming the edits;
 - a line at a step that neither this pipeline nor an earlier version has (past the end of the
   stream or of its addressable steps), or whose host count cannot split this pipeline's
-  batches, is a bad line (an :class:`~quern.pipeline.ledger.Issue` naming the file and line);
+  batches, is a bad line (an :class:`~quern.pipeline.ledger_read.Issue` naming the file and line);
 - any other line was logged by another pipeline: a ``ValueError`` naming the file and line and
   both fingerprints, whatever this pipeline's edits.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from .batch_digest import row_digests_of
 from .index import host_rows
-from .ledger import Entry, Issue, Ledger, find_gaps, read_ledger
+from .ledger_read import Entry, Issue, Ledger, find_gaps, read_ledger
 from .protocol import Definition
 from .streams.edits import SKIP, EditedStream
 
@@ -139,7 +139,7 @@ def lines_to_check(pipe: Definition, ledger: Ledger) -> Ledger:
 
     Args:
         pipe: the pipeline of the run (its config).
-        ledger: the ledger read (:func:`~quern.pipeline.ledger.read_ledger`).
+        ledger: the ledger read (:func:`~quern.pipeline.ledger_read.read_ledger`).
 
     Returns:
         The ledger with one line of this pipeline per step and host slice; its issues with bad lines

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from .batch_digest import digests_of, leaf_row_digests, step_digest_of
-from .ledger import Entry, Issue, Ledger, read_ledger
 from .ledger_check import lines_to_check, missing_runs, recompute, rows_by_step, steps_text
+from .ledger_read import Entry, Issue, Ledger, read_ledger
 from .protocol import Definition
 
 __all__ = ["Difference", "VerifyResult", "check_ledger", "compare_ledgers", "compare_topologies"]
@@ -46,7 +46,7 @@ class Difference:
     Attributes:
         kind: ``digest`` (row digests differ), ``rows`` (another host slice or row count),
             ``fingerprint`` (two runs of different definitions), ``missing`` (a step not computed
-            or not logged), or a ledger's :class:`~quern.pipeline.ledger.Issue` kind
+            or not logged), or a ledger's :class:`~quern.pipeline.ledger_read.Issue` kind
             (``gap``, ``duplicate``, ``torn``, ``bad line``).
         step: the step (``None``: a ledger line that names none).
         text: one sentence saying what differs, and where (file and line for a ledger).
@@ -377,7 +377,7 @@ def check_ledger(
 ) -> VerifyResult:
     """Each step a ledger logged, against a recomputation of its host slice.
 
-    The ledgers of all hosts of a run are merged (:func:`quern.pipeline.ledger.read_ledger`):
+    The ledgers of all hosts of a run are merged (:func:`quern.pipeline.ledger_read.read_ledger`):
     its gaps, torn or bad lines in the middle and differing duplicates are differences too; a
     torn last line is a note. Every line, whatever ``steps``, is sorted by its fingerprint
     (:func:`quern.pipeline.ledger_check.lines_to_check`): this pipeline's are checked, those of

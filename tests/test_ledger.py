@@ -23,7 +23,7 @@ import pytest
 import quern
 import quern.verify
 from quern.pipeline.batch_digest import digests_of
-from quern.pipeline.ledger import read_ledger
+from quern.pipeline.ledger_read import read_ledger
 
 pytestmark = pytest.mark.timeout(180)
 
