@@ -424,16 +424,17 @@ class WebDatasetSource(IndexedSource):
     def _read_file(self, f: int, wanted: np.ndarray) -> list:
         """The samples ``wanted`` (sorted, distinct) of shard ``f``, the framing around each checked.
 
-        Consecutive samples have different keys (a sample ends where the key changes), so each
-        sample read is compared with the samples just before and after it: those read with it by
-        their keys, the others by their first member's header (one ``pread`` of 1.5 KiB each).
-        A boundary between members of one sample (an index that does not fit the shard) would
-        otherwise read one sample as two, each whole in itself.
+        Consecutive samples have different keys, so each sample read is compared with its neighbours:
+        by key if read with it, else by a ``pread`` of their first 1.5 KiB. An index that splits a
+        sample would otherwise read it as two. An index this source built by scanning the shard
+        frames it by construction (reads check the shard is unchanged): its reads skip this.
 
         Raises:
             SourceError: two consecutive samples with one key, naming them; or what a read raises.
         """
         out = super()._read_file(f, wanted)
+        if self.index_sources[f] == "built":
+            return out
         records = wanted.tolist()
         keys: dict[int, str | None] = {r: s["__key__"] for r, s in zip(records, out)}
         count = len(self._offsets[f]) - 1
