@@ -13,10 +13,10 @@ Every batch is a pure function of (pipeline definition, step, host slice)::
 # Absolute imports: pytest imports a repository root's __init__.py as a plain module
 # (the root is the package here), where relative imports would fail.
 from quern import sharding, transforms
-from quern.pipeline import index, sources
-from quern.pipeline.collate import collate
-from quern.pipeline.dataset import Pipeline
-from quern.pipeline.errors import (
+
+from .pipeline import sources
+from .pipeline.core.collate import collate
+from .pipeline.core.errors import (
     CollateError,
     ConfigError,
     FingerprintError,
@@ -29,10 +29,12 @@ from quern.pipeline.errors import (
     StreamTimeoutError,
     WorkerError,
 )
-from quern.pipeline.loader import PipelineIterator
-from quern.pipeline.mix import mix
-from quern.pipeline.service import RayService
-from quern.pipeline.version import __version__
+from .pipeline.core.version import __version__
+from .pipeline.definition.dataset import Pipeline
+from .pipeline.definition.mix import mix
+from .pipeline.iterate.iterator import PipelineIterator
+from .pipeline.iterate.service import RayService
+from .pipeline.order import index
 
 
 def __getattr__(name: str) -> object:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of quern's iterators (``pip install 'quern[metrics]'``): see :mod:`quern.pipeline.metrics`."""
+"""Prometheus metrics of quern's iterators (``pip install 'quern[metrics]'``): see :mod:`quern.pipeline.iterate.prometheus`."""
 
-from quern.pipeline.metrics import *  # noqa: F403
-from quern.pipeline.metrics import __all__, __doc__  # noqa: F401
+from .pipeline.iterate.prometheus import *  # noqa: F403
+from .pipeline.iterate.prometheus import __all__, __doc__  # noqa: F401

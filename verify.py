@@ -1,4 +1,4 @@
-"""Checking determinism: step digests across topologies, ledgers against the data: see :mod:`quern.pipeline.verify`."""
+"""Checking determinism: step digests across topologies, ledgers against the data: see :mod:`quern.pipeline.integrity.checks`."""
 
-from quern.pipeline.verify import *  # noqa: F403
-from quern.pipeline.verify import __all__, __doc__  # noqa: F401
+from .pipeline.integrity.checks import *  # noqa: F403
+from .pipeline.integrity.checks import __all__, __doc__  # noqa: F401

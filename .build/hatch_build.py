@@ -2,7 +2,7 @@
 
 hatchling runs this when it builds a wheel (``[tool.hatch.build.targets.wheel.hooks.custom]`` in
 pyproject.toml). The library, ``quern/pipeline/native/librowhash.so``, makes the batch digests'
-per-row hashing one C call per leaf (``quern.pipeline.rowhash``); the wheel is then tagged
+per-row hashing one C call per leaf (``quern.pipeline.integrity.rowhash``); the wheel is then tagged
 ``py3-none-PLATFORM``. Without a working C compiler the wheel is built without it, with a warning, and quern
 hashes row by row in Python (the same digests, slower). The compiler is ``$CC``, else Python's own
 (``sysconfig``), else ``cc``. An editable install builds the library into the source tree.

@@ -108,7 +108,7 @@ import faults_live
 import numpy as np
 
 import quern
-import quern.pipeline.cache
+import quern.pipeline.remote.cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -644,7 +644,7 @@ def _all(src: Any) -> list[bytes]:
 
 
 def _cache(folder: str, **kw: Any) -> Any:
-    return quern.pipeline.cache.ShardCache(folder, **kw)
+    return quern.pipeline.remote.cache.ShardCache(folder, **kw)
 
 
 def _tree(root: str, skip: str) -> dict[str, tuple]:
@@ -1227,7 +1227,7 @@ def definition_mismatch(trials: int, rng: random.Random, tmp: str) -> tuple[int,
 def _definition_check_cost() -> str:
     """What a fresh process's check of the definition costs, on a pipeline of 4 transforms."""
     try:
-        from quern.pipeline import samedef
+        from quern.pipeline.identity import samedef
     except ImportError:
         return ""
     import pickle

@@ -25,7 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from quern.pipeline.batch_digest import row_digests_of
+from quern.pipeline.integrity.batch_digest import row_digests_of
 
 _ML = [np.dtype(t) for t in vars(ml_dtypes).values() if isinstance(t, type) and issubclass(t, np.generic)]
 _NUMPY = [np.dtype(t) for t in ("u1", "i1", "?", "u2", "i2", "f2", "u4", "i4", "f4", "u8", "i8", "f8", "c8", "c16")]

@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from quern.pipeline.cache import ShardCache
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
+from quern.pipeline.remote.cache import ShardCache
 from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
 from quern.pipeline.sources import contents as contents_mod
 from quern.pipeline.sources import offsets as offsets_mod

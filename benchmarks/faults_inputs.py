@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import quern
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
 from quern.pipeline.sources import JsonlSource, WebDatasetSource
 
 # --------------------------------------------------------------------------- odd json lines

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 import quern
-from quern.pipeline.errors import SourceError, StepError
+from quern.pipeline.core.errors import SourceError, StepError
 from quern.pipeline.sources import RedisStreamSource
 from quern.pipeline.sources.live_commits import StepMap
 

@@ -474,7 +474,7 @@ def child_first_batch(mode: str, n: int, cache_dir: str) -> dict:
     a warm-cache filter; a scan would raise) and to its first batch."""
     arr = np.arange(n, dtype=np.int64)  # the data exists before the clock starts
     if mode == "filter":
-        from quern.pipeline import scan
+        from quern.pipeline.definition import scan
 
         def no_scan(*a: Any, **k: Any) -> Any:
             raise AssertionError("the filter scanned: the cache was not used")

@@ -4,7 +4,7 @@ the first batch at a step in a later epoch.
 What is measured
 ----------------
 **Fill** (document tokens / row slots, ``seq_len`` 2048) of quern's plan
-(``quern.pipeline.plan.packing.plan_epoch``, epoch 0, which is what the rows
+(``quern.pipeline.order.packing.plan_epoch``, epoch 0, which is what the rows
 hold) for ``best_fit`` and ``concat`` on
 
 * **stdlib**: the ``.py`` files of the Python standard library on this
@@ -98,7 +98,7 @@ import common
 import numpy as np
 
 import quern
-from quern.pipeline.plan.packing import plan_epoch
+from quern.pipeline.order.packing import plan_epoch
 
 SEQ_LEN = 2048
 BATCH = 8

@@ -75,7 +75,7 @@ import common
 import numpy as np
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 HERE = os.path.dirname(os.path.abspath(__file__))

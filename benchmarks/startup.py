@@ -21,7 +21,7 @@ and batches are taken; the seconds from the clock's start to the 1st, 20th,
 
 And the time one worker takes to start, in the same kind of fresh process
 (median of ``--runs``): ``python -c pass`` (a bare interpreter),
-``python -c "import quern.pipeline.workers.forkserver, pyarrow.parquet,
+``python -c "import quern.pipeline.iterate.workers.forkserver, pyarrow.parquet,
 array_record..."`` (interpreter + a worker's imports),
 ``pipe.iterator(num_workers=1)`` until ``wait_for_workers()`` returns
 (interpreter, imports and the pipeline loaded), and **the delay one worker
@@ -168,9 +168,7 @@ def main() -> None:
     paths = make_data(args.records)
     figures: dict = {"marks": marks, "runs": args.runs, "start": {}, "batches": {}}
 
-    imports = (
-        "import quern.pipeline.workers.forkserver, pyarrow.parquet; from array_record.python import array_record_module"
-    )
+    imports = "import quern.pipeline.iterate.workers.forkserver, pyarrow.parquet; from array_record.python import array_record_module"
     bare = [_timed([sys.executable, "-c", "pass"]) for _ in range(args.runs)]
     imp = [_timed([sys.executable, "-c", imports]) for _ in range(args.runs)]
     figures["start"]["bare interpreter"] = bare

@@ -3,7 +3,7 @@
 What is measured
 ----------------
 **1. Digest throughput** (GB/s of batch bytes, one core, this thread): the row digests of
-:mod:`quern.pipeline.batch_digest` of two batches, ``tokens``: 256 rows of ``{"tokens": (512,)
+:mod:`quern.pipeline.integrity.batch_digest` of two batches, ``tokens``: 256 rows of ``{"tokens": (512,)
 int32, "length": int32}`` (the vs_grain batch, 513 KiB) and ``images``: 64 rows of ``(224, 224,
 3)`` uint8 (9.2 MiB). First the part of quern's scheme that depends on the hash: the rows of each
 leaf whose rows are over 16 bytes (the rest is vectorised NumPy), hashed with one Python call per
@@ -90,7 +90,7 @@ import xxhash
 import quern
 import quern.pipeline.execute
 import quern.verify
-from quern.pipeline import batch_digest, ledger, rowhash
+from quern.pipeline.integrity import batch_digest, ledger, rowhash
 
 VS_GRAIN_RECORDS = 200_000
 

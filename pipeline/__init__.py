@@ -1,10 +1,11 @@
 """What a batch is and how it is produced: index math, sources, the definition, the step runner, the iterator."""
 
-from . import execute, index, sources
-from .collate import collate
-from .dataset import Op, OpKind, Pipeline
-from .errors import CollateError, ConfigError, FingerprintError, SourceError, StepError, WorkerError
-from .loader import PipelineIterator
+from . import execute, sources
+from .core.collate import collate
+from .core.errors import CollateError, ConfigError, FingerprintError, SourceError, StepError, WorkerError
+from .definition.dataset import Op, OpKind, Pipeline
+from .iterate.iterator import PipelineIterator
+from .order import index
 
 __all__ = [
     "index",

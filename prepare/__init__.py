@@ -15,7 +15,7 @@ shards) and atomic (nothing has its final name before it is complete). See
 processes, and :mod:`quern.pipeline.sources.prepared` for the folder.
 """
 
-from ..pipeline.errors import PrepareError
+from ..pipeline.core.errors import PrepareError
 from ..pipeline.sources.prepared import open_manifest, verify
 from .run import parse_size, prepare
 

@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from ..pipeline.errors import PrepareError, SourceError
+from ..pipeline.core.errors import PrepareError, SourceError
 from ..pipeline.sources import prepared
 from ..pipeline.sources.base import host_name
 from ..pipeline.sources.indexed import IndexedSource, compression_of

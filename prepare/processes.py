@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..pipeline.errors import PrepareError
+from ..pipeline.core.errors import PrepareError
 from . import shards as _shards
 
 __all__ = ["Progress", "in_processes", "on_ray"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.errors import PrepareError, RecordError
+from ..pipeline.core.errors import PrepareError, RecordError
 from ..pipeline.sources.indexed import IndexedSource
 from .inputs import INDEXED, Item, Seen, check_read, open_indexed
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline import samedef
-from ..pipeline.deprecation import renamed
-from ..pipeline.errors import PrepareError
-from ..pipeline.fingerprint import describe_callable, fingerprint_of
-from ..pipeline.progress import Bar
+from ..pipeline.core.deprecation import renamed
+from ..pipeline.core.errors import PrepareError
+from ..pipeline.core.progress import Bar
+from ..pipeline.identity import samedef
+from ..pipeline.identity.fingerprint import describe_callable, fingerprint_of
 from ..pipeline.sources import prepared
 from . import inputs as _inputs
 from . import shards as _shards

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.errors import PrepareError, RecordError
+from ..pipeline.core.errors import PrepareError, RecordError
 from ..pipeline.sources import prepared
 from .inputs import Item
 from .records import Rec, as_record, read_item, where_of
@@ -83,7 +83,7 @@ class Job:
         columns: the Parquet columns to read.
         skip_errors: skip records that cannot be read or mapped.
         writer_options: the ArrayRecord writer's options (:func:`writer_options`).
-        map_definition: the parent's :func:`quern.pipeline.samedef.definition` of
+        map_definition: the parent's :func:`quern.pipeline.identity.samedef.definition` of
             ``map_fn`` (``None``: not compared).
         member: WebDataset: the extension of the member that is the record (``None``: the sample).
     """
@@ -109,7 +109,7 @@ def check_map(job: Job, where: str) -> None:
     """Refuse to write shards in this process with a map that differs from the parent's.
 
     A module global changed at run time is lost where the module is imported
-    again (:func:`quern.pipeline.samedef.check`). Checked once per job and process.
+    again (:func:`quern.pipeline.identity.samedef.check`). Checked once per job and process.
 
     Args:
         job: the job, with its map and the parent's definition of it.
@@ -120,8 +120,8 @@ def check_map(job: Job, where: str) -> None:
     """
     if job.map_fn is None or job.map_definition is None or id(job) in _CHECKED:
         return
-    from ..pipeline import samedef
-    from ..pipeline.errors import FingerprintError
+    from ..pipeline.core.errors import FingerprintError
+    from ..pipeline.identity import samedef
 
     try:
         samedef.check(job.map_definition, job.map_fn, where=where)

@@ -6,7 +6,7 @@ token-balanced set of ``B/H`` rows, see ``Pipeline.balance_hosts``).
 ``quern.sharding.checkpoint`` saves the iterator state with orbax.
 """
 
-from ..pipeline.index import host_rows
+from ..pipeline.order.index import host_rows
 from .global_arrays import GlobalIterator, global_iterator, host_slice, process_rows
 
 __all__ = ["host_rows", "host_slice", "global_iterator", "GlobalIterator", "process_rows"]

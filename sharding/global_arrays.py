@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.index import host_rows
-from ..pipeline.timing import DEVICE_PUT, LIVE, StepClock
+from ..pipeline.iterate.timing import DEVICE_PUT, LIVE, StepClock
+from ..pipeline.order.index import host_rows
 
 __all__ = ["DEVICE_PREFETCH", "global_iterator", "GlobalIterator", "process_rows", "host_slice"]
 
@@ -192,7 +192,7 @@ class GlobalIterator:
         """What the iterator did so far, for monitoring (:mod:`quern.metrics` reads it).
 
         Returns:
-            The host iterator's :meth:`~quern.pipeline.loader.PipelineIterator.stats`
+            The host iterator's :meth:`~quern.pipeline.iterate.iterator.PipelineIterator.stats`
             (disk cache, host prefetch, workers, stages), with the training loop's
             figures (``steps``, ``data_wait``, ``step_period``, ``bubble_rate``,
             ``health``...) measured in this iterator's ``next()`` (the device put

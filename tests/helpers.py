@@ -610,7 +610,7 @@ def spy_scan_processes(monkeypatch: Any, process_min: int = 1000) -> list[int]:
     Returns:
         A list that gets the process count of each scan run in processes.
     """
-    from quern.pipeline import scan
+    from quern.pipeline.definition import scan
 
     monkeypatch.setattr(scan, "PROCESS_MIN", process_min)
     spawned: list[int] = []

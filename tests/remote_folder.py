@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 

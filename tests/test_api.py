@@ -6,8 +6,8 @@ import inspect
 import typing
 
 import quern
-from quern.pipeline import errors
-from quern.pipeline.loader import IteratorOptions, PipelineIterator
+from quern.pipeline.core import errors
+from quern.pipeline.iterate.iterator import IteratorOptions, PipelineIterator
 
 # the addressing calls of the design's contract stay positional: (step, process_index, process_count)
 ADDRESSING = {"batch_at", "batches_at", "explain", "positions"}

@@ -11,7 +11,7 @@ import pytest
 from helpers import sha256
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 

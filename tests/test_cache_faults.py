@@ -11,7 +11,7 @@ import pytest
 from servers import needs_nginx, nginx
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 
 
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing_corrupt(small_disk, tmp_path):
@@ -39,7 +39,7 @@ def test_a_download_killed_mid_way_leaves_only_a_part_file_removed_by_the_next_c
         textwrap.dedent(
             """
             import sys
-            from quern.pipeline.cache import ShardCache
+            from quern.pipeline.remote.cache import ShardCache
             ShardCache(sys.argv[1]).get(sys.argv[2])
             """
         )

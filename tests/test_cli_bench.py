@@ -13,9 +13,9 @@ from servers import needs_nginx, nginx
 from test_config import _good
 
 import quern
-from quern.pipeline import bench
-from quern.pipeline.cache import ShardCache
-from quern.pipeline.triage import DEVICE, HOST_MEMORY, LOCAL_DISK, NETWORK
+from quern.pipeline.cli import bench
+from quern.pipeline.cli.triage import DEVICE, HOST_MEMORY, LOCAL_DISK, NETWORK
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 SLOW = "import time\n\ndef slow(record):\n    time.sleep(0.0005)\n    return record\n"

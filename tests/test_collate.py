@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.collate import CollatedRows, CollateError, describe, take
+from quern.pipeline.core.collate import CollatedRows, CollateError, describe, take
 
 Pair = namedtuple("Pair", "a b")
 

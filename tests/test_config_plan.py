@@ -28,9 +28,9 @@ from helpers import (
 
 import quern
 from quern.pipeline.cli import main
-from quern.pipeline.dump import weights_config
-from quern.pipeline.plan.mixture import QUANTUM, quantize
-from quern.pipeline.registry import REGISTRY
+from quern.pipeline.core.registry import REGISTRY
+from quern.pipeline.identity.config_form import weights_config
+from quern.pipeline.order.components import QUANTUM, quantize
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("isolated_cache")]
 

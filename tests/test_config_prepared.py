@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline import dump
+from quern.pipeline.identity import config_form as dump
 from quern.prepare import prepare
 
 
@@ -41,7 +41,7 @@ def test_a_config_filters_by_metadata_and_packs_from_the_index_of_a_prepared_fol
         "pack": {"seq_len": 64},
         "batch": {"size": 4},
     }
-    import quern.pipeline.scan as scan
+    import quern.pipeline.definition.scan as scan
 
     def no_scan(*a, **k):
         raise AssertionError("the length index was scanned: the metadata should have been used")

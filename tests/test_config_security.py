@@ -19,7 +19,7 @@ import yaml
 from helpers import parquet_config, parquet_folder, quern_cmd, unique_name, write_array_record, write_module
 
 import quern
-from quern.pipeline import limits
+from quern.pipeline.config import limits
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,11 +1,11 @@
-"""quern.pipeline.deprecation: old call forms keep working, with a DeprecationWarning naming the new one."""
+"""quern.pipeline.core.deprecation: old call forms keep working, with a DeprecationWarning naming the new one."""
 
 import inspect
 import warnings
 
 import pytest
 
-from quern.pipeline.deprecation import keyword_only, renamed
+from quern.pipeline.core.deprecation import keyword_only, renamed
 
 
 @keyword_only("cache_dir", "num_workers")

@@ -13,8 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from quern.pipeline.digest import digest, update
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.core.errors import FingerprintError
+from quern.pipeline.identity.hashing import digest, update
 
 
 class Colour(enum.Enum):
@@ -133,7 +133,7 @@ def test_update_feeds_the_same_bytes_as_digest():
 
 
 def test_the_digest_is_the_same_in_a_fresh_interpreter():
-    code = "from quern.pipeline.digest import digest; print(digest({'a': {3, 1}, 'b': (1.5, b'x', None)}))"
+    code = "from quern.pipeline.identity.hashing import digest; print(digest({'a': {3, 1}, 'b': (1.5, b'x', None)}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == digest({"a": {3, 1}, "b": (1.5, b"x", None)})
 

@@ -19,7 +19,13 @@ import pytest
 import xxhash
 
 import quern
-from quern.pipeline.batch_digest import digests_of, leaf_row_digests, ledger_digests, row_digests_of, step_digest_of
+from quern.pipeline.integrity.batch_digest import (
+    digests_of,
+    leaf_row_digests,
+    ledger_digests,
+    row_digests_of,
+    step_digest_of,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,9 @@ MODULES = sorted(
 
 
 def test_the_walk_finds_the_package():
-    assert {"quern.pipeline.dataset", "quern.pipeline.streams.mixture", "quern.transforms.pad"} <= set(MODULES)
+    assert {"quern.pipeline.definition.dataset", "quern.pipeline.streams.mixture", "quern.transforms.pad"} <= set(
+        MODULES
+    )
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import quern
 import quern.metrics
-from quern.pipeline import bench
+from quern.pipeline.cli import bench
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -206,7 +206,7 @@ class _Decorated:
     ],
 )
 def test_stage_names_of_other_callables(make, name):
-    from quern.pipeline.ops import stage_name
+    from quern.pipeline.core.ops import stage_name
 
     assert stage_name(make()) == name
 

@@ -25,8 +25,8 @@ import pytest
 from helpers import assert_batches_equal, assert_iterator_gives_batch_at, spy_scan_processes
 
 import quern
-from quern.pipeline import scan
-from quern.pipeline.plan import survivors as sv
+from quern.pipeline.definition import scan
+from quern.pipeline.order import survivors as sv
 
 pytestmark = pytest.mark.timeout(120)
 

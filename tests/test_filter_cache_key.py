@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.core.errors import FingerprintError
 
 N = 600
 ME = sys.modules[__name__]

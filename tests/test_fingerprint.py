@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline import index
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.core.errors import FingerprintError
+from quern.pipeline.order import index
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
@@ -486,7 +486,7 @@ def test_a_transform_it_cannot_describe_stops_checkpointing_not_iteration():
 
 
 def test_structured_arrays_with_the_same_bytes_and_other_fields_differ():
-    from quern.pipeline.digest import digest
+    from quern.pipeline.identity.hashing import digest
 
     a = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f4")])
     b = np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")])
@@ -534,7 +534,7 @@ def test_builtin_transforms_are_described_by_name_version_and_arguments(monkeypa
     """quern's own registered transforms are in the fingerprint by name, VERSION and arguments: an edit of
     their code (a docstring, a refactor) changes no fingerprint; a VERSION bump or another argument does.
     A user's registered transform is still described by its code."""
-    from quern.pipeline.fingerprint import describe_callable
+    from quern.pipeline.identity.fingerprint import describe_callable
     from quern.transforms.pad import Pad
 
     base = quern.Pipeline.from_source({"x": np.arange(9)}, seed=0)
@@ -566,7 +566,7 @@ def test_builtin_transforms_are_described_by_name_version_and_arguments(monkeypa
         def __call__(self, r):
             return r + self.k
 
-    monkeypatch.setitem(quern.pipeline.registry.REGISTRY, "mine_for_test", Mine)
+    monkeypatch.setitem(quern.pipeline.core.registry.REGISTRY, "mine_for_test", Mine)
     assert "code" in json.dumps(describe_callable(Mine()))  # not quern's own: by its code
 
 
@@ -574,7 +574,7 @@ def test_quern_functions_a_transform_calls_are_described_by_name():
     """A user transform that calls a quern function imported by name (``from quern.transforms.random import
     uniform``) is described with that function by its name, not its code: quern's docstrings and refactors
     change no fingerprint (its outputs are versioned by the index format and pinned by the golden tests)."""
-    from quern.pipeline.fingerprint import describe_callable
+    from quern.pipeline.identity.fingerprint import describe_callable
     from quern.transforms.random import uniform
 
     def noisy(batch, keys):

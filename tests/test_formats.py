@@ -41,8 +41,8 @@ from helpers import assert_batches_equal, quern_cmd
 from servers import needs_nginx, nginx
 
 import quern
-from quern.pipeline.cache import ShardCache
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
+from quern.pipeline.remote.cache import ShardCache
 from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
 from quern.pipeline.sources import offsets as offsets_mod
 from quern.pipeline.sources.base import sample_ranges

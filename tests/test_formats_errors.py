@@ -41,7 +41,7 @@ from formatfiles import (
 )
 from helpers import quern_cmd
 
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
 from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
 from quern.pipeline.sources import offsets as offsets_mod
 

@@ -20,8 +20,8 @@ from helpers import spy_scan_processes, write_array_record
 
 import quern
 from quern import ScanError, WorkerError
-from quern.pipeline import scan
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.core.errors import FingerprintError
+from quern.pipeline.definition import scan
 
 MODULE = """
 THR = 0
@@ -152,7 +152,7 @@ SCRIPT = """
 import functools, sys
 import numpy as np
 import quern
-from quern.pipeline import scan
+from quern.pipeline.definition import scan
 from array_record.python import array_record_module
 
 scan.PROCESS_MIN = 200
@@ -234,8 +234,8 @@ CHILD = """
 import pickle, sys
 sys.path.insert(0, sys.argv[1])
 import importlib
-from quern.pipeline import samedef
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.identity import samedef
+from quern.pipeline.core.errors import FingerprintError
 mod = importlib.import_module(sys.argv[2])
 expected = pickle.loads(sys.stdin.buffer.read())
 try:
@@ -248,7 +248,7 @@ else:
 
 
 def test_check_of_a_callable_in_a_fresh_process(mycfg, tmp_path):
-    from quern.pipeline import samedef
+    from quern.pipeline.identity import samedef
 
     def run(expected):
         out = subprocess.run(
@@ -270,7 +270,7 @@ def test_check_of_a_callable_in_a_fresh_process(mycfg, tmp_path):
 
 def test_check_names_the_difference_in_this_process(mycfg):
     """The same comparison without a fresh process: a definition taken before a change."""
-    from quern.pipeline import samedef
+    from quern.pipeline.identity import samedef
 
     pipe = quern.Pipeline.from_source({"x": np.arange(10)}).map(mycfg.add_fixed).batch(2)
     before = samedef.definition(pipe)
@@ -285,7 +285,7 @@ def test_check_names_the_difference_in_this_process(mycfg):
 
 
 def test_array_record_source_identity_is_not_read_by_the_check(tmp_path):
-    from quern.pipeline import samedef
+    from quern.pipeline.identity import samedef
 
     path = tmp_path / "r.array_record"
     write_array_record(path, [np.arange(i % 3 + 1, dtype=np.int32).tobytes() for i in range(50)])

@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from quern.pipeline import index
+from quern.pipeline.order import index
 
 
 def _is_bijection(values: np.ndarray, n: int) -> bool:

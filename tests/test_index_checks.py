@@ -38,8 +38,8 @@ from helpers import quern_cmd
 from servers import needs_nginx, nginx
 
 import quern
-from quern.pipeline.cache import ShardCache
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
+from quern.pipeline.remote.cache import ShardCache
 from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
 from quern.pipeline.sources import contents as contents_mod
 from quern.pipeline.sources import offsets as offsets_mod

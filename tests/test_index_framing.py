@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from formatfiles import read_jsonl, read_tfrecords, read_webdataset, write_jsonl, write_tfrecords
 
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
 from quern.pipeline.sources import JsonlSource, TFRecordSource, WebDatasetSource
 from quern.pipeline.sources import offsets as offsets_mod
 

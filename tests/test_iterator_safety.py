@@ -36,7 +36,7 @@ import pytest
 from helpers import TESTS, alive, assert_batches_equal
 
 import quern
-from quern.pipeline import loader
+from quern.pipeline.iterate import iterator as loader
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,8 +22,8 @@ import pytest
 
 import quern
 import quern.verify
-from quern.pipeline.batch_digest import digests_of
-from quern.pipeline.ledger_read import read_ledger
+from quern.pipeline.integrity.batch_digest import digests_of
+from quern.pipeline.integrity.ledger_read import read_ledger
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,7 +47,8 @@ def test_a_ledger_holds_the_digests_of_batch_at_for_every_step_and_host(tmp_path
             batches = [next(it) for _ in range(12)]
             stages.append(it.stats()["stages"])
         assert all(
-            quern.pipeline.batch_digest.row_digests_of(b) == pipe.row_digests(s, h, 2) for s, b in enumerate(batches, 5)
+            quern.pipeline.integrity.batch_digest.row_digests_of(b) == pipe.row_digests(s, h, 2)
+            for s, b in enumerate(batches, 5)
         )
     assert sorted(os.listdir(tmp_path / "run")) == ["ledger-0.jsonl", "ledger-1.jsonl"]
     for h in range(2):

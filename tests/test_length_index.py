@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline import scan
+from quern.pipeline.definition import scan
 
 pytestmark = pytest.mark.timeout(120)
 

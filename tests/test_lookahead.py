@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.lookahead import Lookahead, cache_counts, records_of_steps
+from quern.pipeline.remote.lookahead import Lookahead, cache_counts, records_of_steps
 from quern.pipeline.sources import Source
 
 N, B = 40, 4

@@ -21,7 +21,7 @@ from servers import needs_nginx, needs_prometheus, nginx, prometheus
 
 import quern
 import quern.metrics
-from quern.pipeline.timing import LIVE
+from quern.pipeline.iterate.timing import LIVE
 
 PID = str(os.getpid())
 
@@ -216,7 +216,7 @@ def test_an_iterator_whose_stats_fail_is_left_out_and_the_scrape_still_answers(s
             assert got.value(it, "quern_steps_total") == 1
             assert str(quern.metrics.collector().serial(broken)) not in got.iterators()
             assert quern.metrics.collector().errors == before + 2
-            warned = [r for r in caplog.records if r.name == "quern.pipeline.metrics"]
+            warned = [r for r in caplog.records if r.name == "quern.pipeline.iterate.prometheus"]
             assert len(warned) == 1 and "broken stats" in str(warned[0].exc_info[1])  # logged once
     finally:
         LIVE.discard(broken)
@@ -259,7 +259,7 @@ def test_import_quern_leaves_metrics_out_and_a_missing_client_says_what_to_insta
 @needs_nginx
 def test_a_global_iterator_of_a_source_read_by_url_reports_every_metric(scrape, tmp_path):
     """Workers, a global iterator and a disk cache: every documented name has a sample."""
-    from quern.pipeline.cache import ShardCache
+    from quern.pipeline.remote.cache import ShardCache
     from quern.prepare import prepare
 
     docs = tmp_path / "docs"

@@ -19,7 +19,7 @@ import pytest
 from helpers import assert_batches_equal
 
 import quern
-from quern.pipeline.plan import mixture as plan
+from quern.pipeline.order import components as plan
 from quern.pipeline.sources import Source
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from formatfiles import read_webdataset, write_tar
 
-from quern.pipeline.errors import SourceError
+from quern.pipeline.core.errors import SourceError
 from quern.pipeline.sources import JsonlSource, WebDatasetSource
 from quern.pipeline.sources import contents as contents_mod
 from quern.pipeline.sources import offsets as offsets_mod

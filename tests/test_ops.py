@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.ops import BATCH_KINDS, RECORD_KINDS, Op, OpKind, stage_name
+from quern.pipeline.core.ops import BATCH_KINDS, RECORD_KINDS, Op, OpKind, stage_name
 
 
 def double(record):

@@ -21,7 +21,7 @@ import pytest
 from helpers import assert_batches_equal, assert_iterator_gives_batch_at
 
 import quern
-from quern.pipeline.plan.packing import EpochPlan, best_fit_decreasing, plan_epoch
+from quern.pipeline.order.packing import EpochPlan, best_fit_decreasing, plan_epoch
 
 pytestmark = pytest.mark.timeout(120)
 

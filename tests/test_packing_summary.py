@@ -11,7 +11,7 @@ import pytest
 from helpers import assert_batches_equal
 
 import quern
-from quern.pipeline.plan import packing
+from quern.pipeline.order import packing
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import assert_batches_equal
 
 import quern
-from quern.pipeline import index
+from quern.pipeline.order import index
 
 
 def _arrays(n=1000):

@@ -26,7 +26,7 @@ import pytest
 from helpers import prepared_records, tree, write_array_record
 
 import quern
-from quern.pipeline import scan
+from quern.pipeline.definition import scan
 from quern.prepare import PrepareError, parse_size, prepare, verify
 from quern.transforms import decode, metadata_range
 

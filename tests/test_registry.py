@@ -10,7 +10,7 @@ import pytest
 from helpers import parquet_config, parquet_folder
 
 import quern
-from quern.pipeline.registry import REGISTRY, builtin_name, register
+from quern.pipeline.core.registry import REGISTRY, builtin_name, register
 
 
 @dataclasses.dataclass(frozen=True)

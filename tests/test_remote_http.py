@@ -16,7 +16,7 @@ from helpers import write_array_record
 from servers import needs_nginx, nginx
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 pytestmark = needs_nginx
@@ -62,7 +62,7 @@ def test_two_processes_on_a_slow_link_download_each_shard_once(folder, tmp_path)
         textwrap.dedent(
             """
             import sys, numpy as np, quern
-            from quern.pipeline.cache import ShardCache
+            from quern.pipeline.remote.cache import ShardCache
             src = quern.sources.ArrayRecordSource(sys.argv[1], cache=ShardCache(sys.argv[2]))
             print(sum(len(r) for r in src.read_many(np.arange(len(src)))))
             """
@@ -187,7 +187,7 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from quern.pipeline import dump
+    from quern.pipeline.identity import config_form as dump
 
     root = tmp_path / "www"
     root.mkdir()

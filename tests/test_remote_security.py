@@ -17,7 +17,7 @@ from helpers import sha256, write_array_record
 from servers import needs_nginx, nginx
 
 import quern
-from quern.pipeline.cache import ShardCache
+from quern.pipeline.remote.cache import ShardCache
 from quern.prepare import prepare
 
 _DOC = 3000  # bytes per document: random, so every shard of 4 has the same size in every preparation

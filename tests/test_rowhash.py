@@ -1,6 +1,6 @@
 """The row hash's C loop gives xxhash's own digests, and batch digests do not depend on which path made them.
 
-``quern.pipeline.rowhash`` hashes all rows of a leaf in one call to a C library built with the
+``quern.pipeline.integrity.rowhash`` hashes all rows of a leaf in one call to a C library built with the
 wheel (``.build/hatch_build.py``), or row by row in Python without it. Every expected value here comes
 from the ``xxhash`` package or ``binascii`` directly, or from a process where the library is off
 (``QUERN_NATIVE=0``). ``Digesting`` / ``StepFields`` (a chunk's ledger fields made together) are
@@ -23,7 +23,7 @@ import pytest
 import xxhash
 
 import quern
-from quern.pipeline import batch_digest, ledger, rowhash
+from quern.pipeline.integrity import batch_digest, ledger, rowhash
 
 HAVE_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
 
@@ -99,7 +99,7 @@ def _batches():
 
 SCRIPT = """
 import json, pickle, sys
-from quern.pipeline import batch_digest, rowhash
+from quern.pipeline.integrity import batch_digest, rowhash
 assert not rowhash.is_native() and "QUERN_NATIVE=0" in rowhash.native_why(), rowhash.native_why()
 with open(sys.argv[1], "rb") as f:
     batches = pickle.load(f)

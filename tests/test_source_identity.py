@@ -22,7 +22,7 @@ from helpers import write_array_record, write_zarr
 
 import quern
 from quern import sources as S
-from quern.pipeline.errors import FingerprintError
+from quern.pipeline.core.errors import FingerprintError
 from quern.pipeline.sources.base import sample_ids
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.plan import Segments
+from quern.pipeline.order import Segments
 from quern.pipeline.streams import SegmentStream
 
 

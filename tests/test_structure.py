@@ -8,7 +8,7 @@ import ast
 import pathlib
 
 import quern
-from quern.pipeline import errors
+from quern.pipeline.core import errors
 
 ROOT = pathlib.Path(quern.__file__).resolve().parent
 PACKAGE_DIRS = ("pipeline", "transforms", "sharding", "prepare")
@@ -77,7 +77,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_import_graph_has_no_cycle_even_counting_lazy_imports():
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert graph["quern.pipeline.dataset"], "the parser found no imports: the test itself is broken"
+    assert graph["quern.pipeline.definition.dataset"], "the parser found no imports: the test itself is broken"
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
@@ -88,17 +88,17 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_bottom_modules_import_no_other_quern_module_above_them():
     modules = _modules()
-    assert _imports("quern.pipeline.errors", modules["quern.pipeline.errors"], modules) == set()
-    assert _imports("quern.pipeline.index", modules["quern.pipeline.index"], modules) == set()
+    assert _imports("quern.pipeline.core.errors", modules["quern.pipeline.core.errors"], modules) == set()
+    assert _imports("quern.pipeline.order.index", modules["quern.pipeline.order.index"], modules) == set()
     for name in (
-        "quern.pipeline.loader",
-        "quern.pipeline.workers.pool",
-        "quern.pipeline.workers.forkserver",
-        "quern.pipeline.workers.worker",
+        "quern.pipeline.iterate.iterator",
+        "quern.pipeline.iterate.workers.pool",
+        "quern.pipeline.iterate.workers.forkserver",
+        "quern.pipeline.iterate.workers.worker",
         "quern.pipeline.execute",
-        "quern.pipeline.fingerprint",
+        "quern.pipeline.identity.fingerprint",
     ):
-        assert "quern.pipeline.dataset" not in _imports(name, modules[name], modules), name
+        assert "quern.pipeline.definition.dataset" not in _imports(name, modules[name], modules), name
 
 
 def test_every_error_class_is_defined_in_errors_only():
@@ -108,6 +108,6 @@ def test_every_error_class_is_defined_in_errors_only():
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
                 defined.setdefault(node.name, []).append(name)
     assert defined, "no error classes found: the test itself is broken"
-    assert {n: m for n, m in defined.items() if m != ["quern.pipeline.errors"]} == {}
+    assert {n: m for n, m in defined.items() if m != ["quern.pipeline.core.errors"]} == {}
     for cls in (quern.StepError, quern.SourceError, quern.WorkerError, quern.ConfigError):
         assert getattr(errors, cls.__name__) is cls

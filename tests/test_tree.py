@@ -4,7 +4,7 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from quern.pipeline.tree import leaves, map_leaves, to_plain
+from quern.pipeline.core.tree import leaves, map_leaves, to_plain
 
 Pair = namedtuple("Pair", "a b")
 

@@ -3,15 +3,7 @@ the level where the data waits and one concrete suggestion."""
 
 import pytest
 
-from quern.pipeline.triage import (
-    DEVICE,
-    HOST_MEMORY,
-    LOCAL_DISK,
-    NETWORK,
-    SourceFacts,
-    bounding_stage,
-    triage,
-)
+from quern.pipeline.cli.triage import DEVICE, HOST_MEMORY, LOCAL_DISK, NETWORK, SourceFacts, bounding_stage, triage
 
 LOCAL_AR = SourceFacts("docs", "ArrayRecordSource", remote=False, block_size=1, shuffle="global")
 REMOTE_AR = SourceFacts("docs", "ArrayRecordSource", remote=True, block_size=1, shuffle="global")

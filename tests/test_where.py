@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline import index as _index
-from quern.pipeline.plan import mixture as _mixture
+from quern.pipeline.order import components as _mixture
+from quern.pipeline.order import index as _index
 
 pytestmark = pytest.mark.timeout(120)
 

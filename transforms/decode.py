@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..pipeline.registry import register
+from ..pipeline.core.registry import register
 
 __all__ = ["Decode", "decode"]
 

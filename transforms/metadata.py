@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..pipeline.registry import register
+from ..pipeline.core.registry import register
 
 __all__ = ["MetadataRange", "metadata_range"]
 

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..pipeline.collate import CollatedRows, collate
-from ..pipeline.errors import CollateError
-from ..pipeline.registry import register
+from ..pipeline.core.collate import CollatedRows, collate
+from ..pipeline.core.errors import CollateError
+from ..pipeline.core.registry import register
 
 __all__ = ["Pad", "pad"]
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..pipeline.index import derive_key, hash64
+from ..pipeline.order.index import derive_key, hash64
 
 __all__ = ["row_keys", "bits", "uniform", "integers", "normal"]
 

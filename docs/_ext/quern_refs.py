@@ -69,7 +69,7 @@ def lookup(path: str) -> Any:
     """The object at a dotted path inside the package (``None`` if there is none).
 
     Each part is an attribute of the one before (so ``quern.transforms.pad`` is the
-    function) or else a submodule (``quern.pipeline.collate.CollatedRows``, though the
+    function) or else a submodule (``quern.pipeline.core.collate.CollatedRows``, though the
     package's attribute ``collate`` is a function).
     """
     parts = path.split(".")
@@ -437,7 +437,7 @@ class MetricsReference(_Generated):
     """``quern-metrics``: the Prometheus series, from :data:`quern.metrics.METRICS`."""
 
     def rst(self) -> str:
-        metrics = importlib.import_module("quern.pipeline.metrics")
+        metrics = importlib.import_module("quern.pipeline.iterate.prometheus")
         specs = {spec[0]: spec for spec in metrics._SPECS}  # name, type, unit, extra labels, help
         out = [".. list-table::", "   :header-rows: 1", "   :widths: 34 8 8 12 38", ""]
         out += ["   * - name", "     - type", "     - unit", "     - extra labels", "     - meaning"]

@@ -18,17 +18,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ...prepare import prepare
-from .. import bench, verify
 from ..config import load_config
-from ..dataset import Pipeline
-from ..limits import MAX_BYTES
-from ..progress import Bar
-from ..service import RayService
+from ..config.limits import MAX_BYTES
+from ..core.progress import Bar
+from ..core.tree import leaves
+from ..definition.dataset import Pipeline
+from ..integrity import checks as verify
+from ..iterate.service import RayService
 from ..sources import IndexedSource, JsonlSource, TFRecordSource, WebDatasetSource
 from ..sources.indexed import data_files
 from ..sources.prepared import MANIFEST
-from ..tree import leaves
-from . import reports
+from . import bench, reports
 from .failure import clip
 from .parser import EXIT_DATA, EXIT_USAGE
 
@@ -58,7 +58,7 @@ def _load(args: argparse.Namespace) -> Pipeline:
 
 
 def _read_state(path: str) -> Any:
-    """The JSON of a state file, read at most :data:`~quern.pipeline.limits.MAX_BYTES`.
+    """The JSON of a state file, read at most :data:`~quern.pipeline.config.limits.MAX_BYTES`.
 
     A ``ValueError`` says why not (exit 2).
     """
@@ -197,7 +197,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """``quern bench``: time each stage, then a training loop's data wait, and say where the data waits.
 
-    The measurements are :mod:`quern.pipeline.bench`'s; ``--plot`` draws them.
+    The measurements are :mod:`quern.pipeline.cli.bench`'s; ``--plot`` draws them.
 
     Args:
         args: The parsed arguments.
@@ -275,7 +275,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """``quern verify``: step digests across topologies, a ledger against the data, or two ledgers.
 
-    The checks are :mod:`quern.pipeline.verify`'s; the report (a summary line per
+    The checks are :mod:`quern.pipeline.integrity.checks`'s; the report (a summary line per
     topology or ledger, then the first difference) goes to stdout.
 
     Args:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import (
+from ..core.errors import (
     CollateError,
     ConfigError,
     FingerprintError,

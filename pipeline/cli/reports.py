@@ -21,9 +21,9 @@ it) unless said otherwise. By kind of stream:
   (a batch transform that drops ``length``) the padding is left out.
 
 The figures come from the stream protocol
-(:meth:`~quern.pipeline.protocol.Stream.draws`,
-:meth:`~quern.pipeline.protocol.Stream.packed_rows`,
-:meth:`~quern.pipeline.protocol.Stream.bucket_of`): a stream that has none of
+(:meth:`~quern.pipeline.streams.protocol.Stream.draws`,
+:meth:`~quern.pipeline.streams.protocol.Stream.packed_rows`,
+:meth:`~quern.pipeline.streams.protocol.Stream.bucket_of`): a stream that has none of
 them gets no such line, and no function here asks which kind a stream is.
 """
 
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dataset import Pipeline
-from ..protocol import BucketOfStep, PackedRows
-from ..tree import leaves
+from ..core.tree import leaves
+from ..definition.dataset import Pipeline
+from ..streams.protocol import BucketOfStep, PackedRows
 
 __all__ = [
     "PACK_CHUNK",

@@ -5,12 +5,12 @@
 (:mod:`.schema`, one pydantic model per section, a description per key); the
 checks and their messages are :mod:`.validate`'s, and what a config may import
 is :mod:`.trust`'s rule. The limits on what a config file can make quern do are
-:mod:`quern.pipeline.limits`'.
+:mod:`quern.pipeline.config.limits`'.
 """
 
-from ..dump import to_config
-from ..errors import ConfigError
-from ..registry import REGISTRY, register
+from ..core.errors import ConfigError
+from ..core.registry import REGISTRY, register
+from ..identity.config_form import to_config
 from .load import load_config
 
 __all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["SkipConfig", "ExcludeConfig", "apply_edits", "read_ids", "SKIP_HELP", "EXCLUDE_HELP"]
 
@@ -148,7 +148,7 @@ def apply_edits(pipe: Any, skip: list[SkipConfig], exclude: list[ExcludeConfig],
     """``pipe`` with the config's edits, in the order of their first steps (skips first at a tie).
 
     Args:
-        pipe: the batched pipeline (a :class:`~quern.pipeline.dataset.Pipeline`).
+        pipe: the batched pipeline (a :class:`~quern.pipeline.definition.dataset.Pipeline`).
         skip: the ``skip:`` entries.
         exclude: the ``exclude:`` entries.
         base: the folder relative files are found from.

@@ -1,6 +1,6 @@
 """A :class:`Pipeline` from a config: a YAML or JSON file, or a dict.
 
-:func:`load_config` reads the config (bounded: :mod:`quern.pipeline.limits`),
+:func:`load_config` reads the config (bounded: :mod:`quern.pipeline.config.limits`),
 checks it (:func:`~quern.pipeline.config.validate.validate`), resolves its
 transforms under the trust rule of :mod:`quern.pipeline.config.trust`, and
 builds the pipeline with the public API. The pipeline depends on the config, the
@@ -21,22 +21,14 @@ from typing import Any
 import yaml
 
 from .. import sources
-from ..dataset import Pipeline
-from ..errors import ConfigError, ScanError, SourceError
-from ..index import host_rows
-from ..limits import (
-    MAX_BYTES,
-    Loader,
-    bounded,
-    clip,
-    measure,
-    object_children,
-    show,
-)
-from ..mix import mix
-from ..plan import mixture as _mixture
-from ..registry import REGISTRY
+from ..core.errors import ConfigError, ScanError, SourceError
+from ..core.registry import REGISTRY
+from ..definition.dataset import Pipeline
+from ..definition.mix import mix
+from ..order import components as _mixture
+from ..order.index import host_rows
 from .edits import apply_edits
+from .limits import MAX_BYTES, Loader, bounded, clip, measure, object_children, show
 from .schema import (
     ArrayRecordConfig,
     BucketConfig,
@@ -63,7 +55,7 @@ __all__ = ["load_config"]
 def _read(config: Any) -> tuple[dict, str, str | None]:
     """The config as a dict, the folder relative paths are resolved against, and the file's path.
 
-    The path is ``None`` for a dict. Messages name the file. Bounded: see :mod:`quern.pipeline.limits`.
+    The path is ``None`` for a dict. Messages name the file. Bounded: see :mod:`quern.pipeline.config.limits`.
     """
     if isinstance(config, dict):
         measure(config, object_children, what="the config")

@@ -28,9 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from ..limits import MAX_COMPONENTS, MAX_KEYS, MAX_SCHEDULE, MAX_SHOWN, MAX_STAGES, show
-from ..plan import mixture as _mixture
+from ..order import components as _mixture
 from .edits import EXCLUDE_HELP, SKIP_HELP, ExcludeConfig, SkipConfig
+from .limits import MAX_COMPONENTS, MAX_KEYS, MAX_SCHEDULE, MAX_SHOWN, MAX_STAGES, show
 from .trust import FN, FN_FORM, IDENT, MODULE
 
 __all__ = [
@@ -586,7 +586,7 @@ class MixConfig(_Model):
         default=_mixture.BLOCK,
         ge=1,
         description=f"Positions per block of the assignment, default {_mixture.BLOCK} "
-        "(see quern.pipeline.plan.mixture).",
+        "(see quern.pipeline.order.components).",
     )
     components: dict[str, ComponentConfig] = Field(
         min_length=1,

@@ -25,9 +25,9 @@ from typing import Any
 
 import cloudpickle
 
-from ..errors import ConfigError
-from ..limits import show
-from ..registry import REGISTRY
+from ..core.errors import ConfigError
+from ..core.registry import REGISTRY
+from .limits import show
 
 __all__ = ["ALLOW_VARIABLE", "FN", "FN_FORM", "IDENT", "MODULE", "Policy", "import_object", "prefixes"]
 

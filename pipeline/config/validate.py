@@ -14,8 +14,8 @@ import difflib
 
 from pydantic import ValidationError
 
-from ..errors import ConfigError
-from ..limits import MAX_SHOWN, bounded, clip, show
+from ..core.errors import ConfigError
+from .limits import MAX_SHOWN, bounded, clip, show
 from .schema import (
     ArrayRecordConfig,
     BatchConfig,

@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from ..collate import CollatedRows, take
-from ..errors import StepError
-from ..ops import OpKind
-from ..plan import Segments
-from ..protocol import Definition
-from ..timing import Clock
-from ..tree import leaves as tree_leaves
-from ..tree import map_leaves
+from ..core.collate import CollatedRows, take
+from ..core.errors import StepError
+from ..core.ops import OpKind
+from ..core.tree import leaves as tree_leaves
+from ..core.tree import map_leaves
+from ..iterate.timing import Clock
+from ..order import Segments
+from ..streams.protocol import Definition
 from .stages import (
     COLLATE,
     READ,

@@ -2,7 +2,7 @@
 
 Each function here runs one stage of one (step, host slice) and names the step,
 host slice, stage and records when it fails
-(:class:`~quern.pipeline.errors.StepError`, the original exception as
+(:class:`~quern.pipeline.core.errors.StepError`, the original exception as
 ``__cause__``). Every output depends only on the definition, the step and the
 host slice: never on which process or thread runs it, or on what ran before.
 """
@@ -14,15 +14,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import index as _index
-from ..collate import collate, describe
-from ..errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
-from ..ops import OpKind
-from ..plan import Segments
-from ..protocol import Definition
+from ..core.collate import collate, describe
+from ..core.errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
+from ..core.ops import OpKind
+from ..core.steps import LengthCheck, StepResult, Where
+from ..iterate.timing import Clock
+from ..order import Segments
+from ..order import index as _index
 from ..sources import Source
-from ..steps import LengthCheck, StepResult, Where
-from ..timing import Clock
+from ..streams.protocol import Definition
 
 __all__ = [
     "Where",

@@ -1,7 +1,7 @@
 /*
- * quern's row hash: XXH3-128 of many rows in one call (quern.pipeline.rowhash loads it with ctypes).
+ * quern's row hash: XXH3-128 of many rows in one call (quern.pipeline.integrity.rowhash loads it with ctypes).
  *
- * A batch digest (quern.pipeline.batch_digest) hashes every row of a leaf; from Python that is one
+ * A batch digest (quern.pipeline.integrity.batch_digest) hashes every row of a leaf; from Python that is one
  * call per row, whose cost is mostly Python's. These loops make the same calls in C (ctypes releases
  * the GIL around each call). The hash is xxHash's own (xxhash/, version 0.8.4,
  * the release the xxhash package bundles), so the digests equal xxhash.xxh3_128_digest of each row.

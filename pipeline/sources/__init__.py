@@ -28,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .array_record import ArrayRecordSource
 from .base import Source
 from .indexed import IndexedSource

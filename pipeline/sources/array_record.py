@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import ShardCache, is_url
-from ..deprecation import keyword_only
-from ..errors import SourceError
+from ..core.deprecation import keyword_only
+from ..core.errors import SourceError
+from ..remote.cache import ShardCache, is_url
 from . import prepared
 from .base import (
     FileStats,
@@ -53,7 +53,7 @@ class ArrayRecordSource(Source):
         name: the source's name (default: from the first file's or the folder's name).
         max_open_files: the most idle readers kept open.
         cache: the disk cache of remote files (default: a
-            :class:`~quern.pipeline.cache.ShardCache` in its default folder).
+            :class:`~quern.pipeline.remote.cache.ShardCache` in its default folder).
 
     Raises:
         FileNotFoundError: a glob matches nothing, or a path does not exist.

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 
 __all__ = [
     "FileStats",

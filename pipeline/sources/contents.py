@@ -40,8 +40,8 @@ from typing import BinaryIO, NamedTuple
 
 import xxhash
 
-from ..errors import SourceError
-from ..plan.indexfile import cache_dir, write_atomically
+from ..core.errors import SourceError
+from ..order.indexfile import cache_dir, write_atomically
 
 __all__ = ["RACY_NS", "HashedFile", "Known", "content_hash", "hashed", "know", "record_path", "remember", "unchanged"]
 

@@ -22,8 +22,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ..cache import ShardCache, is_url
-from ..errors import SourceError
+from ..core.errors import SourceError
+from ..remote.cache import ShardCache, is_url
 from . import contents as contents_mod
 from . import offsets as offsets_mod
 from .base import FileStats, Source, check_ids, group_by
@@ -69,7 +69,7 @@ class IndexedSource(Source):
         paths: a path or glob, or a list of them; or URLs (``http(s)://``, ``s3://``,
             ``gs://``, ``file://``), fetched whole into ``cache`` when the source opens.
         name: the source's name (default: from the first file's name).
-        cache: the disk cache of remote files (default: a :class:`~quern.pipeline.cache.ShardCache`
+        cache: the disk cache of remote files (default: a :class:`~quern.pipeline.remote.cache.ShardCache`
             in its default folder).
         index_cache: the folder of cached indexes (default: ``$QUERN_CACHE_DIR``, else
             ``~/.cache/quern``; indexes go in its ``offsets/``).

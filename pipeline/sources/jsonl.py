@@ -5,7 +5,7 @@ records (they stay in the bytes of the record before them, where ``json.loads``
 ignores them). The index (:mod:`quern.pipeline.sources.offsets`) is made by one
 scan for newlines with NumPy, block by block, over the bytes it hashes. A line is parsed when
 read: one that does not parse (nested past Python's recursion limit too), or lacks
-``field``, is a :class:`~quern.pipeline.errors.SourceError` naming the file and the
+``field``, is a :class:`~quern.pipeline.core.errors.SourceError` naming the file and the
 line number.
 """
 
@@ -20,8 +20,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..cache import ShardCache
-from ..errors import SourceError
+from ..core.errors import SourceError
+from ..remote.cache import ShardCache
 from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 

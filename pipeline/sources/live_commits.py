@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 
 __all__ = [
     "COMMIT",

@@ -6,7 +6,7 @@ import os
 import stat
 from collections.abc import Sequence
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from . import offsets as offsets_mod
 from .base import expand_paths
 

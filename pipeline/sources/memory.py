@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..collate import CollatedRows
-from ..digest import digest
-from ..errors import FingerprintError, SourceError
+from ..core.collate import CollatedRows
+from ..core.errors import FingerprintError, SourceError
+from ..identity.hashing import digest
 from .base import (
     Source,
     check_ids,
@@ -21,7 +21,7 @@ class ArraySource(Source):
     """In-memory arrays: record ``i`` is ``x[i]``, or ``{"x": x[i], ...}`` for a dict of arrays.
 
     ``read_many`` gathers each array once with the whole id array and returns
-    the rows already stacked (a :class:`~quern.pipeline.collate.CollatedRows`),
+    the rows already stacked (a :class:`~quern.pipeline.core.collate.CollatedRows`),
     so collation costs no copy. The identity hashes the arrays' contents.
 
     Args:
@@ -63,7 +63,7 @@ class ArraySource(Source):
             ids: record ids in ``[0, len(self))``.
 
         Returns:
-            A :class:`~quern.pipeline.collate.CollatedRows` of the rows.
+            A :class:`~quern.pipeline.core.collate.CollatedRows` of the rows.
 
         Raises:
             IndexError: an id is out of range.
@@ -153,7 +153,7 @@ class SequenceSource(Source):
               that method, or else
             - ``sample``: the digest of the records :func:`sample_ids` picks (first,
               last and five keyed ones, read in one ``read_many``), by content
-              (:func:`~quern.pipeline.digest.digest`), never by ``repr``: the same
+              (:func:`~quern.pipeline.identity.hashing.digest`), never by ``repr``: the same
               data gives the same identity in every process.
 
         Raises:

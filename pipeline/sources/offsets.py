@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import xxhash
 
-from ..errors import SourceError
-from ..plan.indexfile import cache_dir, write_atomically
+from ..core.errors import SourceError
+from ..order.indexfile import cache_dir, write_atomically
 from .contents import HashedFile
 
 __all__ = [
@@ -168,7 +168,7 @@ def mark_checked(fmt: str, content: str, offsets: np.ndarray, folder: str | os.P
 
 
 def store(path: str, data: bytes) -> None:
-    """Write an index file atomically (:func:`~quern.pipeline.plan.indexfile.write_atomically`).
+    """Write an index file atomically (:func:`~quern.pipeline.order.indexfile.write_atomically`).
 
     Args:
         path: where (its folder is made if missing).

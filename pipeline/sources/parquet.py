@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..cache import ShardCache, is_url
-from ..deprecation import keyword_only
-from ..errors import SourceError
+from ..core.deprecation import keyword_only
+from ..core.errors import SourceError
+from ..remote.cache import ShardCache, is_url
 from .base import (
     FileStats,
     Source,
@@ -222,7 +222,7 @@ class ParquetSource(Source):
         cache_bytes: the most bytes of decoded row groups kept (at least one is kept).
         unify_schemas: read compatible column types as their common type.
         cache: the disk cache of remote files (default: a
-            :class:`~quern.pipeline.cache.ShardCache` in its default folder).
+            :class:`~quern.pipeline.remote.cache.ShardCache` in its default folder).
 
     Raises:
         FileNotFoundError: a glob matches nothing, or a path does not exist.

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 
 __all__ = [
     "MANIFEST",

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import EntriesTimeoutError, SourceError
+from ..core.errors import EntriesTimeoutError, SourceError
 from . import live_commits, waiting
 from .base import Source
 from .live_commits import CommitRecord, Run, StepMap, anchor_member, entry_digest, parse_id

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..digest import digest
-from ..errors import SourceError
+from ..core.errors import SourceError
+from ..identity.hashing import digest
 from .base import (
     Source,
     ThreadLocalHandles,

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import crc32c
 import numpy as np
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 
@@ -53,7 +53,7 @@ class TFRecordSource(IndexedSource):
     cache, or taken from a sidecar written by ``quern index``
     (:mod:`quern.pipeline.sources.offsets`). Reads are grouped per file, one
     ``pread`` per run of consecutive records, and check both CRCs of every record:
-    a bad CRC is a :class:`~quern.pipeline.errors.SourceError` naming the file and
+    a bad CRC is a :class:`~quern.pipeline.core.errors.SourceError` naming the file and
     the record. GZIP- or ZLIB-compressed TFRecord files cannot be read by offset:
     they are refused, with what to do instead. Parse ``tf.train.Example`` records
     in a map (the bytes are what ``tf.data.TFRecordDataset`` yields).

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ..errors import SourceError
+from ..core.errors import SourceError
 from .contents import HashedFile, hashed
 from .indexed import IndexedSource
 from .tarchecks import check_headers

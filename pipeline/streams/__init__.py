@@ -13,13 +13,13 @@ A new kind of stream is one new module with a subclass of :class:`Stream`
 (:class:`SegmentStream` when its rows are records of other pipelines' streams).
 """
 
-from ..protocol import Definition, Stream
 from .bucketed import BucketedStream
-from .edits import EditedStream
+from .edited import EditedStream
 from .excluded import ExcludedStream
 from .live import LiveStream
 from .mixture import MixtureStream
 from .packed import PackedStream
+from .protocol import Definition, Stream
 from .segments import SegmentStream
 from .source import FilteredStream, SourceStream
 

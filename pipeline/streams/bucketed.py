@@ -3,7 +3,7 @@
 Bucket ``b`` holds the records whose length is in ``(boundaries[b-1],
 boundaries[b]]``; each is a batched pipeline of its own (its records padded to
 its bound, its own epochs), and steps are assigned to buckets by a mixture at
-step granularity (:mod:`quern.pipeline.plan.mixture`). Every output depends only
+step granularity (:mod:`quern.pipeline.order.components`). Every output depends only
 on the inner pipeline's definition, the length index, the bounds, the batch
 sizes, the padding and the block size.
 """
@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 
 from ...transforms.pad import pad
-from .. import index as _index
-from ..digest import digest
-from ..dump import stages_config
-from ..errors import StepError
+from ..core.errors import StepError
+from ..core.tree import to_plain
 from ..execute.stages import LengthCheck, StepResult, Where, batch_stages
-from ..plan import Segments
-from ..plan import mixture as _mixture
-from ..protocol import BucketOfStep, Definition, Stream, locate_inner
+from ..identity.config_form import stages_config
+from ..identity.hashing import digest
+from ..order import Segments
+from ..order import components as _mixture
+from ..order import index as _index
 from ..sources import Source
-from ..tree import to_plain
+from .protocol import BucketOfStep, Definition, Stream, locate_inner
 
 __all__ = ["BucketedStream", "bucket"]
 
@@ -154,7 +154,7 @@ class BucketedStream(Stream):
         The record's positions in its bucket's stream (each bucket is a filtered stream of
         its own, with its own epochs), cut into that bucket's steps, each mapped to the
         step that draws it (the step-level mixture's inverse,
-        :func:`~quern.pipeline.plan.mixture.drawn_at`). A record in no bucket (dropped by a
+        :func:`~quern.pipeline.order.components.drawn_at`). A record in no bucket (dropped by a
         filter before ``bucket()``) appears nowhere. Reads nothing.
 
         Args:
@@ -299,7 +299,7 @@ def bucket(
     num_workers: int | None,
     block: int,
 ) -> tuple[BucketedStream, int]:
-    """The stream and batch size of :meth:`Pipeline.bucket <quern.pipeline.dataset.Pipeline.bucket>` (whose docstring says what it does).
+    """The stream and batch size of :meth:`Pipeline.bucket <quern.pipeline.definition.dataset.Pipeline.bucket>` (whose docstring says what it does).
 
     Raises:
         ValueError: a stream that cannot be bucketed, bad bounds or batch sizes, no record in any bucket.

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..plan import Segments
-from ..protocol import Definition, Stream
+from ..order import Segments
 from ..sources import Source
+from .protocol import Definition, Stream
 from .segments import SegmentStream
 
 __all__ = ["ExcludedStream", "Cut"]

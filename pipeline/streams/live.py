@@ -17,13 +17,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import index as _index
-from .. import samedef
-from ..errors import StreamTimeoutError
-from ..plan import Segments
-from ..protocol import Definition, contiguous_positions
+from ..core.errors import StreamTimeoutError
+from ..identity import samedef
+from ..order import Segments
+from ..order import index as _index
 from ..sources import Source
 from ..sources.live_commits import Run, StepMap
+from .protocol import Definition, contiguous_positions
 from .segments import SegmentStream
 
 __all__ = ["LiveStream"]

@@ -1,7 +1,7 @@
 """A mixture stream: positions assigned to named component pipelines by weight (:func:`quern.mix`).
 
 Position ``p`` goes to a component by exact counts per block of positions and a
-keyed permutation inside each block (:mod:`quern.pipeline.plan.mixture`); the
+keyed permutation inside each block (:mod:`quern.pipeline.order.components`); the
 ``k``-th position drawn from a component is position ``k`` of that component's
 own stream, so each component has its own epochs. Every output depends only on
 the components' definitions, the schedule of weights, the seed, the block size
@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..dump import batch_config, stages_config, weights_config
-from ..fingerprint import fingerprint_of
-from ..plan import Segments
-from ..plan import mixture as _mixture
-from ..protocol import Definition
+from ..identity.config_form import batch_config, stages_config, weights_config
+from ..identity.fingerprint import fingerprint_of
+from ..order import Segments
+from ..order import components as _mixture
 from ..sources import Source
+from .protocol import Definition
 from .segments import SegmentStream
 
 __all__ = ["MixtureStream"]
@@ -46,7 +46,7 @@ class MixtureStream(SegmentStream):
         components: the component pipelines (endless, without batch).
         stages: the schedule: ``(start_step, quantized weights)`` stages.
         seed: the seed of the assignment (and of the mixture's own random transforms).
-        block: positions per block of exact counts (:func:`~quern.pipeline.plan.mixture.block_size`).
+        block: positions per block of exact counts (:func:`~quern.pipeline.order.components.block_size`).
         batch_size: the batch size of the pipeline that holds it (a schedule's stages start at steps).
     """
 
@@ -132,9 +132,9 @@ class MixtureStream(SegmentStream):
         """The ``(step, row)`` pairs whose rows hold record ``record`` of component ``component``.
 
         The record's positions in the first ``epochs`` epochs of the component's own stream
-        (its :meth:`~quern.pipeline.protocol.Stream.record_positions`: a packed component's
+        (its :meth:`~quern.pipeline.streams.protocol.Stream.record_positions`: a packed component's
         rows holding a piece of it), each mapped to the mixture position that draws it
-        (:func:`~quern.pipeline.plan.mixture.drawn_at`); a position the mixture never draws
+        (:func:`~quern.pipeline.order.components.drawn_at`); a position the mixture never draws
         (the component's weight is zero from some stage on) is left out. The work is one
         block's layout per position found, and no record is read.
 

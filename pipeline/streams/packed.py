@@ -1,6 +1,6 @@
 """A packed stream: the records of a pipeline packed into rows of ``seq_len`` tokens (:meth:`Pipeline.pack`).
 
-The plan of an epoch (:mod:`quern.pipeline.plan.packing`) is computed from the
+The plan of an epoch (:mod:`quern.pipeline.order.packing`) is computed from the
 length index alone, so any row's pieces are found from its position without
 reading a record; a step reads its documents in one bulk call, runs the packed
 pipeline's record transforms on them, lays them into rows (stage ``pack``), then
@@ -20,11 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import index as _index
-from ..collate import CollatedRows, describe, take
-from ..digest import digest
-from ..dump import batch_config, stages_config
-from ..errors import StepError
+from ..core.collate import CollatedRows, describe, take
+from ..core.errors import StepError
 from ..execute.runner import bulk, step_positions
 from ..execute.stages import (
     COLLATE,
@@ -37,12 +34,15 @@ from ..execute.stages import (
     collate_rows,
     read,
 )
-from ..fingerprint import fingerprint_of
-from ..plan import Pieces, Segments, indexfile
-from ..plan import packing as _packing
-from ..protocol import Definition, PackedRows, Stream, locate_inner
+from ..identity.config_form import batch_config, stages_config
+from ..identity.fingerprint import fingerprint_of
+from ..identity.hashing import digest
+from ..iterate.timing import Clock
+from ..order import Pieces, Segments, indexfile
+from ..order import index as _index
+from ..order import packing as _packing
 from ..sources import Source
-from ..timing import Clock
+from .protocol import Definition, PackedRows, Stream, locate_inner
 
 __all__ = ["PackedStream", "PackMode", "pack", "PACK"]
 
@@ -182,7 +182,7 @@ class PackedStream(Stream):
         """The rows holding a piece of record ``record`` in the first ``epochs`` epochs (at most the stream's).
 
         The record's offset in each epoch of the inner stream (its
-        :meth:`~quern.pipeline.protocol.Stream.record_positions`), then that document's
+        :meth:`~quern.pipeline.streams.protocol.Stream.record_positions`), then that document's
         rows in the epoch's plan, through an inverse of the plan built once per cached
         plan: O(log N) per epoch beyond the plan (a record of 0 tokens is in no row).
 
@@ -430,7 +430,7 @@ def pack(
     cache_dir: str | os.PathLike | None,
     num_workers: int | None,
 ) -> PackedStream:
-    """The stream of :meth:`Pipeline.pack <quern.pipeline.dataset.Pipeline.pack>` (whose docstring says what it does).
+    """The stream of :meth:`Pipeline.pack <quern.pipeline.definition.dataset.Pipeline.pack>` (whose docstring says what it does).
 
     Raises:
         ValueError: a bad ``seq_len`` or ``mode``, a stream that cannot be packed, a batch, no token.

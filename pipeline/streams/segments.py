@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ..core.steps import LengthCheck, StepResult
 from ..execute import runner
-from ..protocol import Definition, Stream
-from ..steps import LengthCheck, StepResult
+from .protocol import Definition, Stream
 
 __all__ = ["SegmentStream"]
 
 
 class SegmentStream(Stream):
-    """A :class:`~quern.pipeline.protocol.Stream` whose :meth:`segments` give each row's leaf and record."""
+    """A :class:`~quern.pipeline.streams.protocol.Stream` whose :meth:`segments` give each row's leaf and record."""
 
     def results(
         self,

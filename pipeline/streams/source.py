@@ -1,7 +1,7 @@
 """A source stream and a filtered source stream: the records of one source, epoch after epoch.
 
 Position ``p`` is record ``perm(seed, epoch)(p % N)`` of epoch ``p // N``
-(:func:`quern.pipeline.index.epoch_record_ids`), ``N`` being the source's
+(:func:`quern.pipeline.order.index.epoch_record_ids`), ``N`` being the source's
 records or, after a filter, its survivors. Every output depends only on the
 source's identity, the seed, the shuffle and (after a filter) the survivors.
 """
@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import index as _index
-from .. import samedef
-from ..dump import batch_config, source_config, stages_config
-from ..plan import Segments
-from ..protocol import Definition, Stream, contiguous_positions
+from ..identity import samedef
+from ..identity.config_form import batch_config, source_config, stages_config
+from ..order import Segments
+from ..order import index as _index
 from ..sources import Source
 from .excluded import ExcludedStream
+from .protocol import Definition, Stream, contiguous_positions
 from .segments import SegmentStream
 
 __all__ = ["SourceStream", "FilteredStream", "ShuffleMode"]

@@ -1,0 +1,1 @@
+"""Determinism you can check: batch digests, the ledger, ``quern verify``."""

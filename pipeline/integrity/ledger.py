@@ -1,0 +1,312 @@
+"""The ledger: one JSON line per step an iterator yields, with the digests of its host slice.
+
+``pipe.iterator(..., ledger=PATH)`` appends, for every step it yields, the line
+
+.. code-block:: json
+
+    {"step": 12, "fingerprint": "...", "process_index": 0, "process_count": 2, "digest_format": 2,
+     "rows": [0, 128], "row_digests": ["..."], "leaf_digests": {"batch['tokens']": "..."}}
+
+``fingerprint`` is :meth:`~quern.pipeline.definition.dataset.Pipeline.fingerprint_at` of the step
+(the definition as it applies to the steps up to that one, so a ledger still
+checks the steps before a later edit); ``rows`` are this host's rows of the
+global batch, ``row_digests`` and ``leaf_digests`` those of
+:mod:`quern.pipeline.integrity.batch_digest`, whose canonical form is version ``digest_format``
+(:data:`~quern.pipeline.integrity.batch_digest.FORMAT`: a line of another is refused when read).
+With workers, the digests are computed in the
+worker processes and travel with the batch; with 0 workers the iterator hashes each
+batch's rows as it yields it (:meth:`LedgerWriter.add_batch`: the batch as the user
+gets it), and makes the lines of the steps kept together when it writes them. ``PATH`` may hold
+``{process_index}``. Lines are kept in memory and written every
+:data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
+``close()``, the end of the stream and an error, each write whole lines in one
+call, so a crash tears at most the last line; a ledger opened again for
+appending (a resumed run) first drops such a torn tail.
+
+Reading and checking ledgers: :mod:`quern.pipeline.integrity.ledger_read`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Protocol
+
+from ..core.errors import StepError
+from ..order.index import host_rows
+from .batch_digest import FORMAT, Digesting
+
+__all__ = [
+    "FLUSH_LINES",
+    "FLUSH_SECONDS",
+    "DIGEST",
+    "LedgerWriter",
+    "first_row",
+    "StepFields",
+    "step_fields",
+]
+
+FLUSH_LINES = 16
+"""Lines kept in memory before they are written."""
+FLUSH_SECONDS = 2.0
+"""Seconds after which kept lines are written at the next step, however few."""
+DIGEST = "digest"
+"""The stage name of the time spent digesting batches for the ledger (in ``it.stats()["stages"]``)."""
+
+
+class _Batched(Protocol):
+    """What a ledger line's rows need of a pipeline."""
+
+    @property
+    def batch_size(self) -> int | None:
+        """The global batch size."""
+
+    @property
+    def num_steps(self) -> int | None:
+        """Steps in the stream (``None``: endless)."""
+
+
+class _Fingerprinted(_Batched, Protocol):
+    """What the ledger writer needs of a pipeline."""
+
+    def fingerprint_at(self, step: int) -> str:
+        """The fingerprint of the definition as it applies to the steps up to ``step``."""
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def first_row(pipe: _Batched, step: int, process_index: int, process_count: int, rows: int) -> int:
+    """The first row of the global batch at ``step`` that host ``process_index`` holds (``rows`` rows).
+
+    Args:
+        pipe: the pipeline.
+        step: the step.
+        process_index: the host.
+        process_count: the hosts.
+        rows: the rows of this host's slice.
+
+    Returns:
+        ``h * B / H`` for a finite stream's batch of ``B``; for an endless stream (whose batch size may
+        change by step, as a bucketed one's) ``h * rows``: every host holds as many rows.
+    """
+    if pipe.num_steps is None or pipe.batch_size is None:
+        return process_index * rows
+    return host_rows(pipe.batch_size, process_index, process_count)[0]
+
+
+def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, process_count: int) -> str:
+    """The ledger line's fields that come from the batch: ``"rows"``, ``"row_digests"``, ``"leaf_digests"``.
+
+    Computed where the batch is made (a worker process, a service actor), as JSON text.
+
+    Args:
+        pipe: the pipeline.
+        batch: this host's batch at ``step``.
+        step: the step.
+        process_index: this host.
+        process_count: the hosts.
+
+    Returns:
+        The fields as JSON text, without the braces.
+
+    Raises:
+        StepError: the batch cannot be digested per row (a leaf without a row axis), naming the step,
+            host slice and leaf.
+    """
+    fields = StepFields(pipe, process_index, process_count)
+    fields.add(batch, step)
+    return fields.finish()[0]
+
+
+class StepFields:
+    """The :func:`step_fields` of consecutive steps of one host slice, with less work per step.
+
+    The iterator adds each batch as it yields it (its rows are hashed then) and finishes the fields
+    of the steps added together when it writes their lines
+    (:class:`quern.pipeline.integrity.batch_digest.Digesting`).
+
+    Args:
+        pipe: the pipeline.
+        process_index: this host.
+        process_count: the hosts.
+    """
+
+    def __init__(self, pipe: _Batched, process_index: int, process_count: int) -> None:
+        self._pipe, self._index, self._hosts = pipe, process_index, process_count
+        self._digesting = Digesting()
+        self._steps: list[int] = []
+
+    def add(self, batch: Any, step: int) -> None:
+        """Hash the rows of ``batch``, this host's batch at ``step``.
+
+        Raises:
+            StepError: the batch cannot be digested per row (a leaf without a row axis), naming the
+                step, host slice and leaf.
+        """
+        where = f"step {step} (host {self._index} of {self._hosts}), stage 'digest' (the ledger)"
+        try:
+            self._digesting.add(batch, where)
+        except (ValueError, TypeError) as e:
+            raise StepError(str(e)) from e
+        self._steps.append(step)
+
+    def finish(self) -> list[str]:
+        """The fields of each step added, in order, as :func:`step_fields` gives them."""
+        out = []
+        for step, (n, rows, leaves) in zip(self._steps, self._digesting.finish()):
+            first = first_row(self._pipe, step, self._index, self._hosts, n)
+            out.append(f'"rows": [{first}, {first + n}], "row_digests": {rows}, "leaf_digests": {leaves}')
+        self._steps = []
+        return out
+
+
+class LedgerWriter:
+    """Appends an iterator's ledger lines to one file (one per host with ``{process_index}``).
+
+    Args:
+        path: the file; ``{process_index}`` in it is replaced by this host's index. Its folder
+            is created if missing.
+        pipe: the pipeline (its :meth:`~quern.Pipeline.fingerprint_at` is in every line).
+        process_index: this host.
+        process_count: the hosts.
+        start_step: the first step the iterator yields (its fingerprint is computed now, so a
+            pipeline that cannot be described fails here, not at a later step).
+
+    Raises:
+        OSError: the file cannot be opened for appending.
+        FingerprintError: the pipeline cannot be fingerprinted.
+
+    Attributes:
+        path: the file written.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, pipe: _Fingerprinted, process_index: int, process_count: int, start_step: int
+    ) -> None:
+        self.path = os.fspath(path).replace("{process_index}", str(process_index))
+        self.pipe = pipe
+        self._hosts = (int(process_index), int(process_count))
+        self._fields = StepFields(pipe, *self._hosts)
+        self._hashed: list[int] = []  # the steps of add_batch whose lines are not made yet
+        hosts = f'"process_index": {int(process_index)}, "process_count": {int(process_count)}'
+        self._head = f', {hosts}, "digest_format": {FORMAT}, '
+        if pipe.num_steps is None or start_step < pipe.num_steps:
+            pipe.fingerprint_at(start_step)
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._lines: list[str] = []
+        self._since = time.monotonic()
+        try:
+            _drop_torn_tail(self._fd)
+        except BaseException:
+            self.forget()
+            raise
+
+    def add(self, step: int, fields: str) -> None:
+        """Keep the line of ``step`` (written with the next flush).
+
+        Args:
+            step: the step yielded.
+            fields: its :func:`step_fields`.
+
+        Raises:
+            OSError: the lines kept could not be written.
+        """
+        line = self._line(step, fields)
+        with self._lock:
+            self._make_lines()  # the lines of earlier batches first
+            self._lines.append(line)
+            self._write_if_due()
+
+    def add_batch(self, step: int, batch: Any) -> None:
+        """Hash the rows of ``batch``, the batch of ``step`` about to be yielded; its line is made with the next flush.
+
+        What the line needs of the batch is kept (:meth:`StepFields.add`), so the batch may be written to
+        once this returns.
+
+        Args:
+            step: the step.
+            batch: this host's batch at ``step``.
+
+        Raises:
+            StepError: the batch cannot be digested per row (a leaf without a row axis), naming the
+                step, host slice and leaf.
+            OSError: the lines kept could not be written.
+        """
+        with self._lock:
+            self._fields.add(batch, step)
+            self._hashed.append(step)
+            self._write_if_due()
+
+    def _line(self, step: int, fields: str) -> str:
+        return f'{{"step": {step}, "fingerprint": "{self.pipe.fingerprint_at(step)}"{self._head}{fields}}}\n'
+
+    def _make_lines(self) -> None:
+        """The lines of the batches hashed by :meth:`add_batch`, made (all of them together) and kept."""
+        if self._hashed:
+            steps, self._hashed = self._hashed, []
+            self._lines += [self._line(s, f) for s, f in zip(steps, self._fields.finish())]
+
+    def _write_if_due(self) -> None:
+        if len(self._lines) + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
+            self._write()
+
+    def flush(self) -> None:
+        """Write the lines kept (no ``fsync``: the page cache survives a crash of the process).
+
+        Raises:
+            OSError: they could not be written.
+        """
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
+        self._make_lines()
+        self._since = time.monotonic()
+        if not self._lines or self._fd is None:
+            return
+        data = memoryview("".join(self._lines).encode())
+        while data:  # one call, unless the file system takes less
+            data = data[os.write(self._fd, data) :]
+        self._lines.clear()  # kept if the write failed: written with the next
+
+    def close(self) -> None:
+        """Write the lines kept and close the file; idempotent.
+
+        Raises:
+            OSError: they could not be written.
+        """
+        try:
+            self.flush()
+        finally:
+            self.forget()
+
+    def forget(self) -> None:
+        """Close the file without writing (a forked copy of the iterator: the lines are its parent's)."""
+        with self._lock:
+            self._lines.clear()
+            self._hashed, self._fields = [], StepFields(self.pipe, *self._hosts)
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _drop_torn_tail(fd: int) -> None:
+    """Cut a file that does not end with a newline back to its last newline: a crash's torn line goes."""
+    size = os.fstat(fd).st_size
+    if not size or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            os.ftruncate(fd, start + cut + 1)
+            return
+        end = start
+    os.ftruncate(fd, 0)

@@ -1,0 +1,197 @@
+"""Packing plan: an epoch's documents -> rows of ``seq_len`` tokens, from their lengths only.
+
+Pure index arithmetic over the lengths of an epoch's documents in stream order;
+never reads a record. A row is a list of *pieces* ``(document, start, count)``:
+tokens ``[start, start + count)`` of that document. Two modes (:data:`PackMode`):
+``concat`` cuts the concatenated documents into rows, ``best_fit`` places whole
+documents by best-fit decreasing and shuffles the rows. The plan depends only
+on (the lengths in stream order, ``seq_len``, the mode, the seed, the epoch).
+The algorithms and their costs are described in ``docs/design/packing.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+import numpy as np
+
+from . import index as _index
+
+__all__ = ["PACK_SALT", "MODES", "PackMode", "EpochPlan", "plan_epoch", "best_fit_decreasing"]
+
+PACK_SALT = 4  # part of the published order: the key of a packed epoch's row order
+PackMode = Literal["best_fit", "concat"]
+"""The packing modes (see the module docstring)."""
+MODES: tuple[str, ...] = get_args(PackMode)
+
+
+class EpochPlan(NamedTuple):
+    """The rows of one epoch, as pieces of documents.
+
+    Row ``r`` holds pieces ``[row_ptr[r], row_ptr[r + 1])``; piece ``i`` is tokens
+    ``[start[i], start[i] + length[i])`` of the document at index ``doc[i]`` of
+    the epoch's stream order. Every array is ``int64``.
+
+    Attributes:
+        row_ptr: the first piece of each row, and the number of pieces (rows + 1 values).
+        doc: the document of each piece.
+        start: the first token of each piece in its document.
+        length: the tokens of each piece.
+    """
+
+    row_ptr: np.ndarray  # int64, rows + 1
+    doc: np.ndarray  # int64
+    start: np.ndarray  # int64
+    length: np.ndarray  # int64
+
+    @property
+    def rows(self) -> int:
+        """The number of rows."""
+        return len(self.row_ptr) - 1
+
+
+def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
+    """Place items into rows of ``seq_len`` by best-fit decreasing.
+
+    Longest first (ties by index), each item goes into the row with the least
+    room that still fits it (among equal room, the row opened first), a new row
+    when none does.
+
+    Args:
+        lengths: the items' lengths, each in ``1..seq_len``.
+        seq_len: the room of a row.
+
+    Returns:
+        ``(row of each item, number of rows)``; rows are numbered in the order they
+        are opened. Depends only on the arguments.
+
+    Example:
+        >>> rows, n = best_fit_decreasing(np.array([3, 2, 2, 1]), 4)
+        >>> rows.tolist(), n
+        ([0, 1, 1, 0], 2)
+    """
+    seq_len = int(seq_len)
+    n = len(lengths)
+    out = np.empty(n, dtype=np.int64)
+    if not n:
+        return out, 0
+    lengths = np.asarray(lengths, dtype=np.int64)
+    room = (seq_len - lengths).astype(np.uint16 if seq_len < 1 << 16 else np.uint32)  # small ints: a radix sort
+    order = np.argsort(room, kind="stable")  # longest first, ties by index
+    sl = lengths[order]
+    cuts = np.flatnonzero(np.diff(sl)) + 1
+    starts = np.concatenate([[0], cuts]).tolist()
+    ends = np.concatenate([cuts, [n]]).tolist()
+    counts = np.zeros(seq_len + 1, dtype=np.int64)  # rows by the room they have left
+    members: list[list[np.ndarray]] = [[] for _ in range(seq_len + 1)]  # their ids, in the order they got there
+    placed = np.empty(n, dtype=np.int64)  # row of each item, in sorted order
+    rows = 0
+
+    def put(ids: np.ndarray, room: int) -> None:
+        if ids.size and room > 0:
+            members[room].append(ids)
+            counts[room] += ids.size
+
+    for a, b in zip(starts, ends):
+        ell, todo, pos = int(sl[a]), b - a, a
+        while todo:
+            feasible = np.flatnonzero(counts[ell:])
+            if not feasible.size:
+                break
+            c = ell + int(feasible[0])  # the least room that fits: every row there takes c // ell items
+            group = np.sort(np.concatenate(members[c]))  # equal room: the row opened first first
+            members[c], counts[c] = [], 0
+            q = c // ell
+            take = min(todo, group.size * q)
+            full, rest = divmod(take, q)
+            placed[pos : pos + full * q] = np.repeat(group[:full], q)
+            if rest:
+                placed[pos + full * q : pos + take] = group[full]
+            pos, todo = pos + take, todo - take
+            put(group[:full], c - q * ell)
+            if rest:
+                put(group[full : full + 1], c - rest * ell)
+            put(group[full + (1 if rest else 0) :], c)
+        if todo:  # new rows, each filled with this length while it fits
+            q = seq_len // ell
+            k = -(-todo // q)
+            new = np.arange(rows, rows + k, dtype=np.int64)
+            rows += k
+            placed[pos : pos + todo] = np.repeat(new, q)[:todo]
+            full, rest = divmod(todo, q)
+            put(new[:full], seq_len - q * ell)
+            if rest:
+                put(new[full : full + 1], seq_len - rest * ell)
+    out[order] = placed
+    return out, rows
+
+
+def _concat(lengths: np.ndarray, seq_len: int) -> EpochPlan:
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
+    total = int(ends[-1]) if len(ends) else 0
+    rows = -(-total // seq_len)
+    live = np.flatnonzero(lengths > 0)
+    first = begins[live] // seq_len
+    last = (ends[live] - 1) // seq_len
+    n_pieces = last - first + 1
+    doc = np.repeat(live, n_pieces)
+    k = np.arange(n_pieces.sum()) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+    row = np.repeat(first, n_pieces) + k
+    lo = np.maximum(row * seq_len, begins[doc])
+    hi = np.minimum((row + 1) * seq_len, ends[doc])
+    row_ptr = np.searchsorted(row, np.arange(rows + 1), side="left").astype(np.int64)
+    return EpochPlan(row_ptr, doc.astype(np.int64), (lo - begins[doc]).astype(np.int64), (hi - lo).astype(np.int64))
+
+
+def _best_fit(lengths: np.ndarray, seq_len: int, key: np.ndarray) -> EpochPlan:
+    whole = lengths // seq_len  # full pieces of long documents: a row each
+    rem = lengths - whole * seq_len
+    long_docs = np.flatnonzero(whole > 0)
+    n_full = int(whole.sum())
+    full_doc = np.repeat(long_docs, whole[long_docs])
+    full_k = np.arange(n_full) - np.repeat(np.cumsum(whole[long_docs]) - whole[long_docs], whole[long_docs])
+    small = np.flatnonzero(rem > 0)
+    bins, n_bins = best_fit_decreasing(rem[small], seq_len)
+    rows = n_full + n_bins
+    # pieces: the full ones (row i of the first n_full), then the remainders (rows n_full + bin)
+    doc = np.concatenate([full_doc, small]).astype(np.int64)
+    start = np.concatenate([full_k * seq_len, whole[small] * seq_len]).astype(np.int64)
+    count = np.concatenate([np.full(n_full, seq_len, dtype=np.int64), rem[small]]).astype(np.int64)
+    row = np.concatenate([np.arange(n_full, dtype=np.int64), n_full + bins])
+    if rows:
+        row = _index.permute(np.arange(rows, dtype=np.int64), rows, key)[row]  # a keyed random order of the rows
+    order = np.lexsort((doc, row))  # by row, then stream order inside a row
+    row_ptr = np.searchsorted(row[order], np.arange(rows + 1), side="left").astype(np.int64)
+    return EpochPlan(row_ptr, doc[order], start[order], count[order])
+
+
+def plan_epoch(lengths: np.ndarray, seq_len: int, mode: PackMode, seed: int, epoch: int) -> EpochPlan:
+    """The rows of an epoch whose documents, in stream order, have ``lengths`` tokens.
+
+    Documents of 0 tokens are left out.
+
+    Args:
+        lengths: the tokens of each document of the epoch, in stream order.
+        seq_len: the tokens per row.
+        mode: ``"best_fit"`` or ``"concat"`` (see the module docstring).
+        seed: the pipeline's seed (keys the row order of ``best_fit``).
+        epoch: the epoch (keys the row order of ``best_fit``).
+
+    Returns:
+        The epoch's rows, depending only on the arguments.
+
+    Raises:
+        ValueError: an unknown ``mode``.
+
+    Example:
+        >>> plan = plan_epoch(np.array([3, 2, 2]), 4, "concat", 0, 0)
+        >>> plan.rows, plan.doc.tolist(), plan.length.tolist()
+        (2, [0, 1, 1, 2], [3, 1, 1, 2])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if mode == "concat":
+        return _concat(lengths, int(seq_len))
+    if mode == "best_fit":
+        return _best_fit(lengths, int(seq_len), _index.derive_key(seed, PACK_SALT, epoch))
+    raise ValueError(f"packing mode must be one of {MODES}, got {mode!r}")
