@@ -13,14 +13,10 @@ picks the form and says every problem, and
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    StrictBool,
     StrictFloat,
     StrictInt,
     ValidationInfo,
@@ -30,7 +26,18 @@ from pydantic import (
 
 from ..order import components as _mixture
 from .edits import EXCLUDE_HELP, SKIP_HELP, ExcludeConfig, SkipConfig
-from .limits import MAX_COMPONENTS, MAX_KEYS, MAX_SCHEDULE, MAX_SHOWN, MAX_STAGES, show
+from .limits import MAX_COMPONENTS, MAX_SCHEDULE, MAX_SHOWN, MAX_STAGES, show
+from .sections import Section, first_bad, null, string_keys
+from .source_keys import (
+    ArrayRecordConfig,
+    FileSourceConfig,
+    JsonlConfig,
+    ParquetConfig,
+    SourceConfig,
+    TensorStoreConfig,
+    TFRecordConfig,
+    WebDatasetConfig,
+)
 from .trust import FN, FN_FORM, IDENT, MODULE
 
 __all__ = [
@@ -55,198 +62,10 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
-    """A config section: unknown keys are errors, and a mapping of too many keys is one error."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _few_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict) and len(data) > MAX_KEYS:  # one error, instead of one per unknown key
-            raise ValueError(
-                f"{len(data):,} keys, more than any section has (the limit is {MAX_KEYS}); "
-                f"this one's are {sorted(cls.model_fields)}"
-            )
-        return data
-
-
-def _first_bad(bad: list, message: str, others: str) -> ValueError:
-    """The error ``message`` (about ``bad[0]``), with the count of ``bad`` when there are several.
-
-    ``"(3 items are not strings)"``: one error instead of one per item.
-    """
-    return ValueError(message + (f" ({len(bad):,} {others})" if len(bad) > 1 else ""))
-
-
-def _strings(value: Any) -> Any:
-    """A list of strings as it is; otherwise an error naming the first item that is not one.
-
-    Pydantic would report each: as many errors as items.
-    """
-    if isinstance(value, list):
-        bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
-        if bad:
-            raise _first_bad(bad, f"item {bad[0]} is not a string: {show(value[bad[0]])}", "items are not strings")
-    return value
-
-
-def _string_keys(value: Any) -> Any:
-    """A mapping with string keys as it is; otherwise an error naming the first other key."""
-    if isinstance(value, dict):
-        bad = [k for k in value if not isinstance(k, str)]
-        if bad:
-            raise _first_bad(bad, f"keys must be strings, got {show(bad[0])}", "keys are not strings")
-    return value
-
-
-def _null(why: str) -> Callable[[Any], Any]:
-    """A validator: ``None`` as it is; any other value is an error saying ``why`` it must be null."""
-
-    def check(value: Any) -> Any:
-        if value is not None:
-            raise ValueError(f"must be null, got {show(value)}: {why}")
-        return value
-
-    return check
-
-
-# --------------------------------------------------------------------------- sources
-
-_PATHS = (
-    "A path, a glob or a list of them (globs sorted; record ids run over the files in the given order); "
-    "relative paths are relative to the config file's folder (the current directory for a dict config)."
-)
-_NAME = "The source's name in messages, explain and stage names (default: derived from the paths)."
-
-
-class ArrayRecordConfig(_Model):
-    """``source: {type: array_record, ...}``: ArrayRecord files, or a folder written by ``quern prepare``.
-
-    The folder may be given by its URL. Records are the raw ``bytes``
-    (:class:`~quern.pipeline.sources.ArrayRecordSource`).
-    """
-
-    type: Literal["array_record"] = Field(description="``array_record``.")
-    paths: str | list[str] = Field(
-        description=_PATHS + " May also be a prepared folder, its manifest.json or its URL (http(s)://, s3://, gs://)."
-    )
-    name: str | None = Field(default=None, description=_NAME)
-    max_open_files: StrictInt = Field(
-        default=256, ge=1, description="Integer >= 1, default 256: the most idle readers kept open (shared by threads)."
-    )
-
-    _paths = field_validator("paths", mode="before")(_strings)
-
-
-class ParquetConfig(_Model):
-    """``source: {type: parquet, ...}``: Parquet files; records are ``{column: value}`` dicts.
-
-    The source is a :class:`~quern.pipeline.sources.ParquetSource`.
-    """
-
-    type: Literal["parquet"] = Field(description="``parquet``.")
-    paths: str | list[str] = Field(description=_PATHS)
-    columns: list[str] | None = Field(
-        default=None, description="The columns read, a list of names (null, the default: all the first file's columns)."
-    )
-    name: str | None = Field(default=None, description=_NAME)
-    cache_bytes: StrictInt = Field(
-        default=1 << 30,
-        ge=1,
-        description="Integer >= 1, default 2**30: the bytes of decoded row groups kept in the LRU cache.",
-    )
-    cache_row_groups: StrictInt | None = Field(
-        default=None,
-        ge=1,
-        description="Integer >= 1 or null (the default: no bound): the most row groups kept in the cache.",
-    )
-    unify_schemas: StrictBool = Field(
-        default=False,
-        description="Boolean, default false: read columns of compatible types across files as their common type "
-        "(int32 and int64 as int64, ...); false: every file must have one schema over the columns read.",
-    )
-
-    _paths = field_validator("paths", "columns", mode="before")(_strings)
-
-
-class TensorStoreConfig(_Model):
-    """``source: {type: tensorstore, ...}``: TensorStore arrays, the first axis the record axis.
-
-    The source is a :class:`~quern.pipeline.sources.TensorStoreSource`.
-    """
-
-    type: Literal["tensorstore"] = Field(description="``tensorstore``.")
-    spec: str | dict[str, Any] = Field(
-        description="A zarr or zarr3 array directory (relative to the config file's folder), a TensorStore spec, "
-        "or a mapping of names to either (records are then dicts of rows; every array has the same length)."
-    )
-    name: str | None = Field(default=None, description=_NAME)
-
-    _spec = field_validator("spec", mode="before")(_string_keys)
-
-
-_URLS = " May also be URLs (http(s)://, s3://, gs://), fetched whole into the disk cache."
-
-
-class WebDatasetConfig(_Model):
-    """``source: {type: webdataset, ...}``: WebDataset tar shards read in place; a record is a sample.
-
-    Samples are ``{"__key__": str, extension: bytes}``
-    (:class:`~quern.pipeline.sources.WebDatasetSource`); the shards are indexed on first open.
-    """
-
-    type: Literal["webdataset"] = Field(description="``webdataset``.")
-    paths: str | list[str] = Field(description=_PATHS + _URLS)
-    name: str | None = Field(default=None, description=_NAME)
-
-    _paths = field_validator("paths", mode="before")(_strings)
-
-
-class TFRecordConfig(_Model):
-    """``source: {type: tfrecord, ...}``: TFRecord files read in place; records are the raw ``bytes``.
-
-    Both CRCs of every record are checked (:class:`~quern.pipeline.sources.TFRecordSource`).
-    """
-
-    type: Literal["tfrecord"] = Field(description="``tfrecord``.")
-    paths: str | list[str] = Field(description=_PATHS + _URLS)
-    name: str | None = Field(default=None, description=_NAME)
-
-    _paths = field_validator("paths", mode="before")(_strings)
-
-
-class JsonlConfig(_Model):
-    """``source: {type: jsonl, ...}``: JSON-lines files read in place; a record is a parsed line.
-
-    The source is a :class:`~quern.pipeline.sources.JsonlSource`.
-    """
-
-    type: Literal["jsonl"] = Field(description="``jsonl``.")
-    paths: str | list[str] = Field(description=_PATHS + _URLS)
-    field: str | None = Field(
-        default=None, description="The record is this key's value of each line (null, the default: the whole line)."
-    )
-    name: str | None = Field(default=None, description=_NAME)
-
-    _paths = field_validator("paths", mode="before")(_strings)
-
-
-FileSourceConfig = (
-    ArrayRecordConfig | ParquetConfig | TensorStoreConfig | WebDatasetConfig | TFRecordConfig | JsonlConfig
-)
-"""Any source section."""
-
-SourceConfig = Annotated[
-    FileSourceConfig,
-    Field(discriminator="type", description="The records: a source section, chosen by its ``type``."),
-]
-
-
 # --------------------------------------------------------------------------- order, stages, batch
 
 
-class ShuffleConfig(_Model):
+class ShuffleConfig(Section):
     """``shuffle: {mode: ..., block: ..., window: ...}``: a new permutation each epoch (:meth:`Pipeline.shuffle`).
 
     ``shuffle: global`` and ``shuffle: block`` are this mapping's ``mode`` alone.
@@ -266,7 +85,7 @@ class ShuffleConfig(_Model):
     window: StrictInt = Field(default=8, ge=1, description="``block`` mode: blocks per shuffle window, default 8.")
 
 
-class TransformConfig(_Model):
+class TransformConfig(Section):
     """One stage: ``{name: ..., kwargs: ...}`` (a registered transform) or ``{fn: ..., kind: ..., kwargs: ...}``.
 
     An ``fn`` names user code; what it may name is :mod:`quern.pipeline.config.trust`'s
@@ -296,7 +115,7 @@ class TransformConfig(_Model):
         default={}, description="Keyword arguments of the transform (a mapping with string keys; default none)."
     )
 
-    _kwargs = field_validator("kwargs", mode="before")(_string_keys)
+    _kwargs = field_validator("kwargs", mode="before")(string_keys)
 
     @model_validator(mode="after")
     def _one_of(self) -> TransformConfig:
@@ -318,7 +137,7 @@ class TransformConfig(_Model):
         return self
 
 
-class BatchConfig(_Model):
+class BatchConfig(Section):
     """``batch: {size: ..., drop_remainder: ...}`` (``batch: N`` is ``{size: N}``)."""
 
     size: StrictInt = Field(
@@ -351,7 +170,7 @@ def _npy_path(value: str | None) -> str | None:
     return value
 
 
-class PackConfig(_Model):
+class PackConfig(Section):
     """``pack: {seq_len: ..., mode: ..., key: ..., lengths: ...}``: the records packed into rows of ``seq_len`` tokens.
 
     ``pack: N`` is ``{seq_len: N}``. The records are packed after ``transforms``
@@ -384,11 +203,11 @@ def _positive_ints(value: Any) -> Any:
     if isinstance(value, list):
         bad = [i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
-            raise _first_bad(bad, f"item {bad[0]} is not an integer >= 1: {show(value[bad[0]])}", "items are not")
+            raise first_bad(bad, f"item {bad[0]} is not an integer >= 1: {show(value[bad[0]])}", "items are not")
     return value
 
 
-class BucketConfig(_Model):
+class BucketConfig(Section):
     """``bucket:``, instead of ``batch:``: every step a batch of records from one bucket of lengths.
 
     The records are padded to the bucket's upper bound (:meth:`Pipeline.bucket`: few static shapes).
@@ -468,7 +287,7 @@ _PACK = (
 )
 
 
-class PipelineConfig(_Model):
+class PipelineConfig(Section):
     """A single-source config: ``source``, the order, the record stages, packing, the batch and the batch stages.
 
     Relative paths are relative to the config file's folder (the current
@@ -497,7 +316,7 @@ class PipelineConfig(_Model):
     exclude: list[ExcludeConfig] = Field(default=[], description=EXCLUDE_HELP)
 
 
-class BucketPipelineConfig(_Model):
+class BucketPipelineConfig(Section):
     """A single-source config batched by length buckets (``bucket:``) instead of ``batch:``.
 
     It has no ``batch``, ``pack``, ``row_transforms`` or ``mix``.
@@ -514,13 +333,13 @@ class BucketPipelineConfig(_Model):
     exclude: list[ExcludeConfig] = Field(default=[], description=EXCLUDE_HELP)
 
     _endless = field_validator("num_epochs", mode="before")(
-        _null("a bucketed stream is endless (each bucket repeats and reshuffles its records on its own epochs)")
+        null("a bucketed stream is endless (each bucket repeats and reshuffles its records on its own epochs)")
     )
 
 
 def _bounded_mapping(value: Any) -> Any:
     """A mapping with string keys and at most :data:`MAX_COMPONENTS` of them, as it is."""
-    value = _string_keys(value)
+    value = string_keys(value)
     if isinstance(value, dict) and len(value) > MAX_COMPONENTS:
         raise ValueError(f"{len(value):,} entries, more than {MAX_COMPONENTS} (the most components of a mixture)")
     return value
@@ -532,7 +351,7 @@ def _numbers(value: Any) -> Any:
     if isinstance(value, dict):
         bad = [k for k, v in value.items() if isinstance(v, bool) or not isinstance(v, int | float)]
         if bad:
-            raise _first_bad(
+            raise first_bad(
                 bad,
                 f"the weight of {show(bad[0])} must be a number, got {show(value[bad[0]])}",
                 "weights are not numbers",
@@ -540,7 +359,7 @@ def _numbers(value: Any) -> Any:
     return value
 
 
-class ComponentConfig(_Model):
+class ComponentConfig(Section):
     """One component of a mixture (``mix.components.<name>``): the keys of a single-source config but the batch's.
 
     It has no ``batch``, ``batch_transforms``, ``bucket`` or ``num_epochs`` (a component is
@@ -560,11 +379,11 @@ class ComponentConfig(_Model):
     row_transforms: Stages = Field(default=[], description=_ROW_TRANSFORMS)
 
     _endless = field_validator("num_epochs", mode="before")(
-        _null("the components of a mixture are endless (each repeats and reshuffles on its own epochs)")
+        null("the components of a mixture are endless (each repeats and reshuffles on its own epochs)")
     )
 
 
-class StageConfig(_Model):
+class StageConfig(Section):
     """One stage of a schedule: from ``start_step`` on, these weights."""
 
     start_step: StrictInt = Field(ge=0, description="The stage's first step: 0 for the first stage, then increasing.")
@@ -573,7 +392,7 @@ class StageConfig(_Model):
     _weights = field_validator("weights", mode="before")(_numbers)
 
 
-class MixConfig(_Model):
+class MixConfig(Section):
     """``mix:``, instead of ``source:``: the records come from named components in given proportions.
 
     The mixture is :func:`quern.mix`'s. Give exactly one of ``weights`` and ``schedule``.
@@ -639,7 +458,7 @@ class MixConfig(_Model):
         return self
 
 
-class MixPipelineConfig(_Model):
+class MixPipelineConfig(Section):
     """A config whose records come from a mixture (``mix:``) instead of one ``source:``.
 
     Its top level has no ``source``, ``seed`` (the mixture's is ``mix.seed``),
