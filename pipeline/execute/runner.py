@@ -214,6 +214,7 @@ def _check_components_agree(
     ) from cause
 
 
+@Clock.stage("collate")
 def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:
     """One batch from the batches of a step's components (each of some of its rows).
 

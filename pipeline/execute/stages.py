@@ -153,6 +153,7 @@ def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
     return _index.derive_key(seed, _BATCH_SALT, k, positions)
 
 
+@Clock.stage("read")
 def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
     """Stage ``read``: the records ``ids`` of the source, in one bulk call."""
     src = pipe.stream.source
@@ -169,6 +170,7 @@ def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
         ) from e
 
 
+@Clock.stage("record")
 def apply_record_op(
     pipe: Definition,
     k: int,
@@ -240,6 +242,7 @@ def apply_record_op(
     return out
 
 
+@Clock.stage("collate")
 def collate_rows(
     pipe: Definition, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames | None = None
 ) -> Any:
@@ -257,6 +260,7 @@ def collate_rows(
         raise StepError(f"{where}, stage 'collate'{blame}: {e}") from e
 
 
+@Clock.stage("batch")
 def apply_batch_op(
     pipe: Definition,
     k: int,

@@ -17,8 +17,10 @@ figure here ever changes a byte of a batch):
 - :func:`prefetch_window` is the rule of thumb for the host prefetch depth,
   ``max(2 x step time / load time, 5)`` batches, within a memory budget.
 - :func:`stage_now` says which step and stage a thread is in, from its frames
-  (the iterators' ``step_timeout``); :func:`report_stage_on_signal` makes a worker
-  process answer that question when the parent signals it.
+  (the iterators' ``step_timeout``): the step runner declares its stage functions
+  with :meth:`Clock.stage` (:data:`STAGE_FUNCTIONS`, by code object, so a renamed
+  one is still found); :func:`report_stage_on_signal` makes a worker process
+  answer that question when the parent signals it.
 
 :data:`LIVE` holds the iterators of this process, for :mod:`quern.metrics`.
 """
@@ -32,8 +34,9 @@ import signal
 import sys
 import time
 import weakref
-from types import FrameType
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from types import CodeType, FrameType, FunctionType
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -55,7 +58,9 @@ __all__ = [
     "health",
     "prefetch_window",
     "STAGE_FD_ENV",
+    "STAGE_FUNCTIONS",
     "STAGE_SIGNAL",
+    "StageKind",
     "StageNow",
     "report_stage_on_signal",
     "stage_now",
@@ -72,6 +77,10 @@ HANDOVER = "handover"  # the parent takes a batch from a worker (or from a prefe
 DEVICE_PUT = "device_put"  # a global batch is handed to jax (transfers start)
 
 LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # iterators reporting to quern.metrics (those with .stats())
+
+StageKind = Literal["read", "record", "collate", "batch", "pack"]  # the stages a stage function may run
+STAGE_FUNCTIONS: dict[CodeType, StageKind] = {}  # the step runner's functions, by code object (Clock.stage)
+_F = TypeVar("_F", bound=Callable[..., object])
 
 
 class Clock:
@@ -98,6 +107,36 @@ class Clock:
             now = time.perf_counter()
             self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
             self.t = now
+
+    @staticmethod
+    def stage(kind: StageKind) -> Callable[[_F], _F]:
+        """Declare the decorated function the step runner's function for stage ``kind``.
+
+        :func:`stage_now` reports a thread whose stack holds that function's frame as
+        being in stage ``kind`` of the step named by its ``where`` argument. The
+        function is found by its code object, so it is reported whatever it is
+        called: renaming it changes nothing.
+
+        Args:
+            kind: the stage the function runs: ``"read"`` (local ``src``: the source),
+                ``"record"`` (a record transform: locals ``op`` and ``k``, or ``stage``; with
+                ``i``, ``names`` and ``positions`` while it runs one record at a time),
+                ``"collate"``, ``"batch"`` (a batch transform: ``op`` and ``k``) or ``"pack"``.
+
+        Returns:
+            A decorator that registers the function and returns it unchanged.
+
+        Raises:
+            ValueError: ``kind`` is not one of those.
+        """
+        if kind not in _DESCRIBE:
+            raise ValueError(f"Clock.stage: unknown stage kind {kind!r}; one of {sorted(_DESCRIBE)}")
+
+        def register(fn: _F) -> _F:
+            STAGE_FUNCTIONS[cast(FunctionType, fn).__code__] = kind
+            return fn
+
+        return register
 
 
 def add(into: dict[str, float], timings: dict[str, float] | Any) -> None:
@@ -315,10 +354,6 @@ def prefetch_window(step_s: float | None, load_s: float | None, *, batch_bytes: 
 
 STAGE_SIGNAL = signal.SIGUSR1  # the parent asks a worker where it is (step_timeout)
 STAGE_FD_ENV = "QUERN_STAGE_FD"  # in a worker pool's processes: the datagram socket the answers go to
-# the step runner's functions, one per stage: the innermost one on a thread's stack is its stage
-_STAGE_FUNCTIONS = frozenset({"read", "apply_record_op", "collate_rows", "apply_batch_op", "_lay_rows"})
-_PIPELINE = __name__.rsplit(".", 2)[0]  # quern.pipeline
-_RUNNERS = (f"{_PIPELINE}.execute", f"{_PIPELINE}.streams")  # the modules of the step runner, and their submodules
 
 
 class StageNow(NamedTuple):
@@ -343,11 +378,11 @@ class StageNow(NamedTuple):
 def stage_now(frame: FrameType | None) -> StageNow:
     """Where the thread whose innermost frame is ``frame`` is, in the step runner.
 
-    The innermost frame of one of the step runner's stage functions
-    (:mod:`quern.pipeline.execute`) names the step and the stage (``read``,
-    ``map[k] NAME`` with its row, ``collate``, a batch transform, ``pack``), from
-    its local variables. Reads the frames only (safe on another thread's frames,
-    or in a signal handler); never raises.
+    The innermost frame of a function registered with :meth:`Clock.stage` (the
+    step runner's stage functions, :mod:`quern.pipeline.execute`) names the step
+    and the stage (``read``, ``map[k] NAME`` with its row, ``collate``, a batch
+    transform, ``pack``), from its local variables. Reads the frames only (safe on
+    another thread's frames, or in a signal handler); never raises.
 
     Args:
         frame: the thread's innermost frame (``None``: unknown).
@@ -362,38 +397,46 @@ def stage_now(frame: FrameType | None) -> StageNow:
             at = f"at {code.co_qualname} ({os.path.basename(code.co_filename)}:{frame.f_lineno})"
         f = frame
         while f is not None:
-            if f.f_code.co_name in _STAGE_FUNCTIONS and _in_runner(f.f_globals.get("__name__")):
-                return StageNow(str(f.f_locals.get("where", "a step")), _stage_text(f), at)
+            kind = STAGE_FUNCTIONS.get(f.f_code)
+            if kind is not None:
+                return StageNow(str(f.f_locals.get("where", "a step")), _stage_text(kind, f), at)
             f = f.f_back
     except Exception:
         pass
     return StageNow("", "", at)
 
 
-def _in_runner(module: object) -> bool:
-    """Whether ``module`` (a module's name) is one of the step runner's modules."""
-    return isinstance(module, str) and any(module == m or module.startswith(m + ".") for m in _RUNNERS)
-
-
-def _stage_text(f: FrameType) -> str:
-    """The stage that the step runner's frame ``f`` runs (see :func:`stage_now`)."""
-    name, local = f.f_code.co_name, f.f_locals
+def _stage_text(kind: StageKind, f: FrameType) -> str:
+    """The stage that the frame ``f`` of a stage function of ``kind`` runs (see :func:`stage_now`)."""
     try:
-        if name == "read":
-            return f"stage 'read' of source {local['src'].name!r}"
-        if name == "collate_rows":
-            return "stage 'collate'"
-        if name == "_lay_rows":
-            return "stage 'pack'"
-        if name == "apply_batch_op":
-            return f"stage {local['op'].label(local['k'])}"
-        text = f"stage {local.get('stage') or local['op'].label(local['k'])}"
-        if "i" in local and local.get("many") is None:  # one record at a time: its row
-            i, names = local["i"], local["names"]
-            text += f", row {names.step_row(i)} = {names.row(i)} (position {int(local['positions'][i])})"
-        return text
+        return _DESCRIBE[kind](f.f_locals)
     except Exception:
-        return f"stage unknown ({name})"
+        return f"stage unknown ({f.f_code.co_name})"
+
+
+def _read_text(local: Mapping[str, Any]) -> str:
+    return f"stage 'read' of source {local['src'].name!r}"
+
+
+def _record_text(local: Mapping[str, Any]) -> str:
+    text = f"stage {local.get('stage') or local['op'].label(local['k'])}"
+    if "i" in local and local.get("many") is None:  # one record at a time: its row
+        i, names = local["i"], local["names"]
+        text += f", row {names.step_row(i)} = {names.row(i)} (position {int(local['positions'][i])})"
+    return text
+
+
+def _batch_text(local: Mapping[str, Any]) -> str:
+    return f"stage {local['op'].label(local['k'])}"
+
+
+_DESCRIBE: dict[StageKind, Callable[[Mapping[str, Any]], str]] = {
+    "read": _read_text,
+    "record": _record_text,
+    "collate": lambda local: "stage 'collate'",
+    "batch": _batch_text,
+    "pack": lambda local: "stage 'pack'",
+}
 
 
 def report_stage_on_signal() -> None:

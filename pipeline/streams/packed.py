@@ -546,6 +546,7 @@ def _rows_of(
     return rows, first
 
 
+@Clock.stage("pack")
 def _lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_rows: int, where: object) -> CollatedRows:
     """Stage ``pack``.
 
