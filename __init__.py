@@ -17,6 +17,7 @@ from quern import sharding, transforms
 from .pipeline import sources
 from .pipeline.core.collate import collate
 from .pipeline.core.errors import (
+    CapabilityError,
     CollateError,
     ConfigError,
     FingerprintError,
@@ -66,6 +67,7 @@ __all__ = [
     "SourceError",
     "WorkerError",
     "CollateError",
+    "CapabilityError",
     "FingerprintError",
     "PrepareError",
     "collate",

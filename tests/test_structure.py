@@ -1,6 +1,8 @@
 """Tests of pipeline/errors.py and the import graph.
 
-The package's structure: its import graph has no cycle, and errors have one home."""
+The package's structure: its import graph has no cycle, and errors have one home. An import that
+runs is an edge of the graph wherever it is (top level, in a function, lazily); one under
+``if TYPE_CHECKING:`` never runs (it is for annotations only) and is not an edge."""
 
 from __future__ import annotations
 
@@ -26,11 +28,31 @@ def _modules() -> dict[str, pathlib.Path]:
     return out
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """Whether an ``if``'s test is ``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` that can run: the bodies of ``if TYPE_CHECKING:`` are left out (their ``else:`` kept)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
-    """The quern modules ``name`` imports anywhere in its file (top level, in functions, lazily)."""
+    """The quern modules ``name`` imports anywhere in its file that runs (top level, in functions, lazily)."""
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,6 +101,29 @@ def test_the_import_graph_has_no_cycle_even_counting_lazy_imports():
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert graph["quern.pipeline.definition.dataset"], "the parser found no imports: the test itself is broken"
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_imports_under_type_checking_are_not_edges(tmp_path):
+    modules = _modules()
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import typing\n"
+        "from quern.pipeline.core import errors\n"
+        "if TYPE_CHECKING:\n"
+        "    from quern.pipeline.definition.dataset import Pipeline\n"
+        "else:\n"
+        "    from quern.pipeline.order import index\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    import quern.pipeline.execute\n"
+        "def late():\n"
+        "    from quern.pipeline.core import steps\n"
+    )
+    assert _imports("probe", path, modules) == {
+        "quern.pipeline.core.errors",
+        "quern.pipeline.order.index",
+        "quern.pipeline.core.steps",
+    }
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import execute
 from ..definition.dataset import Pipeline
-from ..streams.protocol import Definition
 from .triage import Diagnosis, SourceFacts, triage
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot"]
 
@@ -68,7 +70,7 @@ class Loop(NamedTuple):
     stats: dict[str, Any]
 
 
-def stage_names(pipe: Definition) -> list[str]:
+def stage_names(pipe: Pipeline) -> list[str]:
     """The stage labels of ``pipe``, in the order they run.
 
     A mixture's per-component ``read: NAME`` stages are not among them:
@@ -106,7 +108,7 @@ def short(label: str, width: int = 44) -> str:
     return label if len(label) <= width else label[: width - 3] + "..."
 
 
-def profile(pipe: Definition, start: int, *, count: int) -> Profile:
+def profile(pipe: Pipeline, start: int, *, count: int) -> Profile:
     """Time each stage of ``count`` steps from ``start`` (host 0 of 1), one at a time in this process.
 
     One read per step and no overlap: what each stage costs on its own.
@@ -166,7 +168,7 @@ def loop(pipe: Pipeline, start: int, *, count: int, num_workers: int, step_s: fl
     return Loop(list(range(start, start + count)), waits, periods, step_s, num_workers, stats)
 
 
-def source_facts(pipe: Definition) -> list[SourceFacts]:
+def source_facts(pipe: Pipeline) -> list[SourceFacts]:
     """What the triage needs of each source ``pipe`` reads, named as its read stage names it.
 
     Args:
@@ -189,7 +191,7 @@ def source_facts(pipe: Definition) -> list[SourceFacts]:
     return out
 
 
-def diagnose(pipe: Definition, run: Loop, *, fallback: dict[str, float] | None = None) -> Diagnosis:
+def diagnose(pipe: Pipeline, run: Loop, *, fallback: dict[str, float] | None = None) -> Diagnosis:
     """Where the data of the loop waits: the triage (:func:`quern.pipeline.cli.triage.triage`) of its figures.
 
     Args:

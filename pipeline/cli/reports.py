@@ -21,9 +21,9 @@ it) unless said otherwise. By kind of stream:
   (a batch transform that drops ``length``) the padding is left out.
 
 The figures come from the stream protocol
-(:meth:`~quern.pipeline.streams.protocol.Stream.draws`,
-:meth:`~quern.pipeline.streams.protocol.Stream.packed_rows`,
-:meth:`~quern.pipeline.streams.protocol.Stream.bucket_of`): a stream that has none of
+(:meth:`~quern.pipeline.streams.capabilities.Reportable.draws`,
+:meth:`~quern.pipeline.streams.capabilities.Reportable.packed_rows`,
+:meth:`~quern.pipeline.streams.capabilities.Reportable.bucket_of`): a stream that has none of
 them gets no such line, and no function here asks which kind a stream is.
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.tree import leaves
 from ..definition.dataset import Pipeline
-from ..streams.protocol import BucketOfStep, PackedRows
+from ..streams.capabilities import BucketOfStep, PackedRows, report
 
 __all__ = [
     "PACK_CHUNK",
@@ -63,7 +63,7 @@ def _drawn(pipe: Pipeline, counts: np.ndarray, what: str) -> str:
 
 def _count(pipe: Pipeline, first: int, end: int) -> np.ndarray | None:
     """Rows per leaf at the stream positions ``[first, end)`` (the plan; ``None``: one leaf)."""
-    return pipe.stream.draws(pipe, first, end)
+    return report(pipe.stream).draws(pipe, first, end)
 
 
 # --------------------------------------------------------------------------- packed rows
@@ -95,7 +95,7 @@ def _per_step(pipe: Pipeline, start: int, steps: int) -> tuple[int, np.ndarray, 
         hi = min(lo + chunk, start + steps)
         first, end = int(pipe.positions(lo)[0]), int(pipe.positions(hi - 1)[-1]) + 1  # host 0 of 1: one range
         positions = np.arange(first, end, dtype=np.int64)
-        packed = pipe.stream.packed_rows(positions)
+        packed = report(pipe.stream).packed_rows(positions)
         if packed is None:
             return None
         seq_len, pieces = packed.seq_len, packed.pieces
@@ -210,7 +210,7 @@ def row_noun(pipe: Pipeline) -> str:
     Returns:
         ``rows`` when they are packed rows (a packed row holds several records), else ``records``.
     """
-    return pipe.stream.row_noun()
+    return report(pipe.stream).row_noun()
 
 
 class RunReport:
@@ -237,7 +237,7 @@ class RunReport:
             batch: Its batch, just made (a bucketed step's real tokens may come from its ``length``).
             rows: Its rows.
         """
-        bucket = self.pipe.stream.bucket_of(step, 0, 1)
+        bucket = report(self.pipe.stream).bucket_of(step, 0, 1)
         if bucket is not None:
             self.buckets.append(bucket)
             self.rows.append(rows)
@@ -296,7 +296,7 @@ def _explained_components(pipe: Pipeline, first: np.ndarray) -> np.ndarray | Non
 
     ``None`` for a stream of one leaf.
     """
-    if pipe.stream.draws(pipe, 0, 0) is None:
+    if report(pipe.stream).draws(pipe, 0, 0) is None:
         return None
     return np.bincount(pipe.segments(first).component, minlength=len(pipe.leaf_names))
 
@@ -306,7 +306,7 @@ def _explained_bucket(pipe: Pipeline, step: int, process_index: int, process_cou
 
     ``None`` for a stream that is not bucketed.
     """
-    return pipe.stream.bucket_of(step, process_index, process_count)
+    return report(pipe.stream).bucket_of(step, process_index, process_count)
 
 
 def _explained_pieces(pipe: Pipeline, step: int, first: np.ndarray) -> _Pieces | None:
@@ -314,7 +314,7 @@ def _explained_pieces(pipe: Pipeline, step: int, first: np.ndarray) -> _Pieces |
 
     ``None`` for a stream that is not packed.
     """
-    packed: PackedRows | None = pipe.stream.packed_rows(first)
+    packed: PackedRows | None = report(pipe.stream).packed_rows(first)
     if packed is None:
         return None
     pieces = packed.pieces
@@ -444,13 +444,13 @@ def inspect_lines(pipe: Pipeline, step: int, process_index: int, process_count: 
     counts = _explained_components(pipe, positions)
     if counts is not None:
         lines.append(_drawn(pipe, counts, _steps(step, 1)))
-    packed = pipe.stream.packed_rows(positions)
+    packed = report(pipe.stream).packed_rows(positions)
     if packed is not None:
         pieces = packed.pieces
         lines.append(
             _packing(packed.seq_len, int(pieces.length.sum()), len(positions), len(pieces.row), _steps(step, 1))
         )
-    bucket = pipe.stream.bucket_of(step, process_index, process_count)
+    bucket = report(pipe.stream).bucket_of(step, process_index, process_count)
     if bucket is not None:  # the plan's bucket; the real tokens of the batch just made (or the index)
         lines.append(_bucket_line(bucket, len(positions), _real_tokens(bucket, batch), _steps(step, 1)))
     return lines

@@ -21,6 +21,7 @@ __all__ = [
     "FingerprintError",
     "ScanError",
     "PrepareError",
+    "CapabilityError",
     "exit_if_forked",
 ]
 
@@ -30,6 +31,15 @@ class StepError(RuntimeError):
 
     The message names the step, the host slice, the stage and the records;
     ``__cause__`` is the original exception.
+    """
+
+
+class CapabilityError(TypeError, ValueError):
+    """A stream lacks the capability a call needs (:mod:`quern.pipeline.streams.capabilities`).
+
+    The message names the call, the kind of stream and the capability
+    (``where() is not supported on a BucketedStream: it cannot be inverted``). Both
+    a ``TypeError`` and a ``ValueError``, as the refusals it replaces were one or the other.
     """
 
 

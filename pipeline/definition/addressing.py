@@ -17,6 +17,7 @@ from .. import execute
 from ..order import Pieces, Segments
 from ..order import index as _index
 from ..sources import Source
+from ..streams.capabilities import Invertible, Packed, SingleSource, require
 from ..streams.protocol import Definition, Stream
 
 __all__ = ["Addressed"]
@@ -172,7 +173,7 @@ class Addressed:
         Raises:
             TypeError: the rows come from several sources (use :meth:`segments`).
         """
-        return self.stream.record_ids(positions)
+        return require(self.stream, SingleSource, "record_ids").record_ids(positions)
 
     def segments(self, positions: np.ndarray) -> Segments:
         """The plan of these stream positions: per row, its leaf, record id and position in the leaf's stream.
@@ -249,7 +250,7 @@ class Addressed:
                 f"where(): record {record} is not a record of source {src.name!r}{of}: it has {len(src)} "
                 f"records, ids 0..{len(src) - 1}"
             )
-        return self.stream.where(self._me(), record, component, epochs)
+        return require(self.stream, Invertible, "where").where(self._me(), record, component, epochs)
 
     # ------------------------------------------------------------------ computing
 
@@ -301,4 +302,4 @@ class Addressed:
         Raises:
             TypeError: the pipeline is not packed.
         """
-        return self.stream.pieces(positions)
+        return require(self.stream, Packed, "pieces").pieces(positions)

@@ -30,6 +30,7 @@ from ..order import components as _mixture
 from ..order import index as _index
 from ..sources import as_source
 from ..streams.bucketed import bucket as _bucket
+from ..streams.capabilities import Balanceable, Editable, Filterable, Shuffleable, require
 from ..streams.edited import EXCLUDE, SKIP, EditedStream
 from ..streams.live import LiveStream
 from ..streams.packed import pack as _pack
@@ -146,12 +147,13 @@ class Pipeline(Addressed, Identified):
             ValueError: after ``map``, ``filter`` or ``batch``, on a stream that cannot be shuffled, or a bad mode.
         """
         self.stream.check("shuffle")
+        shuffleable = require(self.stream, Shuffleable, "shuffle")
         if self.batch_size is not None or self.record_ops:
             raise ValueError(
                 "shuffle() must come before map(), filter() and batch(): it reorders records of the source "
                 "(after a filter, the records it keeps)"
             )
-        return self._replace(stream=self.stream.shuffled(mode, block_size, window, steps))
+        return self._replace(stream=shuffleable.shuffled(mode, block_size, window, steps))
 
     def map(self, fn: Callable[[Any], Any]) -> Pipeline:
         """Apply ``fn(record) -> record`` to every record.
@@ -246,6 +248,7 @@ class Pipeline(Addressed, Identified):
             raise TypeError(f"filter() needs a callable, got {pred!r}")
         self.need_no_batch("filter", "map_batch(fn) to drop rows yourself")
         self.stream.check("filter")
+        filterable = require(self.stream, Filterable, "filter")
         if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
             raise ValueError(
                 "filter() after random_map(): the records a filter keeps must not depend on the stream position; "
@@ -262,13 +265,13 @@ class Pipeline(Addressed, Identified):
                 frozen = prefix._frozen_with(k, describe_callable(pred, label))
             except FingerprintError:  # described (and refused) when a fingerprint is asked for, as before
                 frozen = self.filter_descriptions
-            return prefix._replace(stream=self.stream.filtered(kept), filter_descriptions=frozen)
+            return prefix._replace(stream=filterable.filtered(kept), filter_descriptions=frozen)
         ops = record_ops_description(prefix)
         key = prefix.records_key(ops=ops)
         kept = scan.survivors(
             prefix, key, candidates=self.stream.survivors, n=len(src), cache_dir=cache_dir, num_workers=num_workers
         )
-        return prefix._replace(stream=self.stream.filtered(kept), filter_descriptions=prefix._frozen_with(k, ops[k][1]))
+        return prefix._replace(stream=filterable.filtered(kept), filter_descriptions=prefix._frozen_with(k, ops[k][1]))
 
     def replace_stream(self, stream: Stream) -> Pipeline:
         """This pipeline, its stages kept, over ``stream`` (a filtered one, say)."""
@@ -446,6 +449,7 @@ class Pipeline(Addressed, Identified):
             ValueError: a stream that cannot be balanced, or lengths of the wrong shape or sign.
         """
         self.stream.check("balance_hosts")
+        balanceable = require(self.stream, Balanceable, "balance_hosts")
         src = self.stream.source
         assert src is not None
         if lengths is None:
@@ -465,7 +469,7 @@ class Pipeline(Addressed, Identified):
             raise ValueError(f"balance_hosts: lengths must be >= 0, record {bad} has {int(lengths[bad])}")
         lengths = lengths.astype(np.int64)
         lengths.setflags(write=False)
-        return self._replace(stream=self.stream.balanced(lengths, digest(lengths)))
+        return self._replace(stream=balanceable.balanced(lengths, digest(lengths)))
 
     def batch(self, global_batch_size: int, drop_remainder: bool = True) -> Pipeline:
         """Group ``global_batch_size`` consecutive stream positions into a step.
@@ -606,6 +610,7 @@ class Pipeline(Addressed, Identified):
         """
         b = self.need_batch(EXCLUDE)
         self.stream.check(EXCLUDE)
+        require(self.stream, Editable, EXCLUDE)
         from_step = self.check_step(from_step, name="exclude from_step", end_ok=True)
         names = self.leaf_names
         src = None  # the source the ids are of; a mixture without a valid component: its refusal names them

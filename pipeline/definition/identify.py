@@ -19,6 +19,7 @@ from ..identity import samedef
 from ..identity.fingerprint import describe_callable, fingerprint_of
 from ..iterate.iterator import IteratorOptions, PipelineIterator
 from ..order import index as _index
+from ..streams.capabilities import Configurable, require
 from ..streams.protocol import Definition, Stream
 
 __all__ = ["Identified", "record_ops_description"]
@@ -215,7 +216,7 @@ class Identified:
         Raises:
             ValueError: a part has no config form (an in-memory source, a lambda), naming its key path.
         """
-        return self.stream.to_config(self._me())
+        return require(self.stream, Configurable, "to_config").to_config(self._me())
 
     # ------------------------------------------------------------------ digests
 

@@ -9,19 +9,22 @@ by :mod:`quern.pipeline.definition.scan` or given and checked here. Packing and 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.ops import OpKind
-from ..streams.protocol import Definition
+from ..streams.capabilities import SingleSource, require
 from . import scan
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["length_index", "given_lengths"]
 
 
 def length_index(
-    pipe: Definition, key: str | None, lengths: Any, cache_dir: str | os.PathLike | None, num_workers: int | None
+    pipe: Pipeline, key: str | None, lengths: Any, cache_dir: str | os.PathLike | None, num_workers: int | None
 ) -> np.ndarray:
     """See :meth:`Pipeline.length_index <quern.pipeline.definition.dataset.Pipeline.length_index>`.
 
@@ -30,6 +33,7 @@ def length_index(
             lengths that do not fit.
     """
     pipe.stream.check("length_index")
+    require(pipe.stream, SingleSource, "length_index")
     if pipe.batch_size is not None:
         raise ValueError("length_index() measures records: call it on the pipeline before batch()")
     if any(op.kind is OpKind.RANDOM_MAP for op in pipe.record_ops):
@@ -59,7 +63,7 @@ def length_index(
     )
 
 
-def given_lengths(pipe: Definition, lengths: Any, key: str | None) -> np.ndarray:
+def given_lengths(pipe: Pipeline, lengths: Any, key: str | None) -> np.ndarray:
     """A user's length index, checked (see :meth:`Pipeline.length_index <quern.pipeline.definition.dataset.Pipeline.length_index>`).
 
     Raises:

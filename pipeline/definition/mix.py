@@ -17,6 +17,7 @@ from typing import Any
 from ..order import components as _mixture
 from ..order.index import check_int, check_seed
 from ..streams import MixtureStream
+from ..streams.capabilities import RowMaking, SingleSource, has, require
 from .dataset import Pipeline
 
 __all__ = ["mix"]
@@ -48,6 +49,8 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
         why = pipe.stream.refusal("mix")
         if why is not None:
             raise ValueError(f"mix(): component {name!r} {why}")
+        if not (has(pipe.stream, SingleSource) or has(pipe.stream, RowMaking)):
+            require(pipe.stream, SingleSource, f"mix(): component {name!r}: mix")
         if pipe.num_epochs is not None:
             raise ValueError(
                 f"mix(): component {name!r} has num_epochs={pipe.num_epochs}; components must be endless "

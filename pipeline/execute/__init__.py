@@ -14,21 +14,25 @@ thread runs it, or on what ran before.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..order import index as _index
-from ..streams.protocol import Definition
-from .stages import COLLATE, READ, LengthCheck, StepResult, Where, read, steps_per_read
+from ..streams.protocol import Definition  # noqa: F401  (the iterator's modules still name execute.Definition)
+from .stages import COLLATE, READ, LengthCheck, StepRequest, StepResult, Where, read, steps_per_read
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = [
-    "Definition",
     "Where",
+    "StepRequest",
     "StepResult",
     "LengthCheck",
     "READ",
     "COLLATE",
     "read",
     "step_results",
+    "run",
     "batches_at",
     "steps_per_read",
     "check_hosts",
@@ -36,7 +40,7 @@ __all__ = [
 
 
 def step_results(
-    pipe: Definition,
+    pipe: Pipeline,
     steps: Iterable[int],
     process_index: int = 0,
     process_count: int = 1,
@@ -63,13 +67,27 @@ def step_results(
         TypeError: a step is not an integer.
         ValueError: a step is negative.
     """
-    todo = [_index.check_int(s, "step", 0) for s in steps]
+    todo = tuple(_index.check_int(s, "step", 0) for s in steps)
     if todo:
-        yield from pipe.stream.results(pipe, todo, process_index, process_count, timings, check)
+        yield from run(pipe, StepRequest(todo, process_index, process_count, timings, check))
+
+
+def run(pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
+    """The stream's step runner for ``request`` (:meth:`~quern.pipeline.streams.protocol.Stream.results`).
+
+    Args:
+        pipe: the pipeline.
+        request: the steps (checked), the host slice, the timings and the length check.
+
+    Yields:
+        One :class:`~.stages.StepResult` per requested step, in order; each batch bit-identical
+        to ``pipe.batch_at(step)``.
+    """
+    return pipe.stream.results(pipe, request)
 
 
 def batches_at(
-    pipe: Definition,
+    pipe: Pipeline,
     step: int,
     count: int,
     process_index: int = 0,
@@ -102,7 +120,7 @@ def batches_at(
     return out
 
 
-def check_hosts(pipe: Definition, process_count: int) -> None:
+def check_hosts(pipe: Pipeline, process_count: int) -> None:
     """Check, before the first step, that every batch of ``pipe`` splits over ``process_count`` hosts.
 
     Args:

@@ -11,7 +11,7 @@ the batch transforms. Streams of other kinds use the same stages
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,12 +22,12 @@ from ..core.tree import leaves as tree_leaves
 from ..core.tree import map_leaves
 from ..iterate.timing import Clock
 from ..order import Segments
-from ..streams.protocol import Definition
 from .stages import (
     COLLATE,
     READ,
     LengthCheck,
     RowNames,
+    StepRequest,
     StepResult,
     Where,
     apply_record_op,
@@ -37,10 +37,13 @@ from .stages import (
     read,
 )
 
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
+
 __all__ = ["segment_results", "step_positions", "bulk", "read_segments", "record_stages"]
 
 
-def read_segments(pipe: Definition, seg: Segments, where: object, clock: Clock | None = None) -> list[Any]:
+def read_segments(pipe: Pipeline, seg: Segments, where: object, clock: Clock | None = None) -> list[Any]:
     """Stage ``read`` for rows from any leaves.
 
     One bulk call per leaf, rows in order. The rows of a leaf whose rows are not records (a packed component) are left
@@ -65,7 +68,7 @@ def read_segments(pipe: Definition, seg: Segments, where: object, clock: Clock |
 
 
 def record_stages(
-    pipe: Definition,
+    pipe: Pipeline,
     records: Sequence[Any],
     positions: np.ndarray,
     seg: Segments,
@@ -134,7 +137,7 @@ def record_stages(
     return batch
 
 
-def _shared_record_ops(pipe: Definition) -> bool:
+def _shared_record_ops(pipe: Pipeline) -> bool:
     """Whether every leaf has the same record transforms, none of them random.
 
     Random ones take their keys from each component's seed. Then a mixture's rows can go
@@ -186,7 +189,7 @@ def _structure_text(x: Any, limit: int = 300, batch: bool = False) -> str:
 
 
 def _check_components_agree(
-    pipe: Definition, records: Sequence[Any], seg: Segments, where: object, cause: BaseException | None = None
+    pipe: Pipeline, records: Sequence[Any], seg: Segments, where: object, cause: BaseException | None = None
 ) -> None:
     """Check that the first rows of the step's components have the same structure.
 
@@ -215,7 +218,7 @@ def _check_components_agree(
 
 
 @Clock.stage("collate")
-def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:
+def _merge(pipe: Pipeline, groups: list[tuple[np.ndarray, Any, int]], seg: Segments, where: object) -> Any:
     """One batch from the batches of a step's components (each of some of its rows).
 
     Every array is concatenated and put back in row order by one gather. The components must agree in structure, dtype
@@ -256,31 +259,22 @@ def _merge(pipe: Definition, groups: list[tuple[np.ndarray, Any, int]], seg: Seg
     return map_leaves(lambda _: next(merged), ref)
 
 
-def step_positions(
-    pipe: Definition, steps: list[int], process_index: int, process_count: int
-) -> tuple[list[np.ndarray], list[Where], list[bool]]:
-    """Each step's positions for this host, its :class:`Where`, and whether it has no rows.
+def step_positions(pipe: Pipeline, request: StepRequest) -> tuple[list[np.ndarray], list[Where], list[bool]]:
+    """Each requested step's positions for this host, its :class:`Where`, and whether it has no rows.
 
     A host with no rows in a partial last batch gets the position of the step's row 0
     instead (flagged empty), so that its empty batch still has the batch's structure.
     """
-    positions = [pipe.positions(s, process_index, process_count) for s in steps]
-    wheres = [Where(s, process_index, process_count) for s in steps]
+    positions = [pipe.positions(s, request.process_index, request.process_count) for s in request.steps]
+    wheres = [request.where(s) for s in request.steps]
     empty = [not p.size for p in positions]
-    for i, s in enumerate(steps):
+    for i, s in enumerate(request.steps):
         if empty[i]:
             positions[i] = np.asarray([s * (pipe.batch_size or 0)], dtype=np.int64)
     return positions, wheres, empty
 
 
-def segment_results(
-    pipe: Definition,
-    steps: list[int],
-    process_index: int,
-    process_count: int,
-    timings: dict[str, float] | None = None,
-    check: LengthCheck | None = None,
-) -> Iterator[StepResult]:
+def segment_results(pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
     """A :class:`StepResult` per step, in order.
 
     Its batch, bit-identical to ``pipe.batch_at(step)``, or the error that stopped it.
@@ -292,30 +286,19 @@ def segment_results(
 
     Args:
         pipe: a pipeline whose stream has segments.
-        steps: checked step numbers (any, not necessarily consecutive).
-        process_index: this host.
-        process_count: the number of hosts.
-        timings: seconds per stage are added to it.
-        check: the records are checked against a length index (a bucket's, :class:`LengthCheck`).
+        request: the steps (checked, any order), the host slice, the timings (seconds per stage
+            are added to them) and the length check (a bucket's, :class:`LengthCheck`).
 
     Yields:
         One :class:`StepResult` per step.
     """
+    steps, timings, check = list(request.steps), request.timings, request.check
     if not steps:
         return
-    positions, wheres, empty = step_positions(pipe, steps, process_index, process_count)
-    seg = pipe.segments(np.concatenate(positions))
+    positions, wheres, empty = step_positions(pipe, request)
+    seg = pipe.stream.segments(np.concatenate(positions))
     clock = Clock(timings)
-    all_records, failed = bulk(
-        lambda where: read_segments(pipe, seg, where, clock),
-        pipe,
-        steps,
-        wheres,
-        process_index,
-        process_count,
-        timings,
-        check,
-    )
+    all_records, failed = bulk(lambda where: read_segments(pipe, seg, where, clock), pipe, request, wheres)
     if failed is not None:
         yield from failed
         return
@@ -338,26 +321,18 @@ def segment_results(
 
 
 def bulk(
-    read_all: Callable[[object], Any],
-    pipe: Definition,
-    steps: list[int],
-    wheres: list[Where],
-    process_index: int,
-    process_count: int,
-    timings: dict[str, float] | None,
-    check: LengthCheck | None = None,
+    read_all: Callable[[object], Any], pipe: Pipeline, request: StepRequest, wheres: list[Where]
 ) -> tuple[Any, list[StepResult] | None]:
-    """The records of all ``steps`` in one bulk read (``read_all(where)``), or the results step by step.
+    """The records of all the requested steps in one bulk read (``read_all(where)``), or the results step by step.
 
-    If the bulk read fails, the steps' results are computed one step at a time, so that a
-    read error is reported at its own step and the other steps still succeed (``check`` as
-    for :func:`segment_results`).
+    If the bulk read fails, the steps' results are computed one step at a time (the
+    request for each one step), so that a read error is reported at its own step and the
+    other steps still succeed.
     """
+    steps = request.steps
     try:
         return read_all(wheres[0] if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"), None
     except StepError as e:
         if len(steps) > 1:
-            return None, [
-                r for s in steps for r in pipe.stream.results(pipe, [s], process_index, process_count, timings, check)
-            ]
+            return None, [r for s in steps for r in pipe.stream.results(pipe, request.of([s]))]
         return None, [StepResult(steps[0], None, e)]

@@ -10,22 +10,25 @@ host slice: never on which process or thread runs it, or on what ran before.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..core.collate import collate, describe
 from ..core.errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
 from ..core.ops import OpKind
-from ..core.steps import LengthCheck, StepResult, Where
+from ..core.steps import LengthCheck, StepRequest, StepResult, Where
 from ..iterate.timing import Clock
 from ..order import Segments
 from ..order import index as _index
 from ..sources import Source
-from ..streams.protocol import Definition
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = [
     "Where",
+    "StepRequest",
     "RowNames",
     "StepResult",
     "LengthCheck",
@@ -58,7 +61,7 @@ class RowNames(NamedTuple):
 
     @classmethod
     def of(
-        cls, pipe: Definition, ids: np.ndarray, component: np.ndarray | None = None, rows: np.ndarray | None = None
+        cls, pipe: Pipeline, ids: np.ndarray, component: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> RowNames:
         """Names for rows ``ids`` of a single-source definition (``component=None``) or of the leaves of a mixture.
 
@@ -106,7 +109,7 @@ def _token_count(record: Any, key: str | None) -> int | None:
 
 
 def check_lengths(
-    pipe: Definition, check: LengthCheck, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames
+    pipe: Pipeline, check: LengthCheck, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames
 ) -> None:
     """``StepError`` naming the first record whose tokens differ from the length index (:class:`LengthCheck`).
 
@@ -154,7 +157,7 @@ def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
 
 
 @Clock.stage("read")
-def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
+def read(pipe: Pipeline, ids: np.ndarray, where: object) -> Sequence[Any]:
     """Stage ``read``: the records ``ids`` of the source, in one bulk call."""
     src = pipe.stream.source
     assert src is not None, "read() takes a pipeline whose rows are records of one source (a leaf)"
@@ -172,7 +175,7 @@ def read(pipe: Definition, ids: np.ndarray, where: object) -> Sequence[Any]:
 
 @Clock.stage("record")
 def apply_record_op(
-    pipe: Definition,
+    pipe: Pipeline,
     k: int,
     records: Sequence[Any],
     positions: np.ndarray,
@@ -244,7 +247,7 @@ def apply_record_op(
 
 @Clock.stage("collate")
 def collate_rows(
-    pipe: Definition, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames | None = None
+    pipe: Pipeline, records: Sequence[Any], ids: np.ndarray, where: object, names: RowNames | None = None
 ) -> Any:
     """Stage ``collate``: one step's transformed records -> a batch."""
     try:
@@ -262,7 +265,7 @@ def collate_rows(
 
 @Clock.stage("batch")
 def apply_batch_op(
-    pipe: Definition,
+    pipe: Pipeline,
     k: int,
     batch: Any,
     positions: np.ndarray,
@@ -306,7 +309,7 @@ def _batch_kind(batch: Any) -> type | None:
 
 
 def batch_stages(
-    pipe: Definition,
+    pipe: Pipeline,
     batch: Any,
     positions: np.ndarray,
     seg: Segments,

@@ -1,7 +1,7 @@
 """The pieces of a pipeline's config form that every kind of stream shares.
 
 ``to_config(pipe)`` is written by the pipeline's stream
-(:meth:`~quern.pipeline.streams.protocol.Stream.to_config`) from these pieces: a file
+(:meth:`~quern.pipeline.streams.capabilities.Configurable.to_config`) from these pieces: a file
 source's config, transforms as registered names or importable functions, a
 mixture's weights as the shortest decimals that quantize back to the same
 integers, the batch. ``quern.load_config(to_config(pipe))`` gives a pipeline with
@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import sources
 from ..core.ops import stage_name
 from ..core.registry import REGISTRY
 from ..core.tree import to_plain
 from ..order.components import QUANTUM, quantize
-from ..streams.protocol import Definition
+from ..streams.capabilities import Configurable, require
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["to_config", "weights_config", "batch_config", "source_config", "stages_config", "transform_config"]
 
@@ -94,7 +97,7 @@ def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str
     return dict(zip(names, exact))
 
 
-def batch_config(pipe: Definition) -> dict[str, Any]:
+def batch_config(pipe: Pipeline) -> dict[str, Any]:
     """``batch`` and ``batch_transforms`` of a batched pipeline's config."""
     return {
         "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
@@ -102,16 +105,16 @@ def batch_config(pipe: Definition) -> dict[str, Any]:
     }
 
 
-def to_config(pipe: Definition) -> dict[str, Any]:
+def to_config(pipe: Pipeline) -> dict[str, Any]:
     """The config of ``pipe`` (a dict; ``load_config`` of it gives the same fingerprint).
 
     Args:
         pipe: a pipeline.
 
     Returns:
-        Its config, written by its stream (:meth:`~quern.pipeline.streams.Stream.to_config`).
+        Its config, written by its stream (:meth:`~quern.pipeline.streams.capabilities.Configurable.to_config`).
 
     Raises:
         ValueError: a part of the pipeline has no config form (an in-memory source, a lambda), naming its key path.
     """
-    return pipe.stream.to_config(pipe)
+    return require(pipe.stream, Configurable, "to_config").to_config(pipe)

@@ -23,11 +23,13 @@ import json
 import reprlib
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import FingerprintError
-from ..streams.protocol import Definition
 from .fingerprint import Shown, describe_callable
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["IDENTITY", "SENT", "active", "definition", "sendable", "check", "check_sent", "first_difference"]
 
@@ -250,7 +252,7 @@ def _path_text(path: tuple) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "the definition"
 
 
-def _locate(pipe: Definition, path: tuple) -> tuple[str, Any, tuple] | None:
+def _locate(pipe: Pipeline, path: tuple) -> tuple[str, Any, tuple] | None:
     """The transform that ``path`` (in a pipeline's description) leads into.
 
     Returns ``(label, callable, the rest of the path in its description)``, or

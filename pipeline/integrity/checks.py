@@ -27,14 +27,16 @@ import dataclasses
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..streams.protocol import Definition
 from .batch_digest import digests_of, leaf_row_digests, step_digest_of
 from .ledger_check import lines_to_check, missing_runs, recompute, rows_by_step, steps_text
 from .ledger_read import Entry, Issue, Ledger, read_ledger
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["Difference", "VerifyResult", "check_ledger", "compare_ledgers", "compare_topologies"]
 
@@ -131,7 +133,7 @@ def _result(summary: list[str], differences: list[Difference], notes: list[str],
 # --------------------------------------------------------------------------- helpers
 
 
-def _check_steps(pipe: Definition, steps: range | int) -> range:
+def _check_steps(pipe: Pipeline, steps: range | int) -> range:
     """``steps`` (a range, or ``N``: the first ``N``) checked against the stream.
 
     Raises:
@@ -151,7 +153,7 @@ def _label(process_count: int, num_workers: int, resume: int | None) -> str:
     return f"hosts {process_count}, workers {num_workers}" + (f", resumed at {resume}" if resume is not None else "")
 
 
-def _orders_by_hosts(pipe: Definition, steps: range, hosts: int) -> bool:
+def _orders_by_hosts(pipe: Pipeline, steps: range, hosts: int) -> bool:
     """Whether the hosts' positions, concatenated in host order, differ from the global batch's at a step."""
     if hosts == 1:
         return False
@@ -179,7 +181,7 @@ def _differing_leaf(a: dict[str, str], b: dict[str, str]) -> str | None:
     return None
 
 
-def _records(pipe: Definition | None, step: int, h: int, hosts: int, i: int) -> list[tuple[str, int]] | None:
+def _records(pipe: Pipeline | None, step: int, h: int, hosts: int, i: int) -> list[tuple[str, int]] | None:
     """The records of row ``i`` of host ``h``'s slice at ``step`` (``None`` without a pipeline)."""
     if pipe is None:
         return None
@@ -203,7 +205,7 @@ def _issue_difference(issue: Issue, run: str = "") -> Difference:
 
 
 def compare_topologies(
-    pipe: Definition,
+    pipe: Pipeline,
     steps: range | int,
     *,
     hosts: Iterable[int] = (1, 2, 4),
@@ -279,7 +281,7 @@ def compare_topologies(
 
 
 def _run_topology(
-    pipe: Definition,
+    pipe: Pipeline,
     steps: range,
     n_hosts: int,
     n_workers: int,
@@ -325,7 +327,7 @@ def _run_topology(
 
 
 def _topology_difference(
-    pipe: Definition,
+    pipe: Pipeline,
     step: int,
     entries: list[Entry],
     rows: list[str],
@@ -342,11 +344,11 @@ def _topology_difference(
         )
     e = _entry_at(entries, i)
     h = e.process_index
-    mine = pipe.batch_at(step, h, n_hosts)  # type: ignore[attr-defined]
+    mine = pipe.batch_at(step, h, n_hosts)
     where = f"step {step} (host {h} of {n_hosts})"
     leaf = _differing_leaf(e.leaves, digests_of(mine, where).leaves)  # the iterator vs batch_at of the slice
     if leaf is None and global_ref:  # the slice is batch_at's: it differs from the global batch's rows
-        glob = leaf_row_digests(pipe.batch_at(step), f"step {step}")  # type: ignore[attr-defined]
+        glob = leaf_row_digests(pipe.batch_at(step), f"step {step}")
         part = leaf_row_digests(mine, where)
         leaf = next((p for p in sorted(set(glob) | set(part)) if p not in glob or p not in part), None)
         if leaf is None:
@@ -368,7 +370,7 @@ def _topology_difference(
 
 
 def check_ledger(
-    pipe: Definition,
+    pipe: Pipeline,
     paths: str | os.PathLike | Iterable[str | os.PathLike],
     *,
     steps: range | int | None = None,
@@ -416,7 +418,7 @@ def _counts(ledger: Ledger) -> list[int]:
 
 
 def _check_ledger(
-    pipe: Definition, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike, logged: str
+    pipe: Pipeline, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike, logged: str
 ) -> VerifyResult:
     """:func:`check_ledger` of the lines to check; ``logged`` (what was read) ends the summary when none is."""
     differences = [_issue_difference(i) for i in ledger.issues if wanted is None or i.step is None or i.step in wanted]
@@ -443,7 +445,7 @@ def _check_ledger(
     return _result(summary, differences, list(ledger.notes), len(checked))
 
 
-def _entry_difference(pipe: Definition | None, logged: Entry, other: Entry, against: str) -> Difference | None:
+def _entry_difference(pipe: Pipeline | None, logged: Entry, other: Entry, against: str) -> Difference | None:
     """What differs between a logged host slice and another (recomputed, or another run's), or ``None``.
 
     ``against`` names the other in messages (``its recomputation``, ``run B (FILE:LINE)``).
@@ -489,7 +491,7 @@ def compare_ledgers(
     a_paths: str | os.PathLike | Iterable[str | os.PathLike],
     b_paths: str | os.PathLike | Iterable[str | os.PathLike],
     *,
-    pipe: Definition | None = None,
+    pipe: Pipeline | None = None,
 ) -> VerifyResult:
     """Two runs' ledgers compared step by step, without the data.
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..order.index import host_rows
 from ..streams.edited import SKIP, EditedStream
-from ..streams.protocol import Definition
 from .batch_digest import row_digests_of
 from .ledger_read import Entry, Issue, Ledger, find_gaps, read_ledger
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["lines_to_check", "missing_runs", "recompute", "rows_by_step", "spans", "steps_text"]
 
@@ -68,7 +70,7 @@ def steps_text(steps: Sequence[int] = (), runs: Sequence[tuple[int, int]] | None
     return f"{sum(n for _, n in runs)} step(s) ({text}{', ...' if len(runs) > 4 else ''})"
 
 
-def _versions(pipe: Definition) -> list[Any]:
+def _versions(pipe: Pipeline) -> list[Any]:
     """The earlier versions of ``pipe``: without its edits, then with the first one, two, ... (not all)."""
     stream = pipe.stream
     if not isinstance(stream, EditedStream) or not stream.edits:
@@ -87,7 +89,7 @@ def _versions(pipe: Definition) -> list[Any]:
 class _Sorter:
     """The tests of one ledger's lines against one pipeline, with what they compute kept."""
 
-    def __init__(self, pipe: Definition) -> None:
+    def __init__(self, pipe: Pipeline) -> None:
         self.pipe: Any = pipe
         self._versions: list[Any] | None = None
         self._hosts: dict[int, str | None] = {}
@@ -134,7 +136,7 @@ class _Sorter:
             return None, str(why)
 
 
-def lines_to_check(pipe: Definition, ledger: Ledger) -> Ledger:
+def lines_to_check(pipe: Pipeline, ledger: Ledger) -> Ledger:
     """The ledger as ``pipe`` checks it: its own lines, bad lines as issues, earlier versions' left out.
 
     Args:
@@ -195,7 +197,7 @@ def lines_to_check(pipe: Definition, ledger: Ledger) -> Ledger:
 
 
 def recompute(
-    pipe: Definition, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike
+    pipe: Pipeline, ledger: Ledger, wanted: range | None, num_workers: int, work_dir: str | os.PathLike
 ) -> Iterator[tuple[Entry, Entry]]:
     """Each logged line (of ``wanted`` steps) and its recomputation, by host slice, then step.
 
@@ -226,13 +228,13 @@ def recompute(
             yield ledger.entries[(s, n_hosts, h)], again.entries[(s, n_hosts, h)]
 
 
-def rows_by_step(pipe: Definition, steps: Sequence[int], h: int, hosts: int) -> dict[int, list[str]]:
+def rows_by_step(pipe: Pipeline, steps: Sequence[int], h: int, hosts: int) -> dict[int, list[str]]:
     """The row digests of host ``h`` of ``hosts`` at each of ``steps`` (batch_at, read in bulk)."""
     out: dict[int, list[str]] = {}
     for first, count in spans(steps):
         for k in range(0, count, _CHUNK):
             n = min(_CHUNK, count - k)
-            for i, batch in enumerate(pipe.batches_at(first + k, n, h, hosts)):  # type: ignore[attr-defined]
+            for i, batch in enumerate(pipe.batches_at(first + k, n, h, hosts)):
                 s = first + k + i
                 out[s] = row_digests_of(batch, where=f"step {s} (host {h} of {hosts})")
     return out

@@ -6,26 +6,29 @@
 * :mod:`.packed`: records packed into rows of ``seq_len`` tokens (:class:`PackedStream`);
 * :mod:`.bucketed`: steps from buckets of record lengths (:class:`BucketedStream`);
 * :mod:`.live`: the entries of a log that grows, in log order (:class:`LiveStream`);
-* :mod:`.edits`: a stream with edits that keep the past (:class:`EditedStream`), and
-  :mod:`.excluded`: a source stream skipping excluded records (:class:`ExcludedStream`).
+* :mod:`.edited`: a stream with edits that keep the past (:class:`EditedStream`, a wrapper
+  on :mod:`.forwarding`'s base), and :mod:`.excluded`: a source stream skipping excluded
+  records (:class:`ExcludedStream`).
 
-A new kind of stream is one new module with a subclass of :class:`Stream`
-(:class:`SegmentStream` when its rows are records of other pipelines' streams).
+A new kind of stream is one new module with a subclass of :class:`Stream` that implements
+its core (:class:`SegmentStream` when its rows are records of its leaves), and the
+capabilities of :mod:`.capabilities` it has.
 """
 
 from .bucketed import BucketedStream
 from .edited import EditedStream
 from .excluded import ExcludedStream
+from .forwarding import ForwardingStream
 from .live import LiveStream
 from .mixture import MixtureStream
 from .packed import PackedStream
-from .protocol import Definition, Stream
+from .protocol import Stream
 from .segments import SegmentStream
 from .source import FilteredStream, SourceStream
 
 __all__ = [
-    "Definition",
     "Stream",
+    "ForwardingStream",
     "SegmentStream",
     "SourceStream",
     "FilteredStream",

@@ -13,21 +13,25 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...transforms.pad import pad
 from ..core.errors import StepError
 from ..core.tree import to_plain
-from ..execute.stages import LengthCheck, StepResult, Where, batch_stages
+from ..execute.stages import LengthCheck, StepRequest, StepResult, Where, batch_stages
 from ..identity.config_form import stages_config
 from ..identity.hashing import digest
 from ..order import Segments
 from ..order import components as _mixture
 from ..order import index as _index
 from ..sources import Source
-from .protocol import BucketOfStep, Definition, Stream, locate_inner
+from .capabilities import BucketOfStep, Component, Filterable, NeutralReports, RecordPositions, SingleSource, require
+from .protocol import Explanation, Stream, locate_inner
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["BucketedStream", "bucket"]
 
@@ -48,8 +52,10 @@ _REFUSALS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class BucketedStream(Stream):
+class BucketedStream(NeutralReports, Stream):
     """Steps assigned to buckets of record lengths, each bucket a batched pipeline of its own.
+
+    Capabilities: inverted (``where``), reportable (a step's bucket), written as a config.
 
     Attributes:
         inner: the single-source pipeline (endless, without batch) whose records are bucketed.
@@ -68,13 +74,13 @@ class BucketedStream(Stream):
         source: the inner pipeline's source.
     """
 
-    inner: Definition
+    inner: Pipeline
     boundaries: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     key: str | None
     pad_value: Any
     buckets: tuple[int, ...]  # the buckets that hold records (indices into boundaries)
-    components: tuple[Definition, ...]  # one batched pipeline per bucket that holds records
+    components: tuple[Pipeline, ...]  # one batched pipeline per bucket that holds records
     stages: tuple[_mixture.Stage, ...]
     block: int
     lengths_digest: str
@@ -88,9 +94,17 @@ class BucketedStream(Stream):
         """The buckets' names, ``len<=BOUND``."""
         return tuple(f"len<={self.boundaries[b]}" for b in self.buckets)
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """``(inner,)``."""
         return (self.inner,)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Refused: a bucketed pipeline's steps come from several streams.
+
+        Raises:
+            TypeError: always, naming :meth:`explain`.
+        """
+        raise TypeError(_REFUSALS["segments"])
 
     def length(self) -> None:
         """``None``: the stream is endless."""
@@ -142,13 +156,13 @@ class BucketedStream(Stream):
         a = _mixture.assign(np.asarray(steps, dtype=np.int64), self.stages, self.seed, 1, self.block)
         return a.component, a.position
 
-    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+    def positions(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> np.ndarray:
         """This host's positions in the stream of the step's bucket."""
         self.check_hosts(process_count)  # every bucket's batch size, at the first call per count
         comp, k = self.assign(np.asarray([step]))
         return self.components[int(comp[0])].positions(int(k[0]), process_index, process_count)
 
-    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+    def where(self, pipe: Pipeline, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
         """The ``(step, row)`` pairs whose rows hold record ``record``, in the first ``epochs`` epochs of its bucket.
 
         The record's positions in its bucket's stream (each bucket is a filtered stream of
@@ -175,7 +189,7 @@ class BucketedStream(Stream):
             )
         out: list[tuple[int, int]] = []
         for c, part in enumerate(self.components):
-            own = part.stream.record_positions(record, epochs)
+            own = require(part.stream, RecordPositions, "where").record_positions(record, epochs)
             if not own.size:
                 continue
             size = part.need_batch("where")
@@ -187,9 +201,7 @@ class BucketedStream(Stream):
         """``[]``: a bucketed stream's reads are not planned ahead."""
         return []
 
-    def explain(
-        self, pipe: Definition, step: int, process_index: int, process_count: int
-    ) -> list[list[tuple[str, int | str]]]:
+    def explain(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> Explanation:
         """The rows of step ``k`` of the step's bucket."""
         self.check_hosts(process_count)
         comp, k = self.assign(np.asarray([step]))
@@ -203,30 +215,24 @@ class BucketedStream(Stream):
         real = None
         if self.lengths is not None:
             part = self.components[b]
-            ids = part.stream.record_ids(part.positions(int(k[0]), process_index, process_count))
+            ids = require(part.stream, SingleSource, "bucket_of").record_ids(
+                part.positions(int(k[0]), process_index, process_count)
+            )
             real = int(np.minimum(np.asarray(self.lengths)[ids], bound).sum())
         return BucketOfStep(bucket=b, name=self.names[b], bound=bound, real_tokens=real)
 
-    def results(
-        self,
-        pipe: Definition,
-        steps: list[int],
-        process_index: int,
-        process_count: int,
-        timings: dict[str, float] | None,
-        check: LengthCheck | None,
-    ) -> Iterator[StepResult]:
+    def results(self, pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
         """The bucketed runner: :func:`bucketed_results`."""
-        return bucketed_results(pipe, self, steps, process_index, process_count, timings)
+        return bucketed_results(pipe, self, request)
 
-    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+    def locate(self, path: tuple) -> tuple[str, Pipeline, tuple] | None:
         """``("bucketing", "inner", ...)`` leads into the inner pipeline."""
         return locate_inner(path, "bucketing", "the bucketed pipeline's", self.inner)
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """The inner pipeline's config with a ``bucket:`` section instead of ``batch:``, and ``batch_transforms``."""
         return {
-            **self.inner.stream.component_config(self.inner, ""),
+            **require(self.inner.stream, Component, "to_config").component_config(self.inner, ""),
             "bucket": {
                 "boundaries": list(self.boundaries),
                 "batch_sizes": list(self.batch_sizes),
@@ -243,21 +249,16 @@ class BucketedStream(Stream):
         return f"{self.inner!r}.bucket({list(self.boundaries)}, {list(self.batch_sizes)}, key={self.key!r})"
 
 
-def bucketed_results(
-    pipe: Definition,
-    bk: BucketedStream,
-    steps: list[int],
-    process_index: int,
-    process_count: int,
-    timings: dict[str, float] | None,
-) -> Iterator[StepResult]:
+def bucketed_results(pipe: Pipeline, bk: BucketedStream, request: StepRequest) -> Iterator[StepResult]:
     """The results of a bucketed pipeline.
 
     Each step is step ``k`` of one bucket's batched pipeline (the plan's assignment), then the bucketed pipeline's own
     batch transforms (keys from the step and row). Steps of one bucket are computed together. Every bucket's batch must
     split over the hosts (checked once per host count), and every record must have the tokens the length index says
-    (:class:`LengthCheck`).
+    (:class:`LengthCheck`); the request's own check does not apply.
     """
+    steps, timings = list(request.steps), request.timings
+    process_index, process_count = request.process_index, request.process_count
     bk.check_hosts(process_count)
     for s in steps:
         pipe.check_step(s)
@@ -267,7 +268,7 @@ def bucketed_results(
         sel = np.flatnonzero(comp == c)
         part = bk.components[c]
         check = None if bk.lengths is None else LengthCheck(bk.lengths, bk.key, len(part.record_ops) - 1)  # its pad
-        results = part.stream.results(part, within[sel].tolist(), process_index, process_count, timings, check)
+        results = part.stream.results(part, request._replace(steps=tuple(within[sel].tolist()), check=check))
         for i, r in zip(sel.tolist(), results):
             s = steps[i]
             if r.error is not None:
@@ -278,7 +279,7 @@ def bucketed_results(
             try:
                 pos = part.positions(int(within[i]), process_index, process_count)
                 rows = s * (pipe.batch_size or 1) + np.arange(len(pos), dtype=np.int64)  # keys: the step and row
-                seg = Segments(np.zeros(len(pos), dtype=np.int64), part.stream.record_ids(pos), rows)
+                seg = Segments(np.zeros(len(pos), dtype=np.int64), part.stream.row_ids(pos), rows)
                 batch = batch_stages(pipe, r.batch, rows, seg, Where(s, process_index, process_count), timings)
             except Exception as e:
                 done[s] = StepResult(s, None, e)
@@ -289,7 +290,7 @@ def bucketed_results(
 
 
 def bucket(
-    pipe: Definition,
+    pipe: Pipeline,
     boundaries: Any,
     batch_sizes: Any,
     key: str | None,
@@ -304,7 +305,10 @@ def bucket(
     Raises:
         ValueError: a stream that cannot be bucketed, bad bounds or batch sizes, no record in any bucket.
     """
-    pipe.stream.check("bucket")  # returns the stream and the batch size: the pipeline module builds the pipeline
+    pipe.stream.check("bucket")
+    require(
+        pipe.stream, SingleSource, "bucket"
+    )  # returns the stream and the batch size: the pipeline module builds the pipeline
     pipe.need_no_batch("bucket", "bucket() instead of batch(): it makes the batches")
     if pipe.num_epochs is not None:
         raise ValueError("bucket(): the pipeline must be endless (num_epochs=None); each bucket has its own epochs")
@@ -325,7 +329,11 @@ def bucket(
         ids = live[which == b]
         if not ids.size:
             continue
-        part = pipe.replace_stream(pipe.stream.filtered(ids)).map(pad(upper, key=key, pad_value=pad_value)).batch(size)
+        part = (
+            pipe.replace_stream(require(pipe.stream, Filterable, "bucket").filtered(ids))
+            .map(pad(upper, key=key, pad_value=pad_value))
+            .batch(size)
+        )
         buckets.append(b)
         comps.append(part)
         weights.append(len(ids) / size)

@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ..core.steps import LengthCheck, StepResult
+from ..core.steps import StepRequest, StepResult
 from ..identity.fingerprint import fingerprint_of
 from ..identity.hashing import digest
-from ..iterate.timing import Clock
-from ..order import Pieces, Segments
 from ..sources import Source
-from .protocol import BucketOfStep, Definition, PackedRows, Stream
+from .capabilities import BucketOfStep, Configurable, Editable, Invertible, report, require
+from .forwarding import ForwardingStream
+from .protocol import Explanation, Stream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["Edit", "EditedStream", "SKIP", "EXCLUDE"]
 
@@ -102,8 +105,13 @@ def _backward(skips: Sequence[tuple[int, int]], step: int, ceil: bool = False) -
 
 
 @dataclasses.dataclass(frozen=True)
-class EditedStream(Stream):
+class EditedStream(ForwardingStream):
     """A stream with edits that keep the past: the original stream, the edits, and the edited inner stream.
+
+    A wrapper of :attr:`inner` (its :attr:`parent`): it forwards to it every answer about
+    positions and every capability, and overrides only what the edits change (its length,
+    the steps it runs, ``where``, the reports by step) and what is the original's (its
+    description, config and text).
 
     Attributes:
         original: the stream before any edit.
@@ -155,33 +163,30 @@ class EditedStream(Stream):
         """This stream with training steps from ``start`` on given the data of steps ``stop``, ``stop + 1``, ..."""
         return dataclasses.replace(self, edits=self.edits + (Edit(SKIP, start, stop),))
 
-    def with_exclude(self, pipe: Definition, ids: np.ndarray, from_step: int, component: str | None) -> EditedStream:
+    def with_exclude(self, pipe: Pipeline, ids: np.ndarray, from_step: int, component: str | None) -> EditedStream:
         """This stream with records ``ids`` (of ``component``) never used from training step ``from_step`` on.
 
         Raises:
             ValueError: the inner stream cannot exclude records, or a bad component.
         """
         position = self.inner_step(from_step) * self.batch_size
-        inner = self.inner.excluded(self._inner(pipe), ids, position, component)
+        inner = require(self.inner, Editable, "exclude").excluded(self._inner(pipe), ids, position, component)
         return dataclasses.replace(
             self, edits=self.edits + (Edit(EXCLUDE, from_step, None, ids, component),), inner=inner
         )
 
-    def _inner(self, pipe: Definition) -> Definition:
-        return pipe.replace_stream(self.inner)
+    @property
+    def parent(self) -> Stream:
+        """:attr:`inner`: the stream the edited stream forwards to."""
+        return self.inner
 
-    def _original(self, pipe: Definition) -> Definition:
-        return pipe.replace_stream(self.original)
+    def _inner(self, pipe: Pipeline) -> Pipeline:
+        return self.parent_pipe(pipe)
+
+    def _original(self, pipe: Pipeline) -> Pipeline:
+        return dataclasses.replace(pipe, stream=self.original)
 
     # ------------------------------------------------------------------ what it is
-
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
-        """The inner stream's leaves."""
-        return self.inner.leaves(self._inner(pipe))
-
-    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
-        """The inner stream's leaf names."""
-        return self.inner.leaf_names(self._inner(pipe))
 
     def length(self) -> int | None:
         """The inner stream's positions less the skipped steps' (``None``: endless)."""
@@ -197,14 +202,6 @@ class EditedStream(Stream):
             return (trained - 1) * b + total % b
         return trained * b
 
-    def read_order(self) -> str | None:
-        """The inner stream's."""
-        return self.inner.read_order()
-
-    def stages_before(self) -> list[str]:
-        """The inner stream's."""
-        return self.inner.stages_before()
-
     def size_text(self) -> str:
         """The inner stream's, with the edits."""
         return f"{self.inner.size_text()}, edited by {''.join(e.text() for e in self.edits).lstrip('.')}"
@@ -217,83 +214,39 @@ class EditedStream(Stream):
             return self.original.refusal(stage)
         return f"{stage}() after skip_steps() or exclude(): put it before the edits"
 
-    def check_hosts(self, process_count: int) -> None:
-        """The inner stream's check."""
-        self.inner.check_hosts(process_count)
-
     # ------------------------------------------------------------------ the plan: positions are the inner stream's
 
-    def segments(self, positions: np.ndarray) -> Segments:
-        """The inner stream's."""
-        return self.inner.segments(positions)
-
-    def record_ids(self, positions: np.ndarray) -> np.ndarray:
-        """The inner stream's."""
-        return self.inner.record_ids(positions)
-
-    def row_ids(self, positions: np.ndarray) -> np.ndarray:
-        """The inner stream's."""
-        return self.inner.row_ids(positions)
-
-    def pieces(self, positions: np.ndarray) -> Pieces:
-        """The inner stream's."""
-        return self.inner.pieces(positions)
-
-    def reads(self, positions: np.ndarray) -> list[tuple[Source, np.ndarray, np.ndarray]]:
-        """The inner stream's."""
-        return self.inner.reads(positions)
-
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
-        """The inner stream's."""
-        return self.inner.explain_rows(positions, name)
-
-    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+    def positions(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> np.ndarray:
         """The inner stream's positions of the step training step ``step`` runs."""
         return self.inner.positions(self._inner(pipe), self.inner_step(step), process_index, process_count)
 
-    def explain(
-        self, pipe: Definition, step: int, process_index: int, process_count: int
-    ) -> list[list[tuple[str, int | str]]]:
+    def explain(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> Explanation:
         """The inner stream's explanation of the step training step ``step`` runs."""
         return self.inner.explain(self._inner(pipe), self.inner_step(step), process_index, process_count)
 
-    def results(
-        self,
-        pipe: Definition,
-        steps: list[int],
-        process_index: int,
-        process_count: int,
-        timings: dict[str, float] | None,
-        check: LengthCheck | None,
-    ) -> Iterator[StepResult]:
+    def results(self, pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
         """The inner stream's results of the steps the training steps run, under the training steps' numbers."""
-        inner = [self.inner_step(s) for s in steps]
-        results = self.inner.results(self._inner(pipe), inner, process_index, process_count, timings, check)
-        for step, run, result in zip(steps, inner, results):
+        inner = [self.inner_step(s) for s in request.steps]
+        results = self.inner.results(self._inner(pipe), request.of(inner))
+        for step, run, result in zip(request.steps, inner, results):
             if result.error is not None and run != step:
                 result.error.add_note(f"training step {step} runs the data of step {run} (skip_steps)")
             yield StepResult(step, result.batch, result.error)
 
-    def rows(
-        self, pipe: Definition, positions: np.ndarray, where: object, clock: Clock | None = None, prefix: str = ""
-    ) -> Sequence[Any]:
-        """The inner stream's."""
-        return self.inner.rows(self._inner(pipe), positions, where, clock, prefix)
-
     # ------------------------------------------------------------------ lineage
 
-    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+    def where(self, pipe: Pipeline, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
         """The inner stream's ``(step, row)`` pairs under the training steps that run them (skipped ones dropped)."""
         out = []
-        for step, row in self.inner.where(self._inner(pipe), record, component, epochs):
+        for step, row in require(self.inner, Invertible, "where").where(self._inner(pipe), record, component, epochs):
             t = self.training_step(step)
             if t is not None:
                 out.append((t, row))
         return out
 
-    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> Stream:
-        """Refused: the edited pipeline's :meth:`with_exclude` makes exclusions."""
-        raise ValueError("exclude() of an edited stream goes through its pipeline's exclude()")
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> EditedStream:
+        """This stream with ``ids`` excluded from the step that starts at training position ``position``: :meth:`with_exclude`."""
+        return self.with_exclude(pipe, ids, position // self.batch_size, component)
 
     # ------------------------------------------------------------------ identity
 
@@ -353,40 +306,32 @@ class EditedStream(Stream):
             out[label] = fingerprint_of(d)
         return out
 
-    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+    def locate(self, path: tuple) -> tuple[str, Pipeline, tuple] | None:
         """The original stream's."""
         return self.original.locate(path)
 
     # ------------------------------------------------------------------ figures for reports
 
-    def row_noun(self) -> str:
-        """The inner stream's."""
-        return self.inner.row_noun()
-
-    def draws(self, pipe: Definition, first: int, end: int) -> np.ndarray | None:
+    def draws(self, pipe: Pipeline, first: int, end: int) -> np.ndarray | None:
         """Rows per leaf at the training positions ``[first, end)``: the inner stream's, range by range."""
         b = self.batch_size
         cuts = sorted({first, end} | {s * b for s in self._edit_starts() if first < s * b < end})
         total: np.ndarray | None = None
         for lo, hi in zip(cuts, cuts[1:]):
             at = self.inner_step(lo // b) * b + lo % b
-            got = self.inner.draws(self._inner(pipe), at, at + hi - lo)
+            got = report(self.inner).draws(self._inner(pipe), at, at + hi - lo)
             if got is None:
                 return None
             total = got if total is None else total + got
-        return total if total is not None else self.inner.draws(self._inner(pipe), first, first)
-
-    def packed_rows(self, positions: np.ndarray) -> PackedRows | None:
-        """The inner stream's."""
-        return self.inner.packed_rows(positions)
+        return total if total is not None else report(self.inner).draws(self._inner(pipe), first, first)
 
     def bucket_of(self, step: int, process_index: int, process_count: int) -> BucketOfStep | None:
         """The inner stream's bucket of the step training step ``step`` runs."""
-        return self.inner.bucket_of(self.inner_step(step), process_index, process_count)
+        return report(self.inner).bucket_of(self.inner_step(step), process_index, process_count)
 
     # ------------------------------------------------------------------ config and text
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """The original pipeline's config with ``skip:`` and ``exclude:`` sections.
 
         A config applies its edits in the order of their first steps (a skip before an
@@ -401,7 +346,7 @@ class EditedStream(Stream):
                 "the edits were not made in step order (a config applies skip: and exclude: in the order of "
                 f"their first steps): {''.join(e.text() for e in self.edits).lstrip('.')} has no config form"
             )
-        out = self.original.to_config(self._original(pipe))
+        out = require(self.original, Configurable, "to_config").to_config(self._original(pipe))
         skips = [e.config() for e in self.edits if e.kind == SKIP]
         excludes = [e.config() for e in self.edits if e.kind == EXCLUDE]
         if skips:

@@ -20,14 +20,18 @@ only on the base stream and the cuts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..order import Segments
 from ..sources import Source
-from .protocol import Definition, Stream
+from .capabilities import InvertedByPositions
 from .segments import SegmentStream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
+    from .source import SourceStream
 
 __all__ = ["ExcludedStream", "Cut"]
 
@@ -40,7 +44,7 @@ class Cut(NamedTuple):
     ids: np.ndarray  # sorted, distinct int64 record ids; every earlier cut's ids included
 
 
-def _epoch_length(stream: Stream) -> int:
+def _epoch_length(stream: SourceStream) -> int:
     """The positions of one epoch of a source stream."""
     n = stream.epoch_length
     assert n is not None, "an excluded stream's base has epochs"
@@ -54,15 +58,19 @@ def _select(w: np.ndarray, holes: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExcludedStream(SegmentStream):
+class ExcludedStream(InvertedByPositions, SegmentStream):
     """The base source stream, skipping the records of each cut from the cut's position on.
+
+    Not a wrapper that forwards (:class:`~quern.pipeline.streams.forwarding.ForwardingStream`):
+    its positions are not the base's, so every answer about positions is its own; it hands
+    the base only its description, config and text.
 
     Attributes:
         base: the stream records are excluded from (a source or filtered source stream).
         cuts: the cuts, in increasing order of position.
     """
 
-    base: Stream  # a source stream, filtered or not: every epoch holds each record once
+    base: SourceStream  # a source stream, filtered or not: every epoch holds each record once
     cuts: tuple[Cut, ...] = dataclasses.field(compare=False)
     cuts_key: tuple[tuple[int, int, bytes], ...] = dataclasses.field(default=(), repr=False)
     seed: int = dataclasses.field(init=False)
@@ -76,7 +84,7 @@ class ExcludedStream(SegmentStream):
         object.__setattr__(self, "cuts_key", tuple((c.base, c.own, c.ids.tobytes()) for c in self.cuts))
 
     @classmethod
-    def cut(cls, stream: Stream, ids: np.ndarray, own: int) -> ExcludedStream:
+    def cut(cls, stream: SourceStream | ExcludedStream, ids: np.ndarray, own: int) -> ExcludedStream:
         """``stream`` with ``ids`` (sorted, distinct record ids) skipped from its position ``own`` on.
 
         Args:
@@ -216,11 +224,11 @@ class ExcludedStream(SegmentStream):
 
     # ------------------------------------------------------------------ the stream
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """``(pipe,)``: the pipeline reads its own source."""
         return (pipe,)
 
-    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+    def leaf_names(self, pipe: Pipeline) -> tuple[str, ...]:
         """The source's name."""
         return self.base.leaf_names(pipe)
 
@@ -261,7 +269,7 @@ class ExcludedStream(SegmentStream):
         own = self.own_positions(self.base.record_positions(record, epochs))
         return own[own >= 0]
 
-    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> ExcludedStream:
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> ExcludedStream:
         """This stream with ``ids`` skipped from its position ``position`` on too."""
         if component is not None:
             raise ValueError(f"component={component!r}: the pipeline is not a mixture (it has no components)")
@@ -271,11 +279,11 @@ class ExcludedStream(SegmentStream):
         """The base's description (the edits are described by the pipeline's edited stream)."""
         return self.base.describe(until_step)
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """The base's config (the edits are written by the pipeline's edited stream)."""
         return self.base.to_config(pipe)
 
-    def component_config(self, pipe: Definition, where: str) -> dict[str, Any]:
+    def component_config(self, pipe: Pipeline, where: str) -> dict[str, Any]:
         """The base's config as a component."""
         return self.base.component_config(pipe, where)
 

@@ -13,7 +13,8 @@ for entries that do not exist yet and keeps the commits (:meth:`LiveStream.commi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -23,8 +24,11 @@ from ..order import Segments
 from ..order import index as _index
 from ..sources import Source
 from ..sources.live_commits import Run, StepMap
-from .protocol import Definition, contiguous_positions
+from .protocol import Explanation, contiguous_positions
 from .segments import SegmentStream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["LiveStream"]
 
@@ -34,6 +38,9 @@ _ALLOWED = ("batch", "shuffle", "segments")
 @dataclasses.dataclass(frozen=True)
 class LiveStream(SegmentStream):
     """The entries of a live source in log order, or shuffled within groups of whole steps.
+
+    Capabilities: live (waited for, committed), shuffled (``"steps"``), single-source,
+    inverted (``where``). It has no config form.
 
     Attributes:
         source: the live source (its ``read_many`` takes stream positions).
@@ -45,11 +52,11 @@ class LiveStream(SegmentStream):
     seed: int = 0
     shuffle_steps: int | None = None
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """``(pipe,)``: the pipeline reads its own source."""
         return (pipe,)
 
-    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+    def leaf_names(self, pipe: Pipeline) -> tuple[str, ...]:
         """The source's name."""
         return (self.source.name,)
 
@@ -99,7 +106,7 @@ class LiveStream(SegmentStream):
         """The record id of a position: the position itself (its entry)."""
         return np.asarray(positions, dtype=np.int64)
 
-    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+    def where(self, pipe: Pipeline, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
         """The step and row of the entry at position ``record`` (its record id); one pass, whatever ``epochs``.
 
         Raises:
@@ -120,7 +127,7 @@ class LiveStream(SegmentStream):
         positions = np.asarray(positions, dtype=np.int64)
         return Segments(np.zeros(len(positions), dtype=np.int64), positions, positions)
 
-    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+    def positions(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> np.ndarray:
         """This host's rows of the step's positions ``[s*B, (s+1)*B)``, permuted within its group of steps."""
         rows = contiguous_positions(pipe, step, process_index, process_count, None)
         if self.shuffle_steps is None:
@@ -129,9 +136,9 @@ class LiveStream(SegmentStream):
         within = _index.epoch_record_ids(rows, n, self.seed, "global", 1, 1)  # group g's permutation of [0, n)
         return (rows // n) * n + within
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
+    def explain_rows(self, positions: np.ndarray, names: Sequence[str]) -> Explanation:
         """Per position, ``(name, entry ID)``: the entry's ID in place of a record index (read from the log)."""
-        label = name if name is not None else self.source.name
+        label = names[0]
         ids = cast(Any, self.source).entry_ids(self.record_ids(positions))
         return [[(label, entry)] for entry in ids]
 
@@ -142,10 +149,6 @@ class LiveStream(SegmentStream):
             "seed": self.seed,
             "shuffle_steps": self.shuffle_steps,
         }
-
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
-        """Refused: a live stream is defined in code."""
-        raise ValueError(f"a pipeline over a live stream ({self.source!r}) has no config form: define it in code")
 
     def text(self) -> str:
         """``Pipeline.from_source(...)`` and the shuffle."""
@@ -160,30 +163,24 @@ class LiveStream(SegmentStream):
         """The seconds a consumer waits for a step's entries (the source's ``timeout``)."""
         return float(cast(Any, self.source).timeout)
 
-    def step_map(self, pipe: Definition) -> StepMap:
+    def step_map(self, pipe: Pipeline) -> StepMap:
         """How ``pipe`` maps steps to positions: its batch size, window and the window's seed."""
         window = self.shuffle_steps or 0
         return StepMap(pipe.need_batch("commit"), window, self.seed if window else 0)
 
-    def begin(self, pipe: Definition, step: int, process_index: int, process_count: int) -> None:
-        """Check a resume at ``step`` against the commit record (refused when it would lose or repeat entries)."""
-        self.start(pipe, step, process_index, process_count)
-
-    def start(self, pipe: Definition, step: int, process_index: int, process_count: int) -> Run:
-        """:meth:`begin`, returning the iterator's run, which its commits carry (one per iterator).
+    def start(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> Run:
+        """Check a resume at ``step`` against the commit record; the iterator's run, which its commits carry (one per iterator).
 
         Raises:
             ValueError: the resume would lose or repeat entries.
         """
         return cast(Any, self.source).resuming(self.step_map(pipe), step, process_index, process_count)
 
-    def commit(
-        self, pipe: Definition, step: int, process_index: int, process_count: int, run: Run | None = None
-    ) -> None:
+    def commit(self, pipe: Pipeline, step: int, process_index: int, process_count: int, run: Run | None = None) -> None:
         """Record, beside the log, that this host trained every step before ``step`` (with ``run``'s step map)."""
         cast(Any, self.source).commit(step, process_index, process_count, run=run)
 
-    def late(self, pipe: Definition, step: int, process_index: int, process_count: int, waited: float) -> Exception:
+    def late(self, pipe: Pipeline, step: int, process_index: int, process_count: int, waited: float) -> Exception:
         """The error of a consumer that waited ``waited`` seconds for ``step`` in vain."""
         rows = self.positions(pipe, step, process_index, process_count)
         span = f"[{int(rows.min())}, {int(rows.max()) + 1})" if rows.size else "[]"

@@ -11,7 +11,8 @@ and the batch size (a schedule's stages start at steps).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -20,8 +21,12 @@ from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
 from ..order import components as _mixture
 from ..sources import Source
-from .protocol import Definition
+from .capabilities import Component, Editable, NeutralReports, RecordPositions, report, require
+from .protocol import Explanation
 from .segments import SegmentStream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["MixtureStream"]
 
@@ -38,8 +43,12 @@ _REFUSALS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class MixtureStream(SegmentStream):
+class MixtureStream(NeutralReports, SegmentStream):
     """Named component pipelines (without batch), mixed by a schedule of weights.
+
+    Capabilities: inverted (``where``, in a component whose stream has record positions),
+    edited (``exclude`` in an editable component), reportable (draws per component),
+    written as a config.
 
     Attributes:
         names: the components' keys, in order.
@@ -51,7 +60,7 @@ class MixtureStream(SegmentStream):
     """
 
     names: tuple[str, ...]
-    components: tuple[Definition, ...]
+    components: tuple[Pipeline, ...]
     stages: tuple[_mixture.Stage, ...]
     seed: int
     block: int
@@ -59,11 +68,11 @@ class MixtureStream(SegmentStream):
 
     describes_past: ClassVar[bool] = True
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """The components."""
         return self.components
 
-    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+    def leaf_names(self, pipe: Pipeline) -> tuple[str, ...]:
         """The components' keys."""
         return self.names
 
@@ -117,22 +126,22 @@ class MixtureStream(SegmentStream):
                 out += [(src, ids, rows[at]) for src, ids, at in part.stream.reads(seg.positions[rows])]
         return out
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
-        """Per position, the records of its component's row, named by the component's key."""
+    def explain_rows(self, positions: np.ndarray, names: Sequence[str]) -> Explanation:
+        """Per position, the records of its component's row, named by the component's key (``names`` are the keys)."""
         seg = self.segments(positions)
         out: list[list[tuple[str, int | str]]] = [[] for _ in range(len(seg.ids))]
         for c, part in enumerate(self.components):
             rows = np.flatnonzero(seg.component == c)
             if rows.size:
-                for r, got in zip(rows.tolist(), part.stream.explain_rows(seg.positions[rows], self.names[c])):
+                for r, got in zip(rows.tolist(), part.stream.explain_rows(seg.positions[rows], (self.names[c],))):
                     out[r] = got
         return out
 
-    def where(self, pipe: Definition, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
+    def where(self, pipe: Pipeline, record: int, component: str | None, epochs: int) -> list[tuple[int, int]]:
         """The ``(step, row)`` pairs whose rows hold record ``record`` of component ``component``.
 
         The record's positions in the first ``epochs`` epochs of the component's own stream
-        (its :meth:`~quern.pipeline.streams.protocol.Stream.record_positions`: a packed component's
+        (its :meth:`~quern.pipeline.streams.capabilities.RecordPositions.record_positions`: a packed component's
         rows holding a piece of it), each mapped to the mixture position that draws it
         (:func:`~quern.pipeline.order.components.drawn_at`); a position the mixture never draws
         (the component's weight is zero from some stage on) is left out. The work is one
@@ -156,12 +165,12 @@ class MixtureStream(SegmentStream):
             raise ValueError(f"where(): a mixture {given}; its components are {list(self.names)}")
         b = pipe.need_batch("where")
         c = self.names.index(component)
-        own = self.components[c].stream.record_positions(record, epochs)
+        own = require(self.components[c].stream, RecordPositions, "where").record_positions(record, epochs)
         pos = _mixture.drawn_at(c, own, self.stages, self.seed, self.batch_size or 1, self.block)
         pos = np.sort(pos[pos >= 0])
         return [(p // b, p % b) for p in pos.tolist()]
 
-    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> MixtureStream:
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> MixtureStream:
         """This mixture with component ``component`` skipping the records ``ids`` from mixture position ``position`` on.
 
         The component's own stream excludes them from its position at ``position`` (its draws
@@ -178,7 +187,7 @@ class MixtureStream(SegmentStream):
         c = self.names.index(component)
         drawn = _mixture.draws_before(self.stages, self.seed, self.batch_size or 1, self.block, position)[c]
         comp = self.components[c]
-        edited = comp.replace_stream(comp.stream.excluded(comp, ids, drawn, None))
+        edited = comp.replace_stream(require(comp.stream, Editable, "exclude").excluded(comp, ids, drawn, None))
         return dataclasses.replace(self, components=self.components[:c] + (edited,) + self.components[c + 1 :])
 
     def change_steps(self) -> tuple[int, ...]:
@@ -187,9 +196,9 @@ class MixtureStream(SegmentStream):
 
     def row_noun(self) -> str:
         """``rows`` when a component's rows hold several records (packed), else ``records``."""
-        return "rows" if any(c.stream.row_noun() == "rows" for c in self.components) else "records"
+        return "rows" if any(report(c.stream).row_noun() == "rows" for c in self.components) else "records"
 
-    def draws(self, pipe: Definition, first: int, end: int) -> np.ndarray:
+    def draws(self, pipe: Pipeline, first: int, end: int) -> np.ndarray:
         """Rows per component at the positions ``[first, end)``.
 
         No record is read, and the cost does not grow with the range.
@@ -225,7 +234,7 @@ class MixtureStream(SegmentStream):
             }
         }
 
-    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+    def locate(self, path: tuple) -> tuple[str, Pipeline, tuple] | None:
         """``("mixture", "components", i, ...)`` leads into component ``i``."""
         if len(path) >= 3 and path[0] == "mixture" and path[1] == "components":
             i = path[2]
@@ -245,13 +254,18 @@ class MixtureStream(SegmentStream):
                 out[key] = fingerprint_of(value)
         return out
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """A ``mix:`` section (components as a list, seed, block, weights or schedule), ``transforms``, ``batch``."""
         mix: dict[str, Any] = {
             "seed": self.seed,
             "block": self.block,
             "components": [  # a list: the order is the mixture's, whatever a YAML dumper does to keys
-                {"name": name, **c.stream.component_config(c, f"mix.components.{name}.")}
+                {
+                    "name": name,
+                    **require(c.stream, Component, f"mix.components.{name}").component_config(
+                        c, f"mix.components.{name}."
+                    ),
+                }
                 for name, c in zip(self.names, self.components)
             ],
         }

@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -26,8 +26,8 @@ from ..execute.runner import bulk, step_positions
 from ..execute.stages import (
     COLLATE,
     READ,
-    LengthCheck,
     RowNames,
+    StepRequest,
     StepResult,
     apply_record_op,
     batch_stages,
@@ -42,7 +42,20 @@ from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
 from ..sources import Source
-from .protocol import Definition, PackedRows, Stream, locate_inner
+from .capabilities import (
+    Component,
+    InvertedByPositions,
+    NeutralReports,
+    PackedRows,
+    RecordPositions,
+    SingleSource,
+    require,
+)
+from .protocol import Explanation, Stream, locate_inner
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
+    from .source import SourceStream
 
 __all__ = ["PackedStream", "PackMode", "pack", "PACK"]
 
@@ -63,8 +76,11 @@ _REFUSALS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class PackedStream(Stream):
+class PackedStream(InvertedByPositions, NeutralReports, Stream):
     """The records of ``inner`` packed into rows of ``seq_len`` tokens.
+
+    Capabilities: packed (``pieces``), row-making, inverted (``where``), edited (``exclude``
+    pads), reportable (its packed rows), written as a config and as a mixture's component.
 
     Attributes:
         inner: the single-source pipeline (without batch) whose records are packed.
@@ -80,7 +96,7 @@ class PackedStream(Stream):
         source: the inner pipeline's source.
     """
 
-    inner: Definition
+    inner: Pipeline
     seq_len: int
     mode: PackMode
     key: str | None
@@ -104,9 +120,17 @@ class PackedStream(Stream):
         """Restore :meth:`__getstate__`'s state."""
         self.__dict__.update(state)
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """``(inner,)``."""
         return (self.inner,)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Refused: a packed row is not one record.
+
+        Raises:
+            TypeError: always, naming :meth:`pieces`.
+        """
+        raise TypeError(_REFUSALS["segments"])
 
     def length(self) -> int | None:
         """Rows over all epochs, ``None`` when endless."""
@@ -147,7 +171,9 @@ class PackedStream(Stream):
         if hit is None:
             n = self.inner.stream.epoch_length
             assert n is not None
-            ids = self.inner.stream.record_ids(np.arange(e * n, (e + 1) * n, dtype=np.int64))
+            ids = require(self.inner.stream, SingleSource, "pack").record_ids(
+                np.arange(e * n, (e + 1) * n, dtype=np.int64)
+            )
             hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.stream.seed, e), ids)
             if hit[0].rows != self.rows_before(1):
                 raise RuntimeError(
@@ -182,7 +208,7 @@ class PackedStream(Stream):
         """The rows holding a piece of record ``record`` in the first ``epochs`` epochs (at most the stream's).
 
         The record's offset in each epoch of the inner stream (its
-        :meth:`~quern.pipeline.streams.protocol.Stream.record_positions`), then that document's
+        :meth:`~quern.pipeline.streams.capabilities.RecordPositions.record_positions`), then that document's
         rows in the epoch's plan, through an inverse of the plan built once per cached
         plan: O(log N) per epoch beyond the plan (a record of 0 tokens is in no row).
 
@@ -198,7 +224,7 @@ class PackedStream(Stream):
         n = self.inner.stream.epoch_length
         assert n is not None
         out = []
-        for p in self.inner.stream.record_positions(record, epochs).tolist():
+        for p in require(self.inner.stream, RecordPositions, "where").record_positions(record, epochs).tolist():
             e, j = divmod(p, n)
             first, rows = self._doc_rows(e)
             out.append(self.rows_before(e) + rows[first[j] : first[j + 1]])
@@ -318,7 +344,7 @@ class PackedStream(Stream):
             out[sel] = np.isin(ids[sel], self.exclusions[i][1])
         return out
 
-    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> PackedStream:
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> PackedStream:
         """This stream with the pieces of documents ``ids`` made padding in the rows from ``position`` on.
 
         The plan is not redone, so no row moves (a row may be left with padding only).
@@ -334,7 +360,7 @@ class PackedStream(Stream):
                 "make the exclusions in step order"
             )
         union = np.union1d(self.exclusions[-1][1], ids) if self.exclusions else np.asarray(ids, dtype=np.int64)
-        inner = self.inner.stream
+        inner = cast("SourceStream", self.inner.stream)  # pack() needs a source stream
         if inner.epoch_length is not None and inner.epoch_length <= np.count_nonzero(
             inner.epoch_positions(union, 0) >= 0
         ):
@@ -353,9 +379,9 @@ class PackedStream(Stream):
         pieces = self.pieces(positions)
         return [] if self.source is None else [(self.source, pieces.ids, pieces.row)]
 
-    def explain_rows(self, positions: np.ndarray, name: str | None = None) -> list[list[tuple[str, int | str]]]:
-        """Every document in every row."""
-        label = name if name is not None else self.inner.leaf_names[0]
+    def explain_rows(self, positions: np.ndarray, names: Sequence[str]) -> Explanation:
+        """Every document in every row, named ``names[0]`` (the inner pipeline's source, or a component's key)."""
+        label = names[0]
         pieces = self.pieces(positions)
         out: list[list[tuple[str, int | str]]] = [[] for _ in range(len(positions))]
         for r, i in zip(pieces.row.tolist(), pieces.ids.tolist()):
@@ -370,20 +396,12 @@ class PackedStream(Stream):
         """The pieces of the rows at ``positions``."""
         return PackedRows(self.seq_len, self.pieces(positions), self.lengths)
 
-    def results(
-        self,
-        pipe: Definition,
-        steps: list[int],
-        process_index: int,
-        process_count: int,
-        timings: dict[str, float] | None,
-        check: LengthCheck | None,
-    ) -> Iterator[StepResult]:
+    def results(self, pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
         """The packed runner: :func:`packed_results`."""
-        return packed_results(pipe, self, steps, process_index, process_count, timings)
+        return packed_results(pipe, self, request)
 
     def rows(
-        self, pipe: Definition, positions: np.ndarray, where: object, clock: Clock | None = None, prefix: str = ""
+        self, pipe: Pipeline, positions: np.ndarray, where: object, clock: Clock | None = None, prefix: str = ""
     ) -> Sequence[Any]:
         """The packed rows at ``positions``, after the transforms after ``pack`` (stage ``{prefix}pack``)."""
         pieces = self.pieces(positions)
@@ -393,11 +411,11 @@ class PackedStream(Stream):
             clock.lap(f"{prefix}{PACK}")
         return rows
 
-    def locate(self, path: tuple) -> tuple[str, Definition, tuple] | None:
+    def locate(self, path: tuple) -> tuple[str, Pipeline, tuple] | None:
         """``("packing", "inner", ...)`` leads into the inner pipeline."""
         return locate_inner(path, "packing", "the packed pipeline's", self.inner)
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """The single-source config with ``num_epochs``, a ``pack:`` section, ``row_transforms`` and ``batch``."""
         packed = self.component_config(pipe, "")
         head = {
@@ -408,10 +426,10 @@ class PackedStream(Stream):
         }
         return {**head, **batch_config(pipe)}
 
-    def component_config(self, pipe: Definition, where: str) -> dict[str, Any]:
+    def component_config(self, pipe: Pipeline, where: str) -> dict[str, Any]:
         """The inner pipeline's config, ``pack`` (``seq_len``, ``mode``, ``key``, ``lengths``) and ``row_transforms``."""
         return {
-            **self.inner.stream.component_config(self.inner, where),
+            **require(self.inner.stream, Component, "to_config").component_config(self.inner, where),
             "pack": {"seq_len": self.seq_len, "mode": self.mode, "key": self.key, "lengths": self.lengths_file},
             "row_transforms": stages_config(pipe.record_ops, f"{where}row_transforms"),
         }
@@ -422,7 +440,7 @@ class PackedStream(Stream):
 
 
 def pack(
-    pipe: Definition,
+    pipe: Pipeline,
     seq_len: int,
     mode: str,
     key: str | None,
@@ -439,6 +457,7 @@ def pack(
     if mode not in _packing.MODES:
         raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
     pipe.stream.check("pack")
+    require(pipe.stream, SingleSource, "pack")
     pipe.need_no_batch("pack", "a pipeline before batch()")
     lens = pipe.length_index(key, lengths=lengths, cache_dir=cache_dir, num_workers=num_workers)
     survivors = pipe.stream.survivors
@@ -464,29 +483,22 @@ def pack(
     return stream
 
 
-def packed_results(
-    pipe: Definition,
-    packing: PackedStream,
-    steps: list[int],
-    process_index: int,
-    process_count: int,
-    timings: dict[str, float] | None,
-) -> Iterator[StepResult]:
+def packed_results(pipe: Pipeline, packing: PackedStream, request: StepRequest) -> Iterator[StepResult]:
     """A :class:`StepResult` per step of a packed pipeline, in order.
 
     The plan gives each row's pieces; the documents of all the steps are read in
     one bulk call, then per step they go through the packed pipeline's record
     transforms, are cut and laid into rows (stage ``pack``), and the rows through
-    the transforms after ``pack``, collate and the batch transforms.
+    the transforms after ``pack``, collate and the batch transforms. The request's length
+    check does not apply (a bucket's records are not packed).
     """
-    positions, wheres, empty = step_positions(pipe, steps, process_index, process_count)
+    steps, timings = list(request.steps), request.timings
+    positions, wheres, empty = step_positions(pipe, request)
     inner = packing.inner
     pieces = packing.pieces(np.concatenate(positions))
     uniq = np.unique(pieces.ids)
     clock = Clock(timings)
-    got, failed = bulk(
-        lambda where: read(inner, uniq, where), pipe, steps, wheres, process_index, process_count, timings
-    )
+    got, failed = bulk(lambda where: read(inner, uniq, where), pipe, request._replace(check=None), wheres)
     if failed is not None:
         yield from failed
         return
@@ -517,7 +529,7 @@ def packed_results(
 
 
 def _rows_of(
-    leaf: Definition,
+    leaf: Pipeline,
     packing: PackedStream,
     pieces: Pieces,
     docs: np.ndarray,

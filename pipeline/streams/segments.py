@@ -9,25 +9,25 @@ transforms.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from ..core.steps import LengthCheck, StepResult
+from ..core.steps import StepRequest, StepResult
 from ..execute import runner
-from .protocol import Definition, Stream
+from .protocol import Stream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["SegmentStream"]
 
 
 class SegmentStream(Stream):
-    """A :class:`~quern.pipeline.streams.protocol.Stream` whose :meth:`segments` give each row's leaf and record."""
+    """A :class:`~quern.pipeline.streams.protocol.Stream` whose :meth:`segments` give each row's leaf and record.
 
-    def results(
-        self,
-        pipe: Definition,
-        steps: list[int],
-        process_index: int,
-        process_count: int,
-        timings: dict[str, float] | None,
-        check: LengthCheck | None,
-    ) -> Iterator[StepResult]:
+    Its step runner is the segment runner: a kind implements the rest of the core
+    (:meth:`length`, :meth:`leaves`, :meth:`segments`, :meth:`describe`, :meth:`text`).
+    """
+
+    def results(self, pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
         """The segment runner's results (:func:`quern.pipeline.execute.runner.segment_results`)."""
-        return runner.segment_results(pipe, steps, process_index, process_count, timings, check)
+        return runner.segment_results(pipe, request)

@@ -9,7 +9,7 @@ source's identity, the seed, the shuffle and (after a filter) the survivors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -18,9 +18,13 @@ from ..identity.config_form import batch_config, source_config, stages_config
 from ..order import Segments
 from ..order import index as _index
 from ..sources import Source
+from .capabilities import InvertedByPositions
 from .excluded import ExcludedStream
-from .protocol import Definition, Stream, contiguous_positions
+from .protocol import Stream, contiguous_positions
 from .segments import SegmentStream
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["SourceStream", "FilteredStream", "ShuffleMode"]
 
@@ -28,8 +32,11 @@ ShuffleMode = Literal["global", "block"]
 
 
 @dataclasses.dataclass(frozen=True)
-class SourceStream(SegmentStream):
+class SourceStream(InvertedByPositions, SegmentStream):
     """The records of one source, shuffled or not, for ``num_epochs`` epochs (``None``: endless).
+
+    Capabilities: shuffled, filtered, balanced, single-source, inverted (``where``), edited
+    (``exclude``), written as a config and as a mixture's component.
 
     Attributes:
         source: the records.
@@ -51,11 +58,11 @@ class SourceStream(SegmentStream):
     host_lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
     host_lengths_digest: str | None = None
 
-    def leaves(self, pipe: Definition) -> tuple[Definition, ...]:
+    def leaves(self, pipe: Pipeline) -> tuple[Pipeline, ...]:
         """``(pipe,)``: the pipeline reads its own source."""
         return (pipe,)
 
-    def leaf_names(self, pipe: Definition) -> tuple[str, ...]:
+    def leaf_names(self, pipe: Pipeline) -> tuple[str, ...]:
         """The source's name."""
         return (self.source.name,)
 
@@ -185,7 +192,7 @@ class SourceStream(SegmentStream):
         j = self._offsets(np.full(epochs, record, dtype=np.int64), e)
         return (e * self.epoch_length + j)[j >= 0]
 
-    def excluded(self, pipe: Definition, ids: np.ndarray, position: int, component: str | None) -> Stream:
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> Stream:
         """This stream skipping the records ``ids`` from position ``position`` on (:mod:`.excluded`).
 
         Raises:
@@ -203,7 +210,7 @@ class SourceStream(SegmentStream):
         positions = np.asarray(positions, dtype=np.int64)
         return Segments(np.zeros(len(positions), dtype=np.int64), self.record_ids(positions), positions)
 
-    def positions(self, pipe: Definition, step: int, process_index: int, process_count: int) -> np.ndarray:
+    def positions(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> np.ndarray:
         """Rows ``[h*B/H, (h+1)*B/H)`` of the step, or this host's balanced share.
 
         With ``balance_hosts``: this host's share of the rows of every full batch, sorted by
@@ -232,7 +239,7 @@ class SourceStream(SegmentStream):
             "balance_hosts": self.host_lengths_digest,
         }
 
-    def to_config(self, pipe: Definition) -> dict[str, Any]:
+    def to_config(self, pipe: Pipeline) -> dict[str, Any]:
         """``source``, ``seed``, ``num_epochs``, ``shuffle``, ``transforms``, ``batch``, ``batch_transforms``."""
         leaf = self.component_config(pipe, "")
         head = {
@@ -244,7 +251,7 @@ class SourceStream(SegmentStream):
         }
         return {**head, **batch_config(pipe)}
 
-    def component_config(self, pipe: Definition, where: str) -> dict[str, Any]:
+    def component_config(self, pipe: Pipeline, where: str) -> dict[str, Any]:
         """``source``, ``seed``, ``shuffle`` and ``transforms`` of ``pipe`` (``where``: its key path and a dot)."""
         if self.host_lengths is not None:
             raise ValueError("a pipeline with balance_hosts(lengths) has no config form (the lengths are data)")
