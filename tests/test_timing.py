@@ -250,7 +250,8 @@ def test_a_ctrl_c_in_the_prefetch_bookkeeping_loses_no_step():
     pipe = _pipe(n=2000, batch=8)
     it = pipe.iterator(read_ahead=2)
     calls = {"n": 0}
-    fill = it._fill
+    feed = it._feed  # the threads' feed: its bookkeeping of the chunks in flight
+    fill = feed._fill
 
     def interrupted_fill(**kw):
         calls["n"] += 1
@@ -258,7 +259,7 @@ def test_a_ctrl_c_in_the_prefetch_bookkeeping_loses_no_step():
             raise KeyboardInterrupt
         fill(**kw)
 
-    it._fill = interrupted_fill
+    feed._fill = interrupted_fill
     got = []
     with it:
         while len(got) < 12:

@@ -1,34 +1,36 @@
-"""The iterator: a pipeline's steps in order, computed ahead on threads or in worker processes.
+"""The iterator: a pipeline's steps in order, computed ahead on threads, in worker processes or by a service.
 
 The iterator holds no data-order state beyond the next step number: what it
 yields at step ``s`` is exactly ``pipe.batch_at(s, process_index, process_count)``,
-whatever the worker count, thread count, prefetch depth or timing. The threads'
-side is :mod:`quern.pipeline.iterate.threads`, the worker processes'
-:mod:`quern.pipeline.iterate.workers`; the design is in ``docs/design/iterator.md``.
+whatever the worker count, thread count, prefetch depth or timing. Where the
+steps are computed is its :class:`~quern.pipeline.iterate.feed.Feed`, chosen by
+:func:`~quern.pipeline.iterate.backends.open_feed`: threads
+(:mod:`quern.pipeline.iterate.threads`), worker processes
+(:mod:`quern.pipeline.iterate.workers`) or a service
+(:mod:`quern.pipeline.iterate.service`); the order, the deadline, the ledger, the
+checkpoint and closing are here, the same for all. The design is in
+``docs/design/iterator.md``.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
-import concurrent.futures as cf
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, NoReturn, TypedDict, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from .. import execute
-from ..core.errors import StepTimeoutError, StreamTimeoutError
-from ..integrity.ledger import DIGEST, LedgerWriter
+from ..integrity.ledger import LedgerWriter
 from ..order.index import check_int, host_rows
 from ..remote.lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
-from . import threads as loader_threads
-from .service import RayService, ServiceFeed
-from .threads import Chunk
-from .timing import LIVE, StepClock, add, batch_nbytes, ema, prefetch_window
-from .workers import WorkerPool, sigint_deferred
+from .backends import check_backend, open_feed
+from .feed import Batch, Feed, FeedSettings, Stopped
+from .service.ray_service import RayService
+from .threads import THREAD_READ_RECORDS, THREAD_READ_STEPS, check_step_timeout
+from .timing import LIVE, StepClock, batch_nbytes, prefetch_window
 
 __all__ = [
     "PipelineIterator",
@@ -39,11 +41,10 @@ __all__ = [
     "THREAD_READ_STEPS",
 ]
 
-THREAD_READ_RECORDS = 4096  # num_workers=0: about this many records per bulk read...
-THREAD_READ_STEPS = 16  # ...but at most this many steps
 PREFETCH = 2  # chunks (threads) or tasks per worker always in flight
 PREFETCH_MEMORY = 2 << 30  # bytes of batches the adaptive prefetch window may hold
 WINDOW_EVERY = 8  # steps between updates of the adaptive prefetch window
+_T = TypeVar("_T")
 
 
 class IteratorOptions(TypedDict, total=False):
@@ -136,6 +137,9 @@ class PipelineIterator:
     ) -> None:
         self._closed = True
         self._ledger: LedgerWriter | None = None
+        self._feed: Feed = Stopped({"workers": 0}, local=False)  # where the steps are computed
+        self._feed_open = False  # it has to be closed
+        self._lookahead: Lookahead | None = None
         self._pid = os.getpid()  # the process it belongs to
         self._owner: dict[str, int] = {}  # "thread": the ident of the thread that has the iterator
         self._inside = False  # that thread is inside next() or close()
@@ -148,117 +152,92 @@ class PipelineIterator:
         self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
         self.prefetch_memory = check_int(prefetch_memory, "prefetch_memory", 1)
         self.timed = bool(timings)
-        self.step_timeout = loader_threads.check_step_timeout(step_timeout)
-        self._failed: StepTimeoutError | None = None  # num_workers=0: a step timed out, its thread left running
-        self._abandon = threading.Event()  # ...and the prefetch threads stop waiting for the stuck chunk
-        self._computing: dict[int, threading.Thread] = {}  # with step_timeout: first step -> thread computing it
+        self.step_timeout = check_step_timeout(step_timeout)
         self.clock = StepClock()  # the caller's side: data wait, step period
-        self.timings: dict[str, float] = {}  # seconds per stage, over the threads' chunks (workers: the pool's)
-        self._computed = 0  # steps the threads computed (whose stage times are in timings)
-        self._load: float | None = None  # the threads' seconds per batch over their number (a moving average)
         self._batch_bytes: int | None = None  # the largest batch measured: what the window's budget counts
         self.window = 0  # the adaptive prefetch window, batches (0: not adaptive)
         self.num_threads = check_int(num_threads, "num_threads", 1)
-        if self.num_workers and self.num_threads != 1:
-            raise ValueError(
-                f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
-                "each worker process computes its steps on one thread"
-            )
-        if service is not None and not isinstance(service, RayService):
-            raise TypeError(f"service must be a quern.RayService or None, got {type(service).__name__}")
-        if service is not None and self.num_workers:
-            raise ValueError(
-                f"service= and num_workers={num_workers} cannot be used together: the service's actors compute "
-                "the steps (num_workers=0)"
-            )
-        self._service = service
+        service = check_backend(self.num_workers, self.num_threads, service)
         execute.check_hosts(pipe, process_count)  # every bucket's batch size, before the first step
-        lo, hi = host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
-        # remote sources: fetch the files of the next steps ahead, in the order they are read
+        host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now
         lookahead = check_int(lookahead, "lookahead", 0)
-        self._lookahead = (
-            Lookahead(pipe, process_index, process_count, steps=lookahead)
-            if lookahead and Lookahead.wanted(pipe) and service is None  # a service's actors read for themselves
-            else None
-        )
         self._live = pipe.stream.wait_timeout()  # a live stream: the consumer's wait for a step's entries
         if self._live is not None and self.step_timeout is not None:
             raise ValueError(
                 f"step_timeout={self.step_timeout:g} on a live stream: a step waiting for entries the producer has "
                 "not written yet is not stuck; the source's timeout= is how long next() waits for them"
             )
-        self._live_run: Any = None  # a live stream: this iterator's run, which its commits carry
+        self._live_run: object = None  # a live stream: this iterator's run, which its commits carry
         if self._live is not None:  # a resume checked against the live stream's commit record
             self._live_run = cast(Any, pipe.stream).start(pipe, self.step, int(process_index), int(process_count))
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif self._live is not None:
             read_ahead = 1  # a step waits for its own entries only, never for later ones
-        elif not self.num_workers and service is None:
-            c = len(pipe.leaves)  # a mixture reads each component in its own calls: keep them as large
-            read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
-        self.read_ahead = read_ahead  # with workers, None: chosen by the worker pool
+        self.read_ahead = read_ahead  # None: chosen by the feed
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self._end = pipe.num_steps
         if ledger is not None:
             self._ledger = LedgerWriter(ledger, cast(Any, pipe), self.process_index, self.process_count, self.step)
-        self._pending: collections.deque[tuple[int, int, cf.Future[Chunk]]] = collections.deque()
-        self._ready: collections.deque[Any] = collections.deque()  # batches of the chunk being consumed
-        self._chunk = 1
-        self._careful_until = 0  # steps below this are computed one per task (after a failed chunk)
-        self._workers: WorkerPool | ServiceFeed | None = None
-        self._last_stats: dict[str, Any] = {"workers": 0}
-        if self.num_workers:
-            self._last_stats = {
-                "workers": self.num_workers,
-                "delivered_by_worker": [0] * self.num_workers,
-                "computed_in_parent": 0,
-                "worker_restarts": 0,
-                "stages": {},
-                "stage_steps": 0,
-            }
-        self._pool: cf.ThreadPoolExecutor | None = None
-        if (service is not None or self.num_workers) and (self._end is None or self.step < self._end):
-            shared: dict[str, Any] = {
-                "process_index": self.process_index,
-                "process_count": self.process_count,
-                "prefetch": self.prefetch,
-                "read_ahead": self.read_ahead,
-                "end": self._end,
-                "copy": bool(copy_batches),
-                "timed": self.timed,
-                "digests": self._ledger is not None,
-            }
-            try:
-                if service is not None:
-                    self._workers = ServiceFeed(service, pipe, start=self.step, **shared)
-                else:
-                    self._workers = WorkerPool(pipe, self.num_workers, **shared)
-            except BaseException:
-                if self._ledger is not None:
-                    self._ledger.forget()
-                raise
-        elif not self.num_workers and service is None:
-            self._pool = cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="quern-prefetch")
-        # the workers' disk-cache counters (kept after they stop)
-        self._worker_cache: dict[str, int] = self._workers.cache_counts if isinstance(self._workers, WorkerPool) else {}
+        settings = FeedSettings(
+            start=self.step,
+            end=self._end,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            prefetch=self.prefetch,
+            read_ahead=read_ahead,
+            timed=self.timed,
+            digests=self._ledger is not None,
+            copy=bool(copy_batches),
+            live=self._live is not None,
+        )
+        watch = self.step_timeout is not None or self._live is not None
+        try:
+            self._use_feed(
+                open_feed(
+                    pipe,
+                    settings,
+                    num_workers=self.num_workers,
+                    num_threads=self.num_threads,
+                    service=service,
+                    watch=watch,
+                )
+            )
+            # remote sources: fetch the files of the next steps ahead, in the order they are read
+            if lookahead and self._feed.local and Lookahead.wanted(pipe):
+                self._lookahead = Lookahead(pipe, self.process_index, self.process_count, steps=lookahead)
+        except BaseException:
+            self._stop_feed()
+            if self._ledger is not None:
+                self._ledger.forget()
+            raise
         self._closed = False
         _LIVE.add(self)
         LIVE.add(self)  # quern.metrics reports it
+
+    def _use_feed(self, feed: Feed) -> None:
+        """Take the steps from ``self.step`` on from ``feed`` (the one before it stopped first).
+
+        Called at a step boundary (not while ``next()`` runs). The batches do not change:
+        every feed yields ``pipe.batch_at(s, ...)`` at step ``s``.
+        """
+        self._stop_feed()
+        self._feed, self._feed_open = feed, True
+        feed.ahead = self.window
 
     # ------------------------------------------------------------------ protocol
 
     def __iter__(self) -> PipelineIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Batch:
         t0 = self.clock.begin()
         batch = self._holding("next()", self._next)
         self.clock.end(t0)
         return batch
 
-    def _holding(self, what: str, fn: Any, wait: bool = False) -> Any:
+    def _holding(self, what: str, fn: Callable[[], _T], wait: bool = False) -> _T:
         """``fn()``, with the iterator taken by this thread.
 
         Taking it is one atomic step (``dict.setdefault``), so that a Ctrl-C can never
@@ -324,7 +303,7 @@ class PipelineIterator:
         """Whether this thread is inside ``next()`` or ``close()`` (this call comes from a signal handler)."""
         return self._inside and self._owner.get("thread") == threading.get_ident()
 
-    def _next(self) -> Any:
+    def _next(self) -> Batch:
         """The next batch; with a ledger, its line kept (and the lines written on an error or the end)."""
         ledger = self._ledger
         if ledger is None:
@@ -335,139 +314,35 @@ class PipelineIterator:
             ledger.flush()  # a no-op once closed
             raise
 
-    def _next_batch(self) -> Any:
+    def _next_batch(self) -> Batch:
         if self._closed:
             raise RuntimeError("iterator is closed")
-        if self._failed is not None:
-            raise RuntimeError(
-                f"this iterator cannot go on: {self._failed.args[0]}\n(close it; to retry, make a new one with "
-                f"pipe.iterator(start_step={self.step}, ...))"
-            )
         if self._end is not None and self.step >= self._end:
-            self._stop_workers()  # the stream is over: free the processes now
+            self._stop_feed()  # the stream is over: free the threads or processes now
             raise StopIteration
         if self._lookahead is not None:
             self._lookahead.advance(self.step)
-        if self._workers is not None:
-            batch = self._workers.get(self.step, stop=self._waiting(self.step), timeout=self.step_timeout)
-            self._adapt(batch)
-            if self._ledger is not None:
-                self._ledger.add(self.step, self._workers.last_digests)
-            self.step += 1
-            return batch
-        if not self._ready:
-            self._fill()
-            first, count, fut = self._pending.popleft()
-            assert first == self.step
-
-            def stuck(thread: threading.Thread | None, where: str) -> NoReturn:
-                self._time_out(first, count, thread, where)
-
-            try:  # wait, but give up if the iterator is closed (by another thread) meanwhile
-                batches, spent, seconds = loader_threads.wait(
-                    fut,
-                    first,
-                    stopping=self._waiting(first),
-                    step_timeout=self.step_timeout,
-                    computing=self._computing,
-                    stuck=stuck,
-                )
-                add(self.timings, spent)
-                self._computed += count
-                self._load = ema(self._load, seconds / count / self.num_threads)
-            except StreamTimeoutError:  # a live stream's entries are not there yet: the chunk goes on being made
-                self._pending.appendleft((first, count, fut))
-                raise
-            except BaseException as e:
-                self._drop_pending()  # failed steps are recomputed if next() is called again
-                if count == 1 or not isinstance(e, Exception) or self._stop_waiting or e is self._failed:
-                    raise
-                # the chunk failed at one of its steps: redo them one at a time so that an
-                # error surfaces at exactly its own step and the good steps before it are yielded
-                self._careful_until = first + count
-                batches = execute.batches_at(self.pipe, self.step, 1, self.process_index, self.process_count)
-            self._ready.extend(batches)
-        self._adapt(self._ready[0])  # before the batch is taken: a Ctrl-C in here loses nothing
-        self._fill(taking=1)
-        if self._ledger is not None:  # its rows hashed now, as it is yielded (its line made with the next write)
-            t0 = time.perf_counter()
-            self._ledger.add_batch(self.step, self._ready[0])
-            if self.timed:
-                add(self.timings, {DIGEST: time.perf_counter() - t0})
+        batch = self._feed.get(self.step, stop=self._waiting(self.step), timeout=self.step_timeout)
+        self._adapt(batch)
+        if self._ledger is not None:  # its line made with the ledger's next write
+            self._feed.add_to_ledger(self._ledger, self.step, batch)
         self.step += 1
-        return self._ready.popleft()
+        return batch
 
-    def _time_out(self, first: int, count: int, thread: threading.Thread | None, where: str) -> NoReturn:
-        """Step ``self.step`` has not come within ``step_timeout``: raise :class:`StepTimeoutError`.
-
-        The iterator stops; the thread that computes the chunk is left running.
-        """
-        steps = f"step {first}" if count == 1 else f"steps {first}..{first + count - 1}"
-        name = f" ({thread.name})" if thread is not None else ""
-        self._failed = StepTimeoutError(
-            f"step {self.step} (host {self.process_index} of {self.process_count}): no batch within step_timeout="
-            f"{self.step_timeout:g} s; the thread computing {steps}{name} is stuck {where}. Python cannot stop a "
-            "thread: it is left running (a daemon thread, which does not keep the process from exiting), and this "
-            "iterator cannot go on: close it (with num_workers > 0 a stuck worker process is killed and replaced "
-            "instead, and the iterator goes on)"
-        )
-        self._abandon.set()  # the prefetch threads stop waiting for their chunks: close() never waits for it
-        raise self._failed
-
-    def _adapt(self, batch: Any) -> None:
+    def _adapt(self, batch: Batch) -> None:
         """With ``prefetch=None``: every few steps, update the prefetch window.
 
-        It comes from the step time, the load time and the largest batch measured
-        so far (``batch`` is measured).
+        It comes from the step time, the feed's load time and the largest batch
+        measured so far (``batch`` is measured); the feed keeps that many batches
+        in flight.
         """
         if not self.adaptive or (self.step % WINDOW_EVERY and self.window):
             return
         self._batch_bytes = max(self._batch_bytes or 1, batch_nbytes(batch))
-        load = self._workers.load if self._workers is not None else self._load
         self.window = prefetch_window(
-            self.clock.step_time(), load, batch_bytes=self._batch_bytes, budget=self.prefetch_memory
+            self.clock.step_time(), self._feed.load, batch_bytes=self._batch_bytes, budget=self.prefetch_memory
         )
-        if self._workers is not None:
-            self._workers.ahead = self.window
-
-    def _fill(self, taking: int = 0) -> None:
-        """Keep ``prefetch`` chunks of steps in flight after the ones already computed.
-
-        And more while fewer than the adaptive window's batches are ready or in
-        flight (``taking``: of the ready ones, those about to be returned, which do
-        not count).
-        """
-        nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self.step + len(self._ready)
-        assert self._pool is not None and self.read_ahead is not None
-        ahead = len(self._ready) - taking + sum(c for _, c, _ in self._pending)
-        while (len(self._pending) < self.prefetch or ahead < self.window) and (self._end is None or nxt < self._end):
-            count = 1 if nxt < self._careful_until else self._chunk
-            count = count if self._end is None else min(count, self._end - nxt)
-            self._chunk = min(self.read_ahead, self._chunk * 2)
-            args = (
-                self.pipe,
-                nxt,
-                count,
-                self.process_index,
-                self.process_count,
-                self.timed,
-                self._pid,
-            )
-            with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
-                if self.step_timeout is None and self._live is None:
-                    fut = self._pool.submit(loader_threads.compute, *args)
-                else:
-                    fut = self._pool.submit(loader_threads.compute_on_own_thread, self._abandon, self._computing, *args)
-                self._pending.append((nxt, count, fut))
-            nxt += count
-            ahead += count
-
-    def _drop_pending(self) -> None:
-        for *_, fut in self._pending:
-            fut.cancel()
-        self._pending.clear()
-        self._ready.clear()
-        self._chunk = 1
+        self._feed.ahead = self.window
 
     def state(self) -> dict:
         """A checkpoint: ``pipe.iterator(start_step=state["step"])`` resumes exactly.
@@ -558,7 +433,7 @@ class PipelineIterator:
     def _wait_for_workers(self, timeout: float | None) -> bool:
         if self._closed:
             raise RuntimeError("iterator is closed")
-        return True if self._workers is None else self._workers.wait_ready(timeout)
+        return self._feed.wait_ready(timeout)
 
     def stats(self) -> dict:
         """Figures since the iterator started (see :mod:`quern.pipeline.iterate.timing`).
@@ -570,45 +445,18 @@ class PipelineIterator:
             ``timings=False``); ``host_prefetch`` (``ready``, ``in_flight``, ``depth``,
             ``window``); ``workers`` (and, with workers, ``delivered_by_worker``,
             ``worker_restarts``, ``computed_in_parent``); ``service`` with a service
-            (:meth:`quern.pipeline.iterate.service.ServiceFeed.stats`); ``disk_cache`` for sources
+            (:meth:`quern.pipeline.iterate.service.ServiceFeed.service_stats`); ``disk_cache`` for sources
             read by URL. Each figure is described in ``docs/design/iterator.md``.
         """
-        pool = self._workers
-        if pool is None:
-            out = dict(self._last_stats)
-            if not self.num_workers and self._service is None:
-                pending = list(self._pending)  # one C call: safe while next() runs in another thread (a scrape)
-                ready, in_flight = len(self._ready), sum(c for _, c, _ in pending)
-                depth = max(self.prefetch * (self.read_ahead or 1), self.window)
-                out["stages"], out["stage_steps"] = dict(self.timings), self._computed
-            else:  # the workers have stopped: their last figures
-                ready = in_flight = depth = 0
-        elif isinstance(pool, ServiceFeed):
-            ready, in_flight = pool.in_flight()
-            depth = pool.num_workers * pool.in_flight_limit()
-            out = {
-                "workers": 0,
-                "service": pool.stats(),
-                "stages": dict(pool.timings),
-                "stage_steps": pool.timed_steps,
-            }
-        else:
-            ready, in_flight = pool.in_flight()
-            depth = self.num_workers * pool.in_flight_limit()
-            out = {
-                "workers": self.num_workers,
-                "delivered_by_worker": list(pool.delivered),
-                "computed_in_parent": pool.in_parent,
-                "worker_restarts": pool.restarts,
-                "stages": dict(pool.timings),
-                "stage_steps": pool.timed_steps,
-            }
-        out["host_prefetch"] = {"ready": ready, "in_flight": in_flight, "depth": depth, "window": self.window}
+        figures = self._feed.stats()
+        out: dict[str, object] = dict(figures)
+        out["host_prefetch"] = {**figures["host_prefetch"], "window": self.window}
         out.update(self.clock.figures())
         cache = self._lookahead.cache_stats() if self._lookahead is not None else None
-        if self._worker_cache:  # the worker processes' reads and fetches
+        feed_cache = self._feed.cache_counts
+        if feed_cache:  # the reads and fetches of the feed's other processes
             cache = cache if cache is not None else dict.fromkeys(CACHE_COUNTS, 0)
-            for k, v in list(self._worker_cache.items()):
+            for k, v in list(feed_cache.items()):
                 cache[k] += v
         if cache is not None:
             out["disk_cache"] = cache
@@ -617,7 +465,7 @@ class PipelineIterator:
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty with ``num_workers=0`` or once closed)."""
-        return self._workers.pids if self._workers is not None else []
+        return self._feed.pids
 
     def close(self) -> None:
         """Stop the prefetch threads or worker processes and drop computed-ahead batches.
@@ -632,14 +480,12 @@ class PipelineIterator:
             return
         if self._inside_here():  # a signal handler, while this thread is inside next() (or close())
             self._stop_waiting = self._close_after = True
-            if self._workers is not None:
-                self._workers.wake()
+            self._feed.wake()
             return
-        if self._closed and self._workers is None and self._pool is None and self._ledger is None:
+        if self._closed and not self._feed_open and self._ledger is None:
             return
         self._stop_waiting = True  # a next() waiting in another thread gives up...
-        if self._workers is not None:
-            self._workers.wake()
+        self._feed.wake()
         self._holding("close()", self._close, wait=True)  # ...and returns
 
     def _close(self) -> None:
@@ -647,24 +493,26 @@ class PipelineIterator:
         LIVE.discard(self)  # no longer reported to quern.metrics
         if self._lookahead is not None:
             self._lookahead.close()  # queued fetches ahead are dropped
-        self._drop_pending()
-        if self._live is not None:
-            self._abandon.set()  # threads waiting for a live stream's entries give up
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        self._stop_workers()
+        self._stop_feed()
         if self._ledger is not None:
             ledger, self._ledger = self._ledger, None
             ledger.close()  # the lines of the steps yielded are written
 
-    def _stop_workers(self) -> None:
-        """Stop the worker processes (a Ctrl-C waits until they are gone)."""
-        with sigint_deferred():
-            if self._workers is not None:
-                self._last_stats = self.stats()
-                self._workers.close()  # resumable: if this is interrupted, the next close() finishes it
-                self._workers = None
+    def _stop_feed(self, *, forget: bool = False) -> None:
+        """Close the feed (``forget``: in a fork, drop its copy), keeping its last figures for :meth:`stats`.
+
+        Each feed's ``close`` is idempotent: if a Ctrl-C cuts this short, the next
+        call finishes it (a worker pool's holds the Ctrl-C back until its processes
+        are gone).
+        """
+        if self._feed_open:
+            feed = self._feed
+            last = Stopped(feed.stats(), local=feed.local, cache_counts=feed.cache_counts)
+            if forget:
+                feed.forget()
+            else:
+                feed.close()
+            self._feed, self._feed_open = last, False
 
     def _forget(self) -> None:
         """In a process forked from the iterator's own: drop this copy.
@@ -673,16 +521,10 @@ class PipelineIterator:
         not touched.
         """
         self._closed = True
-        self._pending.clear()
-        self._ready.clear()
         if self._ledger is not None:  # its lines are the other process's to write
             ledger, self._ledger = self._ledger, None
             ledger.forget()
-        self._pool = None  # its threads do not exist in this process
-        if self._workers is not None:
-            self._last_stats = self.stats()
-            workers, self._workers = self._workers, None
-            workers.forget()
+        self._stop_feed(forget=True)
 
     def __enter__(self) -> PipelineIterator:
         return self

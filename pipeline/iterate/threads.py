@@ -1,32 +1,52 @@
 """The iterator's thread side (``num_workers=0``): chunks of steps computed on prefetch threads.
 
-:func:`compute` runs a chunk of consecutive steps on a prefetch thread;
-with ``step_timeout``, :func:`compute_on_own_thread` runs it on a daemon
-thread of its own, whose stage :func:`wait` watches while the caller waits.
-What a chunk holds is exactly ``pipe.batch_at(s, ...)`` for each of its steps.
-The design is in ``docs/design/iterator.md``.
+:class:`ThreadFeed` is the :class:`~quern.pipeline.iterate.feed.Feed` of
+threads in this process: :func:`compute` runs a chunk of consecutive steps on
+a prefetch thread; with ``step_timeout``, :func:`compute_on_own_thread` runs
+it on a daemon thread of its own, whose stage :func:`wait` watches while the
+caller waits. What a chunk holds is exactly ``pipe.batch_at(s, ...)`` for each
+of its steps. The design is in ``docs/design/iterator.md``.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import math
 import numbers
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import NoReturn
 
 from .. import execute
-from ..core.errors import exit_if_forked
+from ..core.errors import StepTimeoutError, StreamTimeoutError, exit_if_forked
+from ..integrity.ledger import DIGEST, LedgerWriter
+from ..order.index import host_rows
 from ..sources import waiting
-from .timing import stage_now
+from .feed import Batch, Feed, FeedSettings, FeedStats
+from .timing import add, ema, stage_now
+from .workers.signals import sigint_deferred
 
-__all__ = ["Chunk", "check_step_timeout", "compute", "compute_on_own_thread", "wait"]
+__all__ = [
+    "Chunk",
+    "THREAD_READ_RECORDS",
+    "THREAD_READ_STEPS",
+    "ThreadFeed",
+    "check_step_timeout",
+    "compute",
+    "compute_on_own_thread",
+    "wait",
+]
+
+THREAD_READ_RECORDS = 4096  # about this many records per bulk read...
+THREAD_READ_STEPS = 16  # ...but at most this many steps
 
 # (batches, seconds per stage, wall seconds)
-Chunk = tuple[list[Any], dict[str, float], float]
+Chunk = tuple[list[Batch], dict[str, float], float]
 
 
 def compute(
@@ -69,7 +89,15 @@ def compute(
 
 
 def compute_on_own_thread(
-    abandon: threading.Event, computing: dict[int, threading.Thread], pipe: execute.Definition, first: int, *args: Any
+    abandon: threading.Event,
+    computing: dict[int, threading.Thread],
+    pipe: execute.Definition,
+    first: int,
+    count: int,
+    index: int,
+    hosts: int,
+    timed: bool,
+    owner: int,
 ) -> Chunk:
     """On a prefetch thread, with ``step_timeout``: :func:`compute` on a daemon thread of its own.
 
@@ -84,7 +112,11 @@ def compute_on_own_thread(
         computing: first step -> the thread computing it (entries added and removed here).
         pipe: the pipeline.
         first: the first step.
-        *args: the rest of :func:`compute`'s arguments.
+        count: how many steps.
+        index: this host.
+        hosts: the number of hosts.
+        timed: whether to measure the seconds per stage.
+        owner: the process id of the iterator's process.
 
     Returns:
         What :func:`compute` returns.
@@ -92,14 +124,14 @@ def compute_on_own_thread(
     Raises:
         RuntimeError: ``abandon`` was set before the chunk was done.
     """
-    out: list[Any] = []
+    out: list[Chunk | BaseException] = []
 
     def run() -> None:
         try:
             with waiting.patient(abandon.is_set):  # a live stream's entries: waited for until abandoned
-                out.append((True, compute(pipe, first, *args)))
+                out.append(compute(pipe, first, count, index, hosts, timed, owner))
         except BaseException as e:
-            out.append((False, e))
+            out.append(e)
 
     thread = threading.Thread(target=run, name=f"quern-step-{first}", daemon=True)
     computing[first] = thread
@@ -111,8 +143,8 @@ def compute_on_own_thread(
                 raise RuntimeError(f"the iterator gave up on steps from {first} (step_timeout)")
     finally:
         computing.pop(first, None)
-    ok, value = out[0]
-    if not ok:
+    value = out[0]
+    if isinstance(value, BaseException):
         raise value
     return value
 
@@ -165,7 +197,7 @@ def wait(
                 stuck(thread, str(now))
 
 
-def _frame_of(thread: threading.Thread | None) -> Any:
+def _frame_of(thread: threading.Thread | None) -> FrameType | None:
     """The innermost frame of ``thread`` (``None`` when it is not running)."""
     ident = thread.ident if thread is not None else None
     return sys._current_frames().get(ident) if ident is not None else None
@@ -196,3 +228,246 @@ def check_step_timeout(value: object) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"step_timeout must be a finite number of seconds above 0, or None; got {value!r}")
     return seconds
+
+
+class ThreadFeed(Feed):
+    """The :class:`~quern.pipeline.iterate.feed.Feed` of ``num_workers=0``: chunks of steps computed on threads here.
+
+    Chunks of up to ``read_ahead`` consecutive steps (1, 2, 4, ... at first, for a
+    quick first batch) are computed ahead on ``num_threads`` prefetch threads,
+    ``prefetch`` chunks at least and more while fewer than :attr:`ahead` batches are
+    ready or in flight. A chunk that fails at one of its steps is computed again
+    one step at a time, so that the error surfaces at exactly its own step. Asked
+    for another step than the next one (one asked for again after a Ctrl-C lost
+    its batch), it drops what it computed ahead and goes on from that step.
+
+    With ``step_timeout`` (or a live stream) each chunk runs on a daemon thread of
+    its own (:func:`compute_on_own_thread`); a chunk stuck past the deadline is
+    left running and the feed cannot go on (Python cannot stop a thread).
+
+    Args:
+        pipe: the pipeline.
+        settings: the iterator's settings (``read_ahead=None``: about
+            :data:`THREAD_READ_RECORDS` records, at most :data:`THREAD_READ_STEPS`
+            steps, times the number of components of a mixture).
+        num_threads: prefetch threads.
+        watch: run each chunk on a thread of its own, which can be watched and left
+            behind (with ``step_timeout``, or on a live stream).
+    """
+
+    def __init__(self, pipe: execute.Definition, settings: FeedSettings, *, num_threads: int, watch: bool) -> None:
+        self.pipe, self.settings, self.num_threads = pipe, settings, num_threads
+        read_ahead = settings.read_ahead
+        if read_ahead is None:
+            lo, hi = host_rows(pipe.batch_size or 0, settings.process_index, settings.process_count)
+            c = len(pipe.leaves)  # a mixture reads each component in its own calls: keep them as large
+            read_ahead = execute.steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
+        self.read_ahead: int = read_ahead
+        self.ahead = 0
+        self.timings: dict[str, float] = {}  # seconds per stage, over the threads' chunks
+        self._computed = 0  # steps computed (whose stage times are in timings)
+        self._load: float | None = None
+        self._watch = watch
+        self._owner = os.getpid()
+        self._at = settings.start  # the step of the first ready batch (or the next one asked for)
+        self._pending: collections.deque[tuple[int, int, cf.Future[Chunk]]] = collections.deque()
+        self._ready: collections.deque[Batch] = collections.deque()  # batches of the chunk being taken
+        self._chunk = 1
+        self._careful_until = 0  # steps below this are computed one per chunk (after a failed chunk)
+        self._failed: StepTimeoutError | None = None  # a step timed out, its thread left running
+        self._abandon = threading.Event()  # ...and the prefetch threads stop waiting for the stuck chunk
+        self._computing: dict[int, threading.Thread] = {}  # watched: first step -> the thread computing it
+        self._closed = False
+        self._executor: cf.ThreadPoolExecutor | None = cf.ThreadPoolExecutor(
+            num_threads, thread_name_prefix="quern-prefetch"
+        )
+
+    @property
+    def load(self) -> float | None:
+        """The threads' seconds per batch over their number (a moving average)."""
+        return self._load
+
+    @property
+    def local(self) -> bool:
+        """Whether the records are read here, which they always are (in this process)."""
+        return True
+
+    @property
+    def pids(self) -> list[int]:
+        """An empty list, the steps being computed in this process."""
+        return []
+
+    @property
+    def cache_counts(self) -> Mapping[str, int]:
+        """An empty mapping, the reads of this process being counted by its own disk caches."""
+        return {}
+
+    def get(self, step: int, *, stop: Callable[[], bool], timeout: float | None) -> Batch:
+        """The batch of ``step``: see :meth:`Feed.get <quern.pipeline.iterate.feed.Feed.get>`.
+
+        Args:
+            step: the step.
+            stop: polled every 0.1 s while waiting.
+            timeout: the seconds the thread computing the step may stay at one step
+                (the clock starts again when it moves on); ``None``: no deadline.
+
+        Returns:
+            The batch.
+
+        Raises:
+            StepError: the step raised.
+            StepTimeoutError: the deadline passed; the thread is left running and the
+                feed cannot go on.
+            StreamTimeoutError: a live stream's entries did not come in time (the chunk
+                goes on being computed).
+            RuntimeError: ``stop()`` became true, the feed is closed, or a step timed out before.
+        """
+        if self._failed is not None:
+            raise RuntimeError(
+                f"this iterator cannot go on: {self._failed.args[0]}\n(close it; to retry, make a new one with "
+                f"pipe.iterator(start_step={step}, ...))"
+            )
+        if self._closed:
+            raise RuntimeError("iterator is closed")
+        if step != self._at:  # not the next step: what was computed ahead is not what is asked for
+            self._drop_pending()
+            self._at = step
+        if not self._ready:
+            self._fill()
+            first, count, fut = self._pending.popleft()
+            assert first == step
+
+            def stuck(thread: threading.Thread | None, where: str) -> NoReturn:
+                self._time_out(step, first, count, thread, where, timeout)
+
+            try:  # wait, but give up if the iterator is closed (by another thread) meanwhile
+                batches, spent, seconds = wait(
+                    fut, first, stopping=stop, step_timeout=timeout, computing=self._computing, stuck=stuck
+                )
+                add(self.timings, spent)
+                self._computed += count
+                self._load = ema(self._load, seconds / count / self.num_threads)
+            except StreamTimeoutError:  # a live stream's entries are not there yet: the chunk goes on being made
+                self._pending.appendleft((first, count, fut))
+                raise
+            except BaseException as e:
+                self._drop_pending()  # failed steps are recomputed if asked for again
+                if count == 1 or not isinstance(e, Exception) or e is self._failed or _stopping(stop):
+                    raise
+                # the chunk failed at one of its steps: redo them one at a time so that an
+                # error surfaces at exactly its own step and the good steps before it are yielded
+                self._careful_until = first + count
+                s = self.settings
+                batches = execute.batches_at(self.pipe, step, 1, s.process_index, s.process_count)
+            self._ready.extend(batches)
+        self._fill(taking=1)  # before the batch is taken: a Ctrl-C in here loses nothing
+        self._at = step + 1  # first, so that a Ctrl-C after it makes a step asked for again be recomputed
+        return self._ready.popleft()
+
+    def _time_out(
+        self, step: int, first: int, count: int, thread: threading.Thread | None, where: str, timeout: float | None
+    ) -> NoReturn:
+        """Step ``step`` has not come within ``timeout``: raise :class:`StepTimeoutError`.
+
+        The feed stops; the thread that computes the chunk is left running.
+        """
+        steps = f"step {first}" if count == 1 else f"steps {first}..{first + count - 1}"
+        name = f" ({thread.name})" if thread is not None else ""
+        s = self.settings
+        self._failed = StepTimeoutError(
+            f"step {step} (host {s.process_index} of {s.process_count}): no batch within step_timeout="
+            f"{timeout:g} s; the thread computing {steps}{name} is stuck {where}. Python cannot stop a "
+            "thread: it is left running (a daemon thread, which does not keep the process from exiting), and this "
+            "iterator cannot go on: close it (with num_workers > 0 a stuck worker process is killed and replaced "
+            "instead, and the iterator goes on)"
+        )
+        self._abandon.set()  # the prefetch threads stop waiting for their chunks: close() never waits for it
+        raise self._failed
+
+    def _fill(self, taking: int = 0) -> None:
+        """Keep ``prefetch`` chunks of steps in flight after the ones already computed.
+
+        And more while fewer than :attr:`ahead` batches are ready or in flight
+        (``taking``: of the ready ones, those about to be returned, which do not count).
+        """
+        s, executor = self.settings, self._executor
+        assert executor is not None
+        nxt = self._pending[-1][0] + self._pending[-1][1] if self._pending else self._at + len(self._ready)
+        queued = len(self._ready) - taking + sum(c for _, c, _ in self._pending)
+        while (len(self._pending) < s.prefetch or queued < self.ahead) and (s.end is None or nxt < s.end):
+            count = 1 if nxt < self._careful_until else self._chunk
+            count = count if s.end is None else min(count, s.end - nxt)
+            self._chunk = min(self.read_ahead, self._chunk * 2)
+            args = (self.pipe, nxt, count, s.process_index, s.process_count, s.timed, self._owner)
+            with sigint_deferred():  # submitted and recorded, or neither: a Ctrl-C leaves no gap
+                if self._watch:
+                    fut = executor.submit(compute_on_own_thread, self._abandon, self._computing, *args)
+                else:
+                    fut = executor.submit(compute, *args)
+                self._pending.append((nxt, count, fut))
+            nxt += count
+            queued += count
+
+    def _drop_pending(self) -> None:
+        for *_, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        self._ready.clear()
+        self._chunk = 1
+
+    def add_to_ledger(self, ledger: LedgerWriter, step: int, batch: Batch) -> None:
+        """Hash ``batch`` here, as it is yielded (its line is made with the ledger's next write).
+
+        Args:
+            ledger: the iterator's ledger.
+            step: the step.
+            batch: its batch.
+        """
+        t0 = time.perf_counter()
+        ledger.add_batch(step, batch)
+        if self.settings.timed:
+            add(self.timings, {DIGEST: time.perf_counter() - t0})
+
+    def stats(self) -> FeedStats:
+        """``workers`` (0), ``stages``, ``stage_steps`` and ``host_prefetch``."""
+        pending = list(self._pending)  # one C call: safe while get() runs in another thread (a scrape)
+        ready, in_flight = len(self._ready), sum(c for _, c, _ in pending)
+        depth = 0 if self._closed else max(self.settings.prefetch * self.read_ahead, self.ahead)
+        return {
+            "workers": 0,
+            "stages": dict(self.timings),
+            "stage_steps": self._computed,
+            "host_prefetch": {"ready": ready, "in_flight": in_flight, "depth": depth},
+        }
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        """Return true, threads starting at once."""
+        return True
+
+    def wake(self) -> None:
+        """Nothing to do: a waiting :meth:`get` looks at its ``stop`` every 0.1 s."""
+
+    def close(self) -> None:
+        """Drop the chunks computed ahead and wait for the prefetch threads (not a thread left behind)."""
+        self._closed = True
+        self._drop_pending()
+        if self.settings.live:
+            self._abandon.set()  # threads waiting for a live stream's entries give up
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def forget(self) -> None:
+        """In a fork: drop this copy (the threads do not exist in this process)."""
+        self._closed = True
+        self._pending.clear()
+        self._ready.clear()
+        self._executor = None
+
+
+def _stopping(stop: Callable[[], bool]) -> bool:
+    """Whether ``stop()`` says to give up (a ``stop`` that raises does not)."""
+    try:
+        return bool(stop())
+    except Exception:
+        return False

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import CodeType, FrameType, FunctionType
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
@@ -409,16 +409,17 @@ def stage_now(frame: FrameType | None) -> StageNow:
 def _stage_text(kind: StageKind, f: FrameType) -> str:
     """The stage that the frame ``f`` of a stage function of ``kind`` runs (see :func:`stage_now`)."""
     try:
-        return _DESCRIBE[kind](f.f_locals)
+        return _DESCRIBE[kind](f)
     except Exception:
         return f"stage unknown ({f.f_code.co_name})"
 
 
-def _read_text(local: Mapping[str, Any]) -> str:
-    return f"stage 'read' of source {local['src'].name!r}"
+def _read_text(f: FrameType) -> str:
+    return f"stage 'read' of source {f.f_locals['src'].name!r}"
 
 
-def _record_text(local: Mapping[str, Any]) -> str:
+def _record_text(f: FrameType) -> str:
+    local = f.f_locals
     text = f"stage {local.get('stage') or local['op'].label(local['k'])}"
     if "i" in local and local.get("many") is None:  # one record at a time: its row
         i, names = local["i"], local["names"]
@@ -426,16 +427,18 @@ def _record_text(local: Mapping[str, Any]) -> str:
     return text
 
 
-def _batch_text(local: Mapping[str, Any]) -> str:
+def _batch_text(f: FrameType) -> str:
+    local = f.f_locals
     return f"stage {local['op'].label(local['k'])}"
 
 
-_DESCRIBE: dict[StageKind, Callable[[Mapping[str, Any]], str]] = {
+# what a stage function of each kind runs, read from its frame's local variables
+_DESCRIBE: dict[StageKind, Callable[[FrameType], str]] = {
     "read": _read_text,
     "record": _record_text,
-    "collate": lambda local: "stage 'collate'",
+    "collate": lambda f: "stage 'collate'",
     "batch": _batch_text,
-    "pack": lambda local: "stage 'pack'",
+    "pack": lambda f: "stage 'pack'",
 }
 
 

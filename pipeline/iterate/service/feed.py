@@ -14,8 +14,8 @@ fewest units in flight. Whatever comes back is the same bytes, so:
   actor's message (step, host slice, stage, records) and traceback; asking for
   the step again computes it again.
 
-The feed has the interface of :class:`~quern.pipeline.iterate.workers.WorkerPool` that
-:class:`~quern.PipelineIterator` uses (``get``, ``load``, ``ahead``, ``stats``...).
+:class:`ServiceFeed` is the iterator's :class:`~quern.pipeline.iterate.feed.Feed`
+with a service.
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ from __future__ import annotations
 import collections
 import statistics
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ... import execute
 from ...core.errors import ServiceError, StepTimeoutError
+from ...integrity.ledger import LedgerWriter
 from ...order.index import host_rows
+from ..feed import Batch, Feed, FeedStats
 from ..timing import HANDOVER, add, ema
 from .actor import UnitResult
 from .ray_service import RayService, _ray
@@ -62,8 +64,10 @@ class _Unit:
         self.hedged = False
 
 
-class ServiceFeed:
+class ServiceFeed(Feed):
     """The batches of one host slice, computed by a :class:`RayService`'s actors, in step order.
+
+    The :class:`~quern.pipeline.iterate.feed.Feed` of ``pipe.iterator(service=...)``.
 
     Args:
         service: the service (its actors are started for ``pipe`` if they are not yet).
@@ -117,16 +121,13 @@ class ServiceFeed:
         self._unit_seconds: list[float] = []  # every unit's seconds, for stats()
         self._last_look = self._last_hello = self._last_head = time.monotonic()
         self.delivered = [0] * service.num_actors  # steps each actor slot delivered
-        self.in_parent = 0
         self.recomputations = 0  # units sent again after their actor died
         self.hedges = 0  # units also sent to a second actor
         self.last_digests = ""
         self.timings: dict[str, float] = {}
         self.timed_steps = 0
-        self.cache_counts: dict[str, int] = {}
-        self.load: float | None = None
+        self._load: float | None = None
         self.ahead = 0
-        self.pids: list[int] = []  # kept for the iterator's worker_pids (actors are not this host's processes)
         self._closed = False
         service.wait_ready()
 
@@ -216,7 +217,7 @@ class ServiceFeed:
         if result.timings:
             add(self.timings, result.timings)
             self.timed_steps += unit.count
-        self.load = ema(self.load, result.seconds / unit.count / self.service.num_actors)
+        self._load = ema(self._load, result.seconds / unit.count / self.service.num_actors)
 
     def _note_arrivals(self) -> None:
         """Note when the attempts in flight came back (once per unit: their times set the hedging deadline)."""
@@ -259,7 +260,7 @@ class ServiceFeed:
 
     # ------------------------------------------------------------------ the iterator's side
 
-    def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
+    def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Batch:
         """The batch of ``step``, waiting for it; steps must be asked for in order.
 
         Args:
@@ -318,7 +319,7 @@ class ServiceFeed:
                 wait = min(wait, left)
             self._wait(unit, max(wait, 0.001))
 
-    def _take(self, unit: _Unit, step: int) -> Any:
+    def _take(self, unit: _Unit, step: int) -> Batch:
         result = unit.result
         assert result is not None
         i = step - unit.first
@@ -351,7 +352,52 @@ class ServiceFeed:
         """Steps per actor in flight at most."""
         return max(self.prefetch * self.read_ahead, -(-self.ahead // self.service.num_actors))
 
-    def stats(self) -> dict[str, Any]:
+    @property
+    def load(self) -> float | None:
+        """The actors' seconds per batch over their number (a moving average; ``None``: none yet)."""
+        return self._load
+
+    @property
+    def local(self) -> bool:
+        """Whether the steps read here, which they do not (the actors read on their own nodes)."""
+        return False
+
+    @property
+    def pids(self) -> list[int]:
+        """An empty list, the actors not being this machine's processes."""
+        return []
+
+    @property
+    def cache_counts(self) -> Mapping[str, int]:
+        """An empty mapping, the actors' disk caches being theirs."""
+        return {}
+
+    def add_to_ledger(self, ledger: LedgerWriter, step: int, batch: Batch) -> None:
+        """Give ``ledger`` the fields the actor computed for the batch :meth:`get` returned last.
+
+        Args:
+            ledger: the iterator's ledger.
+            step: the step.
+            batch: its batch (not hashed again).
+        """
+        ledger.add(step, self.last_digests)
+
+    def stats(self) -> FeedStats:
+        """The feed's figures: ``workers`` (0), ``service`` (:meth:`service_stats`), ``stages``, ``stage_steps``, ``host_prefetch``."""
+        if self._closed:
+            ready = flying = depth = 0
+        else:
+            ready, flying = self.in_flight()
+            depth = self.num_workers * self.in_flight_limit()
+        return {
+            "workers": 0,
+            "service": self.service_stats(),
+            "stages": dict(self.timings),
+            "stage_steps": self.timed_steps,
+            "host_prefetch": {"ready": ready, "in_flight": flying, "depth": depth},
+        }
+
+    def service_stats(self) -> dict[str, object]:
         """The service's figures for ``it.stats()["service"]``."""
         times = sorted(self._unit_seconds)
         ready, flying = self.in_flight()

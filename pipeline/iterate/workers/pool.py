@@ -17,11 +17,13 @@ import selectors
 import socket
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from ... import execute
 from ...core.errors import WorkerError
+from ...integrity.ledger import LedgerWriter
+from ..feed import Batch, Feed, FeedStats, worker_figures
 from ..timing import HANDOVER, add, ema
 from . import shm
 from .handles import ServerHandle, WorkerHandle, preloads, readable
@@ -48,7 +50,7 @@ class _Delivered(NamedTuple):
 class _Copied(NamedTuple):
     """A step's batch copied out of the slot of a worker that has died since (and its ledger fields)."""
 
-    batch: Any
+    batch: Batch
     digests: str = ""
 
 
@@ -63,8 +65,10 @@ class _StepFailed(NamedTuple):
 _Result = _Delivered | _Copied | _StepFailed
 
 
-class WorkerPool:
+class WorkerPool(Feed):
     """``num_workers`` processes computing the steps of ``pipe`` for one host slice.
+
+    The :class:`~quern.pipeline.iterate.feed.Feed` of ``num_workers > 0``.
 
     :meth:`get` returns the batch of a step; the caller asks for consecutive steps
     (asking again for a step that raised retries it). Each worker gets tasks of
@@ -147,8 +151,9 @@ class WorkerPool:
         self.last_digests = ""  # those of the batch get() returned last
         self.timings: dict[str, float] = {}  # seconds per stage, summed over the workers' steps
         self.timed_steps = 0  # the steps of the tasks delivered whole (whose stage seconds are in timings)
-        self.cache_counts: dict[str, int] = {}  # the workers' disk-cache counters, added up (lookahead.CACHE_COUNTS)
-        self.load: float | None = None  # the workers' seconds per batch over their number (a moving average)
+        self._cache_counts: dict[str, int] = {}  # the workers' disk-cache counters, added up (lookahead.CACHE_COUNTS)
+        self._load: float | None = None  # the workers' seconds per batch over their number (a moving average)
+        self._closed = False
         self.ahead = 0  # batches the iterator wants in flight in all (its prefetch window); 0: prefetch tasks
         # what becomes of a dead worker's steps: a function of these two, not of the pool (no reference cycle)
         lose = functools.partial(_lose, self._results, self._sent)
@@ -181,8 +186,23 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the workers the fork server has started so far."""
-        return self._procs.pids
+        """Process ids of the workers the fork server has started so far (empty once closed)."""
+        return [] if self._closed else self._procs.pids
+
+    @property
+    def load(self) -> float | None:
+        """The workers' seconds per batch over their number (a moving average; ``None``: none yet)."""
+        return self._load
+
+    @property
+    def local(self) -> bool:
+        """Whether the steps read here, which they do (the workers are on this machine)."""
+        return True
+
+    @property
+    def cache_counts(self) -> Mapping[str, int]:
+        """The workers' disk-cache counters (:data:`~quern.pipeline.remote.lookahead.CACHE_COUNTS`), added up."""
+        return self._cache_counts
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until every worker has started, or ``timeout`` seconds pass.
@@ -273,10 +293,10 @@ class WorkerPool:
                 )
             add(self.timings, msg.timings)
             for k, v in msg.cache:
-                self.cache_counts[k] = self.cache_counts.get(k, 0) + v
+                self._cache_counts[k] = self._cache_counts.get(k, 0) + v
             if msg.task_steps:
                 self.timed_steps += msg.task_steps
-                self.load = ema(self.load, msg.seconds / msg.task_steps / self.num_workers)
+                self._load = ema(self._load, msg.seconds / msg.task_steps / self.num_workers)
             self._deliver(worker, msg.step, _Delivered(worker, msg.slot, msg.data, msg.spans, msg.digests))
         elif isinstance(msg, Failed):
             worker.release(msg.step)  # nothing was written to its slot
@@ -354,13 +374,32 @@ class WorkerPool:
         want = -(-self.ahead // self.num_workers)
         return max(base, min(want, self._most_in_flight))
 
-    def in_flight(self) -> tuple[int, int]:
-        """The steps on their way.
+    def stats(self) -> FeedStats:
+        """The workers' figures (see :class:`~quern.pipeline.iterate.feed.FeedStats`).
 
         Returns:
-            ``(steps delivered and not yet taken, steps sent to workers and not yet delivered)``.
+            ``workers``, ``delivered_by_worker``, ``computed_in_parent``, ``worker_restarts``,
+            ``stages``, ``stage_steps`` and ``host_prefetch`` (``ready``: steps delivered and
+            not yet taken; ``in_flight``: sent and not yet delivered; nothing once closed).
         """
-        return len(self._results), len(self._sent)
+        out = worker_figures(self.num_workers, self.delivered, self.restarts)
+        out["stages"], out["stage_steps"] = dict(self.timings), self.timed_steps
+        if self._closed:
+            out["host_prefetch"] = {"ready": 0, "in_flight": 0, "depth": 0}
+        else:
+            depth = self.num_workers * self.in_flight_limit()
+            out["host_prefetch"] = {"ready": len(self._results), "in_flight": len(self._sent), "depth": depth}
+        return out
+
+    def add_to_ledger(self, ledger: LedgerWriter, step: int, batch: Batch) -> None:
+        """Give ``ledger`` the fields the worker computed for the batch :meth:`get` returned last.
+
+        Args:
+            ledger: the iterator's ledger.
+            step: the step.
+            batch: its batch (not hashed again).
+        """
+        ledger.add(step, self.last_digests)
 
     def _reclaim(self, limit: int) -> None:
         """Take back the slots of lent batches that nobody holds any more.
@@ -390,7 +429,7 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ batches
 
-    def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Any:
+    def get(self, step: int, *, stop: Callable[[], bool] | None = None, timeout: float | None = None) -> Batch:
         """The batch of ``step``, waiting for it; steps must be asked for in order.
 
         A step delivered is returned even if its worker has failed since; otherwise
@@ -450,7 +489,7 @@ class WorkerPool:
         except OSError:
             pass
 
-    def _take(self, step: int) -> Any:
+    def _take(self, step: int) -> Batch:
         """The batch of delivered ``step``.
 
         A Ctrl-C may land anywhere in here: the step stays delivered (asked again, it
@@ -498,6 +537,7 @@ class WorkerPool:
         with sigint_deferred():
             self._procs.close()
             self._release()
+            self._closed = True
 
     def forget(self) -> None:
         """Drop this copy of a pool made by another process (this one is a fork of it).
@@ -507,6 +547,7 @@ class WorkerPool:
         """
         self._procs.forget()
         self._release()
+        self._closed = True
 
     def _release(self) -> None:
         self._results.clear()
@@ -521,7 +562,7 @@ class WorkerPool:
             self._definition = None
 
 
-def _copy_out(result: _Delivered) -> Any:
+def _copy_out(result: _Delivered) -> Batch:
     """The batch of ``result``, copied out of its worker's slot."""
     return shm.loads(result.data, result.worker.slots[result.slot], spans=result.spans, copy=True)
 

@@ -1,0 +1,114 @@
+"""Which :class:`~quern.pipeline.iterate.feed.Feed` computes an iterator's steps: :func:`open_feed`.
+
+Threads of this process (``num_workers=0``), worker processes
+(``num_workers > 0``) or a :class:`~quern.RayService`'s actors (``service=``);
+:func:`check_backend` refuses the combinations that mean nothing. A batch is the
+same bytes whichever computes it.
+"""
+
+from __future__ import annotations
+
+from .. import execute
+from .feed import Feed, FeedSettings, Stopped, worker_figures
+from .service import RayService, ServiceFeed
+from .threads import ThreadFeed
+from .workers import WorkerPool
+
+__all__ = ["check_backend", "open_feed"]
+
+
+def check_backend(num_workers: int, num_threads: int, service: object) -> RayService | None:
+    """The iterator's backend options, checked together.
+
+    Args:
+        num_workers: worker processes (0: threads), checked already.
+        num_threads: prefetch threads, checked already.
+        service: ``None`` or a :class:`~quern.RayService`.
+
+    Returns:
+        The service, or ``None``.
+
+    Raises:
+        ValueError: ``num_threads`` other than 1 with workers, or a service with workers.
+        TypeError: ``service`` is not a :class:`~quern.RayService`.
+    """
+    if num_workers and num_threads != 1:
+        raise ValueError(
+            f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
+            "each worker process computes its steps on one thread"
+        )
+    if service is not None and not isinstance(service, RayService):
+        raise TypeError(f"service must be a quern.RayService or None, got {type(service).__name__}")
+    if service is not None and num_workers:
+        raise ValueError(
+            f"service= and num_workers={num_workers} cannot be used together: the service's actors compute "
+            "the steps (num_workers=0)"
+        )
+    return service
+
+
+def open_feed(
+    pipe: execute.Definition,
+    settings: FeedSettings,
+    *,
+    num_workers: int,
+    num_threads: int,
+    service: RayService | None,
+    watch: bool,
+) -> Feed:
+    """The feed that computes ``pipe``'s steps from ``settings.start`` on, started.
+
+    Args:
+        pipe: the pipeline.
+        settings: what every feed is told.
+        num_workers: worker processes (0: threads in this process, or the service's actors).
+        num_threads: prefetch threads (``num_workers=0`` without a service).
+        service: compute the steps on this service's actors (``None``: here).
+        watch: threads run each chunk on a thread of their own, which ``step_timeout``
+            watches (and a live stream's close abandons).
+
+    Returns:
+        A :class:`~quern.pipeline.iterate.threads.ThreadFeed`, a
+        :class:`~quern.pipeline.iterate.workers.WorkerPool` or a
+        :class:`~quern.pipeline.iterate.service.ServiceFeed`; with workers or a service
+        and no step left (``start`` at the stream's end), a
+        :class:`~quern.pipeline.iterate.feed.Stopped` feed: nothing is started.
+
+    Raises:
+        TypeError: the pipeline cannot be pickled (workers, service).
+        ServiceError: the service is closed, holds another pipeline, or its actors disagree
+            with this process.
+    """
+    over = settings.end is not None and settings.start >= settings.end
+    if service is not None:
+        if over:
+            return Stopped({"workers": 0, "stages": {}, "stage_steps": 0}, local=False)
+        return ServiceFeed(
+            service,
+            pipe,
+            process_index=settings.process_index,
+            process_count=settings.process_count,
+            prefetch=settings.prefetch,
+            read_ahead=settings.read_ahead,
+            start=settings.start,
+            end=settings.end,
+            copy=settings.copy,
+            timed=settings.timed,
+            digests=settings.digests,
+        )
+    if num_workers:
+        if over:
+            return Stopped(worker_figures(num_workers, [0] * num_workers, 0), local=True)
+        return WorkerPool(
+            pipe,
+            num_workers,
+            process_index=settings.process_index,
+            process_count=settings.process_count,
+            prefetch=settings.prefetch,
+            read_ahead=settings.read_ahead,
+            end=settings.end,
+            copy=settings.copy,
+            timed=settings.timed,
+            digests=settings.digests,
+        )
+    return ThreadFeed(pipe, settings, num_threads=num_threads, watch=watch)
