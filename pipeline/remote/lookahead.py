@@ -12,11 +12,12 @@ least recently used one. Nothing here changes a byte of a batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..streams.protocol import Definition
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["CACHE_COUNTS", "LOOKAHEAD", "Lookahead", "cache_counts", "records_of_steps"]
 
@@ -30,7 +31,7 @@ def _caches(sources: Any) -> list[Any]:
     return list(found.values())
 
 
-def cache_counts(pipe: Definition) -> dict[str, int]:
+def cache_counts(pipe: Pipeline) -> dict[str, int]:
     """This process's counters of the disk caches of ``pipe``'s sources, added up.
 
     A worker process reports them to the parent. A cache shared by several
@@ -47,7 +48,7 @@ def cache_counts(pipe: Definition) -> dict[str, int]:
 
 
 def records_of_steps(
-    pipe: Definition, steps: range, process_index: int = 0, process_count: int = 1
+    pipe: Pipeline, steps: range, process_index: int = 0, process_count: int = 1
 ) -> list[tuple[Any, np.ndarray, np.ndarray]]:
     """The records this host's rows of ``steps`` read, per source, in step order.
 
@@ -94,7 +95,7 @@ class Lookahead:
     """
 
     def __init__(
-        self, pipe: Definition, process_index: int = 0, process_count: int = 1, *, steps: int = LOOKAHEAD
+        self, pipe: Pipeline, process_index: int = 0, process_count: int = 1, *, steps: int = LOOKAHEAD
     ) -> None:
         self.pipe, self.process_index, self.process_count, self.steps = pipe, process_index, process_count, steps
         self.last: int | None = None  # the step of the last hand-over
@@ -105,7 +106,7 @@ class Lookahead:
         ]  # prefetching ones
 
     @staticmethod
-    def wanted(pipe: Definition) -> bool:
+    def wanted(pipe: Pipeline) -> bool:
         """Whether ``pipe`` reads a source that fetches ahead (a remote one).
 
         Args:
