@@ -14,7 +14,8 @@ is None and a test skips with :data:`REDIS_MISSING` (or is marked ``needs_redis`
             assert r.xlen("s") == 1
             srv.stop()  # SIGTERM, then SIGKILL: no process left
 
-Every server is one ``redis-server`` process run in the foreground (``--daemonize no``) as a child of
+Every server is one ``redis-server`` process, started and stopped by tests/servers.py's launcher
+(:class:`~servers.ServerProcess`), run in the foreground (``--daemonize no``) as a child of
 the test, on a free port (``.port``) of 127.0.0.1 only, with its data and its output log
 (``output.log``) in a temporary folder (``.dir``). It writes an append-only file fsynced before each
 write is answered (``--appendonly yes --appendfsync always``) and no RDB snapshots (``--save ""``), so
@@ -29,22 +30,14 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import tempfile
-import time
 from typing import Any, Self
 
 import pytest
-from helpers import free_port
-from servers import _read_from, _size
+from servers import ServerProcess
 
 REDIS_MISSING = "redis-server is not installed (make services installs it with apt-get)"
-START_TIMEOUT = 10.0  # seconds for redis-server to answer PING with its data loaded
-STOP_TIMEOUT = 5.0  # seconds after SIGTERM before SIGKILL
-
-_SETPRIV = shutil.which("setpriv")
 
 
 @functools.cache
@@ -59,42 +52,28 @@ def redis_binary() -> str | None:
 needs_redis = pytest.mark.skipif(redis_binary() is None, reason=REDIS_MISSING)
 
 
-class _PortTaken(RuntimeError):
-    pass
-
-
-class RedisServer:
-    """One private redis-server; see the module's text. ``start()``, ``kill()``, ``stop()`` and
-    ``restart()`` may be called any number of times; the port and the folder stay the same. Where the
-    first start finds the free port it picked taken meanwhile, it picks another (up to 3 tries); a
-    ``port`` given is never changed. ``with RedisServer() as srv`` starts it (unless running) and
+class RedisServer(ServerProcess):
+    """One private redis-server (tests/servers.py's :class:`~servers.ServerProcess`); see the module's
+    text. ``start()``, ``kill()``, ``stop()`` and ``restart()`` may be called any number of times; the
+    port and the folder stay the same. ``with RedisServer() as srv`` starts it (unless running) and
     closes it on exit."""
+
+    name = "redis-server"
+    scheme = "redis"
 
     def __init__(self, port: int | None = None):
         binary = redis_binary()
         if binary is None:
             raise RuntimeError(REDIS_MISSING)
-        self._binary = binary
-        self._fixed_port = port is not None
-        self.port = port if port is not None else free_port()
-        self.dir = tempfile.mkdtemp(prefix="quern-redis-")
-        self.output = os.path.join(self.dir, "output.log")  # the process's stdout and stderr: its log
+        super().__init__(binary, port)
         self.version: tuple[int, ...] = ()  # redis_version of the last start, such as (7, 0, 15)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._started = False
 
     @property
     def url(self) -> str:
         """``redis://127.0.0.1:PORT/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    @property
-    def pid(self) -> int | None:
-        """The process's id while it runs, else None."""
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
-
-    def command(self) -> list[str]:
-        """The command line of a start."""
+    def _command(self) -> list[str]:
         return [
             self._binary,
             "--port",
@@ -115,6 +94,19 @@ class RedisServer:
             "no",
         ]
 
+    def _not_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        version = _ready(self.port, proc.pid)
+        if version is None:
+            return f"did not answer PING on port {self.port}"
+        self.version = version
+        return None
+
+    def _port_taken(self, logs: str, exited: bool) -> bool:
+        return exited and "Address already in use" in logs
+
+    def _about(self) -> str:
+        return f"folder {self.dir}; "
+
     def client(self, **kwargs: Any) -> Any:
         """A ``redis.Redis`` (redis-py) of this server that does not retry (a command on a server down
         raises ConnectionError at once; ``redis.Redis(host=..., port=...)`` retries 10 times over about
@@ -127,86 +119,6 @@ class RedisServer:
         kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         return redis.Redis(host="127.0.0.1", port=self.port, db=0, **kwargs)
 
-    def start(self) -> None:
-        """Start the process and wait until it answers PING with its data loaded (else RuntimeError
-        with its log; the process started is ended)."""
-        if self.pid is not None:
-            raise RuntimeError(f"redis-server is already running at {self.url}")
-        for attempt in range(3):
-            try:
-                self._start_once()
-                break
-            except _PortTaken:
-                if self._fixed_port or self._started or attempt == 2:
-                    raise
-                self.port = free_port()  # another process took the free port picked: pick another
-        self._started = True
-
-    def _start_once(self) -> None:
-        cmd = self.command()
-        if _SETPRIV:
-            cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
-        log_from = _size(self.output)
-        with open(self.output, "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        self._proc = proc
-        try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                version = _ready(self.port, proc.pid)
-                if version is not None:
-                    self.version = version
-                    return
-                if proc.poll() is not None:
-                    log = _read_from(self.output, log_from)
-                    if "Address already in use" in log:
-                        raise _PortTaken(self._failure(f"port {self.port} is taken", log))
-                    raise RuntimeError(self._failure(f"redis-server exited with status {proc.returncode}", log))
-                if time.monotonic() > deadline:
-                    why = f"redis-server did not answer PING on port {self.port} within {START_TIMEOUT:g} s"
-                    raise RuntimeError(self._failure(why, _read_from(self.output, log_from)))
-                time.sleep(0.01)
-        except BaseException:
-            self.kill()
-            raise
-
-    def _failure(self, why: str, log: str) -> str:
-        return f"{why} (folder {self.dir}, command {' '.join(self.command())!r})\noutput.log:\n{log.rstrip()}"
-
-    def kill(self) -> None:
-        """SIGKILL the process and wait for it to end: what it answered is in its AOF, nothing else is
-        written. Nothing to do when it is not running."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        if proc is not None:
-            proc.wait()
-
-    def stop(self) -> None:
-        """Stop the process (SIGTERM: redis-server fsyncs its AOF and exits; SIGKILL after STOP_TIMEOUT
-        s): its port refuses connections. Nothing to do when it is not running."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def restart(self) -> None:
-        """Start again on the same port and folder (stopped first where it runs): the server replays its
-        AOF, and answers PING with all of it loaded when this returns. After a ``kill()``, what a crash
-        and a restart of the server leave."""
-        self.stop()
-        self.start()
-
-    def close(self) -> None:
-        """stop(), and remove the temporary folder."""
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
     def __enter__(self) -> Self:
         if self.pid is None:
             try:
@@ -216,12 +128,8 @@ class RedisServer:
                 raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = f"pid {self.pid}" if self.pid is not None else "stopped"
-        return f"<RedisServer {self.url} in {self.dir}, {state}>"
+        return f"<RedisServer {self.url} in {self.dir}, {self._state()}>"
 
 
 def _ready(port: int, pid: int) -> tuple[int, ...] | None:

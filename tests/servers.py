@@ -1,4 +1,7 @@
-"""Servers the tests start themselves on 127.0.0.1, each private to the test that starts it.
+"""Servers the tests start themselves on 127.0.0.1, each private to the test that starts it, all
+through one launcher, :class:`ServerProcess` (a free port, a start that waits until the server is
+ready, with a timeout, and a stop that leaves no process nor folder): nginx and Prometheus here,
+redis-server in tests/redisserver.py, and any command listening on a port (:func:`process_on_port`).
 
 nginx (``make services`` installs it with apt-get; without it the tests marked ``needs_nginx`` skip,
 saying so)::
@@ -136,32 +139,44 @@ class _PortTaken(RuntimeError):
     pass
 
 
-class _ServerProcess:
-    """What Nginx and Prometheus share: a temporary folder (``dir``) with the configuration (``conf``)
-    and the process's stdout and stderr (``output``), a port on 127.0.0.1 (``url``), and one child
-    process that ``start()`` runs until it is ready and ``stop()`` ends, any number of times; the port
-    stays the same. Where the first start finds the free port it picked taken meanwhile, it picks
-    another (up to 3 tries); a ``port`` given is never changed. ``close()``, or leaving the ``with``,
-    stops it and removes the folder. A subclass gives ``name``, ``config()``, ``_command()``,
-    ``_not_ready()`` and ``_port_taken()``, and may add logs to ``_logs``."""
+class ServerProcess:
+    """The one launcher of the servers the tests start themselves (nginx and Prometheus here, redis-server
+    in tests/redisserver.py, the emulators of :func:`process_on_port`): one child process on a port of
+    127.0.0.1 (``port``, a free one unless given; ``url``), a temporary folder (``dir``) with its
+    configuration (``conf``, where the subclass has one) and its stdout and stderr (``output``).
+    ``start()`` runs it and waits until it is ready, up to ``start_timeout`` s (else RuntimeError with
+    its logs, and the process it started is ended); ``stop()`` ends it (SIGTERM, then SIGKILL after
+    STOP_TIMEOUT s), ``kill()`` at once (SIGKILL), ``restart()`` stops and starts it; any number of
+    times, the port staying the same. Where the first start finds the free port it picked taken
+    meanwhile, it picks another (up to 3 tries); a ``port`` given is never changed. ``close()``, or
+    leaving the ``with``, stops it and removes the folder. Where ``setpriv`` is there the process also
+    gets SIGTERM when the thread that started it dies (a killed pytest leaves no server behind).
+
+    A subclass gives ``name``, ``_command()``, ``_not_ready()`` and ``_port_taken()``, and may give
+    ``conf_name`` with ``config()``, add logs to ``_logs`` and say more in ``_about()``."""
 
     name = ""  # "nginx": in messages and the temporary folder's name
+    scheme = "http"  # of ``url``
+    conf_name: str | None = None  # the configuration file start() writes into ``dir``, if any
+    start_timeout = START_TIMEOUT  # seconds for a start to be ready
     _poll_s = 0.01  # seconds between the checks of a start
 
-    def __init__(self, binary: str, conf_name: str, port: int | None = None):
+    def __init__(self, binary: str, port: int | None = None, cwd: str | None = None):
         self._binary = binary
         self._fixed_port = port is not None
         self.port = port if port is not None else free_port()
         self.dir = tempfile.mkdtemp(prefix=f"quern-{self.name}-")
-        self.conf = os.path.join(self.dir, conf_name)
+        self.conf = os.path.join(self.dir, self.conf_name or "")
         self.output = os.path.join(self.dir, "output.log")  # the process's stdout and stderr
+        self.cwd = cwd
         self._logs = [self.output]  # what a start that fails shows, from where that start began
         self._proc: subprocess.Popen[bytes] | None = None
         self._started = False
+        self._last_command: list[str] = [binary]
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -169,7 +184,7 @@ class _ServerProcess:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def config(self) -> str:
-        """The configuration that start() writes to ``conf``."""
+        """The configuration that start() writes to ``conf`` (where ``conf_name`` is set)."""
         raise NotImplementedError
 
     def _command(self) -> list[str]:
@@ -204,43 +219,59 @@ class _ServerProcess:
         self._started = True
 
     def _start_once(self) -> None:
-        with open(self.conf, "w") as f:
-            f.write(self.config())
-        cmd = self._command()
+        if self.conf_name:
+            with open(self.conf, "w") as f:
+                f.write(self.config())
+        cmd = self._last_command = self._command()
         log_from = {p: _size(p) for p in self._logs}
         if _SETPRIV:
             cmd = [_SETPRIV, "--pdeathsig", "TERM", *cmd]
         with open(self.output, "ab") as out:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd)
         self._proc = proc
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            not_yet = self._not_ready(proc)
-            if not_yet is None:
-                return
-            exited = proc.poll() is not None
-            if self._port_taken("".join(_read_from(p, n) for p, n in log_from.items()), exited):
-                self.stop()
-                raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
-            if exited:
-                why = f"{self.name} exited with status {proc.returncode}"
-                break
-            if time.monotonic() > deadline:
-                why = f"{self.name} {not_yet} within {START_TIMEOUT:g} s"
-                break
-            time.sleep(self._poll_s)
-        self.stop()
-        raise RuntimeError(self._failure(why, log_from))
+        try:
+            deadline = time.monotonic() + self.start_timeout
+            while True:
+                not_yet = self._not_ready(proc)
+                if not_yet is None:
+                    return
+                exited = proc.poll() is not None
+                if self._port_taken("".join(_read_from(p, n) for p, n in log_from.items()), exited):
+                    raise _PortTaken(self._failure(f"port {self.port} is taken", log_from))
+                if exited:
+                    raise RuntimeError(self._failure(f"{self.name} exited with status {proc.returncode}", log_from))
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        self._failure(f"{self.name} {not_yet} within {self.start_timeout:g} s", log_from)
+                    )
+                time.sleep(self._poll_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def _failure(self, why: str, log_from: dict[str, int]) -> str:
         logs = "\n".join(f"{os.path.basename(p)}:\n{_read_from(p, n).rstrip()}" for p, n in log_from.items())
-        return f"{why} ({self._about()}config {self.conf}, command {self._binary})\n{logs}"
+        conf = f"config {self.conf}, " if self.conf_name else ""
+        return f"{why} ({self._about()}{conf}command {' '.join(self._last_command)!r})\n{logs}"
 
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL after STOP_TIMEOUT s): its port refuses connections,
         and transfers under way are cut. Nothing to do when it is not running."""
         proc, self._proc = self._proc, None
         _terminate(proc)
+
+    def kill(self) -> None:
+        """SIGKILL the process and wait for it to end. Nothing to do when it is not running."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait()
+
+    def restart(self) -> None:
+        """Start again on the same port and folder (stopped first where it runs)."""
+        self.stop()
+        self.start()
 
     def close(self) -> None:
         """stop(), and remove the temporary folder."""
@@ -257,12 +288,13 @@ class _ServerProcess:
         return f"pid {self.pid}" if self.pid is not None else "stopped"
 
 
-class Nginx(_ServerProcess):
+class Nginx(ServerProcess):
     """One private nginx serving ``root``; see the module's text. ``start()`` and ``stop()`` may be
     called any number of times; the port stays the same. ``limit_rate`` may be changed between a
     ``stop()`` and a ``start()``."""
 
     name = "nginx"
+    conf_name = "nginx.conf"
 
     def __init__(self, root: str | os.PathLike[str], limit_rate: int | str | None = None, port: int | None = None):
         if NGINX is None:
@@ -273,7 +305,7 @@ class Nginx(_ServerProcess):
         _quote(self.root)  # a '$' in it: ValueError now, not at start()
         self.limit_rate = limit_rate
         _rate(limit_rate)
-        super().__init__(NGINX, "nginx.conf", port)
+        super().__init__(NGINX, port)
         self.pid_file = os.path.join(self.dir, "nginx.pid")
         self.error_log = os.path.join(self.dir, "error.log")
         self.access_log = os.path.join(self.dir, "access.log")
@@ -372,12 +404,13 @@ def nginx(
         yield server
 
 
-class Prometheus(_ServerProcess):
+class Prometheus(ServerProcess):
     """One private Prometheus scraping ``targets`` (``"127.0.0.1:PORT"``, each at ``/metrics``) every
     ``scrape_interval`` as the job ``job``; see the module's text. ``start()`` and ``stop()`` may be
     called any number of times; the port stays the same, and so do the samples scraped."""
 
     name = "prometheus"
+    conf_name = "prometheus.yml"
     _poll_s = 0.02
 
     def __init__(self, targets: list[str], scrape_interval: str = "1s", job: str = "quern"):
@@ -388,7 +421,7 @@ class Prometheus(_ServerProcess):
         self.scrape_targets = [str(t) for t in targets]
         self.scrape_interval = scrape_interval
         self.job = job
-        super().__init__(PROMETHEUS, "prometheus.yml")
+        super().__init__(PROMETHEUS)
         self.data = os.path.join(self.dir, "data")
 
     def config(self) -> str:
@@ -531,26 +564,35 @@ def _accepts(port: int) -> bool:
         return False
 
 
+class _Command(ServerProcess):
+    """A server of the tests that is a command listening on the port it is given (:func:`process_on_port`)."""
+
+    start_timeout = 30.0
+    _poll_s = 0.1
+
+    def __init__(self, argv: Callable[[int], list[str]], what: str, cwd: str | None = None):
+        self.name = what
+        self._argv = argv
+        super().__init__(what, cwd=cwd)
+
+    def _command(self) -> list[str]:
+        return self._argv(self.port)
+
+    def _not_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        return None if _accepts(self.port) else f"did not accept connections on port {self.port}"
+
+    def _port_taken(self, logs: str, exited: bool) -> bool:
+        return exited and "address already in use" in logs.lower()
+
+
 @contextlib.contextmanager
 def process_on_port(argv: Callable[[int], list[str]], what: str, cwd: str | None = None) -> Iterator[int]:
     """Start ``argv(port)`` (a server of the tests: moto, the GCS emulator) on a free port of
-    127.0.0.1, wait up to 30 s until the port accepts connections, yield the port; stopped on exit."""
-    port = free_port()
-    proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"{what} did not start") from None
-                time.sleep(0.1)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    127.0.0.1 (:class:`ServerProcess`), wait up to 30 s until the port accepts connections, yield the
+    port; stopped on exit, with no process of it left."""
+    with _Command(argv, what, cwd=cwd) as server:
+        server.start()
+        yield server.port
 
 
 @contextlib.contextmanager
