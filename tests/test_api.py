@@ -10,7 +10,7 @@ from quern.pipeline.core import errors
 from quern.pipeline.iterate.iterator import IteratorOptions, PipelineIterator
 
 # the addressing calls of the design's contract stay positional: (step, process_index, process_count)
-ADDRESSING = {"batch_at", "batches_at", "explain", "positions"}
+ADDRESSING = {"batch_at", "batches_at", "explain", "positions", "row_digests"}
 
 
 def _public_callables():

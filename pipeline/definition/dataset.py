@@ -4,9 +4,10 @@ A :class:`Pipeline` holds one stream (:mod:`quern.pipeline.streams`: which
 records make each stream position), its record transforms, its batch size and
 its batch transforms. Computing a step is the step runner's job
 (:mod:`quern.pipeline.execute`), iterating the iterator's
-(:mod:`quern.pipeline.iterate.iterator`), addressing :mod:`quern.pipeline.definition.addressing`'s,
-identity and resume :mod:`quern.pipeline.definition.identify`'s; the methods here are thin
-entry points to them. ``batch_at(step, process_index, process_count)`` is a pure
+(:mod:`quern.pipeline.iterate.iterator`). Addressing, identity and iteration are
+functions over a pipeline (:mod:`quern.pipeline.definition.addressing`,
+:mod:`quern.pipeline.definition.identify`, :mod:`quern.pipeline.definition.iteration`);
+the methods here are one-line entry points to them. ``batch_at(step, process_index, process_count)`` is a pure
 function of (the definition, step, host slice).
 """
 
@@ -15,37 +16,33 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import numpy as np
 
+from ..core.batching import need_batch, need_no_batch
 from ..core.deprecation import renamed
-from ..core.errors import FingerprintError
 from ..core.ops import Op, OpKind
 from ..identity import samedef
-from ..identity.fingerprint import describe_callable, fingerprint_of
-from ..identity.hashing import digest
-from ..iterate.iterator import PipelineIterator
+from ..iterate.iterator import IteratorOptions, PipelineIterator
+from ..order import Pieces, Segments
 from ..order import components as _mixture
 from ..order import index as _index
-from ..sources import as_source
+from ..sources import Source, as_source
 from ..streams.bucketed import bucket as _bucket
-from ..streams.capabilities import Balanceable, Editable, Filterable, Shuffleable, require
-from ..streams.edited import EXCLUDE, SKIP, EditedStream
+from ..streams.capabilities import Shuffleable, require
 from ..streams.live import LiveStream
 from ..streams.packed import pack as _pack
 from ..streams.protocol import Stream
 from ..streams.source import SourceStream
+from . import addressing, editing, filtering, identify, iteration
 from . import lengths as _lengths
-from . import scan
-from .addressing import Addressed
-from .identify import Identified, record_ops_description
 
 __all__ = ["Pipeline", "Op", "OpKind"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Pipeline(Addressed, Identified):
+class Pipeline:
     """The description of a data pipeline: one stream, its record stages, a batch and batch stages.
 
     Build it with :meth:`from_source` (or :func:`quern.mix`) and chain ``shuffle``,
@@ -61,6 +58,13 @@ class Pipeline(Addressed, Identified):
         batch_ops: the batch transforms, in order.
         filter_descriptions: per record op, the description a filter had when its survivors were found.
 
+    Addressing (:mod:`~quern.pipeline.definition.addressing`), identity
+    (:mod:`~quern.pipeline.definition.identify`) and iteration
+    (:mod:`~quern.pipeline.definition.iteration`) are functions over a pipeline; the
+    methods of the same names here call them. What a pipeline object computes once
+    (its description and fingerprint) is kept in a :class:`~quern.pipeline.definition.identify.Memo`
+    that is not part of the definition: :func:`dataclasses.replace` starts a new one.
+
     Example:
         >>> import numpy as np, quern
         >>> pipe = quern.Pipeline.from_source({"x": np.arange(10)}, seed=0).batch(4)
@@ -74,6 +78,7 @@ class Pipeline(Addressed, Identified):
     drop_remainder: bool = True
     batch_ops: tuple[Op, ...] = ()
     filter_descriptions: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    _memo: identify.Memo = dataclasses.field(default_factory=identify.Memo, compare=False, repr=False, init=False)
 
     # ------------------------------------------------------------------ construction
 
@@ -196,7 +201,7 @@ class Pipeline(Addressed, Identified):
         """This pipeline with record transform ``fn`` of ``kind`` appended (``instead``: what to use after batch())."""
         if not callable(fn):
             raise TypeError(f"{kind.value}() needs a callable, got {fn!r}")
-        self.need_no_batch(kind.value, instead)
+        need_no_batch(self, kind.value, instead)
         return self._replace(record_ops=self.record_ops + (Op(kind, fn),))
 
     @renamed(workers="num_workers")
@@ -244,45 +249,7 @@ class Pipeline(Addressed, Identified):
                 filter that keeps nothing.
             ScanError: the scan failed (naming the record) or saw another definition.
         """
-        if not callable(pred):
-            raise TypeError(f"filter() needs a callable, got {pred!r}")
-        self.need_no_batch("filter", "map_batch(fn) to drop rows yourself")
-        self.stream.check("filter")
-        filterable = require(self.stream, Filterable, "filter")
-        if any(op.kind is OpKind.RANDOM_MAP for op in self.record_ops):
-            raise ValueError(
-                "filter() after random_map(): the records a filter keeps must not depend on the stream position; "
-                "put the filter before random_map()"
-            )
-        src = self.stream.source
-        assert src is not None  # a stream of one source's records (the check above)
-        prefix = self._replace(record_ops=self.record_ops + (Op(OpKind.FILTER, pred),))
-        k = len(self.record_ops)
-        if hasattr(pred, "keep_metadata"):  # e.g. transforms.metadata_range: from the index, no record read
-            label = prefix.record_ops[-1].label(k)
-            kept = scan.metadata_survivors(src, pred, candidates=self.stream.survivors, label=label)
-            try:
-                frozen = prefix._frozen_with(k, describe_callable(pred, label))
-            except FingerprintError:  # described (and refused) when a fingerprint is asked for, as before
-                frozen = self.filter_descriptions
-            return prefix._replace(stream=filterable.filtered(kept), filter_descriptions=frozen)
-        ops = record_ops_description(prefix)
-        key = prefix.records_key(ops=ops)
-        kept = scan.survivors(
-            prefix, key, candidates=self.stream.survivors, n=len(src), cache_dir=cache_dir, num_workers=num_workers
-        )
-        return prefix._replace(stream=filterable.filtered(kept), filter_descriptions=prefix._frozen_with(k, ops[k][1]))
-
-    def replace_stream(self, stream: Stream) -> Pipeline:
-        """This pipeline, its stages kept, over ``stream`` (a filtered one, say)."""
-        return self._replace(stream=stream)
-
-    def _frozen_with(self, k: int, description: Any) -> tuple[Any, ...]:
-        """:attr:`filter_descriptions` with record op ``k``'s set to ``description``."""
-        done = self.filter_descriptions
-        frozen = list(done) + [None] * (len(self.record_ops) - len(done))
-        frozen[k] = description
-        return tuple(frozen)
+        return filtering.filtered(self, pred, cache_dir, num_workers)
 
     @renamed(workers="num_workers")
     def length_index(
@@ -293,31 +260,7 @@ class Pipeline(Addressed, Identified):
         cache_dir: str | os.PathLike | None = None,
         num_workers: int | None = None,
     ) -> np.ndarray:
-        """Tokens per record of the source after the record transforms.
-
-        ``len(record)``, or ``len(record[key])``, which must be 1-D. ``lengths`` is
-        taken instead of a scan after checks (its size, values ``>= 0``, and the
-        lengths of 5 records computed here, so an index made for other data or other
-        transforms is refused, naming the record). Without it, a prepared folder's
-        ``length`` metadata is taken after the same checks; otherwise the index is
-        found once by a scan (:mod:`quern.pipeline.definition.scan`) and cached under
-        ``cache_dir`` (folder ``lengths/``), keyed by the fingerprint of the source,
-        the record transforms and ``key``.
-
-        Args:
-            key: the field of a dict record holding its tokens (``None``: the record).
-            lengths: an integer array or the path of a ``.npy`` file, one value per record.
-            cache_dir: the cache folder (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``).
-            num_workers: scan processes (default: the CPU count; ``workers=`` is deprecated).
-
-        Returns:
-            A read-only int64 array, one value per record of the source, ``-1`` for the
-            records a filter drops.
-
-        Raises:
-            ValueError: a stream without records of its own, after ``batch()`` or
-                ``random_map()``, or lengths that do not fit.
-        """
+        """Tokens per record of the source after the record transforms (:func:`.lengths.length_index`)."""
         return _lengths.length_index(self, key, lengths, cache_dir, num_workers)
 
     @renamed(workers="num_workers")
@@ -406,28 +349,6 @@ class Pipeline(Addressed, Identified):
         stream, size = _bucket(self, boundaries, batch_sizes, key, pad_value, lengths, cache_dir, num_workers, block)
         return Pipeline(stream=stream, batch_size=size)
 
-    def records_key(self, ops: list[list[Any]] | None = None, **extra: Any) -> str:
-        """The fingerprint of what this pipeline's records are, plus ``extra``.
-
-        The data order's version, the source's identity and the record transforms
-        (``ops``: their description, when given): the key of a filter's survivors and of
-        a length index, which do not depend on the seed, shuffle or batch.
-
-        Args:
-            ops: the record transforms' description (default: computed).
-            **extra: more keys (``length_key``).
-
-        Returns:
-            32 hex digits.
-        """
-        src = self.stream.source
-        assert src is not None
-        if ops is None:
-            ops = record_ops_description(self)
-        return fingerprint_of(
-            {"index_format": _index.INDEX_FORMAT_VERSION, "source": src.identity(), "record_ops": ops, **extra}
-        )
-
     def balance_hosts(self, lengths: Any = None, key: str | None = None) -> Pipeline:
         """Token-balanced host slices.
 
@@ -448,28 +369,7 @@ class Pipeline(Addressed, Identified):
         Raises:
             ValueError: a stream that cannot be balanced, or lengths of the wrong shape or sign.
         """
-        self.stream.check("balance_hosts")
-        balanceable = require(self.stream, Balanceable, "balance_hosts")
-        src = self.stream.source
-        assert src is not None
-        if lengths is None:
-            lengths = self.length_index(key)
-        lengths = np.asarray(lengths)
-        if lengths.shape != (len(src),) or not np.issubdtype(lengths.dtype, np.integer):
-            raise ValueError(
-                f"balance_hosts needs one integer length per record of source {src.name!r} "
-                f"(shape ({len(src)},)), got an array of shape {lengths.shape} and dtype {lengths.dtype}"
-            )
-        if lengths.size and lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"balance_hosts: record {int(lengths.argmax())} has a length beyond 2**63")
-        survivors = self.stream.survivors
-        live = lengths if survivors is None else lengths[np.asarray(survivors)]  # a filter's drops: any
-        if live.size and live.min() < 0:
-            bad = int(live.argmin()) if survivors is None else int(survivors[int(live.argmin())])
-            raise ValueError(f"balance_hosts: lengths must be >= 0, record {bad} has {int(lengths[bad])}")
-        lengths = lengths.astype(np.int64)
-        lengths.setflags(write=False)
-        return self._replace(stream=balanceable.balanced(lengths, digest(lengths)))
+        return _lengths.balanced(self, lengths, key)
 
     def batch(self, global_batch_size: int, drop_remainder: bool = True) -> Pipeline:
         """Group ``global_batch_size`` consecutive stream positions into a step.
@@ -491,7 +391,7 @@ class Pipeline(Addressed, Identified):
             raise ValueError("batch() was already called on this pipeline")
         b = _index.check_int(global_batch_size, "global_batch_size", 1)
         p = self._replace(stream=self.stream.batched(b), batch_size=b, drop_remainder=bool(drop_remainder))
-        if p.num_steps == 0:
+        if addressing.num_steps(p) == 0:
             raise ValueError(
                 f"{self.stream.size_text()} x {self.num_epochs} epoch(s), "
                 f"fewer than one batch of {b}: no full batch; use drop_remainder=False, more epochs or a smaller batch"
@@ -536,105 +436,18 @@ class Pipeline(Addressed, Identified):
         """This pipeline with batch transform ``fn`` of ``kind`` appended."""
         if not callable(fn):
             raise TypeError(f"{kind.value}() needs a callable, got {fn!r}")
-        self.need_batch(kind.value)
+        need_batch(self, kind.value)
         return self._replace(batch_ops=self.batch_ops + (Op(kind, fn),))
 
     # ------------------------------------------------------------------ edits that keep the past
 
     def skip_steps(self, start: int, stop: int) -> Pipeline:
-        """Skip the data of steps ``[start, stop)``: training steps from ``start`` on get that of ``stop``, ``stop + 1``, ...
-
-        For a loss spike: the batches of the steps before ``start`` are unchanged, and the
-        data of ``[start, stop)`` is never used. ``start`` and ``stop`` are steps of this
-        pipeline, so edits compose in the order they are made. A state saved at step ``k``
-        resumes on the edited pipeline when ``start >= k`` (:meth:`check_state`).
-
-        Args:
-            start: the first training step that gets other data.
-            stop: the step whose data training step ``start`` gets.
-
-        Returns:
-            The edited pipeline.
-
-        Raises:
-            ValueError: before ``batch()``, ``stop <= start``, or ``stop`` past the end of a finite stream.
-            TypeError: a step that is not an integer.
-
-        Example:
-            >>> import numpy as np, quern
-            >>> pipe = quern.Pipeline.from_source({"x": np.arange(100)}).batch(2)
-            >>> [pipe.skip_steps(1, 3).batch_at(s)["x"].tolist() for s in range(3)]
-            [[0, 1], [6, 7], [8, 9]]
-        """
-        b = self.need_batch(SKIP)
-        self.stream.check(SKIP)
-        start = _index.check_int(start, "skip_steps start", 0)
-        stop = _index.check_int(stop, "skip_steps stop", 0)
-        if stop <= start:
-            raise ValueError(f"skip_steps(start={start}, stop={stop}): stop must be greater than start")
-        n_steps = self.num_steps
-        if n_steps is not None and stop > n_steps:
-            raise ValueError(
-                f"skip_steps(start={start}, stop={stop}): stop is past the end of the stream ({n_steps} steps)"
-            )
-        return self._replace(stream=EditedStream.of(self.stream, b).with_skip(start, stop))
+        """Skip the data of steps ``[start, stop)``, keeping every earlier step (:func:`.editing.skip_steps`)."""
+        return editing.skip_steps(self, start, stop)
 
     def exclude(self, records: Any, *, from_step: int, component: str | None = None) -> Pipeline:
-        """Never use the records ``records`` from step ``from_step`` on (a takedown).
-
-        The stream continues with the remaining records (their positions shift); every step
-        before ``from_step`` is unchanged. In a packed stream an excluded document's pieces
-        become padding in the rows that hold them (the plan is not redone, so no row moves).
-        A state saved at step ``k`` resumes on the edited pipeline when ``from_step >= k``.
-
-        Args:
-            records: record ids of the source (of ``component``'s source): integers, any order.
-            from_step: the first step without them.
-            component: the mixture component the ids are of (required for a mixture).
-
-        Returns:
-            The edited pipeline.
-
-        Raises:
-            ValueError: before ``batch()``, no id, an id out of range, every record excluded, a
-                mixture without ``component`` (the message lists the components), or a stream
-                kind that cannot exclude records (named).
-            TypeError: ids or a step that are not integers.
-
-        Example:
-            >>> import numpy as np, quern
-            >>> pipe = quern.Pipeline.from_source({"x": np.arange(6)}, num_epochs=1).batch(2)
-            >>> edited = pipe.exclude([3, 4], from_step=1)
-            >>> [edited.batch_at(s)["x"].tolist() for s in range(edited.num_steps)]
-            [[0, 1], [2, 5]]
-        """
-        b = self.need_batch(EXCLUDE)
-        self.stream.check(EXCLUDE)
-        require(self.stream, Editable, EXCLUDE)
-        from_step = self.check_step(from_step, name="exclude from_step", end_ok=True)
-        names = self.leaf_names
-        src = None  # the source the ids are of; a mixture without a valid component: its refusal names them
-        if component is not None and component in names:
-            src = self.sources[names.index(component)]
-        elif len(names) == 1:
-            src = self.sources[0]
-        ids = np.asarray(records)
-        if ids.dtype == object or ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise TypeError(f"exclude() needs a 1-D sequence of integer record ids, got {records!r:.200}")
-        if not ids.size:
-            raise ValueError("exclude() needs at least one record id")
-        bad = ids[(ids < 0) | (ids >= len(src))] if src is not None else ids[:0]
-        if bad.size and src is not None:
-            raise ValueError(
-                f"exclude(): record id {int(bad[0])} is out of range: source {src.name!r} has {len(src)} records "
-                f"(ids 0..{len(src) - 1})"
-            )
-        ids = np.unique(ids.astype(np.int64))
-        return self._replace(stream=EditedStream.of(self.stream, b).with_exclude(self, ids, from_step, component))
-
-    def __iter__(self) -> PipelineIterator:
-        """``self.iterator()``."""
-        return self.iterator()
+        """Never use the records ``records`` from step ``from_step`` on (:func:`.editing.exclude`)."""
+        return editing.exclude(self, records, from_step, component)
 
     def __repr__(self) -> str:
         """The Python expression that builds this pipeline (transforms by name)."""
@@ -644,3 +457,142 @@ class Pipeline(Addressed, Identified):
             parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
         parts += [f".{op.kind.value}({op.name})" for op in self.batch_ops]
         return "".join(parts) + self.stream.stage_text()
+
+    # ------------------------------------------------------------------ what it reads
+
+    @property
+    def seed(self) -> int:
+        """The stream's seed (keys the random transforms)."""
+        return self.stream.seed
+
+    @property
+    def num_epochs(self) -> int | None:
+        """The stream's epochs, ``None`` when it is endless or has none of its own."""
+        return self.stream.num_epochs
+
+    @property
+    def source(self) -> Source | None:
+        """The source whose records the stream's rows are (``None``: several)."""
+        return self.stream.source
+
+    @property
+    def survivors(self) -> np.ndarray | None:
+        """The record ids of the source a filter keeps, in order (``None``: all, or several sources)."""
+        return self.stream.survivors
+
+    @property
+    def stream_len(self) -> int | None:
+        """Positions in one epoch of the stream; ``None`` for a stream without epochs of its own."""
+        return self.stream.epoch_length
+
+    @property
+    def leaves(self) -> tuple[Pipeline, ...]:
+        """The single-source pipelines rows are read from (:func:`.addressing.leaves`)."""
+        return addressing.leaves(self)
+
+    @property
+    def leaf_names(self) -> tuple[str, ...]:
+        """Names of :attr:`leaves`: the source's name, or the mixture's component keys."""
+        return addressing.leaf_names(self)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The source of each of :attr:`leaves`."""
+        return addressing.sources(self)
+
+    @property
+    def num_steps(self) -> int | None:
+        """Steps in the stream, ``None`` when it is endless (:func:`.addressing.num_steps`)."""
+        return addressing.num_steps(self)
+
+    # ------------------------------------------------------------------ addressing
+
+    def check_step(self, step: object, *, name: str = "step", end_ok: bool = False) -> int:
+        """``step`` as an int, checked against the end of the stream (:func:`.addressing.check_step`)."""
+        return addressing.check_step(self, step, name=name, end_ok=end_ok)
+
+    def positions(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:
+        """Stream positions of this host's rows at ``step`` (:func:`.addressing.positions`)."""
+        return addressing.positions(self, step, process_index, process_count)
+
+    def record_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Record id at each stream position of a single-source pipeline (:func:`.addressing.record_ids`)."""
+        return addressing.record_ids(self, positions)
+
+    def segments(self, positions: np.ndarray) -> Segments:
+        """Per row at these stream positions: its leaf, record id and leaf position (:func:`.addressing.segments`)."""
+        return addressing.segments(self, positions)
+
+    def pieces(self, positions: np.ndarray) -> Pieces:
+        """The documents in the packed rows at these stream positions (:func:`.addressing.pieces`)."""
+        return addressing.pieces(self, positions)
+
+    def explain(self, step: int, process_index: int = 0, process_count: int = 1) -> list[list[tuple[str, int | str]]]:
+        """Per row of this host's batch at ``step``, its ``(name, record)`` pairs (:func:`.addressing.explain`)."""
+        return addressing.explain(self, step, process_index, process_count)
+
+    def where(self, record: int, *, component: str | None = None, epochs: int = 1) -> list[tuple[int, int]]:
+        """The ``(step, row)`` pairs where source record ``record`` appears (:func:`.addressing.where`)."""
+        return addressing.where(self, record, component=component, epochs=epochs)
+
+    def batch_at(self, step: int, process_index: int = 0, process_count: int = 1) -> Any:
+        """This host's rows of the global batch at ``step``, collated (:func:`.addressing.batch_at`)."""
+        return addressing.batch_at(self, step, process_index, process_count)
+
+    def batches_at(self, step: int, count: int, process_index: int = 0, process_count: int = 1) -> list[Any]:
+        """The batches of ``count`` steps from ``step``, read in bulk (:func:`.addressing.batches_at`)."""
+        return addressing.batches_at(self, step, count, process_index, process_count)
+
+    # ------------------------------------------------------------------ identity
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description of all that changes a batch's bytes (:func:`.identify.describe`)."""
+        return identify.describe(self)
+
+    def describe_until(self, step: int | None) -> dict[str, Any]:
+        """The description as it applies to the steps before ``step`` (:func:`.identify.describe_until`)."""
+        return identify.describe_until(self, step)
+
+    def fingerprint(self) -> str:
+        """Stable hash (32 hex digits) of :meth:`describe` (:func:`.identify.fingerprint`)."""
+        return identify.fingerprint(self)
+
+    def fingerprint_at(self, step: int) -> str:
+        """The fingerprint of the definition for the steps up to ``step`` (:func:`.identify.fingerprint_at`)."""
+        return identify.fingerprint_at(self, step)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The checkpoint of an iterator whose next step is ``step`` (:func:`.identify.state_at`)."""
+        return identify.state_at(self, step)
+
+    def check_state(self, state: dict[str, Any], force: bool = False) -> int:
+        """The step of a saved state, checked against this pipeline (:func:`.identify.check_state`)."""
+        return identify.check_state(self, state, force)
+
+    def to_config(self) -> dict:
+        """This pipeline as a config dict for ``quern.load_config`` (:func:`.identify.to_config`)."""
+        return identify.to_config(self)
+
+    def row_digests(self, step: int, process_index: int = 0, process_count: int = 1) -> list[str]:
+        """One digest per row of this host's batch at ``step`` (:func:`.identify.row_digests`)."""
+        return identify.row_digests(self, step, process_index, process_count)
+
+    def step_digest(self, step: int) -> str:
+        """The digest of the global batch at ``step``, for any host count (:func:`.identify.step_digest`)."""
+        return identify.step_digest(self, step)
+
+    # ------------------------------------------------------------------ iteration
+
+    def iterator(self, start_step: int = 0, **options: Unpack[IteratorOptions]) -> PipelineIterator:
+        """An iterator of ``batch_at(s)`` from ``s = start_step`` on (:func:`.iteration.iterator`)."""
+        return iteration.iterator(self, start_step, **options)
+
+    def resume(
+        self, state: dict[str, Any], force: bool = False, **options: Unpack[IteratorOptions]
+    ) -> PipelineIterator:
+        """An iterator from a saved state, after :meth:`check_state` (:func:`.iteration.resume`)."""
+        return iteration.resume(self, state, force, **options)
+
+    def __iter__(self) -> PipelineIterator:
+        """``self.iterator()``."""
+        return iteration.iterator(self)

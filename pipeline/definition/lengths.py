@@ -1,6 +1,7 @@
-"""The length index: tokens per record after the record transforms.
+"""The length index: tokens per record after the record transforms, and host slices balanced by it.
 
-The body of :meth:`Pipeline.length_index <quern.pipeline.definition.dataset.Pipeline.length_index>`
+:func:`length_index` (``Pipeline.length_index`` calls it) and the body of
+:meth:`Pipeline.balance_hosts <quern.pipeline.definition.dataset.Pipeline.balance_hosts>`
 (whose docstring says what it does): the checks, and the index, scanned and cached
 by :mod:`quern.pipeline.definition.scan` or given and checked here. Packing and bucketing
 (:mod:`quern.pipeline.streams`) are planned from it.
@@ -8,29 +9,52 @@ by :mod:`quern.pipeline.definition.scan` or given and checked here. Packing and 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.ops import OpKind
-from ..streams.capabilities import SingleSource, require
+from ..identity.hashing import digest
+from ..streams.capabilities import Balanceable, SingleSource, require
 from . import scan
+from .identify import records_key
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
 
-__all__ = ["length_index", "given_lengths"]
+__all__ = ["length_index", "given_lengths", "balanced"]
 
 
 def length_index(
     pipe: Pipeline, key: str | None, lengths: Any, cache_dir: str | os.PathLike | None, num_workers: int | None
 ) -> np.ndarray:
-    """See :meth:`Pipeline.length_index <quern.pipeline.definition.dataset.Pipeline.length_index>`.
+    """Tokens per record of the source after the record transforms.
+
+    ``len(record)``, or ``len(record[key])``, which must be 1-D. ``lengths`` is
+    taken instead of a scan after checks (its size, values ``>= 0``, and the
+    lengths of 5 records computed here, so an index made for other data or other
+    transforms is refused, naming the record). Without it, a prepared folder's
+    ``length`` metadata is taken after the same checks; otherwise the index is
+    found once by a scan (:mod:`quern.pipeline.definition.scan`) and cached under
+    ``cache_dir`` (folder ``lengths/``), keyed by the fingerprint of the source,
+    the record transforms and ``key``.
+
+    Args:
+        pipe: the pipeline (before ``batch()``).
+        key: the field of a dict record holding its tokens (``None``: the record).
+        lengths: an integer array or the path of a ``.npy`` file, one value per record.
+        cache_dir: the cache folder (default ``$QUERN_CACHE_DIR`` or ``~/.cache/quern``).
+        num_workers: scan processes (default: the CPU count; ``workers=`` is deprecated).
+
+    Returns:
+        A read-only int64 array, one value per record of the source, ``-1`` for the
+        records a filter drops.
 
     Raises:
-        ValueError: a stream without records of its own, a batch, a ``random_map`` before it, or
-            lengths that do not fit.
+        ValueError: a stream without records of its own, after ``batch()`` or
+            ``random_map()``, or lengths that do not fit.
     """
     pipe.stream.check("length_index")
     require(pipe.stream, SingleSource, "length_index")
@@ -51,7 +75,7 @@ def length_index(
             return given_lengths(pipe, metadata["length"], key)
         except ValueError:
             pass  # transforms that change the lengths: scan them
-    fp = pipe.records_key(length_key=key)
+    fp = records_key(pipe, length_key=key)
     return scan.lengths(
         pipe,
         fp,
@@ -99,3 +123,41 @@ def given_lengths(pipe: Pipeline, lengths: Any, key: str | None) -> np.ndarray:
         out[~keep] = -1
     out.setflags(write=False)
     return out
+
+
+def balanced(pipe: Pipeline, lengths: Any, key: str | None) -> Pipeline:
+    """See :meth:`Pipeline.balance_hosts <quern.pipeline.definition.dataset.Pipeline.balance_hosts>`.
+
+    Args:
+        pipe: the pipeline to balance.
+        lengths: one integer length per record of the source (``None``: its :func:`length_index`).
+        key: the field of a dict record holding its tokens (for the default).
+
+    Returns:
+        The balanced pipeline.
+
+    Raises:
+        ValueError: a stream that cannot be balanced, or lengths of the wrong shape or sign.
+    """
+    pipe.stream.check("balance_hosts")
+    balanceable = require(pipe.stream, Balanceable, "balance_hosts")
+    src = pipe.stream.source
+    assert src is not None
+    if lengths is None:
+        lengths = length_index(pipe, key, None, None, None)
+    lengths = np.asarray(lengths)
+    if lengths.shape != (len(src),) or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(
+            f"balance_hosts needs one integer length per record of source {src.name!r} "
+            f"(shape ({len(src)},)), got an array of shape {lengths.shape} and dtype {lengths.dtype}"
+        )
+    if lengths.size and lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"balance_hosts: record {int(lengths.argmax())} has a length beyond 2**63")
+    survivors = pipe.stream.survivors
+    live = lengths if survivors is None else lengths[np.asarray(survivors)]  # a filter's drops: any
+    if live.size and live.min() < 0:
+        bad = int(live.argmin()) if survivors is None else int(survivors[int(live.argmin())])
+        raise ValueError(f"balance_hosts: lengths must be >= 0, record {bad} has {int(lengths[bad])}")
+    lengths = lengths.astype(np.int64)
+    lengths.setflags(write=False)
+    return dataclasses.replace(pipe, stream=balanceable.balanced(lengths, digest(lengths)))

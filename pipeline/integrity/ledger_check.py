@@ -23,6 +23,7 @@ the range they span.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -75,7 +76,7 @@ def _versions(pipe: Pipeline) -> list[Any]:
     stream = pipe.stream
     if not isinstance(stream, EditedStream) or not stream.edits:
         return []
-    p: Any = pipe.replace_stream(stream.original)
+    p: Any = dataclasses.replace(pipe, stream=stream.original)
     out = [p]
     for e in stream.edits[:-1]:
         if e.kind == SKIP:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...transforms.pad import pad
+from ..core.batching import need_batch, need_no_batch
 from ..core.errors import StepError
 from ..core.tree import to_plain
 from ..execute.stages import LengthCheck, StepRequest, StepResult, Where, batch_stages
@@ -192,7 +193,7 @@ class BucketedStream(NeutralReports, Stream):
             own = require(part.stream, RecordPositions, "where").record_positions(record, epochs)
             if not own.size:
                 continue
-            size = part.need_batch("where")
+            size = need_batch(part, "where")
             steps = _mixture.drawn_at(c, own // size, self.stages, self.seed, 1, self.block)
             out += [(s, r) for s, r in zip(steps.tolist(), (own % size).tolist()) if s >= 0]
         return sorted(out)
@@ -309,7 +310,7 @@ def bucket(
     require(
         pipe.stream, SingleSource, "bucket"
     )  # returns the stream and the batch size: the pipeline module builds the pipeline
-    pipe.need_no_batch("bucket", "bucket() instead of batch(): it makes the batches")
+    need_no_batch(pipe, "bucket", "bucket() instead of batch(): it makes the batches")
     if pipe.num_epochs is not None:
         raise ValueError("bucket(): the pipeline must be endless (num_epochs=None); each bucket has its own epochs")
     bounds = [_index.check_int(b, "boundaries", 1) for b in boundaries]
@@ -330,7 +331,7 @@ def bucket(
         if not ids.size:
             continue
         part = (
-            pipe.replace_stream(require(pipe.stream, Filterable, "bucket").filtered(ids))
+            dataclasses.replace(pipe, stream=require(pipe.stream, Filterable, "bucket").filtered(ids))
             .map(pad(upper, key=key, pad_value=pad_value))
             .batch(size)
         )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast, runt
 
 import numpy as np
 
+from ..core.batching import need_batch
 from ..core.errors import CapabilityError
 from ..order import Pieces
 
@@ -237,7 +238,7 @@ class InvertedByPositions:
         """
         if component is not None:
             raise ValueError(f"component={component!r}: the pipeline is not a mixture (it has no components)")
-        b = pipe.need_batch("where")
+        b = need_batch(pipe, "where")
         pos = cast(RecordPositions, self).record_positions(record, epochs)
         total = pipe.num_steps
         if total is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ..core.batching import need_batch
 from ..core.errors import StreamTimeoutError
 from ..identity import samedef
 from ..order import Segments
@@ -114,7 +115,7 @@ class LiveStream(SegmentStream):
         """
         if component is not None:
             raise ValueError(f"component={component!r}: the pipeline is not a mixture (it has no components)")
-        b = pipe.need_batch("where")
+        b = need_batch(pipe, "where")
         k = record  # the natural position whose row holds the entry
         if self.shuffle_steps is not None:
             n = self.shuffle_steps * b
@@ -132,7 +133,7 @@ class LiveStream(SegmentStream):
         rows = contiguous_positions(pipe, step, process_index, process_count, None)
         if self.shuffle_steps is None:
             return rows
-        n = self.shuffle_steps * pipe.need_batch("positions")  # positions of one group
+        n = self.shuffle_steps * need_batch(pipe, "positions")  # positions of one group
         within = _index.epoch_record_ids(rows, n, self.seed, "global", 1, 1)  # group g's permutation of [0, n)
         return (rows // n) * n + within
 
@@ -166,7 +167,7 @@ class LiveStream(SegmentStream):
     def step_map(self, pipe: Pipeline) -> StepMap:
         """How ``pipe`` maps steps to positions: its batch size, window and the window's seed."""
         window = self.shuffle_steps or 0
-        return StepMap(pipe.need_batch("commit"), window, self.seed if window else 0)
+        return StepMap(need_batch(pipe, "commit"), window, self.seed if window else 0)
 
     def start(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> Run:
         """Check a resume at ``step`` against the commit record; the iterator's run, which its commits carry (one per iterator).

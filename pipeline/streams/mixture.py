@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..core.batching import need_batch
 from ..identity.config_form import batch_config, stages_config, weights_config
 from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
@@ -163,7 +164,7 @@ class MixtureStream(NeutralReports, SegmentStream):
         if component is None or component not in self.names:
             given = "needs component=NAME" if component is None else f"has no component {component!r}"
             raise ValueError(f"where(): a mixture {given}; its components are {list(self.names)}")
-        b = pipe.need_batch("where")
+        b = need_batch(pipe, "where")
         c = self.names.index(component)
         own = require(self.components[c].stream, RecordPositions, "where").record_positions(record, epochs)
         pos = _mixture.drawn_at(c, own, self.stages, self.seed, self.batch_size or 1, self.block)
@@ -187,7 +188,9 @@ class MixtureStream(NeutralReports, SegmentStream):
         c = self.names.index(component)
         drawn = _mixture.draws_before(self.stages, self.seed, self.batch_size or 1, self.block, position)[c]
         comp = self.components[c]
-        edited = comp.replace_stream(require(comp.stream, Editable, "exclude").excluded(comp, ids, drawn, None))
+        edited = dataclasses.replace(
+            comp, stream=require(comp.stream, Editable, "exclude").excluded(comp, ids, drawn, None)
+        )
         return dataclasses.replace(self, components=self.components[:c] + (edited,) + self.components[c + 1 :])
 
     def change_steps(self) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..core.batching import need_batch
 from ..core.steps import StepRequest, StepResult
 from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
@@ -360,7 +361,7 @@ def contiguous_positions(
     Returns:
         An int64 array of this host's positions (empty when the partial last batch has none for it).
     """
-    b = pipe.need_batch("positions")
+    b = need_batch(pipe, "positions")
     lo, hi = host_rows(b, process_index, process_count)
     start = step * b
     end = start + hi

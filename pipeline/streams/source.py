@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ..core.batching import need_batch
 from ..identity import samedef
 from ..identity.config_form import batch_config, source_config, stages_config
 from ..order import Segments
@@ -216,7 +217,7 @@ class SourceStream(InvertedByPositions, SegmentStream):
         With ``balance_hosts``: this host's share of the rows of every full batch, sorted by
         length and dealt in a snake order.
         """
-        b = pipe.need_batch("positions")
+        b = need_batch(pipe, "positions")
         total = self.length()
         start = step * b
         full = total is None or start + b <= total
