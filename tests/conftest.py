@@ -26,10 +26,20 @@ def _quern_cache_dir(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """Test ids must be the same in every process (pytest-xdist compares them): none may
-    hold an object's address (``<object at 0x...>``), which differs between processes."""
+    hold an object's address (``<object at 0x...>``), which differs between processes.
+
+    The order, the same in every process: the tests marked ``slow`` first, so that with
+    ``make test``'s one-test-at-a-time scheduling (``--maxschedchunk 1``) the longest ones do not
+    start last and leave the other workers idle at the end; the browser tests of the documentation
+    site last (``make test`` builds the site beside the suite, and they wait for it); otherwise the
+    order of collection."""
     bad = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]", item.nodeid)]
     if bad:
         raise pytest.UsageError("test ids holding an object address (give them ids=): " + ", ".join(bad[:5]))
+    items.sort(key=lambda item: 2 if item.path.name == SITE_TESTS else 0 if item.get_closest_marker("slow") else 1)
+
+
+SITE_TESTS = "test_site_browser.py"
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from redisserver import REDIS_MISSING, redis_binary  # noqa: E402
 
 # Formats without a checksum (faults.KNOWN_LIMITS) cannot hold for every overwritten byte: the
 # benchmark reports how often they do; the checksummed formats are held to every trial here.
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", [name for name in faults.SCENARIOS if name not in faults.KNOWN_LIMITS])
 def test_every_scenario_holds(scenario):
     if scenario in faults_live.SCENARIOS and redis_binary() is None:

@@ -260,6 +260,7 @@ def test_ray_local_cluster_same_bytes_as_local(corpus, tmp_path):
     _assert_same_tree(tmp_path / "ray", corpus / "local")
 
 
+@pytest.mark.slow
 def test_ray_address_same_bytes_as_local(corpus, ray_head, tmp_path):
     """The smoke test: ``--ray-address`` of a running cluster writes every shard as a Ray task; the folder is
     byte-identical to the local run's (shards, metadata, manifest; nothing else left)."""

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 JAX_GUIDE = ROOT / "docs" / "guides" / "jax.md"
@@ -29,6 +31,7 @@ def test_the_front_page_example_runs(tmp_path, monkeypatch):
         exec(compile(block, str(README), "exec"), namespace)
 
 
+@pytest.mark.slow
 def test_the_complete_orbax_example_saves_then_restores_and_resumes(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(_block("# save, stop, restart: a complete orbax example"))

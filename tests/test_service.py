@@ -94,6 +94,7 @@ def _assert_none_left(ray_tmp: str) -> None:
     assert not alive, f"Ray processes left running: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
+@pytest.mark.slow
 def test_same_bytes_as_batch_at_with_one_and_two_actors_and_two_hosts(tmp_path):
     """1 and 2 actors give batch_at's bytes; two hosts share a service; resuming with another host count works."""
     got = _driver(
@@ -148,6 +149,7 @@ def test_same_bytes_as_batch_at_with_one_and_two_actors_and_two_hosts(tmp_path):
     assert got == {"actors": 2, "ray_left": False, "lent": False, "copied": True}
 
 
+@pytest.mark.slow
 def test_dead_actors_are_replaced_and_their_units_recomputed(tmp_path):
     """ray.kill of one actor and SIGKILL of another's process: every batch still equals batch_at."""
     got = _driver(
@@ -178,6 +180,7 @@ def test_dead_actors_are_replaced_and_their_units_recomputed(tmp_path):
     assert got["actors"] == 2, got
 
 
+@pytest.mark.slow
 def test_a_failing_step_is_a_step_error_as_locally(tmp_path):
     """A map that raises on one record: the service's StepError names the step, host and stage as the local one's."""
     got = _driver(
@@ -222,6 +225,7 @@ def test_a_failing_step_is_a_step_error_as_locally(tmp_path):
     assert got["cause"] == "ValueError"
 
 
+@pytest.mark.slow
 def test_a_straggler_is_hedged_and_the_bytes_do_not_change(tmp_path):
     """An actor that sleeps on its units: they are also asked of the other actor; the first answer is used."""
     got = _driver(
@@ -257,6 +261,7 @@ def test_a_straggler_is_hedged_and_the_bytes_do_not_change(tmp_path):
     assert got["seconds"] < 20, got
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
     """An unreachable address, too few CPUs, an unpicklable stage, service= with workers, a closed service."""
     got = _driver(
@@ -331,6 +336,7 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
     assert got["ray_after_close"] is False
 
 
+@pytest.mark.slow
 def test_quern_run_ray(tmp_path):
     """``quern run --ray --actors 2`` runs the steps on a new local cluster and reports the service; bad flags exit 2."""
     cfg = parquet_config(parquet_folder(tmp_path), [], name="c.yaml", shuffle="global", seed=3)

@@ -197,6 +197,7 @@ def _end(driver: subprocess.Popen | None) -> None:
 # --------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 def test_a_node_dying_changes_no_batch(tmp_path):
     """Two actors on two nodes; the second node dies (every process of it SIGKILLed) at step 40 of 200: its actor is
     replaced on the head (which has a CPU free for it), its units are computed again, and every batch, before and
@@ -265,6 +266,7 @@ def _head_dies(tmp_path, linger: float, actor_on_head: bool = True) -> list[dict
     return results
 
 
+@pytest.mark.slow
 def test_the_head_dying_raises_service_error(tmp_path):
     """The head stopped while an iterator runs: after the batches already computed, ``next()`` raises
     :class:`quern.ServiceError` naming the cluster's address within 30 s, Ray is shut down in the driver, and the
@@ -287,6 +289,7 @@ def test_the_head_dying_is_seen_while_an_actor_still_answers(tmp_path):
     _head_dies(tmp_path, linger=0, actor_on_head=False)
 
 
+@pytest.mark.slow
 def test_quern_run_ray_address(tmp_path):
     """``quern run --ray-address HOST:PORT --actors 1`` uses a running cluster, reports the service and leaves the
     cluster's own processes to it (only the actor ends); an unreachable address exits 1 naming it."""

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 
@@ -31,10 +32,13 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 MISSING = [p for p in (CHROMIUM, CHROMEDRIVER) if not (os.path.isfile(p) and os.access(p, os.X_OK))]
 
-pytestmark = pytest.mark.skipif(
-    bool(MISSING),
-    reason=f"{' and '.join(MISSING)} not installed (make services installs chromium and chromium-driver with apt-get)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"{' and '.join(MISSING)} not installed (make services installs chromium and chromium-driver with apt-get)",
+    ),
+    pytest.mark.slow,  # a docs build where site/ is not built yet
+]
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
 
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -43,11 +47,24 @@ from selenium.webdriver.common.selenium_manager import SeleniumManager  # noqa: 
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 SEARCH_TIMEOUT = 20.0  # seconds for the search page's script to load the index and list the results
+DOCS_TIMEOUT = 600.0  # seconds to wait for the docs build that make test runs beside the suite
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """``site/`` where it was built, else ``docs/`` built into a temporary folder (not strictly)."""
+    """``site/`` where it was built, else ``docs/`` built into a temporary folder (not strictly). Where
+    ``make test`` builds ``site/`` beside the suite, it names in ``QUERN_DOCS_DONE`` the file the build
+    writes its exit status to when it ends: the site is ``site/`` once that status is 0."""
+    done = os.environ.get("QUERN_DOCS_DONE")
+    if done:
+        deadline = time.monotonic() + DOCS_TIMEOUT
+        while not os.path.exists(done):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the docs build beside the suite did not end within {DOCS_TIMEOUT:g} s ({done})")
+            time.sleep(0.2)
+        status = pathlib.Path(done).read_text().strip()
+        assert status == "0", f"the docs build beside the suite failed (status {status}): make test shows its log"
+        return SITE
     if (SITE / "index.html").is_file():
         return SITE
     out = tmp_path_factory.mktemp("site")

@@ -95,6 +95,7 @@ def test_attention_and_loss_stay_inside_each_document():
     assert int(count) == 49 + 59 and np.isfinite(float(loss))
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_has_the_same_losses(tmp_path):
     whole = subprocess.run(_cmd(tmp_path, "whole", 12), capture_output=True, text=True, timeout=300, check=False)
     assert whole.returncode == 0, whole.stderr[-3000:]

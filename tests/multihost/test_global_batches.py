@@ -76,6 +76,7 @@ def test_global_batch_equals_batch_at():
     assert got["state"]["step"] == 9
 
 
+@pytest.mark.slow
 def test_stop_on_two_hosts_resume_on_one_or_four():
     whole = _run(processes=2, devices=2, start=0, steps=8)["batches"]
     assert whole == _expected(0, 8)  # the uninterrupted run is right, so the resumed ones are compared to truth
