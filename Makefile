@@ -2,13 +2,15 @@
 #   make quickstart   install quern (a wheel built from this checkout) into .venv and run examples/quickstart.py
 #   make test         the same, then lint (ruff), type-check (mypy) and run the test suite against the installed
 #                     wheel, from a folder where the checkout is not importable
+# and, for the edit-run loop, make test-fast: the wheel and the suite without the tests marked slow (no lint,
+# types nor docs).
 # VENV may point elsewhere (make test VENV=/tmp/venv): everything this Makefile installs or builds goes there.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
 DIST := $(abspath $(VENV))/dist
 
-.PHONY: install quickstart lint typecheck test bench clean services docs
+.PHONY: install quickstart lint typecheck test test-fast bench clean services docs
 
 # The dependencies, once per change of pyproject.toml: the package's and the test extra's (which has the
 # build tools: hatchling, build, twine), read from pyproject.toml; quern itself is not installed here
@@ -44,15 +46,43 @@ typecheck: | $(VENV)/.installed
 
 # The documentation site (docs/, Sphinx with MyST) built into site/ from the installed wheel's docstrings, strictly:
 # a warning (a broken cross-reference, a missing page, an undocumented public name) fails the build
+SPHINX = rm -rf site && $(PY) -m sphinx -b html -W --keep-going -n -q -d $(abspath $(VENV))/doctrees docs site
 docs: install
-	rm -rf site
-	$(PY) -m sphinx -b html -W --keep-going -n -q -d $(abspath $(VENV))/doctrees docs site
+	$(SPHINX)
 
 # The suite runs against the installed wheel, from an empty folder (neither the checkout nor its parent is
-# on sys.path), in 2 processes (pytest-xdist): most tests wait on subprocesses, servers and sleeps
-test: install lint typecheck docs
-	run=$$(mktemp -d) && cd $$run && $(PY) -m pytest -q -n 2 -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) $(CURDIR)/tests; \
-	rc=$$?; rm -rf $$run; exit $$rc
+# on sys.path; --confcutdir: nor is the checkout's __init__.py imported as a package of the tests, which
+# fails where the checkout's folder name is no Python name), in TEST_WORKERS processes (pytest-xdist): more
+# than the 2 cores, as most tests wait on subprocesses, servers and sleeps. Tests are handed out one at a
+# time (--maxschedchunk 1), in the order tests/conftest.py sets: those marked slow first, so that no long
+# test starts last while the other workers idle.
+TEST_WORKERS ?= 3
+PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+	--confcutdir $(CURDIR)/tests -p no:cacheprovider
+
+# make test: the type check (mypy) and the docs site (make docs) run beside the suite, niced, in the time the
+# suite waits; their output follows the suite's, and any of the three failing fails the target. The browser
+# tests of the site (tests/test_site_browser.py, run last) wait for the build (QUERN_DOCS_DONE: the file its
+# exit status is written to).
+test: install lint
+	@logs=$$(mktemp -d); \
+	( nice -n 10 $(MAKE) --no-print-directory typecheck >$$logs/typecheck.log 2>&1; echo $$? >$$logs/typecheck.status ) & \
+	( { echo '$(SPHINX)'; nice -n 10 sh -c '$(SPHINX)'; } >$$logs/docs.log 2>&1; \
+	  echo $$? >$$logs/docs.tmp; mv $$logs/docs.tmp $$logs/docs.status ) & \
+	run=$$(mktemp -d); cd $$run && QUERN_DOCS_DONE=$$logs/docs.status $(PYTEST) $(CURDIR)/tests; \
+	rc=$$?; cd $(CURDIR); rm -rf $$run; wait; \
+	for part in typecheck docs; do \
+		echo "--- make $$part (beside the suite):"; cat $$logs/$$part.log; \
+		status=$$(cat $$logs/$$part.status 2>/dev/null || echo 1); \
+		if [ "$$status" != 0 ]; then echo "make $$part failed (status $$status)"; rc=1; fi; \
+	done; \
+	rm -rf $$logs; exit $$rc
+
+# make test-fast, for the edit-run loop: the wheel installed, then the suite without the tests marked slow
+# (pytest -m 'not slow'); make test runs them all, with lint, types and docs
+test-fast: install
+	@run=$$(mktemp -d); cd $$run && $(PYTEST) -m 'not slow' $(CURDIR)/tests; \
+	rc=$$?; cd $(CURDIR); rm -rf $$run; exit $$rc
 
 # System services the tests start themselves on 127.0.0.1 (tests/servers.py): nginx, for the HTTP tests,
 # and prometheus, for the Prometheus tests; redis-server, for the Redis tests (tests/redisserver.py); and
