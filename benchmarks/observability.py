@@ -70,8 +70,8 @@ import numpy as np
 
 import quern
 from quern.pipeline import execute
+from quern.pipeline.core.timing import Clock
 from quern.pipeline.iterate.iterator import THREAD_READ_STEPS
-from quern.pipeline.iterate.timing import Clock
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "observability")
 AR_META = {"records": 100_000, "shards": 4, "lengths": [32, 256], "seed": 0, "dtype": "int32", "format": 1}

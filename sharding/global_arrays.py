@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline.iterate.timing import DEVICE_PUT, LIVE, StepClock
+from ..pipeline.core.timing import DEVICE_PUT, LIVE, StepClock
 from ..pipeline.order.index import host_rows
 
 __all__ = ["DEVICE_PREFETCH", "global_iterator", "GlobalIterator", "process_rows", "host_slice"]

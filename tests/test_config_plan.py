@@ -29,8 +29,8 @@ from helpers import (
 import quern
 from quern.pipeline.cli import main
 from quern.pipeline.core.registry import REGISTRY
-from quern.pipeline.identity.config_form import weights_config
 from quern.pipeline.order.components import QUANTUM, quantize
+from quern.pipeline.streams.config_form import weights_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("isolated_cache")]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.identity import config_form as dump
+from quern.pipeline.streams import config_form as dump
 from quern.prepare import prepare
 
 

@@ -12,8 +12,8 @@ import yaml
 from helpers import assert_same_pipeline, write_shards
 
 import quern
-from quern.pipeline.identity.config_form import source_config, transform_config, weights_config
 from quern.pipeline.order.components import quantize
+from quern.pipeline.streams.config_form import source_config, transform_config, weights_config
 
 
 def shift(batch, by=1):

@@ -21,7 +21,7 @@ from servers import needs_nginx, needs_prometheus, nginx, prometheus
 
 import quern
 import quern.metrics
-from quern.pipeline.iterate.timing import LIVE
+from quern.pipeline.core.timing import LIVE
 
 PID = str(os.getpid())
 

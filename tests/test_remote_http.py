@@ -187,7 +187,7 @@ def test_parquet_and_arrayrecord_files_by_url_are_fetched_whole_and_read_like_lo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from quern.pipeline.identity import config_form as dump
+    from quern.pipeline.streams import config_form as dump
 
     root = tmp_path / "www"
     root.mkdir()

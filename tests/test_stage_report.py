@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.iterate import timing
-from quern.pipeline.iterate.timing import STAGE_FUNCTIONS, Clock, stage_now
+from quern.pipeline.core import timing
+from quern.pipeline.core.timing import STAGE_FUNCTIONS, Clock, stage_now
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -126,6 +126,30 @@ def test_imports_under_type_checking_are_not_edges(tmp_path):
     }
 
 
+def _layer(module: str) -> str | None:
+    """The folder of ``pipeline/`` that ``module`` lives in (``quern.pipeline.core.errors`` -> ``core``), else ``None``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "pipeline" else None
+
+
+LAYERS = ("core", "order", "identity", "remote", "sources", "execute", "streams", "integrity", "iterate", "definition")
+"""``pipeline/``'s folders from the bottom up, as docs/design/layout.md lists them; config and cli are on top."""
+
+
+def test_the_folders_of_pipeline_are_layers_that_import_only_downwards():
+    modules = _modules()
+    up = []
+    for name, path in modules.items():
+        here = _layer(name)
+        for target in _imports(name, path, modules):
+            there = _layer(target)
+            if here in LAYERS and there is not None and there != here:
+                if there not in LAYERS or LAYERS.index(there) > LAYERS.index(here):
+                    up.append(f"{name} -> {target}")
+    assert _layer("quern.pipeline.core.errors") == "core" and _layer("quern.pipeline") is None
+    assert sorted(up) == [], "a lower layer imports a higher one"
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

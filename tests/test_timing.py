@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.iterate import timing
-from quern.pipeline.iterate.timing import StepClock, health, prefetch_window
+from quern.pipeline.core import timing
+from quern.pipeline.core.timing import StepClock, health, prefetch_window
 
 # -------------------------------------------------------------------- pure pieces
 

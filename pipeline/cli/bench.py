@@ -3,7 +3,7 @@
 Two measurements of the same steps, then a diagnosis:
 
 1. :func:`profile`: each step computed on its own in this process (one read per
-   step), its seconds per stage (:mod:`quern.pipeline.iterate.timing`): what each stage
+   step), its seconds per stage (:mod:`quern.pipeline.core.timing`): what each stage
    costs, free of any overlap.
 2. :func:`loop`: the real iterator (threads or worker processes, prefetch) fed to
    a training loop whose step takes ``step_s`` seconds (a sleep: the host is free

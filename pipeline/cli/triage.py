@@ -9,8 +9,8 @@ asking, in order, where the next batch is when the accelerator wants it::
     otherwise            the network (remote storage)
 
 :func:`triage` answers from measured figures only: the caller's loop (the
-health and bubble rate of :class:`~quern.pipeline.iterate.timing.StepClock`), the
-seconds per stage (:mod:`quern.pipeline.iterate.timing`) and a few facts about the
+health and bubble rate of :class:`~quern.pipeline.core.timing.StepClock`), the
+seconds per stage (:mod:`quern.pipeline.core.timing`) and a few facts about the
 sources. It returns the level, the stage that bounds the loader and one concrete
 suggestion. It is a pure function of its arguments.
 """
@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from ..core.timing import DEVICE_PUT, HANDOVER, SEND
 from ..execute import COLLATE, READ
-from ..iterate.timing import DEVICE_PUT, HANDOVER, SEND
 
 __all__ = ["DEVICE", "HOST_MEMORY", "LOCAL_DISK", "NETWORK", "SourceFacts", "Diagnosis", "triage", "bounding_stage"]
 

@@ -10,7 +10,7 @@ is :mod:`.trust`'s rule. The limits on what a config file can make quern do are
 
 from ..core.errors import ConfigError
 from ..core.registry import REGISTRY, register
-from ..identity.config_form import to_config
+from ..streams.config_form import to_config
 from .load import load_config
 
 __all__ = ["REGISTRY", "ConfigError", "load_config", "register", "to_config"]

@@ -25,7 +25,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def register(name: str) -> Callable[[F], F]:
     """Decorator: make a transform factory available to configs as ``{name: NAME, kwargs: {...}}``.
 
-    For :func:`quern.pipeline.identity.config_form.to_config` to write a transform back, the
+    For :func:`quern.pipeline.streams.config_form.to_config` to write a transform back, the
     factory must be a class whose instances are dataclasses (their fields become
     ``kwargs``).
 

@@ -6,7 +6,7 @@ the generic stages of :mod:`.stages` on them: ``read`` (one bulk ``read_many``
 call per leaf for all the steps at once), the record transforms, ``collate`` and
 the batch transforms. :mod:`.runner` is the runner of streams whose rows are
 segments (a source, a filtered source, a mixture). ``timings``, a dict, gathers
-the seconds spent per stage (:mod:`quern.pipeline.iterate.timing`). Every output depends
+the seconds spent per stage (:mod:`quern.pipeline.core.timing`). Every output depends
 only on (the definition, the step, the host slice): never on which process or
 thread runs it, or on what ran before.
 """
@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..order import index as _index
-from ..streams.protocol import Definition  # noqa: F401  (the iterator's modules still name execute.Definition)
 from .stages import COLLATE, READ, LengthCheck, StepRequest, StepResult, Where, read, steps_per_read
 
 if TYPE_CHECKING:

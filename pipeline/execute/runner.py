@@ -18,9 +18,9 @@ import numpy as np
 from ..core.collate import CollatedRows, take
 from ..core.errors import StepError
 from ..core.ops import OpKind
+from ..core.timing import Clock
 from ..core.tree import leaves as tree_leaves
 from ..core.tree import map_leaves
-from ..iterate.timing import Clock
 from ..order import Segments
 from .stages import (
     COLLATE,

@@ -18,7 +18,7 @@ from ..core.collate import collate, describe
 from ..core.errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
 from ..core.ops import OpKind
 from ..core.steps import LengthCheck, StepRequest, StepResult, Where
-from ..iterate.timing import Clock
+from ..core.timing import Clock
 from ..order import Segments
 from ..order import index as _index
 from ..sources import Source

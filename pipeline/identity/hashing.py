@@ -13,13 +13,13 @@ where it was found, so that no value is ever hashed by its type name alone.
 The digest depends only on the value (dict and set order do not matter; list
 and tuple order do), and is the same in every process and Python session.
 
-A dtype is described completely (:func:`quern.pipeline.integrity.canonical.layout_text`):
+A dtype is described completely (:func:`quern.pipeline.identity.canonical.layout_text`):
 NumPy's own by ``dtype.str`` (byte order included), another library's by its
 type's name too (``ml_dtypes.float8_e4m3fn:<V1``: ``dtype.str`` alone is
 ``<V1`` for 17 ml_dtypes), a structured one by its fields' names, titles,
 offsets and dtypes, its itemsize and alignment. An array's values are its bytes
 in C order, except that a structured array's are its fields' values packed
-(:func:`quern.pipeline.integrity.canonical.values`: padding bytes, whose content is
+(:func:`quern.pipeline.identity.canonical.values`: padding bytes, whose content is
 undefined, never enter), an x87 long double's its 10 value bytes, and the items
 of an object or ``StringDType`` array are described one by one.
 """
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import FingerprintError
-from ..integrity.canonical import is_plain, layout_text, values
+from .canonical import is_plain, layout_text, values
 
 __all__ = ["digest", "update", "HOW_TO_DECLARE"]
 

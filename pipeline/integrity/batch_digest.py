@@ -2,7 +2,7 @@
 
 A row's canonical content is, for each leaf of the batch (``batch['tokens']``;
 :func:`quern.pipeline.core.tree.leaves`), the leaf's row in canonical form
-(:func:`quern.pipeline.integrity.canonical.values`: its values in C order, little-endian; a
+(:func:`quern.pipeline.identity.canonical.values`: its values in C order, little-endian; a
 structured leaf's fields' values packed in field order, without padding or the
 bytes outside a field view), and the *layout*: each leaf's path, dtype
 description and row shape. So a digest depends on the values, dtypes and shapes
@@ -17,7 +17,7 @@ row, made with NumPy for all rows at once:
 
 - layout seed ``L = xxh3_64(layout)``, the layout being the JSON text
   ``[[path, dtype, row shape], ...]`` sorted by path (dtype: its description,
-  :func:`quern.pipeline.integrity.canonical.dtype_text`: ``<i4``, ``|u1``,
+  :func:`quern.pipeline.identity.canonical.dtype_text`: ``<i4``, ``|u1``,
   ``ml_dtypes.bfloat16:<V2``, ``{"fields":[["a",null,"<i4"],...]}``, ``|O`` for an
   object leaf; the version of this form is :data:`FORMAT`, in every ledger line);
 - the row's *parts*: per large leaf, in path order, ``xxh3_128(row bytes)`` (16
@@ -70,9 +70,9 @@ import xxhash
 
 from ..core.collate import describe
 from ..core.tree import leaves
+from ..identity.canonical import dtype_text, is_plain, values
 from ..order.index import hash64
 from . import rowhash
-from .canonical import dtype_text, is_plain, values
 
 __all__ = [
     "BatchDigests",
@@ -94,7 +94,7 @@ FORMAT = 2
 """The version of the canonical form, in every ledger line (``"digest_format"``).
 
 1 (a line without the field): a dtype was its ``dtype.str`` (``<V1`` for 17 ml_dtypes) and a
-structured leaf its bytes, padding included. 2: dtypes by name (:func:`~quern.pipeline.integrity.canonical.dtype_text`),
+structured leaf its bytes, padding included. 2: dtypes by name (:func:`~quern.pipeline.identity.canonical.dtype_text`),
 structured leaves by their fields' values. Digests of two formats are never compared
 (:func:`check_format`)."""
 SMALL = 16

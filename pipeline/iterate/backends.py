@@ -8,11 +8,15 @@ same bytes whichever computes it.
 
 from __future__ import annotations
 
-from .. import execute
+from typing import TYPE_CHECKING
+
 from .feed import Feed, FeedSettings, Stopped, worker_figures
 from .service import RayService, ServiceFeed
 from .threads import ThreadFeed
 from .workers import WorkerPool
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = ["check_backend", "open_feed"]
 
@@ -48,7 +52,7 @@ def check_backend(num_workers: int, num_threads: int, service: object) -> RaySer
 
 
 def open_feed(
-    pipe: execute.Definition,
+    pipe: Pipeline,
     settings: FeedSettings,
     *,
     num_workers: int,

@@ -20,17 +20,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 from .. import execute
+from ..core.timing import LIVE, StepClock, batch_nbytes, prefetch_window
 from ..integrity.ledger import LedgerWriter
 from ..order.index import check_int, host_rows
 from ..remote.lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
+from ..sources.live_commits import Run
+from ..streams.capabilities import Live, require
 from .backends import check_backend, open_feed
 from .feed import Batch, Feed, FeedSettings, Stopped
 from .service.ray_service import RayService
 from .threads import THREAD_READ_RECORDS, THREAD_READ_STEPS, check_step_timeout
-from .timing import LIVE, StepClock, batch_nbytes, prefetch_window
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = [
     "PipelineIterator",
@@ -118,7 +123,7 @@ class PipelineIterator:
 
     def __init__(
         self,
-        pipe: execute.Definition,
+        pipe: Pipeline,
         start_step: int = 0,
         *,
         process_index: int = 0,
@@ -167,9 +172,11 @@ class PipelineIterator:
                 f"step_timeout={self.step_timeout:g} on a live stream: a step waiting for entries the producer has "
                 "not written yet is not stuck; the source's timeout= is how long next() waits for them"
             )
-        self._live_run: object = None  # a live stream: this iterator's run, which its commits carry
+        self._live_run: Run | None = None  # a live stream: this iterator's run, which its commits carry
         if self._live is not None:  # a resume checked against the live stream's commit record
-            self._live_run = cast(Any, pipe.stream).start(pipe, self.step, int(process_index), int(process_count))
+            self._live_run = require(pipe.stream, Live, "iterator").start(
+                pipe, self.step, int(process_index), int(process_count)
+            )
         if read_ahead is not None:
             read_ahead = check_int(read_ahead, "read_ahead", 1)
         elif self._live is not None:
@@ -380,7 +387,8 @@ class PipelineIterator:
             if self._stop_waiting:
                 return True
             if time.monotonic() - began >= live:
-                raise self.pipe.stream.late(self.pipe, step, self.process_index, self.process_count, live)
+                stream = require(self.pipe.stream, Live, "a wait for entries")
+                raise stream.late(self.pipe, step, self.process_index, self.process_count, live)
             return False
 
         return poll
@@ -402,14 +410,13 @@ class PipelineIterator:
             SourceError: the commit cannot be written.
         """
         step = check_int(step, "step", 0)
-        if self.pipe.stream.wait_timeout() is None:
-            self.pipe.stream.commit(self.pipe, step, self.process_index, self.process_count)  # raises: not live
+        stream = require(self.pipe.stream, Live, "commit")  # raises: not live
         if step > self.step:
             raise ValueError(
                 f"commit({step}): step {step - 1} was not yielded yet (this iterator yielded the steps before "
                 f"{self.step}); commit the step after the last one trained"
             )
-        cast(Any, self.pipe.stream).commit(self.pipe, step, self.process_index, self.process_count, self._live_run)
+        stream.commit(self.pipe, step, self.process_index, self.process_count, self._live_run)
 
     def wait_for_workers(self, timeout: float | None = None) -> bool:
         """Block until every worker process has started, or ``timeout`` seconds pass first.
@@ -436,7 +443,7 @@ class PipelineIterator:
         return self._feed.wait_ready(timeout)
 
     def stats(self) -> dict:
-        """Figures since the iterator started (see :mod:`quern.pipeline.iterate.timing`).
+        """Figures since the iterator started (see :mod:`quern.pipeline.core.timing`).
 
         Returns:
             ``steps``, ``first_batch_s``, ``data_wait``, ``step_period``,

@@ -70,7 +70,7 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
         "quern.metrics needs prometheus-client (the extra quern[metrics]): pip install 'quern[metrics]'"
     ) from e
 
-from .timing import LIVE
+from ..core.timing import LIVE
 
 __all__ = [
     "HEALTH_STATES",
@@ -283,7 +283,7 @@ def _stats(it: Any) -> dict[str, Any]:
 
 
 def _live() -> list[Any]:
-    """The iterators of :data:`~quern.pipeline.iterate.timing.LIVE` now.
+    """The iterators of :data:`~quern.pipeline.core.timing.LIVE` now.
 
     The set is read again when another thread adds one while it is being read.
     """
@@ -317,7 +317,7 @@ class QuernCollector(Collector):
         """The ``iterator`` label of ``it``: given when first seen, kept for its life.
 
         Args:
-            it: an iterator of :data:`~quern.pipeline.iterate.timing.LIVE`.
+            it: an iterator of :data:`~quern.pipeline.core.timing.LIVE`.
 
         Returns:
             ``0`` for the first iterator this collector sees, then ``1``, ...

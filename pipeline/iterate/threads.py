@@ -20,16 +20,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from .. import execute
 from ..core.errors import StepTimeoutError, StreamTimeoutError, exit_if_forked
+from ..core.timing import add, ema, stage_now
 from ..integrity.ledger import DIGEST, LedgerWriter
 from ..order.index import host_rows
 from ..sources import waiting
 from .feed import Batch, Feed, FeedSettings, FeedStats
-from .timing import add, ema, stage_now
 from .workers.signals import sigint_deferred
+
+if TYPE_CHECKING:
+    from ..definition.dataset import Pipeline
 
 __all__ = [
     "Chunk",
@@ -45,12 +48,17 @@ __all__ = [
 THREAD_READ_RECORDS = 4096  # about this many records per bulk read...
 THREAD_READ_STEPS = 16  # ...but at most this many steps
 
-# (batches, seconds per stage, wall seconds)
-Chunk = tuple[list[Batch], dict[str, float], float]
+
+class Chunk(NamedTuple):
+    """What a prefetch thread computed for consecutive steps."""
+
+    batches: list[Batch]  # one per step, in order
+    seconds: dict[str, float]  # per stage; empty when not timed
+    wall: float  # wall seconds of the whole chunk
 
 
 def compute(
-    pipe: execute.Definition,
+    pipe: Pipeline,
     first: int,
     count: int,
     index: int,
@@ -85,13 +93,13 @@ def compute(
     timings: dict[str, float] = {}
     batches = execute.batches_at(pipe, first, count, index, hosts, timings if timed else None)
     exit_if_forked(owner, "the iterator's process")
-    return batches, timings, time.perf_counter() - t0
+    return Chunk(batches, timings, time.perf_counter() - t0)
 
 
 def compute_on_own_thread(
     abandon: threading.Event,
     computing: dict[int, threading.Thread],
-    pipe: execute.Definition,
+    pipe: Pipeline,
     first: int,
     count: int,
     index: int,
@@ -255,7 +263,7 @@ class ThreadFeed(Feed):
             behind (with ``step_timeout``, or on a live stream).
     """
 
-    def __init__(self, pipe: execute.Definition, settings: FeedSettings, *, num_threads: int, watch: bool) -> None:
+    def __init__(self, pipe: Pipeline, settings: FeedSettings, *, num_threads: int, watch: bool) -> None:
         self.pipe, self.settings, self.num_threads = pipe, settings, num_threads
         read_ahead = settings.read_ahead
         if read_ahead is None:

@@ -22,13 +22,13 @@ from ..core.batching import need_batch, need_no_batch
 from ..core.errors import StepError
 from ..core.tree import to_plain
 from ..execute.stages import LengthCheck, StepRequest, StepResult, Where, batch_stages
-from ..identity.config_form import stages_config
 from ..identity.hashing import digest
 from ..order import Segments
 from ..order import components as _mixture
 from ..order import index as _index
 from ..sources import Source
 from .capabilities import BucketOfStep, Component, Filterable, NeutralReports, RecordPositions, SingleSource, require
+from .config_form import stages_config
 from .protocol import Explanation, Stream, locate_inner
 
 if TYPE_CHECKING:

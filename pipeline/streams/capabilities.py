@@ -23,8 +23,8 @@ from ..core.errors import CapabilityError
 from ..order import Pieces
 
 if TYPE_CHECKING:
+    from ..core.timing import Clock
     from ..definition.dataset import Pipeline
-    from ..iterate.timing import Clock
     from ..sources.live_commits import Run, StepMap
     from .protocol import Stream
 

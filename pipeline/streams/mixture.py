@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..core.batching import need_batch
-from ..identity.config_form import batch_config, stages_config, weights_config
 from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
 from ..order import components as _mixture
 from ..sources import Source
 from .capabilities import Component, Editable, NeutralReports, RecordPositions, report, require
+from .config_form import batch_config, stages_config, weights_config
 from .protocol import Explanation
 from .segments import SegmentStream
 

@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from ..core.batching import need_no_batch
+from ..core.timing import Clock
 from ..execute.stages import (
     StepRequest,
     StepResult,
     read,
 )
-from ..identity.config_form import batch_config, stages_config
 from ..identity.fingerprint import fingerprint_of
 from ..identity.hashing import digest
-from ..iterate.timing import Clock
 from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
@@ -43,6 +42,7 @@ from .capabilities import (
     SingleSource,
     require,
 )
+from .config_form import batch_config, stages_config
 from .packed_rows import PACK, packed_results, rows_of
 from .protocol import Explanation, Stream, locate_inner
 

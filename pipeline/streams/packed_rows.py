@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.collate import CollatedRows, describe, take
 from ..core.errors import StepError
+from ..core.timing import Clock
 from ..execute.runner import bulk, step_positions
 from ..execute.stages import (
     COLLATE,
@@ -29,7 +30,6 @@ from ..execute.stages import (
     collate_rows,
     read,
 )
-from ..iterate.timing import Clock
 from ..order import Pieces, Segments
 
 if TYPE_CHECKING:

@@ -32,21 +32,10 @@ from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
 from ..order.index import host_rows
 from ..sources import Source
-from .capabilities import BucketOfStep, Live, PackedRows, require
+from .capabilities import BucketOfStep, PackedRows
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
-
-    Definition = Pipeline
-else:
-
-    class Definition:
-        """The old name of :class:`~quern.pipeline.definition.dataset.Pipeline`, for annotations only.
-
-        The type checker reads it as ``Pipeline``; kept until the iterator's modules, which
-        still annotate with ``execute.Definition``, name ``Pipeline`` instead.
-        """
-
 
 __all__ = ["Stream", "PackedRows", "BucketOfStep", "contiguous_positions", "locate_inner"]
 
@@ -303,30 +292,6 @@ class Stream(abc.ABC):
     def stage_text(self) -> str:
         """What ``repr`` adds after the pipeline's stages: nothing by default (``.balance_hosts(...)``)."""
         return ""
-
-    # ------------------------------------------------------------------ compatibility
-
-    def commit(self, pipe: Pipeline, step: int, process_index: int, process_count: int) -> None:
-        """:meth:`~quern.pipeline.streams.capabilities.Live.commit` of a live stream; refused for the others.
-
-        Kept for the iterator, which calls it on any stream; code should call
-        :func:`~quern.pipeline.streams.capabilities.require` with ``Live`` instead.
-
-        Raises:
-            CapabilityError: this stream is not live: it keeps no commits (resume it from ``it.state()``).
-        """
-        require(self, Live, "commit").commit(pipe, step, process_index, process_count)
-
-    def late(self, pipe: Pipeline, step: int, process_index: int, process_count: int, waited: float) -> Exception:
-        """:meth:`~quern.pipeline.streams.capabilities.Live.late` of a live stream; refused for the others.
-
-        Kept for the iterator, which calls it on the stream it waited for; code should call
-        :func:`~quern.pipeline.streams.capabilities.require` with ``Live`` instead.
-
-        Raises:
-            CapabilityError: this stream is not live.
-        """
-        return require(self, Live, "late").late(pipe, step, process_index, process_count, waited)
 
 
 def locate_inner(path: tuple, key: str, label: str, inner: Pipeline) -> tuple[str, Pipeline, tuple] | None:

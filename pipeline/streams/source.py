@@ -15,11 +15,11 @@ import numpy as np
 
 from ..core.batching import need_batch
 from ..identity import samedef
-from ..identity.config_form import batch_config, source_config, stages_config
 from ..order import Segments
 from ..order import index as _index
 from ..sources import Source
 from .capabilities import InvertedByPositions
+from .config_form import batch_config, source_config, stages_config
 from .excluded import ExcludedStream
 from .protocol import Stream, contiguous_positions
 from .segments import SegmentStream

@@ -7,7 +7,7 @@ actor computed it. The design: ``docs/design/service.md``.
 """
 
 from ...core.errors import ServiceError
-from .feed import ServiceFeed
+from .ray_feed import ServiceFeed
 from .ray_service import RayService
 
 __all__ = ["RayService", "ServiceError", "ServiceFeed"]

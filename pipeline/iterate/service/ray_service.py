@@ -4,7 +4,7 @@
 ``num_actors`` actors (:class:`~quern.pipeline.iterate.service.actor.UnitActor`), each
 of which loads the pipeline once. An iterator made with
 ``pipe.iterator(service=svc)`` asks them for the units of its lookahead
-window (:mod:`quern.pipeline.iterate.service.feed`); Ray schedules the actors, quern
+window (:mod:`quern.pipeline.iterate.service.ray_feed`); Ray schedules the actors, quern
 only orders what comes back. A batch does not depend on which actor computed
 it, so a dead actor is replaced and its units are computed again, and a slow
 one is hedged.

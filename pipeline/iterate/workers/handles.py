@@ -15,12 +15,15 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
-from ... import execute
-from ..timing import STAGE_FD_ENV
+from ...core.timing import STAGE_FD_ENV
 from . import shm
 from .messages import Exited, Fork, Forked, Kill, Ready
 from .signals import sigint_deferred
+
+if TYPE_CHECKING:
+    from ...definition.dataset import Pipeline
 
 __all__ = ["ServerHandle", "WorkerHandle", "SERVER_STOP", "READERS", "how_it_ended", "preloads", "readable"]
 
@@ -74,7 +77,7 @@ def readable(sock: socket.socket, timeout: float = 0.0) -> bool:
     return bool(poller.poll(int(timeout * 1000)))
 
 
-def preloads(pipe: execute.Definition) -> tuple[str, ...]:
+def preloads(pipe: Pipeline) -> tuple[str, ...]:
     """The reader modules (:data:`READERS`) of the pipeline's sources that this process has imported.
 
     The fork server imports them once, before it forks the workers. A source made

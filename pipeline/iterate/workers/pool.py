@@ -18,19 +18,21 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from ... import execute
 from ...core.errors import WorkerError
+from ...core.timing import HANDOVER, add, ema
 from ...integrity.ledger import LedgerWriter
 from ..feed import Batch, Feed, FeedStats, worker_figures
-from ..timing import HANDOVER, add, ema
 from . import shm
 from .handles import ServerHandle, WorkerHandle, preloads, readable
 from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Span, Task
 from .signals import sigint_deferred
 from .sizing import fit_read_ahead, task_sizes
 from .supervise import Supervisor
+
+if TYPE_CHECKING:
+    from ...definition.dataset import Pipeline
 
 __all__ = ["WorkerPool"]
 
@@ -106,7 +108,7 @@ class WorkerPool(Feed):
 
     def __init__(
         self,
-        pipe: execute.Definition,
+        pipe: Pipeline,
         num_workers: int,
         *,
         process_index: int,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 
 from ... import execute
+from ...core.timing import MAX_WINDOW
 from ...order.index import host_rows
-from ..timing import MAX_WINDOW
 
 __all__ = ["TASK_RECORDS", "MAX_TASK_STEPS", "SHARED_MEMORY_BUDGET", "task_sizes", "fit_read_ahead", "descriptor_room"]
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ...core.errors import StepTimeoutError, WorkerError
-from ..timing import STAGE_SIGNAL
+from ...core.timing import STAGE_SIGNAL
 from . import shm
 from .handles import SERVER_STOP, ServerHandle, WorkerHandle, readable
 from .messages import Fatal, Init
@@ -317,9 +317,9 @@ class Supervisor:
         )
 
     def _stage_report(self, worker: WorkerHandle) -> str | None:
-        """Where ``worker`` is (:func:`quern.pipeline.iterate.timing.stage_now` of its main thread).
+        """Where ``worker`` is (:func:`quern.pipeline.core.timing.stage_now` of its main thread).
 
-        As it answers :data:`~quern.pipeline.iterate.timing.STAGE_SIGNAL` within
+        As it answers :data:`~quern.pipeline.core.timing.STAGE_SIGNAL` within
         :data:`STAGE_GRACE` seconds; ``None`` when it does not.
         """
         server = worker.server

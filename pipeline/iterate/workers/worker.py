@@ -22,18 +22,20 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ... import execute
 from ...core.errors import StepError, exit_if_forked
+from ...core.timing import SEND, Clock, report_stage_on_signal
 from ...identity import samedef
 from ...integrity.ledger import DIGEST, step_fields
 from ...remote.lookahead import cache_counts
 from ...sources import waiting
-from ...streams.protocol import Definition
-from ..timing import SEND, Clock, report_stage_on_signal
 from . import shm
 from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
+
+if TYPE_CHECKING:
+    from ...definition.dataset import Pipeline
 
 __all__ = ["main", "serve_tasks", "work_then_exit", "setup_process", "flush", "load_pipeline"]
 
@@ -153,7 +155,7 @@ def _exit_status(e: SystemExit) -> int:
     return 1
 
 
-def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, process_count: int) -> None:
+def serve_tasks(sock: socket.socket, pipe: Pipeline, *, process_index: int, process_count: int) -> None:
     """Say the worker is ready, then compute the tasks the parent sends, until end of file.
 
     A step's batch depends only on ``pipe``, the step and the host slice; a step
@@ -173,7 +175,7 @@ def serve_tasks(sock: socket.socket, pipe: Definition, *, process_index: int, pr
         _serve(sock, pipe, process_index=process_index, process_count=process_count)
 
 
-def _serve(sock: socket.socket, pipe: Definition, *, process_index: int, process_count: int) -> None:
+def _serve(sock: socket.socket, pipe: Pipeline, *, process_index: int, process_count: int) -> None:
     me = os.getpid()
     report_stage_on_signal()  # step_timeout: the parent may ask where a stuck step is
     shm.send(sock, Ready(me))

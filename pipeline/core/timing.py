@@ -40,7 +40,7 @@ from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import numpy as np
 
-from ..core.tree import leaves
+from .tree import leaves
 
 __all__ = [
     "ALARM",

@@ -24,18 +24,21 @@ import collections
 import statistics
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ... import execute
 from ...core.errors import ServiceError, StepTimeoutError
+from ...core.timing import HANDOVER, add, ema
 from ...integrity.ledger import LedgerWriter
 from ...order.index import host_rows
 from ..feed import Batch, Feed, FeedStats
-from ..timing import HANDOVER, add, ema
 from .actor import UnitResult
 from .ray_service import RayService, _ray
+
+if TYPE_CHECKING:
+    from ...definition.dataset import Pipeline
 
 __all__ = ["ServiceFeed", "UNIT_RECORDS", "MAX_UNIT_STEPS", "POLL", "HEAD_EVERY"]
 
@@ -91,7 +94,7 @@ class ServiceFeed(Feed):
     def __init__(
         self,
         service: RayService,
-        pipe: execute.Definition,
+        pipe: Pipeline,
         *,
         process_index: int,
         process_count: int,

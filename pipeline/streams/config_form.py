@@ -20,7 +20,7 @@ from ..core.ops import stage_name
 from ..core.registry import REGISTRY
 from ..core.tree import to_plain
 from ..order.components import QUANTUM, quantize
-from ..streams.capabilities import Configurable, require
+from .capabilities import Configurable, require
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
