@@ -79,7 +79,8 @@ test: install lint
 	rm -rf $$logs; exit $$rc
 
 # make test-fast, for the edit-run loop: the wheel installed, then the suite without the tests marked slow
-# (pytest -m 'not slow'); make test runs them all, with lint, types and docs
+# (pytest -m 'not slow'); make test runs them all (but those marked optin, as every run: pytest -m optin),
+# with lint, types and docs
 test-fast: install
 	@run=$$(mktemp -d); cd $$run && $(PYTEST) -m 'not slow' $(CURDIR)/tests; \
 	rc=$$?; cd $(CURDIR); rm -rf $$run; exit $$rc

@@ -9,7 +9,7 @@ temporary folder, which is in the command line of every Ray process). The map mo
 directory, as a user's would be: prepare ships them to the Ray workers by value.
 
 The default run holds the ``--ray-address`` smoke test and the error test (one head node for both); the ``--ray``
-local cluster and ``--skip-errors`` tests are ``slow``.
+local cluster and ``--skip-errors`` tests are ``optin`` (``pytest -m optin``).
 """
 
 from __future__ import annotations
@@ -210,6 +210,7 @@ def bad_corpus(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.optin
 def test_ray_local_cluster_same_bytes_as_local(corpus, tmp_path):
     """``prepare(..., ray=True)`` without an address starts a new local cluster, writes the same bytes as the local
     runs (``--workers 0`` and ``--workers 2``), shuts that cluster down and leaves no Ray process."""
@@ -311,6 +312,7 @@ def test_ray_map_error_names_the_file(bad_corpus, ray_head, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optin
 def test_ray_skip_errors_same_bytes_as_local(bad_corpus, ray_head, tmp_path):
     """With ``--skip-errors`` under Ray the record is skipped, counted and named in the manifest, and the folder is
     byte-identical to the local run's."""

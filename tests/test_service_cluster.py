@@ -10,12 +10,12 @@ through files: the driver writes ``sync/ready`` when it wants a node stopped, th
 - Two nodes, the second killed (every process of it SIGKILLed) while the iterator runs: its actor is replaced on
   the head, its units computed again, and every batch is still ``pipe.batch_at(step)``.
 - The head stopped: ``next()`` raises :class:`quern.ServiceError` naming the address within 30 s, and the driver
-  is disconnected from Ray rather than ended by it later (the ``slow`` variant waits 75 s to see that). The driver
+  is disconnected from Ray rather than ended by it later (the ``optin`` variant waits 75 s to see that). The driver
   runs on a node of its own (a trainer's machine is a Ray node of the cluster): a driver whose raylet is the
   head's is ended by Ray itself the moment the head stops ("the connection to the plasma store is failed"),
   before quern can say anything.
 
-The default run (two tests) takes about 45 s; the ``slow`` ones about 3 minutes more.
+The default run takes about 45 s; the two ``optin`` ones (``pytest -m optin``) about 3 minutes more.
 """
 
 from __future__ import annotations
@@ -275,6 +275,7 @@ def test_the_head_dying_raises_service_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optin
 def test_the_head_dying_leaves_the_driver_alive(tmp_path):
     """As above, and then the driver lives on: 75 s later (past Ray's 60 s for the GCS to come back, after which a
     still-connected Ray would end the process) it is alive and exits normally."""
@@ -283,6 +284,7 @@ def test_the_head_dying_leaves_the_driver_alive(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optin
 def test_the_head_dying_is_seen_while_an_actor_still_answers(tmp_path):
     """The head stopped while the one actor is on the trainer's node, which outlives the head: the actor still
     answers, yet ``next()`` must raise :class:`quern.ServiceError` in time (before Ray ends the process)."""
