@@ -1,6 +1,6 @@
 """Golden values: the data order is a published format, pinned here as literals.
 
-Every literal below was computed once with ``quern.pipeline.order.index`` at
+Every literal below was computed once with ``quern.pipeline.index`` at
 ``INDEX_FORMAT_VERSION == 1`` (numpy 2.4) and pasted in; nothing here is
 recomputed from the code under test. A refactor, an optimisation or a
 dependency upgrade that changes any of these values changes which records
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.order import index
+from quern.pipeline import index
 from quern.transforms import random as qrandom
 
 SEED_MAX = 2**64 - 1
@@ -34,7 +34,7 @@ def _js(n: int) -> list[int]:
 
 
 # (n, seed) -> [record ids of epoch 0, record ids of epoch 1] at j = _js(n), i.e. positions p = e*n + j.
-# Computed once with quern.pipeline.order.index at INDEX_FORMAT_VERSION 1:
+# Computed once with quern.pipeline.index at INDEX_FORMAT_VERSION 1:
 #   epoch_record_ids([e*n + j for j in _js(n)], n, seed, "global")
 #   (== permute(_js(n), n, derive_key(seed, e)), checked at the time).
 GLOBAL = {
@@ -128,7 +128,7 @@ def _block_args(n: int) -> tuple[int, int]:
 
 
 # Same layout as GLOBAL, for the block shuffle with (block, window) = _block_args(n).
-# Computed once with quern.pipeline.order.index at INDEX_FORMAT_VERSION 1:
+# Computed once with quern.pipeline.index at INDEX_FORMAT_VERSION 1:
 #   epoch_record_ids([e*n + j for j in _js(n)], n, seed, "block", block=block, window=window)
 #   (== block_permute(_js(n), n, derive_key(seed, e), block, window), checked at the time).
 BLOCK = {
@@ -205,7 +205,7 @@ BLOCK = {
 }
 
 # The whole block shuffle of n = 30 (7 full blocks of 4, a tail block of 2, windows of 3 blocks).
-# Computed once with quern.pipeline.order.index at INDEX_FORMAT_VERSION 1:
+# Computed once with quern.pipeline.index at INDEX_FORMAT_VERSION 1:
 #   epoch_record_ids(range(e*30, e*30 + 30), 30, seed, "block", block=4, window=3)
 BLOCK_30 = {
     0: [
@@ -239,7 +239,7 @@ def test_block_shuffle_whole_epoch_golden(seed):
 
 
 def test_hash64_golden():
-    # Computed once with quern.pipeline.order.index at INDEX_FORMAT_VERSION 1: hash64(x) for x in xs.
+    # Computed once with quern.pipeline.index at INDEX_FORMAT_VERSION 1: hash64(x) for x in xs.
     xs = [0, 1, 2**63, 2**64 - 1]
     expected = [16294208416658607535, 10451216379200822465, 5196802822362493915, 16490336266968443936]
     assert [int(index.hash64(x)) for x in xs] == expected
@@ -247,7 +247,7 @@ def test_hash64_golden():
     assert got.dtype == np.uint64 and got.tolist() == expected
 
 
-# (seed, *parts) -> derive_key(seed, *parts). Computed once with quern.pipeline.order.index at
+# (seed, *parts) -> derive_key(seed, *parts). Computed once with quern.pipeline.index at
 # INDEX_FORMAT_VERSION 1. Negative parts are taken modulo 2**64 (so -1 and 2**64 - 1 agree).
 DERIVE_KEY = [
     ((0,), 16294208416658607535),
@@ -271,7 +271,7 @@ def test_derive_key_golden(args, expected):
 
 
 def test_derive_key_array_parts_golden():
-    # Computed once with quern.pipeline.order.index at INDEX_FORMAT_VERSION 1:
+    # Computed once with quern.pipeline.index at INDEX_FORMAT_VERSION 1:
     #   derive_key(5, np.array([-1, 0, 3], dtype=np.int64)) (same for int32 and for uint64 [2**64-1, 0, 3])
     expected = [7902673975304047449, 16724494485129748269, 14680702086980696719]
     for part in (

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from .. import execute
 from ..core.timing import LIVE, StepClock, batch_nbytes, prefetch_window
@@ -186,7 +186,7 @@ class PipelineIterator:
         self.process_count = int(process_count)
         self._end = pipe.num_steps
         if ledger is not None:
-            self._ledger = LedgerWriter(ledger, cast(Any, pipe), self.process_index, self.process_count, self.step)
+            self._ledger = LedgerWriter(ledger, pipe, self.process_index, self.process_count, self.step)
         settings = FeedSettings(
             start=self.step,
             end=self._end,
