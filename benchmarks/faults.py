@@ -10,7 +10,9 @@ Scenarios (each trial is independent; seeds make a run repeatable):
   goes with them: it has no name anywhere) and nothing named quern is in /dev/shm.
 * ``ctrl-c storm``: SIGINT every 0.5-20 ms at a process iterating with 2 workers
   that catches ``KeyboardInterrupt``, then calls ``close()`` (still under the
-  storm); held when no worker is alive right after ``close()`` returns.
+  storm); held when both workers ran and none is alive right after ``close()``
+  returns (the storm lasts a second, longer on a loaded machine until both
+  workers have started, at most a minute).
 * ``fork``: a process forked from one iterating with 2 workers calls ``next()``
   on the inherited iterator; held when the child gets a ``RuntimeError`` and the
   parent's iterator goes on with the right batches.
@@ -259,9 +261,12 @@ def ctrl_c_storm(trials: int, rng: random.Random, tmp: str) -> tuple[int, int, s
             pass
         it = box[0]
         print("ready", flush=True)
-        deadline = time.monotonic() + float(sys.argv[2])
+        start = time.monotonic()
+        deadline, cap = start + float(sys.argv[2]), start + 60.0
         interrupted = 0
-        while time.monotonic() < deadline:
+        # the storm lasts its seconds and, on a loaded machine, until both workers have been seen
+        # (at most a minute): a trial checks what close() leaves of running workers, not how fast they start
+        while time.monotonic() < deadline or (len(seen) < 2 and time.monotonic() < cap):
             seen.update(it.worker_pids)
             interrupted += not call(lambda: next(it))
         seen.update(it.worker_pids)
