@@ -199,6 +199,41 @@ def test_a_file_is_hashed_until_its_record_is_trusted_then_not_read(tmp_path):
     assert changed.hashed and changed.content != first.content and changed.before == first.content
 
 
+def test_a_disk_cache_file_whose_times_the_cache_sets_is_not_hashed_again(tmp_path):
+    """Files of the disk cache of remote files get their times set at every use (the cache's eviction
+    order), which moves their change time: with ``ctime=False`` their record holds while size, mtime,
+    inode and device do, so a later open does not read them whole; with the change time counted (local
+    files) the same file is hashed again."""
+    path = tmp_path / "shard.tar"
+    path.write_bytes(b"z" * 1000)
+    old = time.time_ns() - 10 * contents_mod.RACY_NS
+    os.utime(path, ns=(old, old))  # fetched long ago: its mtime is old, its change time is now
+    folder = tmp_path / "cache"
+
+    def know(ctime: bool) -> contents_mod.Known:
+        return contents_mod.know([str(path)], [str(path)], folder, ctime=ctime)[0]
+
+    first = know(False)
+    assert first.hashed  # no record yet
+    assert not know(False).hashed  # trusted at once: the change time does not count
+    st = os.stat(path)
+    os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))  # what the cache does at a use: the change time moves
+    assert os.stat(path).st_ctime_ns != st.st_ctime_ns
+    again = know(False)
+    assert not again.hashed and again.content == first.content
+    assert know(True).hashed  # a local file's record counts the change time: read again
+
+
+def test_a_verdict_of_older_checks_is_not_used(tmp_path, monkeypatch):
+    """A stored verdict says the offsets passed the checks of its CHECKS_VERSION: once the checks get
+    stricter (the version bumped) the index is checked again, not trusted on the old verdict."""
+    offsets = np.array([0, 512, 2048], dtype=np.int64)
+    offsets_mod.mark_checked("tar", "ab" * 16, offsets, tmp_path)
+    assert offsets_mod.checked("tar", "ab" * 16, offsets, tmp_path)
+    monkeypatch.setattr(offsets_mod, "CHECKS_VERSION", offsets_mod.CHECKS_VERSION + 1)
+    assert not offsets_mod.checked("tar", "ab" * 16, offsets, tmp_path)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("reader", ["open", "pickled"])
 def test_an_open_source_refuses_a_same_size_rewrite_with_its_mtime_set_back(fmt, reader, tmp_path):

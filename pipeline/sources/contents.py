@@ -67,8 +67,9 @@ class Known(NamedTuple):
     was changed in place since this host last hashed it."""
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+def _identity(st: os.stat_result, ctime: bool = True) -> tuple[int, int, int, int, int]:
+    """Size, mtime, ctime (0 when ``ctime`` is false), inode and device: what a record is valid for."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns if ctime else 0, st.st_ino, st.st_dev
 
 
 def content_hash(path: str, size: int, name: str | None = None) -> str:
@@ -221,7 +222,7 @@ def record_path(st: os.stat_result, folder: str | os.PathLike | None = None) -> 
     return os.path.join(cache_dir(folder), "offsets", "files", f"{st.st_dev}-{st.st_ino}")
 
 
-def _recall(st: os.stat_result, folder: str | os.PathLike | None) -> tuple[str | None, bool]:
+def _recall(st: os.stat_result, folder: str | os.PathLike | None, ctime: bool = True) -> tuple[str | None, bool]:
     """The hash the record of this file holds (``None``: none, or damaged) and whether it is for ``st`` and trusted."""
     try:
         with open(record_path(st, folder), "rb") as f:
@@ -236,10 +237,12 @@ def _recall(st: os.stat_result, folder: str | os.PathLike | None) -> tuple[str |
     magic, *ident, content, trusted = _FIELDS.unpack(fields)
     if magic != _MAGIC:
         return None, False
-    return content.hex(), trusted and tuple(ident) == _identity(st)
+    return content.hex(), trusted and tuple(ident) == _identity(st, ctime)
 
 
-def remember(st: os.stat_result, content: str, started_ns: int, folder: str | os.PathLike | None = None) -> bool:
+def remember(
+    st: os.stat_result, content: str, started_ns: int, folder: str | os.PathLike | None = None, *, ctime: bool = True
+) -> bool:
     """Keep the record of a file hashed at stat ``st``.
 
     Args:
@@ -248,13 +251,15 @@ def remember(st: os.stat_result, content: str, started_ns: int, folder: str | os
         started_ns: when the hash began (``time.time_ns()``): the record is trusted only if the
             file's times are at least :data:`RACY_NS` older.
         folder: the cache folder.
+        ctime: whether the file's change time is part of what the record is valid for (``False``
+            for files of the disk cache of remote files, whose change time moves at every use).
 
     Returns:
         Whether it was written (``False``: the cache folder cannot be written; the file will be
         hashed again at its next open).
     """
-    trusted = max(st.st_mtime_ns, st.st_ctime_ns) < started_ns - RACY_NS
-    fields = _FIELDS.pack(_MAGIC, *_identity(st), bytes.fromhex(content), trusted)
+    trusted = max(st.st_mtime_ns, st.st_ctime_ns if ctime else 0) < started_ns - RACY_NS
+    fields = _FIELDS.pack(_MAGIC, *_identity(st, ctime), bytes.fromhex(content), trusted)
     try:
         write_atomically(record_path(st, folder), [_RECORD.pack(fields, xxhash.xxh3_128_digest(fields))], durable=False)
     except OSError:
@@ -262,13 +267,14 @@ def remember(st: os.stat_result, content: str, started_ns: int, folder: str | os
     return True
 
 
-def unchanged(path: str, st: os.stat_result, name: str) -> None:
+def unchanged(path: str, st: os.stat_result, name: str, *, ctime: bool = True) -> None:
     """Check that a file's stat identity (size, times, inode, device) is still ``st``.
 
     Args:
         path: the file.
         st: its stat when it was hashed.
         name: how messages name it.
+        ctime: whether a new change time counts as a change (``False``: files of the disk cache).
 
     Raises:
         SourceError: it changed (or cannot be stat'ed).
@@ -277,15 +283,17 @@ def unchanged(path: str, st: os.stat_result, name: str) -> None:
         now = os.stat(path)
     except OSError as e:
         raise SourceError(f"{name!r}: cannot stat it: {e}") from e
-    if _identity(now) != _identity(st):
+    if _identity(now, ctime) != _identity(st, ctime):
         raise SourceError(f"{name!r} changed while it was hashed or indexed: open it again once it is written")
 
 
-def _hash(path: str, name: str, st: os.stat_result, before: str | None, folder: str | os.PathLike | None) -> Known:
+def _hash(
+    path: str, name: str, st: os.stat_result, before: str | None, folder: str | os.PathLike | None, ctime: bool
+) -> Known:
     started = time.time_ns()
     content = content_hash(path, st.st_size, name)
-    unchanged(path, st, name)
-    if not remember(st, content, started, folder):
+    unchanged(path, st, name, ctime=ctime)
+    if not remember(st, content, started, folder, ctime=ctime):
         warnings.warn(
             f"cannot keep the content hash of {name!r} in {os.path.dirname(record_path(st, folder))}: the file "
             "will be read whole to hash it again at every open",
@@ -300,6 +308,7 @@ def know(
     folder: str | os.PathLike | None = None,
     *,
     threads: int | None = None,
+    ctime: bool = True,
 ) -> list[Known]:
     """The content hash of each file: from its record while its stat identity is the record's, else read.
 
@@ -311,6 +320,10 @@ def know(
         names: how messages name them.
         folder: the cache folder of the records.
         threads: files hashed at once (default: up to 8).
+        ctime: whether a file's change time is part of its stat identity. ``False`` for files of the
+            disk cache of remote files: the cache sets their times at every use (its eviction order),
+            which moves the change time, and they are checked when fetched and never written in
+            place; with ``True`` they would be read whole again at every open.
 
     Returns:
         One :class:`Known` per file, in order.
@@ -325,17 +338,17 @@ def know(
             st = os.stat(path)
         except OSError as e:
             raise SourceError(f"{names[k]!r}: cannot stat it: {e}") from e
-        content, trusted = _recall(st, folder)
+        content, trusted = _recall(st, folder, ctime)
         out.append(Known(content, st, False, None) if trusted and content is not None else None)
         if not trusted or content is None:
             todo.append((k, st, content))
     if len(todo) == 1:
         k, st, before = todo[0]
-        out[k] = _hash(paths[k], names[k], st, before, folder)
+        out[k] = _hash(paths[k], names[k], st, before, folder, ctime)
     elif todo:
         workers = threads or max(1, min(8, os.cpu_count() or 1, len(todo)))
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="quern-hash") as pool:
-            done = pool.map(lambda t: _hash(paths[t[0]], names[t[0]], t[1], t[2], folder), todo)
+            done = pool.map(lambda t: _hash(paths[t[0]], names[t[0]], t[1], t[2], folder, ctime), todo)
             for (k, _, _), known in zip(todo, done):
                 out[k] = known
     assert all(k is not None for k in out)

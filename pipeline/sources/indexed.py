@@ -134,7 +134,9 @@ class IndexedSource(Source):
         for k, (path, size) in enumerate(zip(self.paths, self.sizes)):
             check_file(what, self.FORMAT, self.names[k], path, size)
         self._fds = Descriptors()
-        known = contents_mod.know(self.paths, self.names, self.index_cache, threads=index_threads)
+        known = contents_mod.know(
+            self.paths, self.names, self.index_cache, threads=index_threads, ctime=self.urls is None
+        )
         self.contents = [k.content for k in known]
         for k, kn in enumerate(known):
             self._files.check(k)  # hashed from the file the source opened
@@ -172,7 +174,9 @@ class IndexedSource(Source):
             )
             for k, (off, content) in zip(missing, built):
                 self._files.check(k)  # scanned from the file the source opened,
-                contents_mod.unchanged(self.paths[k], stats[k], self.names[k])  # the one its contents were hashed of
+                contents_mod.unchanged(  # the one its contents were hashed of
+                    self.paths[k], stats[k], self.names[k], ctime=self.urls is None
+                )
                 _same_bytes(what, self.names[k], self.contents[k], content)  # and in the bytes hashed
                 found[k] = off
                 offsets_mod.mark_checked(self.FORMAT, self.contents[k], off, self.index_cache)
@@ -539,7 +543,7 @@ class IndexedSource(Source):
         elsewhere = [k for k, st in enumerate(self._files.stats) if st[1] is None and os.path.exists(self.paths[k])]
         if elsewhere:  # another machine (FileStats keeps sizes only): its copies of the files must be the same
             paths, names = [self.paths[k] for k in elsewhere], [self.names[k] for k in elsewhere]
-            known = contents_mod.know(paths, names, self.index_cache)
+            known = contents_mod.know(paths, names, self.index_cache, ctime=self.urls is None)
             for k, kn in zip(elsewhere, known):
                 if kn.content != self.contents[k]:
                     raise SourceError(

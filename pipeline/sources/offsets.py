@@ -132,16 +132,22 @@ def dump(fmt: str, size: int, content: str, offsets: np.ndarray) -> bytes:
     return _HEADER.pack(*fields, _checksum(head, offsets)) + offsets.tobytes()
 
 
+CHECKS_VERSION = 2
+"""The version of the checks a verdict records: bump it when a check of offsets at open gets stricter,
+and every index is checked again once (a verdict of older checks is another file name)."""
+
+
 def _verdict_path(fmt: str, content: str, offsets: np.ndarray, folder: str | os.PathLike | None) -> str:
     digest = xxhash.xxh3_128_hexdigest(np.ascontiguousarray(offsets, dtype="<i8").data)
-    return os.path.join(cache_dir(folder), "offsets", "checked", f"{fmt}-{content}-{digest}")
+    name = f"{fmt}-v{CHECKS_VERSION}-{content}-{digest}"
+    return os.path.join(cache_dir(folder), "offsets", "checked", name)
 
 
 def checked(fmt: str, content: str, offsets: np.ndarray, folder: str | os.PathLike | None = None) -> bool:
     """Whether these offsets were checked against every boundary of the file of this content on this host.
 
-    A verdict is an empty file named by the format, the file's content hash and the
-    XXH3-128 of the offsets, in ``offsets/checked/`` of the cache folder; only
+    A verdict is an empty file named by the format, :data:`CHECKS_VERSION`, the file's content
+    hash and the XXH3-128 of the offsets, in ``offsets/checked/`` of the cache folder; only
     :func:`mark_checked` makes one, after the check passed (or a scan made the offsets).
 
     Args:
