@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..identity import samedef
 from ..identity.fingerprint import describe_callable, fingerprint_of
 from ..order import index as _index
-from ..streams.capabilities import Configurable, require
+from ..streams import config_form
 from . import addressing
 
 if TYPE_CHECKING:
@@ -256,7 +256,7 @@ def to_config(pipe: Pipeline) -> dict:
     Raises:
         ValueError: a part has no config form (an in-memory source, a lambda), naming its key path.
     """
-    return require(pipe.stream, Configurable, "to_config").to_config(pipe)
+    return config_form.to_config(pipe)
 
 
 def row_digests(pipe: Pipeline, step: int, process_index: int = 0, process_count: int = 1) -> list[str]:

@@ -244,9 +244,16 @@ class EditedStream(ForwardingStream):
                 out.append((t, row))
         return out
 
-    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> EditedStream:
-        """This stream with ``ids`` excluded from the step that starts at training position ``position``: :meth:`with_exclude`."""
-        return self.with_exclude(pipe, ids, position // self.batch_size, component)
+    def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> Stream:
+        """Refused: the edited pipeline's :meth:`with_exclude` makes exclusions, by training step.
+
+        Overridden so that the parent's ``excluded`` is not forwarded: its positions are the
+        original stream's, not this stream's training positions.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("exclude() of an edited stream goes through its pipeline's exclude()")
 
     # ------------------------------------------------------------------ identity
 
