@@ -129,7 +129,7 @@ def test_imports_under_type_checking_are_not_edges(tmp_path):
 def _layer(module: str) -> str | None:
     """The folder of ``pipeline/`` that ``module`` lives in (``quern.pipeline.core.errors`` -> ``core``), else ``None``."""
     parts = module.split(".")
-    return parts[2] if len(parts) > 3 and parts[1] == "pipeline" else None
+    return parts[2] if len(parts) >= 3 and parts[1] == "pipeline" else None
 
 
 LAYERS = ("core", "order", "identity", "remote", "sources", "execute", "streams", "integrity", "iterate", "definition")
@@ -147,6 +147,7 @@ def test_the_folders_of_pipeline_are_layers_that_import_only_downwards():
                 if there not in LAYERS or LAYERS.index(there) > LAYERS.index(here):
                     up.append(f"{name} -> {target}")
     assert _layer("quern.pipeline.core.errors") == "core" and _layer("quern.pipeline") is None
+    assert _layer("quern.pipeline.streams") == "streams"  # a folder's package is in its layer too
     assert sorted(up) == [], "a lower layer imports a higher one"
 
 
