@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import cli_server
 import numpy as np
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -463,6 +464,10 @@ def run_quern(
 ) -> subprocess.CompletedProcess:
     """``python -m quern ARGS`` (or the installed ``quern`` script) as a subprocess; its status is not checked.
 
+    ``python -m quern`` is forked from a server that has made its startup imports once
+    (:mod:`cli_server`; ``QUERN_TESTS_CLI=subprocess``: a fresh interpreter each time); the console
+    script is always a fresh process.
+
     Args:
         *args: the arguments (made strings).
         cwd: the folder it runs in.
@@ -473,7 +478,9 @@ def run_quern(
     Returns:
         The finished process, its output as text.
     """
-    command = [SCRIPT] if script else list(QUERN)
+    if not script:
+        return cli_server.run([str(a) for a in args], cwd=cwd, env=env, timeout=timeout)
+    command = [SCRIPT]
     return subprocess.run(
         [*command, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -341,3 +341,38 @@ def test_run_step_timeout_names_the_step_and_stage_and_exits_1(config, failing, 
 def test_run_step_timeout_must_be_a_positive_number(config, value):
     out = quern_cmd("run", config, "--step-timeout", value, check=False)
     assert out.returncode == 2 and "--step-timeout" in out.stderr, out.stderr
+
+
+# the fork server the tests' ``python -m quern`` goes through (tests/cli_server.py)
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["explain", "CONFIG", "--step", 3, "--json"], ["inspect", "MISSING", "--step", 0], ["run", "BOOM"]],
+    ids=["version", "explain", "missing", "failing-step"],
+)
+def test_the_forked_command_is_the_fresh_one(config, failing, tmp_path, monkeypatch, args):
+    """A command forked from the tests' server (its startup imports made once) prints and exits as a fresh
+    ``python -m quern``, with the caller's folder, ``PYTHONPATH`` and environment (the failing step's module is
+    imported from the folder, its config module from ``PYTHONPATH``)."""
+    names = {"CONFIG": config, "MISSING": tmp_path / "missing.yaml", "BOOM": failing("boom")}
+    args = [names.get(a, a) if isinstance(a, str) else a for a in args]
+    fork = quern_cmd(*args, check=False, cwd=tmp_path)
+    monkeypatch.setenv("QUERN_TESTS_CLI", "subprocess")
+    fresh = quern_cmd(*args, check=False, cwd=tmp_path)
+    assert (fork.returncode, fork.stdout, fork.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert fork.returncode == {"version": 0, "explain": 0}.get(args[0], fork.returncode)
+
+
+def test_a_forked_command_past_its_timeout_is_killed(failing, tmp_path):
+    """As ``subprocess.run``: past ``timeout`` the command is killed and :class:`subprocess.TimeoutExpired` raised."""
+    import os
+    import subprocess
+    import time
+
+    from helpers import TESTS, run_quern
+
+    began = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": TESTS}
+    with pytest.raises(subprocess.TimeoutExpired):
+        out = run_quern("run", failing("stuck"), "--steps", 3, cwd=tmp_path.parent, env=env, timeout=3)
+        pytest.fail(f"it ended: {out}")
+    assert time.monotonic() - began < 30
