@@ -26,7 +26,7 @@ class Tokenizer:
 
 
 def test_the_kinds_are_the_names_configs_use_and_split_by_level():
-    assert [k.value for k in OpKind] == ["map", "random_map", "map_batch", "random_map_batch", "filter"]
+    assert [k.value for k in OpKind] == ["map", "random_map", "map_batch", "random_map_batch", "filter", "flat_map"]
     assert set(RECORD_KINDS) | set(BATCH_KINDS) == set(OpKind) and not set(RECORD_KINDS) & set(BATCH_KINDS)
     assert OpKind("filter") is OpKind.FILTER and OpKind.MAP == "map"
 

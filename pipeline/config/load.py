@@ -309,7 +309,7 @@ def _leaf(
     if cfg.shuffle is not None:
         sh = ShuffleConfig.model_validate({"mode": cfg.shuffle}) if isinstance(cfg.shuffle, str) else cfg.shuffle
         pipe = pipe.shuffle(sh.mode, block_size=sh.block, window=sh.window)
-    kinds = ("map", "random_map", "filter")
+    kinds = ("map", "random_map", "filter", "flat_map")
     return _add_stages(pipe, cfg.transforms, f"{where}transforms", kinds, "batch_transforms", policy)
 
 

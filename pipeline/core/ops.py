@@ -23,7 +23,10 @@ class OpKind(enum.StrEnum):
     ``fn(batch)``; ``RANDOM_MAP_BATCH``: ``fn(batch, keys)`` with one ``uint64``
     key per row; ``FILTER``: ``fn(record) -> bool``, evaluated once per record by a
     scan (never while a step is computed: the plan holds only the records it
-    keeps). The values are the names used in configs and messages.
+    keeps); ``FLAT_MAP``: ``fn(record) -> list of records``, whose outputs become the
+    records of a new source (:meth:`Pipeline.flat_map`; it is the last record stage of
+    that source's inner pipeline, never of a stream's). The values are the names used in
+    configs and messages.
     """
 
     MAP = "map"
@@ -31,9 +34,10 @@ class OpKind(enum.StrEnum):
     MAP_BATCH = "map_batch"
     RANDOM_MAP_BATCH = "random_map_batch"
     FILTER = "filter"
+    FLAT_MAP = "flat_map"
 
 
-RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP, OpKind.FILTER)
+RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP, OpKind.FILTER, OpKind.FLAT_MAP)
 BATCH_KINDS = (OpKind.MAP_BATCH, OpKind.RANDOM_MAP_BATCH)
 
 

@@ -35,7 +35,7 @@ from ..streams.live import LiveStream
 from ..streams.packed import pack as _pack
 from ..streams.protocol import Stream
 from ..streams.source import SourceStream
-from . import addressing, editing, filtering, identify, iteration
+from . import addressing, editing, filtering, flat_mapping, identify, iteration
 from . import lengths as _lengths
 
 __all__ = ["Pipeline", "Op", "OpKind"]
@@ -250,6 +250,8 @@ class Pipeline:
             ScanError: the scan failed (naming the record) or saw another definition.
         """
         return filtering.filtered(self, pred, cache_dir, num_workers)
+
+    flat_map = flat_mapping.flat_map  # one record to several (its docstring: quern.pipeline.definition.flat_mapping)
 
     @renamed(workers="num_workers")
     def length_index(

@@ -1,7 +1,8 @@
-"""The one-time scans: which records a filter keeps, and how many tokens each record holds.
+"""The one-time scans: which records a filter keeps, how many tokens each record holds, how many outputs a flat map makes.
 
-:func:`survivors` returns the sorted ids of the records a filter keeps, and
-:func:`lengths` the length index of a pipeline. Each result depends only on the
+:func:`survivors` returns the sorted ids of the records a filter keeps,
+:func:`lengths` the length index of a pipeline and :func:`counts` the outputs of a
+flat map per record. Each result depends only on the
 source's records and the record transforms, so it is cached on disk under the
 fingerprint of the pipeline prefix (:mod:`quern.pipeline.order.survivors`,
 :mod:`quern.pipeline.order.indexfile`): a verified cache file made for that key
@@ -37,7 +38,17 @@ from ..identity import samedef
 from ..order import indexfile
 from ..order import survivors as _survivors
 
-__all__ = ["CHUNK", "PROCESS_MIN", "keep_mask", "record_lengths", "survivors", "metadata_survivors", "lengths"]
+__all__ = [
+    "CHUNK",
+    "PROCESS_MIN",
+    "keep_mask",
+    "record_lengths",
+    "survivors",
+    "metadata_survivors",
+    "lengths",
+    "counts",
+    "outputs_count",
+]
 
 CHUNK = 4096  # records per bulk read
 PROCESS_MIN = 200_000  # candidates from which the scan runs in worker processes
@@ -104,21 +115,52 @@ def _lengths(records: Any, ids: np.ndarray, source_name: str, key: str | None) -
     return out
 
 
-Measure = Literal["filter", "lengths"]
+def _counts(fn: Any, records: Any, ids: np.ndarray, source_name: str, label: str) -> np.ndarray:
+    """Outputs per record of the flat map ``fn``: the length of the list it returns."""
+    out = np.empty(len(records), dtype=np.int64)
+    for i, rec in enumerate(records):
+        try:
+            got = fn(rec)
+        except Exception as e:
+            raise ScanError(
+                f"flat_map scan, stage {label}, record {int(ids[i])} of source {source_name!r}: {type(e).__name__}: {e}"
+            ) from e
+        out[i] = outputs_count(got, label, f"record {int(ids[i])} of source {source_name!r}", ScanError)
+    return out
+
+
+def outputs_count(got: Any, label: str, record: str, error: type[Exception]) -> int:
+    """The number of outputs of a flat map's result ``got`` for ``record``, which must be a list or tuple.
+
+    Raises:
+        ScanError: (or ``SourceError``, whichever ``error`` is) ``got`` is not a list or tuple, naming the stage
+            and the record.
+    """
+    if not isinstance(got, (list, tuple)):
+        raise error(
+            f"flat_map stage {label}, {record}: it returned {type(got).__name__}; a flat map returns a list "
+            "(or tuple) of records, empty for none"
+        )
+    return len(got)
+
+
+Measure = Literal["filter", "lengths", "counts"]
+_SCAN_NAMES = {"filter": "filter", "lengths": "length", "counts": "flat_map"}
 
 
 def _measure(prefix: Any, ids: np.ndarray, what: Measure, key: str | None, progress: Any = None) -> np.ndarray:
     """Read ``ids`` of ``prefix.source`` in chunks, run the record transforms, and measure each record.
 
     ``what="filter"``: does the filter ending ``prefix`` keep it (bool; the
-    transforms before it); ``what="lengths"``: its tokens (int64; all the transforms).
+    transforms before it); ``what="lengths"``: its tokens (int64; all the transforms);
+    ``what="counts"``: the outputs of the flat map ending ``prefix`` (int64; the transforms before it).
     """
     ops = prefix.record_ops
-    upto = len(ops) - 1 if what == "filter" else len(ops)
+    upto = len(ops) if what == "lengths" else len(ops) - 1
     out: np.ndarray = np.empty(len(ids), dtype=np.bool_ if what == "filter" else np.int64)
     for lo in range(0, len(ids), CHUNK):
         chunk = np.asarray(ids[lo : lo + CHUNK], dtype=np.int64)
-        where = f"{'filter' if what == 'filter' else 'length'} scan of records {int(chunk[0])}..{int(chunk[-1])}"
+        where = f"{_SCAN_NAMES[what]} scan of records {int(chunk[0])}..{int(chunk[-1])}"
         try:
             records: Any = stages.read(prefix, chunk, where)
             for j in range(upto):
@@ -128,6 +170,8 @@ def _measure(prefix: Any, ids: np.ndarray, what: Measure, key: str | None, progr
             raise ScanError(str(e)) from e.__cause__
         if what == "filter":
             out[lo : lo + len(chunk)] = _keep(ops[upto].fn, records, chunk, prefix.source.name, ops[upto].label(upto))
+        elif what == "counts":
+            out[lo : lo + len(chunk)] = _counts(ops[upto].fn, records, chunk, prefix.source.name, ops[upto].label(upto))
         else:
             out[lo : lo + len(chunk)] = _lengths(records, chunk, prefix.source.name, key)
         if progress is not None:
@@ -237,7 +281,7 @@ def _child() -> None:
     with open(job, "rb") as f:
         prefix, what, key = pickle.load(f)
     try:  # the pipeline carries the parent's definition: refuse to scan another
-        samedef.check_sent(prefix, f"a {'filter' if what == 'filter' else 'length'} scan process")
+        samedef.check_sent(prefix, f"a {_SCAN_NAMES[what]} scan process")
     except FingerprintError as e:
         sys.stderr.write(" ".join(str(e).split()) + "\n")  # one line: the parent shows the last one
         sys.exit(1)
@@ -394,25 +438,65 @@ def lengths(
         ScanError: the scan failed (naming the record), or a scan process loaded
             another definition than this one.
     """
+    return _indexed(prefix, key, candidates, n, "lengths", length_key, cache_dir, num_workers)
+
+
+def counts(
+    prefix: Any,
+    key: str,
+    *,
+    candidates: np.ndarray | None,
+    n: int,
+    cache_dir: str | os.PathLike | None = None,
+    num_workers: int | None = None,
+) -> np.ndarray:
+    """The outputs per record of the flat map ending ``prefix``, from its cache file or a scan.
+
+    As :func:`lengths` (the same cache folder and file format, under ``key``), with ``0`` for
+    records not among ``candidates``.
+
+    Returns:
+        A read-only ``int64`` array of ``n`` values; it depends only on the records, the
+        transforms before the flat map and its function.
+
+    Raises:
+        ScanError: the scan failed, or the function returned something else than a list
+            (naming the record), or a scan process loaded another definition than this one.
+    """
+    return _indexed(prefix, key, candidates, n, "counts", None, cache_dir, num_workers)
+
+
+def _indexed(
+    prefix: Any,
+    key: str,
+    candidates: np.ndarray | None,
+    n: int,
+    what: Measure,
+    length_key: str | None,
+    cache_dir: str | os.PathLike | None,
+    num_workers: int | None,
+) -> np.ndarray:
+    """A per-record integer index (``lengths`` or ``counts``) from its cache file, or scanned and cached."""
+    name = {"lengths": "length index", "counts": "flat_map counts"}[what]
     path = indexfile.path_for(key, cache_dir, kind=indexfile.LENGTHS)
     found, why = indexfile.load(path, n, kind=indexfile.LENGTHS, key=key)
     if found is not None:
         return found
     if why != "not built yet":
-        print(f"quern: the length index {path} is not usable ({why}); scanning again", file=sys.stderr)
+        print(f"quern: the {name} {path} is not usable ({why}); scanning again", file=sys.stderr)
     cand = np.arange(n, dtype=np.int64) if candidates is None else np.asarray(candidates, dtype=np.int64)
     workers = (os.cpu_count() or 1) if num_workers is None else int(num_workers)
-    with Bar(len(cand), "quern length scan", unit="record") as bar:
+    with Bar(len(cand), f"quern {_SCAN_NAMES[what]} scan", unit="record") as bar:
         if workers > 1 and len(cand) >= PROCESS_MIN:
-            got = _scan_in_processes(prefix, cand, workers, bar, "lengths", length_key)
+            got = _scan_in_processes(prefix, cand, workers, bar, what, length_key)
         else:
-            got = record_lengths(prefix, cand, key=length_key, progress=bar.update)
-    out = np.full(n, -1, dtype=np.int64)
+            got = _measure(prefix, cand, what, length_key, bar.update)
+    out = np.full(n, -1 if what == "lengths" else 0, dtype=np.int64)
     out[cand] = got
     try:
         indexfile.store(path, out, n, kind=indexfile.LENGTHS, key=key)
     except OSError as e:
-        print(f"quern: cannot write the length index {path} ({e}); it is kept in memory only", file=sys.stderr)
+        print(f"quern: cannot write the {name} {path} ({e}); it is kept in memory only", file=sys.stderr)
         out.setflags(write=False)
         return out
     found, why = indexfile.load(path, n, kind=indexfile.LENGTHS, key=key)

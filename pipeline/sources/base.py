@@ -153,6 +153,17 @@ class Source:
         """
         return {"type": type(self).__name__, "name": self.name, "len": len(self)}
 
+    def record_labels(self, ids: np.ndarray) -> list[int | str]:
+        """How ``explain`` names records ``ids``: by their ids (a flat map's outputs: their record and index)."""
+        return np.asarray(ids, dtype=np.int64).tolist()
+
+    def config_base(self) -> tuple[Source, tuple[Any, ...]]:
+        """The source a config names for this one, and the record transforms that make its records from that one's.
+
+        ``(self, ())``; a flat map's outputs: its inner source and the transforms up to the flat map.
+        """
+        return self, ()
+
     def block_size(self) -> int:
         """The natural read granularity in records (a row group's size).
 

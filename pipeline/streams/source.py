@@ -9,6 +9,7 @@ source's identity, the seed, the shuffle and (after a filter) the survivors.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..sources import Source
 from .capabilities import InvertedByPositions
 from .config_form import batch_config, source_config, stages_config
 from .excluded import ExcludedStream
-from .protocol import Stream, contiguous_positions
+from .protocol import Explanation, Stream, contiguous_positions
 from .segments import SegmentStream
 
 if TYPE_CHECKING:
@@ -206,6 +207,11 @@ class SourceStream(InvertedByPositions, SegmentStream):
             raise ValueError("exclude() on a pipeline with balance_hosts() is not supported")
         return ExcludedStream.cut(self, ids, position)
 
+    def explain_rows(self, positions: np.ndarray, names: Sequence[str]) -> Explanation:
+        """Per position, the source's name and its record's label (its id; a flat map's output: its record and index)."""
+        labels = self.source.record_labels(self.record_ids(np.asarray(positions, dtype=np.int64)))
+        return [[(names[0], x)] for x in labels]
+
     def segments(self, positions: np.ndarray) -> Segments:
         """Per position: leaf 0, its record id and the position itself."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -261,11 +267,12 @@ class SourceStream(InvertedByPositions, SegmentStream):
             shuffle = "global"
         elif self.shuffle_mode == "block":
             shuffle = {"mode": "block", "block": self.block_size, "window": self.window}
+        base, before = self.source.config_base()  # a flat map's outputs: its source, the stages up to it
         return {
-            "source": source_config(self.source, f"{where}source"),
+            "source": source_config(base, f"{where}source"),
             "seed": self.seed,
             "shuffle": shuffle,
-            "transforms": stages_config(pipe.record_ops, f"{where}transforms"),
+            "transforms": stages_config(before + pipe.record_ops, f"{where}transforms"),
         }
 
     def text(self) -> str:
