@@ -173,7 +173,11 @@ def _mixed(d) -> dict:
 BAD = [
     ("pack.seq_len", 0, "pack.seq_len: Input should be greater than or equal to 1 (got 0)"),
     ("pack.seq_len", DELETE, "pack.seq_len: Field required"),
-    ("pack.mode", "first_fit", "pack.mode: Input should be 'best_fit' or 'concat' (got 'first_fit')"),
+    ("pack.mode", "tight", "pack.mode: Input should be 'best_fit', 'concat' or 'first_fit' (got 'tight')"),
+    ("pack.mode", "first_fit", "pack: pack(mode='first_fit') needs num_bins: the rows of each packing batch"),
+    ("pack.num_bins", 0, "pack.num_bins: Input should be greater than or equal to 1 (got 0)"),
+    ("pack.num_bins", 4, "pack: pack(num_bins=...) is first_fit's setting; mode 'best_fit' takes none"),
+    ("pack.pad_value", "x", "pack.pad_value"),
     ("pack.seqlen", 64, "pack.seqlen: unknown key 'seqlen'; did you mean 'seq_len'?"),
     ("pack.key", 3, "pack.key: Input should be a valid string (got 3)"),
     ("pack", 0, "pack: Input should be greater than or equal to 1 (got 0)"),
@@ -331,7 +335,9 @@ def test_a_bad_pack_is_exit_2_and_a_bad_key_exit_1(folder, tmp_path, capsys):
     path.write_text(yaml.safe_dump(cfg))
     assert main(["inspect", str(path), "--step", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"quern: {path}: invalid config:\n  pack.mode: Input should be 'best_fit' or 'concat'"), err
+    assert err.startswith(
+        f"quern: {path}: invalid config:\n  pack.mode: Input should be 'best_fit', 'concat' or 'first_fit'"
+    ), err
     cfg["pack"] = {"seq_len": 16, "key": "text"}
     path.write_text(yaml.safe_dump(cfg))
     assert main(["explain", str(path), "--step", "0"]) == 1

@@ -597,7 +597,7 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     for bad in [16.0, "16", True, None]:
         with pytest.raises(TypeError, match="seq_len must be an integer"):
             _inner().pack(bad, key="tokens", cache_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"mode must be one of \('best_fit', 'concat'\), got 'greedy'"):
+    with pytest.raises(ValueError, match=r"mode must be one of \('best_fit', 'concat', 'first_fit'\), got 'greedy'"):
         _inner().pack(S, mode="greedy", key="tokens", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="mode must be one of"):
         plan_epoch(DOC_LEN, S, "greedy", 0, 0)

@@ -350,7 +350,19 @@ def _planned(make: Callable[[], Pipeline], lengths: str | None, where: str) -> P
 def _packed(pipe: Pipeline, cfg: PackConfig, base: str, where: str = "pack") -> Pipeline:
     """``pipe`` packed as the ``pack`` section at key path ``where`` says (its ``lengths`` file against ``base``)."""
     lengths = _lengths_file(cfg.lengths, base, where)
-    return _planned(lambda: pipe.pack(cfg.seq_len, mode=cfg.mode, key=cfg.key, lengths=lengths), lengths, where)
+    return _planned(
+        lambda: pipe.pack(
+            cfg.seq_len,
+            mode=cfg.mode,
+            key=cfg.key,
+            lengths=lengths,
+            num_bins=cfg.num_bins,
+            max_sequences_per_bin=cfg.max_sequences_per_bin,
+            pad_value=cfg.pad_value,
+        ),
+        lengths,
+        where,
+    )
 
 
 def _bucketed(pipe: Pipeline, cfg: BucketConfig, base: str) -> Pipeline:

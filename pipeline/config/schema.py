@@ -182,14 +182,25 @@ class PackConfig(Section):
     position: put a random_map under ``row_transforms``).
     """
 
-    seq_len: StrictInt = Field(ge=1, description="The row length in tokens, an integer >= 1.")
-    mode: Literal["best_fit", "concat"] = Field(
+    seq_len: Annotated[StrictInt, Field(ge=1)] | dict[str, Annotated[StrictInt, Field(ge=1)]] = Field(
+        description="The row length in tokens, an integer >= 1; or one per column (``{inputs: 512, targets: 512}``): "
+        "the columns are packed together into ``KEY``, ``KEY_segment_ids`` and ``KEY_positions``."
+    )
+    mode: Literal["best_fit", "concat", "first_fit"] = Field(
         default="best_fit",
         description="``best_fit`` (the default: whole documents placed by best-fit decreasing, rows in a keyed "
-        "random order) or ``concat`` (documents concatenated in stream order and cut).",
+        "random order), ``concat`` (documents concatenated in stream order and cut) or ``first_fit`` (whole "
+        "documents in stream order into the first of ``num_bins`` rows with room: grain's first-fit packer).",
     )
     key: str | None = Field(default=None, description=_KEY)
     lengths: str | None = Field(default=None, description=_LENGTHS)
+    num_bins: StrictInt | None = Field(default=None, ge=1, description="``first_fit``: rows per packing batch.")
+    max_sequences_per_bin: StrictInt | None = Field(
+        default=None, ge=1, description="``first_fit``: documents per row at most (default: no limit)."
+    )
+    pad_value: StrictInt | float | dict[str, StrictInt | float] = Field(
+        default=0, description="The padding of the packed tokens: one number, or one per column (default 0)."
+    )
 
     _file = field_validator("lengths")(_npy_path)
 

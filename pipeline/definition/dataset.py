@@ -32,11 +32,11 @@ from ..sources import Source, as_source
 from ..streams.bucketed import bucket as _bucket
 from ..streams.capabilities import Shuffleable, require
 from ..streams.live import LiveStream
-from ..streams.packed import pack as _pack
 from ..streams.protocol import Stream
 from ..streams.source import SourceStream
 from . import addressing, editing, filtering, flat_mapping, identify, iteration
 from . import lengths as _lengths
+from . import pack as _pack
 
 __all__ = ["Pipeline", "Op", "OpKind"]
 
@@ -265,45 +265,7 @@ class Pipeline:
         """Tokens per record of the source after the record transforms (:func:`.lengths.length_index`)."""
         return _lengths.length_index(self, key, lengths, cache_dir, num_workers)
 
-    @renamed(workers="num_workers")
-    def pack(
-        self,
-        seq_len: int,
-        mode: Literal["best_fit", "concat"] = "best_fit",
-        *,
-        key: str | None = None,
-        lengths: Any = None,
-        cache_dir: str | os.PathLike | None = None,
-        num_workers: int | None = None,
-    ) -> Pipeline:
-        """Pack the records into rows of ``seq_len`` tokens.
-
-        The rows are ``{"tokens", "segment_ids", "positions"}`` (shape ``(seq_len,)``;
-        tokens keep the records' dtype, the other two are int32), plus packed copies
-        of a dict record's other per-token arrays. ``best_fit`` places whole
-        documents (best-fit decreasing over each epoch; a document longer than
-        ``seq_len`` is cut into rows), and an epoch's rows come in a keyed random
-        order; ``concat`` concatenates the documents in stream order and cuts rows.
-        ``segment_ids`` number a row's pieces 1..k, 0 marks padding; ``positions``
-        restart at 0 per piece with ``best_fit`` and count from the piece's offset in
-        its document with ``concat``. The plan comes from the :meth:`length_index`
-        and reads nothing (:mod:`quern.pipeline.order.packing`).
-
-        Args:
-            seq_len: tokens per row.
-            mode: ``"best_fit"`` or ``"concat"``.
-            key: the field of a dict record holding its tokens.
-            lengths: as for :meth:`length_index`.
-            cache_dir: as for :meth:`length_index`.
-            num_workers: as for :meth:`length_index` (``workers=`` is deprecated).
-
-        Returns:
-            A pipeline of packed rows; chain ``.map`` (on rows) and ``.batch(B)``.
-
-        Raises:
-            ValueError: a bad ``seq_len`` or mode, a stream that cannot be packed, a batch, no token.
-        """
-        return Pipeline(stream=_pack(self, seq_len, mode, key, lengths, cache_dir, num_workers))
+    pack = _pack.pack  # documents into rows of seq_len tokens (its docstring: quern.pipeline.definition.pack)
 
     @renamed(workers="num_workers")
     def bucket(

@@ -4,23 +4,35 @@ Pure index arithmetic over the lengths of an epoch's documents in stream order;
 never reads a record. A row is a list of *pieces* ``(document, start, count)``:
 tokens ``[start, start + count)`` of that document. Two modes (:data:`PackMode`):
 ``concat`` cuts the concatenated documents into rows, ``best_fit`` places whole
-documents by best-fit decreasing and shuffles the rows. The plan depends only
-on (the lengths in stream order, ``seq_len``, the mode, the seed, the epoch).
+documents by best-fit decreasing and shuffles the rows, ``first_fit`` places whole
+documents in stream order into the first of ``num_bins`` rows that has room and
+emits the rows when one does not fit (grain's ``FirstFitPackIterDataset`` without
+its bin shuffle). The plan depends only on (the lengths in stream order,
+``seq_len``, the mode and its settings, the seed, the epoch).
 The algorithms and their costs are described in ``docs/design/packing.md``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
 from . import index as _index
 
-__all__ = ["PACK_SALT", "MODES", "PackMode", "EpochPlan", "plan_epoch", "best_fit_decreasing"]
+__all__ = [
+    "PACK_SALT",
+    "MODES",
+    "PackMode",
+    "EpochPlan",
+    "plan_epoch",
+    "best_fit_decreasing",
+    "first_fit",
+]
 
 PACK_SALT = 4  # part of the published order: the key of a packed epoch's row order
-PackMode = Literal["best_fit", "concat"]
+PackMode = Literal["best_fit", "concat", "first_fit"]
 """The packing modes (see the module docstring)."""
 MODES: tuple[str, ...] = get_args(PackMode)
 
@@ -126,6 +138,100 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
     return out, rows
 
 
+def first_fit(
+    lengths: np.ndarray, seq_len: int | Sequence[int], num_bins: int, max_per_bin: int | None = None
+) -> tuple[np.ndarray, int]:
+    """Place items in order into batches of ``num_bins`` rows, each into the first row with room.
+
+    An item (a row of ``lengths``: its length in each column) goes into the first
+    row of the current batch where every column has room (``fill + length <= seq_len``)
+    and that holds fewer than ``max_per_bin`` items; when none has room and the batch
+    has ``num_bins`` rows, the batch is done and the item opens the next one. Items of
+    length 0 in every column are left out. This is grain's
+    ``FirstFitPackIterDataset(num_packing_bins=num_bins, max_sequences_per_bin=max_per_bin,
+    shuffle_bins=False)``, row for row.
+
+    Args:
+        lengths: ``(n,)`` lengths, or ``(n, c)`` lengths of ``c`` columns.
+        seq_len: the room of a row (one value per column for ``(n, c)`` lengths).
+        num_bins: rows per batch, at least 1.
+        max_per_bin: items per row at most (``None``: no limit).
+
+    Returns:
+        ``(row of each item or -1 for an item left out, number of rows)``; rows are
+        numbered batch after batch, in the order of the bins. Depends only on the arguments.
+
+    Raises:
+        ValueError: an item longer than ``seq_len`` in a column.
+
+    Example:
+        >>> rows, n = first_fit(np.array([3, 2, 2, 1, 4]), 4, num_bins=2)
+        >>> rows.tolist(), n
+        ([0, 1, 1, 0, 2], 3)
+    """
+    table = np.asarray(lengths, dtype=np.int64).reshape(len(lengths), -1)
+    room = np.broadcast_to(np.asarray(seq_len, dtype=np.int64), (table.shape[1],))
+    over = table > room
+    if over.any():
+        doc, column = (int(x[0]) for x in np.nonzero(over))
+        raise ValueError(
+            f"first_fit: item {doc} has length {int(table[doc, column])} in column {column}, more than its room "
+            f"{int(room[column])}"
+        )
+    limit = max_per_bin if max_per_bin is not None else len(table) + 1
+    out = np.full(len(table), -1, dtype=np.int64)
+    done = 0  # rows of the finished batches
+    if table.shape[1] == 1:  # one column: plain ints (the common case, and ~3x faster)
+        cap = int(room[0])
+        fill: list[int] = []
+        count: list[int] = []
+        for i, n in enumerate(table[:, 0].tolist()):
+            if not n:
+                continue
+            for b, f in enumerate(fill):
+                if f + n <= cap and count[b] < limit:
+                    fill[b] += n
+                    count[b] += 1
+                    out[i] = done + b
+                    break
+            else:
+                if len(fill) == num_bins:
+                    done, fill, count = done + num_bins, [], []
+                out[i] = done + len(fill)
+                fill.append(n)
+                count.append(1)
+        return out, done + len(fill)
+    caps = room.tolist()
+    fills: list[list[int]] = []
+    counts: list[int] = []
+    for i, item in enumerate(table.tolist()):
+        if not any(item):
+            continue
+        for b, used in enumerate(fills):
+            if counts[b] < limit and all(x + y <= c for x, y, c in zip(used, item, caps)):
+                fills[b] = [x + y for x, y in zip(used, item)]
+                counts[b] += 1
+                out[i] = done + b
+                break
+        else:
+            if len(fills) == num_bins:
+                done, fills, counts = done + num_bins, [], []
+            out[i] = done + len(fills)
+            fills.append(list(item))
+            counts.append(1)
+    return out, done + len(fills)
+
+
+def _first_fit(lengths: np.ndarray, seq_len: int | Sequence[int], num_bins: int, max_per_bin: int | None) -> EpochPlan:
+    row, rows = first_fit(lengths, seq_len, num_bins, max_per_bin)
+    doc = np.flatnonzero(row >= 0)
+    order = np.lexsort((doc, row[doc]))  # by row, then stream order inside a row
+    doc = doc[order].astype(np.int64)
+    row_ptr = np.searchsorted(row[doc], np.arange(rows + 1), side="left").astype(np.int64)
+    first = np.asarray(lengths, dtype=np.int64).reshape(len(lengths), -1)[:, 0]
+    return EpochPlan(row_ptr, doc, np.zeros(len(doc), dtype=np.int64), first[doc])
+
+
 def _concat(lengths: np.ndarray, seq_len: int) -> EpochPlan:
     ends = np.cumsum(lengths)
     begins = ends - lengths
@@ -166,32 +272,48 @@ def _best_fit(lengths: np.ndarray, seq_len: int, key: np.ndarray) -> EpochPlan:
     return EpochPlan(row_ptr, doc[order], start[order], count[order])
 
 
-def plan_epoch(lengths: np.ndarray, seq_len: int, mode: PackMode, seed: int, epoch: int) -> EpochPlan:
+def plan_epoch(
+    lengths: np.ndarray,
+    seq_len: int | Sequence[int],
+    mode: PackMode,
+    seed: int,
+    epoch: int,
+    num_bins: int | None = None,
+    max_per_bin: int | None = None,
+) -> EpochPlan:
     """The rows of an epoch whose documents, in stream order, have ``lengths`` tokens.
 
     Documents of 0 tokens are left out.
 
     Args:
-        lengths: the tokens of each document of the epoch, in stream order.
+        lengths: the tokens of each document of the epoch, in stream order (``first_fit``:
+            ``(n, c)`` for ``c`` columns, ``seq_len`` then one room per column).
         seq_len: the tokens per row.
-        mode: ``"best_fit"`` or ``"concat"`` (see the module docstring).
+        mode: ``"best_fit"``, ``"concat"`` or ``"first_fit"`` (see the module docstring).
         seed: the pipeline's seed (keys the row order of ``best_fit``).
         epoch: the epoch (keys the row order of ``best_fit``).
+        num_bins: ``first_fit``'s rows per batch.
+        max_per_bin: ``first_fit``'s documents per row at most (``None``: no limit).
 
     Returns:
-        The epoch's rows, depending only on the arguments.
+        The epoch's rows, depending only on the arguments. ``first_fit``'s pieces are
+        whole documents (``start`` 0, ``length`` their first column's).
 
     Raises:
         ValueError: an unknown ``mode``.
+        ValueError: a document longer than its row with ``first_fit``.
 
     Example:
         >>> plan = plan_epoch(np.array([3, 2, 2]), 4, "concat", 0, 0)
         >>> plan.rows, plan.doc.tolist(), plan.length.tolist()
         (2, [0, 1, 1, 2], [3, 1, 1, 2])
     """
+    if mode == "first_fit":
+        return _first_fit(lengths, seq_len, num_bins or 1, max_per_bin)
     lengths = np.asarray(lengths, dtype=np.int64)
+    room = int(np.max(seq_len))  # one room: the modes that cut documents cut all columns alike
     if mode == "concat":
-        return _concat(lengths, int(seq_len))
+        return _concat(lengths, room)
     if mode == "best_fit":
-        return _best_fit(lengths, int(seq_len), _index.derive_key(seed, PACK_SALT, epoch))
+        return _best_fit(lengths, room, _index.derive_key(seed, PACK_SALT, epoch))
     raise ValueError(f"packing mode must be one of {MODES}, got {mode!r}")

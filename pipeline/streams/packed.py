@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from ..core.batching import need_no_batch
 from ..core.timing import Clock
 from ..execute.stages import (
     StepRequest,
@@ -28,7 +27,6 @@ from ..execute.stages import (
     read,
 )
 from ..identity.fingerprint import fingerprint_of
-from ..identity.hashing import digest
 from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
@@ -50,10 +48,10 @@ if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
     from .source import SourceStream
 
-__all__ = ["PackedStream", "PackMode", "pack", "PACK"]
+__all__ = ["PackedStream", "PackMode", "PACK"]
 
 _INVERSES = 4  # epochs whose inverted plan (document -> rows) a packed stream keeps, for where()
-PackMode = Literal["best_fit", "concat"]
+PackMode = Literal["best_fit", "concat", "first_fit"]
 
 _REFUSALS = {
     "shuffle": "shuffle() after pack(): shuffle the records before pack() (best_fit rows come shuffled)",
@@ -86,6 +84,11 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         seed: the inner pipeline's seed (keys the transforms after ``pack``).
         num_epochs: the inner pipeline's epochs.
         source: the inner pipeline's source.
+        columns: several columns packed together, ``(key, seq_len)`` each (empty: the one column ``key``).
+        column_lengths: with ``columns``, the length index of each, ``(records, columns)``.
+        num_bins: ``first_fit``'s rows per packing batch.
+        max_per_bin: documents per row at most (``None``: no limit).
+        pad_values: ``(output key, value)`` of the padding of each padded column that is not padded with 0.
     """
 
     inner: Pipeline
@@ -101,12 +104,17 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
     source: Source | None = dataclasses.field(default=None, compare=False, repr=False)
     exclusions: tuple[tuple[int, np.ndarray], ...] = dataclasses.field(default=(), compare=False, repr=False)
     exclusions_key: tuple[tuple[int, bytes], ...] = ()
+    columns: tuple[tuple[str, int], ...] = ()
+    column_lengths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    num_bins: int | None = None
+    max_per_bin: int | None = None
+    pad_values: tuple[tuple[str, int | float], ...] = ()
 
     reads_records = False
 
     def __getstate__(self) -> dict:
         """The state without the cached epoch plans and their inverses (recomputed where needed)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_inverse")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_inverse", "_epoch_rows")}
 
     def __setstate__(self, state: dict) -> None:
         """Restore :meth:`__getstate__`'s state."""
@@ -146,15 +154,30 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
 
     def describe(self, until_step: int | None = None) -> dict[str, Any]:
         """``{"packing": ...}``: the inner pipeline's description, ``seq_len``, mode, key and lengths."""
-        return {
-            "packing": {
-                "inner": self.inner.describe(),
-                "seq_len": self.seq_len,
-                "mode": self.mode,
-                "key": self.key,
-                "lengths": self.lengths_digest,
-            }
+        out: dict[str, Any] = {
+            "inner": self.inner.describe(),
+            "seq_len": self.seq_len,
+            "mode": self.mode,
+            "key": self.key,
+            "lengths": self.lengths_digest,
         }
+        for name, value in self.settings().items():  # only where set: the fingerprints of the others stay
+            if value is not None and value != []:
+                out[name] = value
+        return {"packing": out}
+
+    def settings(self) -> dict[str, Any]:
+        """The settings beyond ``seq_len``, ``mode`` and ``key``, JSON-able (``None`` or ``[]`` where not set)."""
+        return {
+            "columns": [list(c) for c in self.columns],
+            "num_bins": self.num_bins,
+            "max_sequences_per_bin": self.max_per_bin,
+            "pad_value": [list(p) for p in self.pad_values],
+        }
+
+    def room(self) -> int | list[int]:
+        """The room of a row: ``seq_len``, or one value per column."""
+        return [n for _, n in self.columns] if self.columns else self.seq_len
 
     def epoch(self, e: int) -> tuple[_packing.EpochPlan, np.ndarray]:
         """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs)."""
@@ -166,8 +189,13 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             ids = require(self.inner.stream, SingleSource, "pack").record_ids(
                 np.arange(e * n, (e + 1) * n, dtype=np.int64)
             )
-            hit = (_packing.plan_epoch(self.lengths[ids], self.seq_len, self.mode, self.inner.stream.seed, e), ids)
-            if hit[0].rows != self.rows_before(1):
+            by_column = self.column_lengths is not None and self.mode == "first_fit"  # others: the columns agree
+            lengths = self.column_lengths[ids] if by_column else self.lengths[ids]  # type: ignore[index]
+            plan = _packing.plan_epoch(
+                lengths, self.room(), self.mode, self.inner.stream.seed, e, self.num_bins, self.max_per_bin
+            )
+            hit = (plan, ids)
+            if self.mode != "first_fit" and hit[0].rows != self.rows_before(1):
                 raise RuntimeError(
                     f"packing: epoch {e} has {hit[0].rows} rows where every epoch has {self.rows_before(1)}; the "
                     f"cached count {self._rows_path()} is wrong: delete it"
@@ -231,6 +259,8 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         is computed once from the lengths and kept in memory and on disk (under ``cache_dir/packing/``, keyed by the
         fingerprint of this definition), so a cold resume in any epoch plans only that epoch.
         """
+        if self.mode == "first_fit":
+            return self._first_fit_rows_before(e)
         per = self.__dict__.get("_rows_per_epoch")
         if per is None:
             live = np.asarray(self.lengths)
@@ -246,6 +276,21 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
                     self._store_rows(per)
             self.__dict__["_rows_per_epoch"] = per
         return e * per
+
+    def _first_fit_rows_before(self, e: int) -> int:
+        """``first_fit``'s rows before epoch ``e``.
+
+        Each epoch's plan's rows, found once (the first epoch's for all when the inner stream
+        reads in the same order every epoch).
+        """
+        counts = self.__dict__.setdefault("_epoch_rows", [])
+        if self.inner.stream.read_order() is None:
+            if not counts:
+                counts.append(self.epoch(0)[0].rows)
+            return e * counts[0]
+        while len(counts) < e:
+            counts.append(self.epoch(len(counts))[0].rows)
+        return int(sum(counts[:e]))
 
     def _rows_path(self) -> str:
         key = fingerprint_of({"index_format": _index.INDEX_FORMAT_VERSION, **self.describe()})
@@ -422,54 +467,29 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         """The inner pipeline's config, ``pack`` (``seq_len``, ``mode``, ``key``, ``lengths``) and ``row_transforms``."""
         return {
             **require(self.inner.stream, Component, "to_config").component_config(self.inner, where),
-            "pack": {"seq_len": self.seq_len, "mode": self.mode, "key": self.key, "lengths": self.lengths_file},
+            "pack": {
+                "seq_len": dict(self.columns) if self.columns else self.seq_len,
+                "mode": self.mode,
+                "key": self.key,
+                "lengths": self.lengths_file,
+                **self._set_args(),
+            },
             "row_transforms": stages_config(pipe.record_ops, f"{where}row_transforms"),
         }
 
+    def _set_args(self) -> dict[str, Any]:
+        """The arguments of ``pack()`` beyond ``seq_len``, ``mode`` and ``key`` that are set."""
+        out: dict[str, Any] = {}
+        if self.num_bins is not None:
+            out["num_bins"] = self.num_bins
+        if self.max_per_bin is not None:
+            out["max_sequences_per_bin"] = self.max_per_bin
+        if self.pad_values:
+            out["pad_value"] = dict(self.pad_values)
+        return out
+
     def text(self) -> str:
-        """``INNER.pack(seq_len, mode=..., key=...)``."""
-        return f"{self.inner!r}.pack({self.seq_len}, mode={self.mode!r}, key={self.key!r})"
-
-
-def pack(
-    pipe: Pipeline,
-    seq_len: int,
-    mode: str,
-    key: str | None,
-    lengths: Any,
-    cache_dir: str | os.PathLike | None,
-    num_workers: int | None,
-) -> PackedStream:
-    """The stream of :meth:`Pipeline.pack <quern.pipeline.definition.dataset.Pipeline.pack>` (whose docstring says what it does).
-
-    Raises:
-        ValueError: a bad ``seq_len`` or ``mode``, a stream that cannot be packed, a batch, no token.
-    """
-    seq_len = _index.check_int(seq_len, "seq_len", 1)
-    if mode not in _packing.MODES:
-        raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
-    pipe.stream.check("pack")
-    require(pipe.stream, SingleSource, "pack")
-    need_no_batch(pipe, "pack", "a pipeline before batch()")
-    lens = pipe.length_index(key, lengths=lengths, cache_dir=cache_dir, num_workers=num_workers)
-    survivors = pipe.stream.survivors
-    live = lens[np.asarray(survivors)] if survivors is not None else lens
-    src = pipe.stream.source
-    assert src is not None
-    if not int(np.asarray(live).sum()):
-        raise ValueError(f"pack(): the records of source {src.name!r} hold no token")
-    file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
-    stream = PackedStream(
-        inner=pipe,
-        seq_len=seq_len,
-        mode=mode,  # type: ignore[arg-type]  # checked against _packing.MODES above
-        key=key,
-        lengths=lens,
-        lengths_digest=digest(np.asarray(lens)),
-        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-        lengths_file=file,
-        seed=pipe.stream.seed,
-        num_epochs=pipe.stream.num_epochs,
-        source=src,
-    )
-    return stream
+        """``INNER.pack(seq_len, mode=..., key=..., ...)``."""
+        size = dict(self.columns) if self.columns else self.seq_len
+        more = "".join(f", {k}={v!r}" for k, v in self._set_args().items())
+        return f"{self.inner!r}.pack({size}, mode={self.mode!r}, key={self.key!r}{more})"

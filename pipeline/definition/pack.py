@@ -1,0 +1,232 @@
+"""``Pipeline.pack``: documents into rows of ``seq_len`` tokens.
+
+The method and its arguments; the stream is :mod:`quern.pipeline.streams.packed`, the
+plan :mod:`quern.pipeline.order.packing`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ..core.batching import need_no_batch
+from ..core.deprecation import renamed
+from ..identity.hashing import digest
+from ..order import index as _index
+from ..order import packing as _packing
+from ..streams.capabilities import SingleSource, require
+from ..streams.packed import PackedStream
+
+if TYPE_CHECKING:
+    from .dataset import Pipeline
+
+__all__ = ["pack", "packed_stream"]
+
+
+@renamed(workers="num_workers")
+def pack(  # noqa: D417  (a method of Pipeline: self is the pipeline)
+    self: Pipeline,
+    seq_len: int | Mapping[str, int],
+    mode: Literal["best_fit", "concat", "first_fit"] = "best_fit",
+    *,
+    key: str | None = None,
+    num_bins: int | None = None,
+    max_sequences_per_bin: int | None = None,
+    pad_value: Any = 0,
+    lengths: Any = None,
+    cache_dir: str | os.PathLike | None = None,
+    num_workers: int | None = None,
+) -> Pipeline:
+    """Pack the records into rows of ``seq_len`` tokens.
+
+    The rows are ``{"tokens", "segment_ids", "positions"}`` (shape ``(seq_len,)``;
+    tokens keep the records' dtype, the other two are int32), plus packed copies
+    of a dict record's other per-token arrays. ``segment_ids`` number a row's pieces
+    1..k, 0 marks padding (the tokens there are ``pad_value``). The modes:
+
+    - ``best_fit`` places whole documents (best-fit decreasing over each epoch; a
+      document longer than ``seq_len`` is cut into rows), and an epoch's rows come in
+      a keyed random order; ``positions`` restart at 0 per piece.
+    - ``concat`` concatenates the documents in stream order and cuts rows;
+      ``positions`` count from the piece's offset in its document.
+    - ``first_fit`` places whole documents in stream order, each into the first of
+      ``num_bins`` rows with room (and fewer than ``max_sequences_per_bin`` documents),
+      and emits the ``num_bins`` rows when one does not fit: grain's
+      ``FirstFitPackIterDataset(shuffle_bins=False)`` row for row, each epoch on its own.
+      It never cuts a document: one longer than its row is an error naming it
+      (truncate or :meth:`~quern.pipeline.definition.dataset.Pipeline.flat_map` first). ``positions`` restart at 0 per document.
+
+    Several columns: ``seq_len={"inputs": 512, "targets": 512}`` packs the columns of
+    a dict record together (a document goes into a row where each of its columns
+    has room) into ``KEY``, ``KEY_segment_ids`` and ``KEY_positions`` per column
+    (grain's names), padded with ``pad_value`` (one number or one per column); the
+    others are dropped. ``best_fit`` and ``concat`` cut the columns together, so
+    they need one row length and columns of one length per record (an error names
+    the column, the record and both lengths); ``first_fit`` takes each its own.
+
+    The plan comes from the :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (one per column) and reads nothing
+    (:mod:`quern.pipeline.order.packing`).
+
+    Args:
+        seq_len: tokens per row, or a dict of tokens per row of each column.
+        mode: ``"best_fit"``, ``"concat"`` or ``"first_fit"``.
+        key: the field of a dict record holding its tokens (one column).
+        num_bins: ``first_fit``'s rows per packing batch (required there).
+        max_sequences_per_bin: ``first_fit``'s documents per row at most (default: no limit).
+        pad_value: the tokens of the padding: a number, or a dict of one per column.
+        lengths: as for :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (several columns: a dict of one per column).
+        cache_dir: as for :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index`.
+        num_workers: as for :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (``workers=`` is deprecated).
+
+    Returns:
+        A pipeline of packed rows; chain ``.map`` (on rows) and ``.batch(B)``.
+
+    Raises:
+        ValueError: a bad ``seq_len``, mode or setting, a stream that cannot be packed, a batch, no token,
+            a ``first_fit`` document longer than its row, or columns of different lengths where they must agree.
+    """
+    stream = packed_stream(
+        self, seq_len, mode, key, lengths, cache_dir, num_workers, num_bins, max_sequences_per_bin, pad_value
+    )
+    return type(self)(stream=stream)
+
+
+def packed_stream(
+    pipe: Pipeline,
+    seq_len: int | Mapping[str, int],
+    mode: str,
+    key: str | None,
+    lengths: Any,
+    cache_dir: str | os.PathLike | None,
+    num_workers: int | None,
+    num_bins: int | None = None,
+    max_sequences_per_bin: int | None = None,
+    pad_value: Any = 0,
+) -> PackedStream:
+    """The stream of :func:`pack` (whose docstring says what it does).
+
+    Raises:
+        ValueError: a bad ``seq_len``, mode or setting, a stream that cannot be packed, a batch, no token, a
+            ``first_fit`` document longer than its row, columns whose lengths disagree where they must agree.
+    """
+    if mode not in _packing.MODES:
+        raise ValueError(f"pack(): mode must be one of {_packing.MODES}, got {mode!r}")
+    columns: tuple[tuple[str, int], ...] = ()
+    if isinstance(seq_len, Mapping):
+        if key is not None:
+            raise ValueError("pack(seq_len={...}, key=...): the keys of seq_len name the columns; leave key out")
+        if not seq_len:
+            raise ValueError("pack(seq_len={}): name at least one column and its row length")
+        # sorted by key: the order of the dict changes nothing (a config file's keys come sorted)
+        columns = tuple(sorted((str(k), _index.check_int(v, f"seq_len[{k!r}]", 1)) for k, v in seq_len.items()))
+        if mode != "first_fit" and len({n for _, n in columns}) > 1:
+            raise ValueError(
+                f"pack(mode={mode!r}) cuts documents, so its columns need one row length; got {dict(columns)} "
+                "(first_fit places whole documents and takes one per column)"
+            )
+        seq_len = max(n for _, n in columns)
+    seq_len = _index.check_int(seq_len, "seq_len", 1)
+    if mode == "first_fit":
+        if num_bins is None:
+            raise ValueError("pack(mode='first_fit') needs num_bins: the rows of each packing batch (e.g. the batch)")
+        num_bins = _index.check_int(num_bins, "num_bins", 1)
+    elif num_bins is not None:
+        raise ValueError(f"pack(num_bins=...) is first_fit's setting; mode {mode!r} takes none")
+    if max_sequences_per_bin is not None:
+        max_sequences_per_bin = _index.check_int(max_sequences_per_bin, "max_sequences_per_bin", 1)
+        if mode != "first_fit":
+            raise ValueError(f"pack(max_sequences_per_bin=...) is supported with mode 'first_fit', not {mode!r}")
+    names = [k for k, _ in columns] or ["tokens"]
+    pads = _pad_values(pad_value, names)
+    pipe.stream.check("pack")
+    require(pipe.stream, SingleSource, "pack")
+    need_no_batch(pipe, "pack", "a pipeline before batch()")
+    src = pipe.stream.source
+    assert src is not None
+    table = None
+    if columns:
+        given = lengths if isinstance(lengths, Mapping) else {}
+        if lengths is not None and not isinstance(lengths, Mapping):
+            raise ValueError("pack(seq_len={...}, lengths=...): give the lengths as a dict, one index per column")
+        table = np.stack(
+            [
+                np.asarray(pipe.length_index(k, lengths=given.get(k), cache_dir=cache_dir, num_workers=num_workers))
+                for k in names
+            ],
+            axis=1,
+        )
+        lens = table[:, 0]
+        if mode != "first_fit":
+            _check_agree(table, names, src.name)
+    else:
+        lens = pipe.length_index(key, lengths=lengths, cache_dir=cache_dir, num_workers=num_workers)
+    survivors = pipe.stream.survivors
+    live = lens[np.asarray(survivors)] if survivors is not None else lens
+    if not int(np.asarray(live).sum()):
+        raise ValueError(f"pack(): the records of source {src.name!r} hold no token")
+    if mode == "first_fit":
+        _check_fit(lens if table is None else table, names, [n for _, n in columns] or [seq_len], src.name)
+    file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
+    return PackedStream(
+        inner=pipe,
+        seq_len=seq_len,
+        mode=mode,  # type: ignore[arg-type]  # checked against _packing.MODES above
+        key=key,
+        lengths=lens,
+        lengths_digest=digest(np.asarray(lens if table is None else table)),
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        lengths_file=file,
+        seed=pipe.stream.seed,
+        num_epochs=pipe.stream.num_epochs,
+        source=src,
+        columns=columns,
+        column_lengths=table,
+        num_bins=num_bins,
+        max_per_bin=max_sequences_per_bin,
+        pad_values=pads,
+    )
+
+
+def _pad_values(pad_value: Any, names: list[str]) -> tuple[tuple[str, int | float], ...]:
+    """``pad_value`` (one number, or a dict of one per column) as ``(key, value)`` pairs, the zeros left out."""
+    given = pad_value if isinstance(pad_value, Mapping) else dict.fromkeys(names, pad_value)
+    unknown = sorted(set(map(str, given)) - set(names))
+    if unknown:
+        raise ValueError(f"pack(pad_value=...): no packed column {unknown[0]!r} (the columns: {names})")
+    out = []
+    for name in names:
+        value = given.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ValueError(f"pack(pad_value=...): the padding of {name!r} must be a number, got {value!r}")
+        if value != 0:
+            out.append((name, value.item() if isinstance(value, np.generic) else value))
+    return tuple(out)
+
+
+def _check_agree(table: np.ndarray, names: list[str], source: str) -> None:
+    """Columns that are cut together must have one length per record: an error naming the first that does not."""
+    bad = np.flatnonzero((table != table[:, :1]).any(axis=1))
+    if bad.size:
+        r = int(bad[0])
+        c = int(np.flatnonzero(table[r] != table[r, 0])[0])
+        raise ValueError(
+            f"pack(): record {r} of source {source!r} has {int(table[r, c])} tokens in column {names[c]!r} and "
+            f"{int(table[r, 0])} in {names[0]!r}; best_fit and concat cut the columns together, so they must agree "
+            "(first_fit packs columns of different lengths)"
+        )
+
+
+def _check_fit(lengths: np.ndarray, names: list[str], rooms: list[int], source: str) -> None:
+    """``first_fit`` never cuts a document: an error naming the first record longer than its row."""
+    table = np.asarray(lengths).reshape(len(lengths), -1)
+    over = table > np.asarray(rooms)
+    if over.any():
+        r, c = (int(x[0]) for x in np.nonzero(over))
+        raise ValueError(
+            f"pack(mode='first_fit'): record {r} of source {source!r} has {int(table[r, c])} tokens in "
+            f"{names[c]!r}, more than its row of {rooms[c]}; first_fit places whole documents: truncate them "
+            f"first (quern.transforms.pad({rooms[c]}) truncates) or cut them with flat_map()"
+        )
