@@ -100,8 +100,12 @@ class GlobalIterator:
 
         if pipe.batch_size is None:
             raise ValueError("global_iterator() needs batch() first: a step is a batch")
-        if not pipe.drop_remainder and pipe.num_steps is not None and (pipe.stream.length() or 0) % pipe.batch_size:
-            raise ValueError("global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True)")
+        partial = pipe.num_steps is not None and (pipe.stream.length() or 0) % pipe.batch_size
+        if not pipe.drop_remainder and pipe.pad_remainder is None and partial:
+            raise ValueError(
+                "global_iterator needs batches of one global shape: use .batch(B, drop_remainder=True), or "
+                ".batch(B, drop_remainder=False, pad_remainder=True) to pad the last batch (evaluation)"
+            )
         self.sharding = _batch_sharding(mesh, partition_spec)
         B = pipe.batch_size  # noqa: N806 - the global batch size, as in the shapes (B, ...)
         lo, hi = process_rows(self.sharding, B)

@@ -31,6 +31,7 @@ from .edits import apply_edits
 from .limits import MAX_BYTES, Loader, bounded, clip, measure, object_children, show
 from .schema import (
     ArrayRecordConfig,
+    BatchConfig,
     BucketConfig,
     BucketPipelineConfig,
     ComponentConfig,
@@ -233,7 +234,8 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
         )
         pipe = _bucketed(_leaf(cfg, base, policy, ""), cfg.bucket, base)
     else:
-        size, drop = (cfg.batch, True) if isinstance(cfg.batch, int) else (cfg.batch.size, cfg.batch.drop_remainder)
+        batch = BatchConfig(size=cfg.batch) if isinstance(cfg.batch, int) else cfg.batch
+        size = batch.size
         try:  # the one host-slice check
             host_rows(size, 0, process_count)
         except (TypeError, ValueError) as e:
@@ -244,7 +246,9 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
         else:
             pipe = _rows(cfg, base, policy, "")
         try:
-            pipe = pipe.batch(size, drop_remainder=drop)
+            pipe = pipe.batch(
+                size, drop_remainder=batch.drop_remainder, pad_remainder=batch.pad_remainder, pad_value=batch.pad_value
+            )
         except ValueError as e:
             raise ConfigError(_prefixed("batch", e)) from e
     pipe = _add_stages(

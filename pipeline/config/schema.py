@@ -150,6 +150,12 @@ class BatchConfig(Section):
     drop_remainder: bool = Field(
         default=True, description="Default true: with a finite num_epochs, drop the last partial batch."
     )
+    pad_remainder: bool = Field(
+        default=False,
+        description="Pad the last partial batch to whole batches instead (with ``drop_remainder: false``): every "
+        "batch gets a boolean leaf ``valid``, and every host gets its share of rows of every step (evaluation).",
+    )
+    pad_value: StrictInt | float = Field(default=0, description="The value of the padding rows (default 0).")
 
 
 Stages = Annotated[list[TransformConfig], Field(max_length=MAX_STAGES)]

@@ -23,6 +23,7 @@ import numpy as np
 from ..core.batching import need_batch, need_no_batch
 from ..core.deprecation import renamed
 from ..core.ops import Op, OpKind
+from ..execute.padding import pad_setting
 from ..identity import samedef
 from ..iterate.iterator import IteratorOptions, PipelineIterator
 from ..order import Pieces, Segments
@@ -55,6 +56,8 @@ class Pipeline:
         record_ops: the record transforms, in order.
         batch_size: the global batch size (``None`` before ``batch()``).
         drop_remainder: whether a finite stream's last partial batch is dropped.
+        pad_remainder: the value a finite stream's last partial batch is padded with to whole batches
+            (``None``: not padded; see :meth:`batch`).
         batch_ops: the batch transforms, in order.
         filter_descriptions: per record op, the description a filter had when its survivors were found.
 
@@ -77,6 +80,7 @@ class Pipeline:
     batch_size: int | None = None
     drop_remainder: bool = True
     batch_ops: tuple[Op, ...] = ()
+    pad_remainder: int | float | None = None
     filter_descriptions: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
     _memo: identify.Memo = dataclasses.field(default_factory=identify.Memo, compare=False, repr=False, init=False)
 
@@ -335,26 +339,39 @@ class Pipeline:
         """
         return _lengths.balanced(self, lengths, key)
 
-    def batch(self, global_batch_size: int, drop_remainder: bool = True) -> Pipeline:
+    def batch(
+        self, global_batch_size: int, drop_remainder: bool = True, *, pad_remainder: bool = False, pad_value: Any = 0
+    ) -> Pipeline:
         """Group ``global_batch_size`` consecutive stream positions into a step.
 
-        Batches cross epoch boundaries.
+        Batches cross epoch boundaries. For evaluation, ``drop_remainder=False,
+        pad_remainder=True`` pads the last partial batch of a finite stream to
+        ``global_batch_size`` rows: every leaf with ``pad_value`` and a boolean leaf
+        ``valid`` (``True`` for the real rows) in every batch, so every host gets
+        ``global_batch_size / process_count`` rows of every step (a host past the data
+        gets padding only) and every batch has one shape. The batch must be a dict.
 
         Args:
             global_batch_size: rows per step over all hosts.
             drop_remainder: with a finite ``num_epochs``, drop the last partial batch.
+            pad_remainder: pad the last partial batch instead (needs ``drop_remainder=False``).
+            pad_value: the number the padding rows hold.
 
         Returns:
             The batched pipeline.
 
         Raises:
-            ValueError: ``batch()`` twice, a bad size, or no full batch in a finite stream.
+            ValueError: ``batch()`` twice, a bad size or pad value, padding a dropped remainder, or no
+                full batch in a finite stream.
         """
         self.stream.check("batch")
         if self.batch_size is not None:
             raise ValueError("batch() was already called on this pipeline")
         b = _index.check_int(global_batch_size, "global_batch_size", 1)
-        p = self._replace(stream=self.stream.batched(b), batch_size=b, drop_remainder=bool(drop_remainder))
+        pad = pad_setting(pad_remainder, pad_value, drop_remainder)
+        p = self._replace(
+            stream=self.stream.batched(b), batch_size=b, drop_remainder=bool(drop_remainder), pad_remainder=pad
+        )
         if addressing.num_steps(p) == 0:
             raise ValueError(
                 f"{self.stream.size_text()} x {self.num_epochs} epoch(s), "
@@ -418,7 +435,8 @@ class Pipeline:
         parts = [self.stream.text()]
         parts += [f".{op.kind.value}({op.name})" for op in self.record_ops]
         if self.batch_size is not None and self.stream.refusal("batch") is None:
-            parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder})")
+            pad = "" if self.pad_remainder is None else f", pad_remainder=True, pad_value={self.pad_remainder!r}"
+            parts.append(f".batch({self.batch_size}, drop_remainder={self.drop_remainder}{pad})")
         parts += [f".{op.kind.value}({op.name})" for op in self.batch_ops]
         return "".join(parts) + self.stream.stage_text()
 

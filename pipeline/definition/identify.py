@@ -149,7 +149,7 @@ def describe_until(pipe: Pipeline, step: int | None) -> dict[str, Any]:
         "index_format": _index.INDEX_FORMAT_VERSION,
         **pipe.stream.describe(step),
         "record_ops": record_ops_description(pipe),
-        "batch": [pipe.batch_size, pipe.drop_remainder],
+        "batch": [pipe.batch_size, pipe.drop_remainder, *([] if pipe.pad_remainder is None else [pipe.pad_remainder])],
         "batch_ops": [
             [op.kind.value, describe_callable(op.fn, op.label(k), shown=active)] for k, op in enumerate(pipe.batch_ops)
         ],

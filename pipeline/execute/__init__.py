@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..order import index as _index
+from .padding import padded
 from .stages import COLLATE, READ, LengthCheck, StepRequest, StepResult, Where, read, steps_per_read
 
 if TYPE_CHECKING:
@@ -80,9 +81,11 @@ def run(pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
 
     Yields:
         One :class:`~.stages.StepResult` per requested step, in order; each batch bit-identical
-        to ``pipe.batch_at(step)``.
+        to ``pipe.batch_at(step)`` (padded to whole batches with ``batch(pad_remainder=True)``:
+        :mod:`.padding`).
     """
-    return pipe.stream.results(pipe, request)
+    results = pipe.stream.results(pipe, request)
+    return results if pipe.pad_remainder is None else padded(pipe, request, results)
 
 
 def batches_at(

@@ -100,7 +100,11 @@ def weights_config(names: tuple[str, ...], weights: tuple[int, ...]) -> dict[str
 def batch_config(pipe: Pipeline) -> dict[str, Any]:
     """``batch`` and ``batch_transforms`` of a batched pipeline's config."""
     return {
-        "batch": {"size": pipe.batch_size, "drop_remainder": pipe.drop_remainder},
+        "batch": {
+            "size": pipe.batch_size,
+            "drop_remainder": pipe.drop_remainder,
+            **({} if pipe.pad_remainder is None else {"pad_remainder": True, "pad_value": pipe.pad_remainder}),
+        },
         "batch_transforms": stages_config(pipe.batch_ops, "batch_transforms"),
     }
 
