@@ -48,7 +48,14 @@ def test_the_fingerprint_is_the_same_for_the_same_definition_and_changes_with_an
 
 def test_the_state_of_a_plain_pipeline_is_its_step_and_fingerprint():
     pipe = _pipe()
-    assert pipe.state_at(3) == {"step": 3, "fingerprint": pipe.fingerprint()}
+    state = pipe.state_at(3)
+    assert sorted(state) == ["description", "fingerprint", "step"] and state["step"] == 3
+    assert state["fingerprint"] == pipe.fingerprint() and json.loads(json.dumps(state)) == state
+    assert (
+        state["description"]["seed"] == 1
+        and state["description"]["batch.0"] == 5
+        and all(len(json.dumps(v)) <= 64 for v in state["description"].values())
+    )
     with pipe.iterator(2) as it:
         next(it)
         assert it.state() == pipe.state_at(3)

@@ -18,7 +18,7 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..identity import samedef
+from ..identity import changes, samedef
 from ..identity.fingerprint import describe_callable, fingerprint_of
 from ..order import index as _index
 from ..streams import config_form
@@ -53,11 +53,13 @@ class Memo:
 
     Attributes:
         description: :func:`describe`'s result, or ``None`` before its first call.
+        leaves: its leaves (:func:`quern.pipeline.identity.changes.leaves`), or ``None`` before a state is saved.
         fingerprint: :func:`fingerprint`'s result, or ``None`` before its first call.
         fingerprints_at: :func:`fingerprint_at`'s results, by span between the stream's change steps.
     """
 
     description: dict[str, Any] | None = None
+    leaves: dict[str, Any] | None = None
     fingerprint: str | None = None
     fingerprints_at: dict[int, str] = dataclasses.field(default_factory=dict)
 
@@ -183,11 +185,17 @@ def state_at(pipe: Pipeline, step: int) -> dict[str, Any]:
         step: the next step.
 
     Returns:
-        ``{"step", "fingerprint"}``, and for a stream whose past depends on part of its
+        ``{"step", "fingerprint", "description"}`` (the description's leaves, short values
+        or their digests: :func:`quern.pipeline.identity.changes.leaves`, so a refused resume
+        names what changed), and for a stream whose past depends on part of its
         definition (a schedule) also ``"past"`` (the fingerprint of the description until
         ``step``) and ``"parts"`` (a digest of each part of it); JSON-serialisable.
     """
     state: dict[str, Any] = {"step": step, "fingerprint": fingerprint(pipe)}
+    memo = pipe._memo
+    if memo.leaves is None:
+        memo.leaves = changes.leaves(describe(pipe))
+    state["description"] = dict(memo.leaves)
     if pipe.stream.describes_past:
         past = describe_until(pipe, step)
         state["past"] = fingerprint_of(past)
@@ -228,11 +236,15 @@ def check_state(pipe: Pipeline, state: dict[str, Any], force: bool = False) -> i
                 # whose whole description is this one's past): the batches taken are the same
                 return step
             changed = ""
+            if isinstance(state.get("description"), dict):
+                first = changes.first_change(state["description"], changes.leaves(describe(pipe)))
+                if first is not None:
+                    changed = f"; the first difference (saved -> now): {first}"
             if pipe.stream.describes_past and isinstance(state.get("parts"), dict):
                 mine_parts, theirs = pipe.stream.parts(past), state["parts"]
                 diff = sorted(k for k in set(mine_parts) | set(theirs) if mine_parts.get(k) != theirs.get(k))
                 if diff:
-                    changed = f"; what changed for the steps before {step}: {', '.join(diff)}"
+                    changed += f"; what changed for the steps before {step}: {', '.join(diff)}"
             edits = pipe.stream.edits_before(step)
             if edits:
                 changed += f"; edits that change steps before the saved step {step}: {'; '.join(edits)}"
