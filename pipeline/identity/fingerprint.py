@@ -29,7 +29,7 @@ from ..core.errors import FingerprintError
 from ..core.registry import builtin_name
 from .hashing import HOW_TO_DECLARE, digest
 
-__all__ = ["describe_callable", "describe_value", "fingerprint_of", "Shown"]
+__all__ = ["describe_callable", "describe_value", "fingerprint_of", "tokenizer_model", "Shown"]
 
 _MAX_DEPTH = 200
 
@@ -164,6 +164,9 @@ class _Describer:
                 return self.container(value, where, depth)
             finally:
                 self.active.discard(id(value))
+        model = tokenizer_model(value)
+        if model is not None:  # a tokenizer: by its serialized model, not by its (library) object
+            return model
         try:
             d = digest(value, where)
         except FingerprintError:
@@ -303,6 +306,9 @@ class _Describer:
         """
         if isinstance(obj, type) or inspect.ismodule(obj):
             return self.value(obj, "self", depth)
+        model = tokenizer_model(obj)
+        if model is not None:  # tok.encode of a tokenizer: the tokenizer's model
+            return model
         names = _state_names(obj)
         if not names:
             try:
@@ -322,6 +328,46 @@ class _Describer:
                 continue
             fields[name] = self.value(v, f"{type(obj).__qualname__}.{name}", depth + 1)
         return fields
+
+
+def tokenizer_model(value: Any) -> dict[str, Any] | None:
+    """A tokenizer of the field described by its own serialized model, or ``None`` for anything else.
+
+    ``tokenizers.Tokenizer`` by its JSON (``to_str()``: vocabulary, merges, normalizer,
+    pre-tokenizer, post-processor with its BOS/EOS template, truncation and padding);
+    a ``transformers`` fast tokenizer by its backend's JSON, its special tokens and
+    its padding and truncation sides and maximum length; a ``sentencepiece``
+    ``SentencePieceProcessor`` by its serialized model proto. Each as a SHA-256, so
+    a change of vocabulary or settings changes the fingerprint and nothing else is
+    needed (no ``fingerprint()`` method).
+
+    Args:
+        value: any object.
+
+    Returns:
+        ``{"tokenizer": kind, "model": sha256 hex, ...}``, or ``None``.
+    """
+    module = type(value).__module__ or ""
+    root = module.split(".")[0]
+    if root == "tokenizers" and callable(getattr(value, "to_str", None)):
+        return {"tokenizer": "tokenizers.Tokenizer", "model": _sha(value.to_str().encode())}
+    if root == "sentencepiece" and callable(getattr(value, "serialized_model_proto", None)):
+        return {"tokenizer": "sentencepiece.SentencePieceProcessor", "model": _sha(value.serialized_model_proto())}
+    backend = getattr(value, "backend_tokenizer", None) if root == "transformers" else None
+    if backend is not None and callable(getattr(backend, "to_str", None)):
+        settings = {k: getattr(value, k, None) for k in ("padding_side", "truncation_side", "model_max_length")}
+        special = getattr(value, "special_tokens_map", {})
+        extra = json.dumps([settings, special], sort_keys=True, default=str).encode()
+        return {
+            "tokenizer": f"transformers.{type(value).__qualname__}",
+            "model": _sha(backend.to_str().encode()),
+            "settings": _sha(extra),
+        }
+    return None
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _qualified(cls: type) -> str:
