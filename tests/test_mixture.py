@@ -488,18 +488,13 @@ def test_bad_weights_and_schedules_name_the_stage_and_key(kwargs, error, words):
     "components,error,words",
     [
         (lambda: {"a": _comp(0, 10, 1).batch(2), "b": _comp(100, 10, 2)}, ValueError, ["'a'", "batch"]),
-        (
-            lambda: {"a": _comp(0, 10, 1), "b": quern.Pipeline.from_source({"x": np.arange(5)}, num_epochs=2)},
-            ValueError,
-            ["'b'", "num_epochs"],
-        ),
         (lambda: {"a": _comp(0, 10, 1), "b": {"x": np.arange(5)}}, TypeError, ["'b'", "Pipeline"]),
         (lambda: [("a", _comp(0, 10, 1)), ("a", _comp(100, 10, 2))], ValueError, ["'a'", "twice"]),
         (lambda: {"a": _comp(0, 10, 1), "b": quern.mix(_two(), weights=OK)}, ValueError, ["'b'", "mixture"]),
         (lambda: {}, ValueError, ["at least one"]),
         (lambda: {"": _comp(0, 10, 1)}, TypeError, ["names"]),
     ],
-    ids=["batch", "num_epochs", "not-a-pipeline", "duplicate", "nested", "empty", "empty-name"],
+    ids=["batch", "not-a-pipeline", "duplicate", "nested", "empty", "empty-name"],
 )
 def test_bad_components_are_named(components, error, words):
     comps = components()

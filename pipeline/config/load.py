@@ -420,7 +420,7 @@ def _mixture_of(cfg: MixConfig, base: str, policy: Policy) -> Pipeline:
         name: _rows(c, base, policy, f"mix.components.{clip(name, 60)}.") for name, c in cfg.components.items()
     }
     try:
-        return mix(components, weights=weights, schedule=schedule, seed=cfg.seed, block=cfg.block)
+        return mix(components, weights=weights, schedule=schedule, seed=cfg.seed, block=cfg.block, stop=cfg.stop)
     except (TypeError, ValueError) as e:  # components named "": what the checks above do not cover
         raise ConfigError(_prefixed("mix", e)) from e
 

@@ -381,8 +381,8 @@ def _numbers(value: Any) -> Any:
 class ComponentConfig(Section):
     """One component of a mixture (``mix.components.<name>``): the keys of a single-source config but the batch's.
 
-    It has no ``batch``, ``batch_transforms``, ``bucket`` or ``num_epochs`` (a component is
-    endless, with its own epochs). Its transforms may filter, and it may be packed (``pack``
+    It has no ``batch``, ``batch_transforms`` or ``bucket``; it is endless unless it has
+    ``num_epochs`` (each component has its own epochs). Its transforms may filter, and it may be packed (``pack``
     and ``row_transforms``); the components' rows must then have the same keys, dtypes and
     ``seq_len`` (checked when a batch is collated).
     """
@@ -391,15 +391,16 @@ class ComponentConfig(Section):
     seed: StrictInt = Field(
         default=0, ge=0, lt=2**64, description="The component's own seed (shuffle, random stages), default 0."
     )
-    num_epochs: None = Field(default=None, description="Null if given: a component is endless.")
+    num_epochs: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="Passes over the component's records; null (the default): endless. Finite components make a "
+        "finite mixture (see ``mix.stop``).",
+    )
     shuffle: Shuffle = Field(default=None, description=_SHUFFLE)
     transforms: Stages = Field(default=[], description=_TRANSFORMS)
     pack: Pack | None = Field(default=None, description=_PACK)
     row_transforms: Stages = Field(default=[], description=_ROW_TRANSFORMS)
-
-    _endless = field_validator("num_epochs", mode="before")(
-        null("the components of a mixture are endless (each repeats and reshuffles on its own epochs)")
-    )
 
 
 class StageConfig(Section):
@@ -434,6 +435,11 @@ class MixConfig(Section):
     )
     weights: dict[str, Any] | None = Field(
         default=None, description="Relative weights of the components by name (numbers >= 0), fixed over the steps."
+    )
+    stop: Literal["first", "last"] = Field(
+        default="first",
+        description="With finite components (``num_epochs``): ``first`` (the default) ends the mixture when the first "
+        "component runs out; ``last`` gives an ended component's weight to the others until all have ended.",
     )
     schedule: Annotated[list[StageConfig], Field(min_length=1, max_length=MAX_SCHEDULE)] | None = Field(
         default=None,

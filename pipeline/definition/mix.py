@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..order import components as _mixture
 from ..order.index import check_int, check_seed
@@ -51,11 +51,6 @@ def _components(components: Any) -> tuple[tuple[str, ...], tuple[Pipeline, ...]]
             raise ValueError(f"mix(): component {name!r} {why}")
         if not (has(pipe.stream, SingleSource) or has(pipe.stream, RowMaking)):
             require(pipe.stream, SingleSource, f"mix(): component {name!r}: mix")
-        if pipe.num_epochs is not None:
-            raise ValueError(
-                f"mix(): component {name!r} has num_epochs={pipe.num_epochs}; components must be endless "
-                "(each repeats and reshuffles on its own epochs)"
-            )
         names.append(name)
         pipes.append(pipe)
     return tuple(names), tuple(pipes)
@@ -68,10 +63,11 @@ def mix(
     schedule: Sequence[Any] | None = None,
     seed: int = 0,
     block: int = _mixture.BLOCK,
+    stop: Literal["first", "last"] = "first",
 ) -> Pipeline:
     """A pipeline (without batch) whose records come from named ``components``, mixed by weight.
 
-    Each component is an endless pipeline without batch (any source, its own shuffle, filter and
+    Each component is a pipeline without batch (any source, its own shuffle, filter and
     transforms, or packed rows of ``seq_len`` tokens: rows of a component, mixed by weight), in proportions ``weights`` (a dict by name, or a list in
     component order) or, with ``schedule=[(start_step, weights), ...]``, weights
     that change at those steps (the first stage starts at step 0; stages may start
@@ -93,6 +89,14 @@ def mix(
     number of components squared: an edit that raises it changes the earlier
     batches and is refused).
 
+    Components with ``num_epochs`` make a finite mixture, still step addressable:
+    with ``stop="first"`` (grain's ``mix``) it ends at the first position whose
+    component has no record left (an endless component never runs out, so a
+    finite one ends it); with ``stop="last"`` an ended component's weight goes to
+    the others (renormalised) from the position where it ended, and the mixture
+    ends when every component has ended (all must be finite). The end depends
+    only on the definition and the batch size (a schedule's stages start at steps).
+
     Chain ``.map(...)`` (transforms of the mixed records) and ``.batch(B)``;
     ``shuffle`` and ``filter`` belong to the components. ``explain`` names the
     component and the record in its source. Bad weights or schedules are a
@@ -102,4 +106,18 @@ def mix(
     stages = _mixture.check_schedule(names, weights, schedule)
     seed = check_seed(seed)
     k = _mixture.block_size(len(names), check_int(block, "block", 1))
-    return Pipeline(stream=MixtureStream(names=names, components=pipes, stages=stages, seed=seed, block=k))
+    if stop not in ("first", "last"):
+        raise ValueError(f"mix(): stop must be 'first' or 'last', got {stop!r}")
+    finite = [n for n, p in zip(names, pipes) if p.stream.length() is not None]
+    if finite and stop == "last" and len(finite) < len(names):
+        endless = [n for n in names if n not in finite]
+        raise ValueError(
+            f"mix(stop='last'): components {endless} are endless, so the mixture would never end; give every "
+            "component num_epochs, or stop='first' (the mixture ends when a finite component runs out)"
+        )
+    stream = MixtureStream(
+        names=names, components=pipes, stages=stages, seed=seed, block=k, stop=stop if finite else None
+    )
+    if finite and len(stages) == 1:
+        stream.length()  # found now: a component whose weight is zero everywhere is an error here
+    return Pipeline(stream=stream)

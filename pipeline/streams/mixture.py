@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..core.batching import need_batch
 from ..identity.fingerprint import fingerprint_of
 from ..order import Segments
 from ..order import components as _mixture
+from ..order import index as _index
 from ..sources import Source
 from .capabilities import Component, Editable, NeutralReports, RecordPositions, report, require
 from .config_form import batch_config, stages_config, weights_config
@@ -58,6 +59,9 @@ class MixtureStream(NeutralReports, SegmentStream):
         seed: the seed of the assignment (and of the mixture's own random transforms).
         block: positions per block of exact counts (:func:`~quern.pipeline.order.components.block_size`).
         batch_size: the batch size of the pipeline that holds it (a schedule's stages start at steps).
+        stop: with finite components, where the mixture ends: ``"first"``, at the first component's end;
+            ``"last"``, when every component has ended, each ended one's weight going to the others (``None``:
+            the components are endless).
     """
 
     names: tuple[str, ...]
@@ -66,6 +70,7 @@ class MixtureStream(NeutralReports, SegmentStream):
     seed: int
     block: int
     batch_size: int | None = None
+    stop: Literal["first", "last"] | None = None
 
     describes_past: ClassVar[bool] = True
 
@@ -77,9 +82,66 @@ class MixtureStream(NeutralReports, SegmentStream):
         """The components' keys."""
         return self.names
 
-    def length(self) -> None:
-        """``None``: the components are endless."""
-        return None
+    def length(self) -> int | None:
+        """Positions over all, ``None`` when endless (see :attr:`stop`)."""
+        return self.plan()[2]
+
+    def plan(self) -> tuple[tuple[_mixture.Stage, ...], int, int | None]:
+        """``(stages, rows_per_step, length)`` the assignment runs on (found once per batch size).
+
+        Endless components: the schedule as it is and no length. ``stop="first"``: the same
+        schedule, ending at the first position a component has no record for
+        (:func:`~quern.pipeline.order.components.drawn_at` of its length). ``stop="last"``: the
+        schedule in positions, with a stage starting where each component ends, in which its
+        weight is zero (the others' renormalised), ending where none with a weight is left.
+        Each depends only on the schedule, the seed, the block, the batch size and the
+        components' lengths.
+        """
+        cached = self.__dict__.get("_plan")
+        if cached is not None and cached[0] == self.batch_size:
+            return cached[1]
+        rows = self.batch_size or 1
+        if self.stop is None:
+            got: tuple[tuple[_mixture.Stage, ...], int, int | None] = (self.stages, rows, None)
+        else:
+            lengths = [c.stream.length() for c in self.components]
+            if self.stop == "first":
+                ends = [self._end(c, n, self.stages, rows) for c, n in enumerate(lengths) if n is not None]
+                reached = [p for p in ends if p >= 0]  # a component never drawn to its end never ends it
+                got = (self.stages, rows, min(reached) if reached else None)
+            else:
+                got = self._until_last(lengths, rows)
+        self.__dict__["_plan"] = (self.batch_size, got)
+        return got
+
+    def _end(self, c: int, n: int, stages: tuple[_mixture.Stage, ...], rows: int) -> int:
+        """The position of component ``c``'s draw ``n`` (one past its last record), ``-1`` if never drawn."""
+        return int(_mixture.drawn_at(c, np.asarray([n]), stages, self.seed, rows, self.block)[0])
+
+    def _until_last(self, lengths: list[int | None], rows: int) -> tuple[tuple[_mixture.Stage, ...], int, int]:
+        """``stop="last"``: the schedule in positions with a stage at each component's end."""
+        stages = [_mixture.Stage(st.start_step * rows, st.weights) for st in self.stages]
+        alive = {c for c, n in enumerate(lengths) if n is not None}
+        while True:
+            ends = {c: self._end(c, lengths[c], tuple(stages), 1) for c in alive}  # type: ignore[arg-type]
+            ends = {c: p for c, p in ends.items() if p >= 0}
+            if not ends:  # the components left are never drawn to their end: the mixture would not end
+                left = sorted(self.names[c] for c in alive)
+                raise ValueError(f"mix(stop='last'): components {left} are never drawn to their end")
+            c, at = min(ends.items(), key=lambda kv: kv[1])
+            alive.discard(c)
+            active = [st for st in stages if st.start_step <= at][-1]
+            later = [st for st in stages if st.start_step > at]
+            rest = [_mixture.Stage(at, active.weights)] + later
+            zeroed = []
+            for st in rest:
+                kept = [w if i != c else 0 for i, w in enumerate(st.weights)]
+                if not sum(kept):
+                    break  # nothing left to draw from here on
+                zeroed.append(_mixture.Stage(st.start_step, _mixture.quantize([w / _mixture.QUANTUM for w in kept])))
+            stages = [st for st in stages if st.start_step < at] + zeroed
+            if not zeroed or not any(stages[-1].weights):
+                return tuple(stages), 1, at
 
     def refusal(self, stage: str) -> str | None:
         """A mixture may be mapped and batched; shuffles, filters and packing belong to its components."""
@@ -97,7 +159,8 @@ class MixtureStream(NeutralReports, SegmentStream):
         """
         if self.batch_size is None and len(self.stages) > 1:
             raise ValueError("a schedule's stages start at steps: call batch() before segments()")
-        return _mixture.assign(positions, self.stages, self.seed, self.batch_size or 1, self.block)
+        stages, rows, _ = self.plan()
+        return _mixture.assign(positions, stages, self.seed, rows, self.block)
 
     def segments(self, positions: np.ndarray) -> Segments:
         """Per position.
@@ -167,8 +230,9 @@ class MixtureStream(NeutralReports, SegmentStream):
         b = need_batch(pipe, "where")
         c = self.names.index(component)
         own = require(self.components[c].stream, RecordPositions, "where").record_positions(record, epochs)
-        pos = _mixture.drawn_at(c, own, self.stages, self.seed, self.batch_size or 1, self.block)
-        pos = np.sort(pos[pos >= 0])
+        stages, rows, end = self.plan()
+        pos = _mixture.drawn_at(c, own, stages, self.seed, rows, self.block)
+        pos = np.sort(pos[(pos >= 0) & (pos < (end if end is not None else _index.MAX_RECORDS))])
         return [(p // b, p % b) for p in pos.tolist()]
 
     def excluded(self, pipe: Pipeline, ids: np.ndarray, position: int, component: str | None) -> MixtureStream:
@@ -186,7 +250,8 @@ class MixtureStream(NeutralReports, SegmentStream):
             given = "needs component=NAME" if component is None else f"has no component {component!r}"
             raise ValueError(f"exclude(): a mixture {given}; its components are {list(self.names)}")
         c = self.names.index(component)
-        drawn = _mixture.draws_before(self.stages, self.seed, self.batch_size or 1, self.block, position)[c]
+        stages, rows, _ = self.plan()
+        drawn = _mixture.draws_before(stages, self.seed, rows, self.block, position)[c]
         comp = self.components[c]
         edited = dataclasses.replace(
             comp, stream=require(comp.stream, Editable, "exclude").excluded(comp, ids, drawn, None)
@@ -206,9 +271,10 @@ class MixtureStream(NeutralReports, SegmentStream):
 
         No record is read, and the cost does not grow with the range.
         """
+        stages, rows, _ = dataclasses.replace(self, batch_size=pipe.batch_size).plan()
 
         def before(position: int) -> np.ndarray:
-            counts = _mixture.draws_before(self.stages, self.seed, pipe.batch_size or 1, self.block, position)
+            counts = _mixture.draws_before(stages, self.seed, rows, self.block, position)
             return np.asarray(counts, dtype=np.int64)
 
         return before(end) - before(first)
@@ -234,6 +300,7 @@ class MixtureStream(NeutralReports, SegmentStream):
                 "schedule": [[st.start_step, [st.weights[c] for c in live]] for st in stages],
                 "seed": self.seed,
                 "block": self.block,
+                **({} if self.stop is None else {"stop": self.stop}),
             }
         }
 
@@ -251,8 +318,9 @@ class MixtureStream(NeutralReports, SegmentStream):
             if key == "mixture":
                 for name, comp in zip(value["names"], value["components"]):
                     out[f"component {name!r}"] = fingerprint_of(comp)
-                for sub in ("names", "schedule", "seed", "block"):
-                    out[f"mixture {sub}"] = fingerprint_of(value[sub])
+                for sub in ("names", "schedule", "seed", "block", "stop"):
+                    if sub in value:
+                        out[f"mixture {sub}"] = fingerprint_of(value[sub])
             else:
                 out[key] = fingerprint_of(value)
         return out
@@ -272,6 +340,8 @@ class MixtureStream(NeutralReports, SegmentStream):
                 for name, c in zip(self.names, self.components)
             ],
         }
+        if self.stop is not None:
+            mix["stop"] = self.stop
         if len(self.stages) == 1:
             mix["weights"] = weights_config(self.names, self.stages[0].weights)
         else:
@@ -282,4 +352,7 @@ class MixtureStream(NeutralReports, SegmentStream):
 
     def text(self) -> str:
         """``quern.mix({...}, schedule=[...])``."""
-        return f"quern.mix({dict(zip(self.names, self.components))!r}, schedule={[tuple(st) for st in self.stages]})"
+        stop = "" if self.stop is None else f", stop={self.stop!r}"
+        return (
+            f"quern.mix({dict(zip(self.names, self.components))!r}, schedule={[tuple(st) for st in self.stages]}{stop})"
+        )

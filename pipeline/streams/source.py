@@ -271,6 +271,7 @@ class SourceStream(InvertedByPositions, SegmentStream):
         return {
             "source": source_config(base, f"{where}source"),
             "seed": self.seed,
+            **({"num_epochs": self.num_epochs} if where and self.num_epochs is not None else {}),  # a finite component
             "shuffle": shuffle,
             "transforms": stages_config(before + pipe.record_ops, f"{where}transforms"),
         }
