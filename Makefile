@@ -152,6 +152,7 @@ bench: install
 	$(PY) benchmarks/handover.py
 	$(PY) benchmarks/mixture.py
 	$(PY) benchmarks/packing.py
+	$(PY) benchmarks/maxtext.py
 	$(PY) benchmarks/prepare.py
 	$(PY) benchmarks/remote.py
 	$(PY) benchmarks/observability.py
