@@ -133,7 +133,7 @@ def test_bad_settings_are_clear_errors():
         (dict(seq_len=10, mode="first_fit", key="tokens"), "needs num_bins"),
         (dict(seq_len=10, mode="first_fit", key="tokens", num_bins=0), "num_bins must be"),
         (dict(seq_len=10, key="tokens", num_bins=2), "num_bins=...) is first_fit's setting"),
-        (dict(seq_len=10, key="tokens", max_sequences_per_bin=2), "supported with mode 'first_fit'"),
+        (dict(seq_len=10, key="tokens", mode="concat", max_sequences_per_bin=2), "places whole documents"),
         (dict(seq_len=10, mode="first_fit", key="tokens", num_bins=2, max_sequences_per_bin=0), "max_sequences"),
         (dict(seq_len={"tokens": 10}, key="tokens"), "leave key out"),
         (dict(seq_len={}), "name at least one column"),
@@ -190,3 +190,41 @@ def test_a_first_fit_config_of_two_columns_loads_back(tmp_path, isolated_cache):
             .batch(3)
         )
         assert other.fingerprint() != pipe.fingerprint()
+
+
+def _reference_best_fit(lengths, room, cap):
+    """Best-fit decreasing with a cap, one row at a time, written plainly: the rows' item lists."""
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fits = [r for r in range(len(rows)) if used[r] + lengths[i] <= room and len(rows[r]) < cap]
+        if fits:
+            r = min(fits, key=lambda r: (room - used[r], r))
+        else:
+            rows.append([])
+            used.append(0)
+            r = len(rows) - 1
+        rows[r].append(i)
+        used[r] += lengths[i]
+    return rows
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 5])
+def test_best_fit_with_max_sequences_per_bin_is_best_fit_decreasing_with_a_cap(cap):
+    from quern.pipeline.order.packing import best_fit_capped
+
+    rng = np.random.default_rng(cap)
+    for _ in range(20):
+        lengths = rng.integers(1, 17, int(rng.integers(1, 80))).tolist()
+        got, n = best_fit_capped(np.asarray(lengths), 16, cap)
+        want = _reference_best_fit(lengths, 16, cap)
+        assert n == len(want) and [sorted(np.flatnonzero(got == r).tolist()) for r in range(n)] == [
+            sorted(r) for r in want
+        ]
+    docs = documents(150, seed=cap, room={"tokens": 20})
+    pipe = quern.Pipeline.from_source(docs, num_epochs=1).pack(20, key="tokens", max_sequences_per_bin=cap)
+    rows = quern_rows(pipe)
+    assert max(int(r["segment_ids"].max()) for r in rows) <= cap  # segments 1..k: at most cap documents a row
+    assert sorted(t for r in rows for t in r["tokens"][r["segment_ids"] > 0].tolist()) == sorted(
+        t for d in docs for t in d["tokens"].tolist()
+    )

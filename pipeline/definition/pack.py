@@ -53,7 +53,8 @@ def pack(  # noqa: D417  (a method of Pipeline: self is the pipeline)
     - ``concat`` concatenates the documents in stream order and cuts rows;
       ``positions`` count from the piece's offset in its document.
     - ``first_fit`` places whole documents in stream order, each into the first of
-      ``num_bins`` rows with room (and fewer than ``max_sequences_per_bin`` documents),
+      ``num_bins`` rows with room (and fewer than ``max_sequences_per_bin`` documents,
+      a cap ``best_fit`` takes too),
       and emits the ``num_bins`` rows when one does not fit: grain's
       ``FirstFitPackIterDataset(shuffle_bins=False)`` row for row, each epoch on its own.
       It never cuts a document: one longer than its row is an error naming it
@@ -75,7 +76,7 @@ def pack(  # noqa: D417  (a method of Pipeline: self is the pipeline)
         mode: ``"best_fit"``, ``"concat"`` or ``"first_fit"``.
         key: the field of a dict record holding its tokens (one column).
         num_bins: ``first_fit``'s rows per packing batch (required there).
-        max_sequences_per_bin: ``first_fit``'s documents per row at most (default: no limit).
+        max_sequences_per_bin: ``first_fit``'s and ``best_fit``'s documents per row at most (default: no limit).
         pad_value: the tokens of the padding: a number, or a dict of one per column.
         lengths: as for :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (several columns: a dict of one per column).
         cache_dir: as for :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index`.
@@ -137,8 +138,8 @@ def packed_stream(
         raise ValueError(f"pack(num_bins=...) is first_fit's setting; mode {mode!r} takes none")
     if max_sequences_per_bin is not None:
         max_sequences_per_bin = _index.check_int(max_sequences_per_bin, "max_sequences_per_bin", 1)
-        if mode != "first_fit":
-            raise ValueError(f"pack(max_sequences_per_bin=...) is supported with mode 'first_fit', not {mode!r}")
+        if mode == "concat":
+            raise ValueError("pack(max_sequences_per_bin=...) places whole documents: mode 'first_fit' or 'best_fit'")
     names = [k for k, _ in columns] or ["tokens"]
     pads = _pad_values(pad_value, names)
     pipe.stream.check("pack")

@@ -272,7 +272,11 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
                 if per is None:
                     whole = live // self.seq_len
                     rem = live - whole * self.seq_len
-                    per = int(whole.sum()) + _packing.best_fit_decreasing(rem[rem > 0], self.seq_len)[1]
+                    small = rem[rem > 0]
+                    if self.max_per_bin is None:
+                        per = int(whole.sum()) + _packing.best_fit_decreasing(small, self.seq_len)[1]
+                    else:
+                        per = int(whole.sum()) + _packing.best_fit_capped(small, self.seq_len, self.max_per_bin)[1]
                     self._store_rows(per)
             self.__dict__["_rows_per_epoch"] = per
         return e * per
