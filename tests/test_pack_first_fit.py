@@ -143,13 +143,17 @@ def test_bad_settings_are_clear_errors():
     for kwargs, fragment in cases:
         with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
             base.pack(**kwargs)
-    long = [{"tokens": np.arange(1, 12, dtype=np.int32)}] + docs
-    with pytest.raises(
-        ValueError,
-        match=r"record 0 of source 'list' has 11 tokens in 'tokens', more than its row "
-        r"of 10; first_fit places whole documents: truncate them first",
-    ):
-        quern.Pipeline.from_source(long).pack(10, mode="first_fit", key="tokens", num_bins=2)
+    long = docs[:3] + [{"tokens": np.arange(1, 12, dtype=np.int32)}] + docs
+    message = (
+        r"record 3 of source 'list' has 11 tokens in 'tokens', more than its row of 10; first_fit places whole "
+        r"documents: truncate them first"
+    )
+    lazy = quern.Pipeline.from_source(long).pack(10, mode="first_fit", key="tokens", num_bins=2)
+    with pytest.raises(ValueError, match=message):  # measured when the plan reaches it
+        lazy.batch(1).batch_at(0)
+    lengths = np.asarray([len(d["tokens"]) for d in long])
+    with pytest.raises(ValueError, match=message):  # a length index given: at pack()
+        quern.Pipeline.from_source(long).pack(10, mode="first_fit", key="tokens", num_bins=2, lengths=lengths)
 
 
 def test_a_first_fit_config_of_two_columns_loads_back(tmp_path, isolated_cache):

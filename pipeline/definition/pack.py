@@ -19,6 +19,8 @@ from ..order import index as _index
 from ..order import packing as _packing
 from ..streams.capabilities import SingleSource, require
 from ..streams.packed import PackedStream
+from .identify import records_key
+from .lazy_lengths import LazyLengths
 
 if TYPE_CHECKING:
     from .dataset import Pipeline
@@ -148,6 +150,27 @@ def packed_stream(
     src = pipe.stream.source
     assert src is not None
     table = None
+    names_or_key: list[str | None] = list(names) if columns else [key]
+    if mode == "first_fit" and lengths is None and not _length_metadata(pipe, columns):
+        # no pass over the data: the plan measures the documents it reaches (cached by chunk of records)
+        cache_key = records_key(pipe, lazy_length_keys=names_or_key)
+        return PackedStream(
+            inner=pipe,
+            seq_len=seq_len,
+            mode="first_fit",
+            key=key,
+            lengths=np.zeros(0, dtype=np.int64),
+            lengths_digest=f"measured as reached: {cache_key}",
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            seed=pipe.stream.seed,
+            num_epochs=pipe.stream.num_epochs,
+            source=src,
+            columns=columns,
+            num_bins=num_bins,
+            max_per_bin=max_sequences_per_bin,
+            pad_values=pads,
+            lazy=LazyLengths(pipe, names_or_key, cache_key, len(src), cache_dir),
+        )
     if columns:
         given = lengths if isinstance(lengths, Mapping) else {}
         if lengths is not None and not isinstance(lengths, Mapping):
@@ -231,3 +254,11 @@ def _check_fit(lengths: np.ndarray, names: list[str], rooms: list[int], source: 
             f"{names[c]!r}, more than its row of {rooms[c]}; first_fit places whole documents: truncate them "
             f"first (quern.transforms.pad({rooms[c]}) truncates) or cut them with flat_map()"
         )
+
+
+def _length_metadata(pipe: Pipeline, columns: tuple[tuple[str, int], ...]) -> bool:
+    """Whether the source has a length index of its own (a prepared folder's ``length``) for one column."""
+    src = pipe.stream.source
+    return (
+        not columns and bool(getattr(src, "has_metadata", False)) and "length" in (getattr(src, "metadata", None) or {})
+    )

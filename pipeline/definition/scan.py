@@ -25,7 +25,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -48,6 +48,7 @@ __all__ = [
     "lengths",
     "counts",
     "outputs_count",
+    "column_lengths",
 ]
 
 CHUNK = 4096  # records per bulk read
@@ -217,6 +218,35 @@ def record_lengths(
             is not a 1-D array (naming the record).
     """
     return _measure(prefix, ids, "lengths", key, progress)
+
+
+def column_lengths(prefix: Any, ids: np.ndarray, keys: Sequence[str | None]) -> np.ndarray:
+    """The tokens of each record of ``ids`` in each of ``keys``, after all of ``prefix``'s record transforms.
+
+    One bulk read and one pass of the transforms per chunk, however many keys.
+
+    Returns:
+        An ``int64`` array of shape ``(len(ids), len(keys))``.
+
+    Raises:
+        ScanError: reading or a transform failed, or a record (``record[key]``) is not a 1-D array.
+    """
+    ops = prefix.record_ops
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.empty((len(ids), len(keys)), dtype=np.int64)
+    for lo in range(0, len(ids), CHUNK):
+        chunk = ids[lo : lo + CHUNK]
+        where = f"length scan of records {int(chunk[0])}..{int(chunk[-1])}"
+        try:
+            records: Any = stages.read(prefix, chunk, where)
+            for j in range(len(ops)):
+                if ops[j].kind is not OpKind.FILTER:
+                    records = stages.apply_record_op(prefix, j, records, chunk, chunk, where)
+        except StepError as e:
+            raise ScanError(str(e)) from e.__cause__
+        for c, key in enumerate(keys):
+            out[lo : lo + len(chunk), c] = _lengths(records, chunk, prefix.source.name, key)
+    return out
 
 
 def _scan_in_processes(

@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 
 from . import index as _index
+from .first_fit import first_fit
 
 __all__ = [
     "PACK_SALT",
@@ -137,90 +138,6 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
                 put(new[full : full + 1], seq_len - rest * ell)
     out[order] = placed
     return out, rows
-
-
-def first_fit(
-    lengths: np.ndarray, seq_len: int | Sequence[int], num_bins: int, max_per_bin: int | None = None
-) -> tuple[np.ndarray, int]:
-    """Place items in order into batches of ``num_bins`` rows, each into the first row with room.
-
-    An item (a row of ``lengths``: its length in each column) goes into the first
-    row of the current batch where every column has room (``fill + length <= seq_len``)
-    and that holds fewer than ``max_per_bin`` items; when none has room and the batch
-    has ``num_bins`` rows, the batch is done and the item opens the next one. Items of
-    length 0 in every column are left out. This is grain's
-    ``FirstFitPackIterDataset(num_packing_bins=num_bins, max_sequences_per_bin=max_per_bin,
-    shuffle_bins=False)``, row for row.
-
-    Args:
-        lengths: ``(n,)`` lengths, or ``(n, c)`` lengths of ``c`` columns.
-        seq_len: the room of a row (one value per column for ``(n, c)`` lengths).
-        num_bins: rows per batch, at least 1.
-        max_per_bin: items per row at most (``None``: no limit).
-
-    Returns:
-        ``(row of each item or -1 for an item left out, number of rows)``; rows are
-        numbered batch after batch, in the order of the bins. Depends only on the arguments.
-
-    Raises:
-        ValueError: an item longer than ``seq_len`` in a column.
-
-    Example:
-        >>> rows, n = first_fit(np.array([3, 2, 2, 1, 4]), 4, num_bins=2)
-        >>> rows.tolist(), n
-        ([0, 1, 1, 0, 2], 3)
-    """
-    table = np.asarray(lengths, dtype=np.int64).reshape(len(lengths), -1)
-    room = np.broadcast_to(np.asarray(seq_len, dtype=np.int64), (table.shape[1],))
-    over = table > room
-    if over.any():
-        doc, column = (int(x[0]) for x in np.nonzero(over))
-        raise ValueError(
-            f"first_fit: item {doc} has length {int(table[doc, column])} in column {column}, more than its room "
-            f"{int(room[column])}"
-        )
-    limit = max_per_bin if max_per_bin is not None else len(table) + 1
-    out = np.full(len(table), -1, dtype=np.int64)
-    done = 0  # rows of the finished batches
-    if table.shape[1] == 1:  # one column: plain ints (the common case, and ~3x faster)
-        cap = int(room[0])
-        fill: list[int] = []
-        count: list[int] = []
-        for i, n in enumerate(table[:, 0].tolist()):
-            if not n:
-                continue
-            for b, f in enumerate(fill):
-                if f + n <= cap and count[b] < limit:
-                    fill[b] += n
-                    count[b] += 1
-                    out[i] = done + b
-                    break
-            else:
-                if len(fill) == num_bins:
-                    done, fill, count = done + num_bins, [], []
-                out[i] = done + len(fill)
-                fill.append(n)
-                count.append(1)
-        return out, done + len(fill)
-    caps = room.tolist()
-    fills: list[list[int]] = []
-    counts: list[int] = []
-    for i, item in enumerate(table.tolist()):
-        if not any(item):
-            continue
-        for b, used in enumerate(fills):
-            if counts[b] < limit and all(x + y <= c for x, y, c in zip(used, item, caps)):
-                fills[b] = [x + y for x, y in zip(used, item)]
-                counts[b] += 1
-                out[i] = done + b
-                break
-        else:
-            if len(fills) == num_bins:
-                done, fills, counts = done + num_bins, [], []
-            out[i] = done + len(fills)
-            fills.append(list(item))
-            counts.append(1)
-    return out, done + len(fills)
 
 
 def _first_fit(lengths: np.ndarray, seq_len: int | Sequence[int], num_bins: int, max_per_bin: int | None) -> EpochPlan:

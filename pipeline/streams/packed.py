@@ -30,6 +30,7 @@ from ..identity.fingerprint import fingerprint_of
 from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
+from ..order.first_fit import GrowingPlan
 from ..sources import Source
 from .capabilities import (
     Component,
@@ -89,6 +90,9 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         num_bins: ``first_fit``'s rows per packing batch.
         max_per_bin: documents per row at most (``None``: no limit).
         pad_values: ``(output key, value)`` of the padding of each padded column that is not padded with 0.
+        lazy: ``first_fit`` without a length index: the lengths measured as the plan reaches documents
+            (:class:`~quern.pipeline.definition.lazy_lengths.LazyLengths`, called with record ids), each
+            epoch's plan growing window by window (:class:`~quern.pipeline.order.first_fit.GrowingPlan`).
     """
 
     inner: Pipeline
@@ -109,12 +113,15 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
     num_bins: int | None = None
     max_per_bin: int | None = None
     pad_values: tuple[tuple[str, int | float], ...] = ()
+    lazy: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     reads_records = False
 
     def __getstate__(self) -> dict:
         """The state without the cached epoch plans and their inverses (recomputed where needed)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_plans", "_inverse", "_epoch_rows")}
+        return {
+            k: v for k, v in self.__dict__.items() if k not in ("_plans", "_inverse", "_epoch_rows", "_growing_plans")
+        }
 
     def __setstate__(self, state: dict) -> None:
         """Restore :meth:`__getstate__`'s state."""
@@ -179,8 +186,68 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         """The room of a row: ``seq_len``, or one value per column."""
         return [n for _, n in self.columns] if self.columns else self.seq_len
 
-    def epoch(self, e: int) -> tuple[_packing.EpochPlan, np.ndarray]:
-        """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs)."""
+    def length_table(self) -> np.ndarray:
+        """The lengths of the records in each packed column, ``(records, columns)`` (``-1``: not known yet)."""
+        if self.lazy is not None:
+            return np.asarray(self.lazy.values)
+        if self.column_lengths is not None:
+            return self.column_lengths
+        return np.asarray(self.lengths).reshape(-1, 1)
+
+    def doc_lengths(self) -> np.ndarray:
+        """The lengths of the records in the first packed column (``-1``: not known yet)."""
+        return self.length_table()[:, 0]
+
+    def _epoch_ids(self, e: int) -> np.ndarray:
+        n = self.inner.stream.epoch_length
+        assert n is not None
+        return require(self.inner.stream, SingleSource, "pack").record_ids(
+            np.arange(e * n, (e + 1) * n, dtype=np.int64)
+        )
+
+    def _growing(self, e: int) -> GrowingPlan:
+        """Epoch ``e``'s growing plan (``lazy``), kept for the last four epochs asked for."""
+        plans = self.__dict__.setdefault("_growing_plans", {})
+        hit = plans.get(e)
+        if hit is None:
+            ids = self._epoch_ids(e)
+            names = [k for k, _ in self.columns] or [self.key or "tokens"]
+            room = np.atleast_1d(np.asarray(self.room()))
+            source = self.inner.leaf_names[0]
+
+            def measure(window: np.ndarray) -> np.ndarray:
+                table = self.lazy(window)
+                over = table > room
+                if over.any():
+                    i, c = (int(x[0]) for x in np.nonzero(over))
+                    raise ValueError(
+                        f"pack(mode='first_fit'): record {int(window[i])} of source {source!r} has {int(table[i, c])} "
+                        f"tokens in {names[c]!r}, more than its row of {int(room[c])}; first_fit places whole "
+                        f"documents: truncate them first (quern.transforms.pad({int(room[c])}) truncates) or cut them "
+                        "with flat_map()"
+                    )
+                return table
+
+            hit = plans[e] = GrowingPlan(ids, measure, self.room(), self.num_bins or 1, self.max_per_bin)
+            while len(plans) > 4:
+                plans.pop(next(iter(plans)))
+        return hit
+
+    def _grown(self, e: int, rows: int | None) -> tuple[_packing.EpochPlan, np.ndarray]:
+        """Epoch ``e``'s growing plan, grown to ``rows`` closed rows (``None``: complete)."""
+        growing = self._growing(e)
+        growing.extend_to(rows if rows is not None else 1 << 62)
+        if growing.complete and not growing.closed():
+            raise ValueError(f"pack(): the records of source {self.inner.leaf_names[0]!r} hold no token")
+        return _packing.EpochPlan(*growing.plan()), growing.ids
+
+    def epoch(self, e: int, rows: int | None = None) -> tuple[_packing.EpochPlan, np.ndarray]:
+        """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs).
+
+        ``rows``: with ``lazy``, the plan need only hold that many rows (``None``: the whole epoch).
+        """
+        if self.lazy is not None:
+            return self._grown(e, rows)
         plans = self.__dict__.setdefault("_plans", {})
         hit = plans.get(e)
         if hit is None:
@@ -287,6 +354,8 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         Each epoch's plan's rows, found once (the first epoch's for all when the inner stream
         reads in the same order every epoch).
         """
+        if e <= 0:
+            return 0
         counts = self.__dict__.setdefault("_epoch_rows", [])
         if self.inner.stream.read_order() is None:
             if not counts:
@@ -345,9 +414,22 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         if not rows.size:
             return rows.copy(), rows.copy()
         top, e = int(rows.max()), 0
-        while self.rows_before(e + 1) <= top:
-            e += 1
-        cum = np.asarray([self.rows_before(k) for k in range(e + 2)], dtype=np.int64)
+        if self.lazy is not None:  # grow each epoch's plan only as far as the rows asked for
+            base = 0
+            while True:
+                growing = self._growing(e)
+                growing.extend_to(top - base + 1)
+                if not growing.complete or growing.closed() > top - base:
+                    break
+                if not growing.closed():
+                    self._grown(e, None)  # no token at all: the error
+                base += growing.closed()
+                e += 1
+            cum = np.asarray([self.rows_before(k) for k in range(e + 1)] + [1 << 62], dtype=np.int64)
+        else:
+            while self.rows_before(e + 1) <= top:
+                e += 1
+            cum = np.asarray([self.rows_before(k) for k in range(e + 2)], dtype=np.int64)
         epochs = np.searchsorted(cum, rows, side="right") - 1
         return epochs, rows - cum[epochs]
 
@@ -358,8 +440,8 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         parts = []
         for e in np.unique(epochs).tolist():
             sel = np.flatnonzero(epochs == e)
-            plan, ids = self.epoch(e)
             k = within[sel]
+            plan, ids = self.epoch(e, int(k.max()) + 1)
             first, last = plan.row_ptr[k], plan.row_ptr[k + 1]
             n = last - first
             idx = np.repeat(first, n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
@@ -435,7 +517,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
 
     def packed_rows(self, positions: np.ndarray) -> PackedRows:
         """The pieces of the rows at ``positions``."""
-        return PackedRows(self.seq_len, self.pieces(positions), self.lengths)
+        return PackedRows(self.seq_len, self.pieces(positions), self.doc_lengths())
 
     def results(self, pipe: Pipeline, request: StepRequest) -> Iterator[StepResult]:
         """The packed runner: :func:`~quern.pipeline.streams.packed_rows.packed_results`."""

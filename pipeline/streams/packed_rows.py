@@ -131,6 +131,7 @@ def lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_rows
     seq_len, key, concat = packing.seq_len, packing.key, packing.mode == "concat"
     source = packing.inner.leaf_names[0]
     pad = dict(packing.pad_values).get("tokens", 0)
+    known = packing.doc_lengths()
 
     seen: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
@@ -149,10 +150,10 @@ def lay_rows(packing: PackedStream, docs: dict[int, Any], pieces: Pieces, n_rows
                 f"{where}, stage '{PACK}', record {rid} of source {source!r}: expected a 1-D array of tokens"
                 f"{'' if key is None else f' under key {key!r}'}, got {describe(value)}"
             )
-        if int(packing.lengths[rid]) != arr.shape[0]:
+        if int(known[rid]) != arr.shape[0]:
             raise StepError(
                 f"{where}, stage '{PACK}', record {rid} of source {source!r}: it has {arr.shape[0]} tokens but the "
-                f"length index says {int(packing.lengths[rid])}: the index was made for other data or transforms"
+                f"length index says {int(known[rid])}: the index was made for other data or transforms"
             )
         extra = {}
         if isinstance(rec, Mapping):
@@ -204,8 +205,7 @@ def _lay_columns(
     rooms = dict(packing.columns)
     pads = dict(packing.pad_values)
     whole, concat = packing.mode == "first_fit", packing.mode == "concat"
-    table = packing.column_lengths
-    assert table is not None
+    table = packing.length_table()
     source = packing.inner.leaf_names[0]
     seen: dict[int, list[np.ndarray]] = {}
 

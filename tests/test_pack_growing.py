@@ -1,0 +1,92 @@
+"""first_fit without a length index (pipeline/order/first_fit.py GrowingPlan,
+pipeline/definition/lazy_lengths.py): no pass over the data before the first batch; the plan
+measures the documents it reaches, a window at a time, and caches their lengths by chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import assert_batches_equal, assert_iterator_gives_batch_at
+
+import quern
+
+
+class Counting(quern.sources.Source):
+    """Documents in memory that count how many records were read."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.docs = [rng.integers(1, 999, int(k)).astype(np.int32) for k in rng.integers(1, 40, n)]
+        self.name = "docs"
+        self.read = 0
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def read_many(self, ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        self.read += len(ids)
+        return [{"tokens": self.docs[i]} for i in ids.tolist()]
+
+    def identity(self) -> dict:
+        return {"type": "Counting", "n": len(self.docs), "first": self.docs[0].tolist()}
+
+
+def _packed(src, cache, **kw):
+    pipe = quern.Pipeline.from_source(src, seed=3, **kw).shuffle()
+    return pipe.pack(48, mode="first_fit", key="tokens", num_bins=4, cache_dir=cache).batch(4)
+
+
+def test_the_first_batch_reads_as_many_documents_whatever_the_dataset_size(tmp_path):
+    counts = []
+    for n in (2_000, 20_000, 200_000):
+        src = Counting(n)
+        pipe = _packed(src, tmp_path / f"c{n}")
+        assert src.read == 0  # pack() read nothing
+        pipe.batch_at(0)
+        counts.append(src.read)
+    assert max(counts) < 200, counts  # the first window (64 documents) and the step's own: not the dataset
+
+
+def test_rows_equal_the_plan_made_from_a_whole_length_index(tmp_path):
+    src = Counting(3_000, seed=1)
+    lazy = _packed(src, tmp_path / "c", num_epochs=2)
+    lengths = np.asarray([len(d) for d in src.docs])
+    whole = quern.Pipeline.from_source(src, seed=3, num_epochs=2).shuffle()
+    whole = whole.pack(48, mode="first_fit", key="tokens", num_bins=4, lengths=lengths).batch(4)
+    assert lazy.num_steps == whole.num_steps  # a finite stream counts its rows when asked (every document)
+    for s in (0, 1, whole.num_steps // 2, whole.num_steps - 1):  # the second epoch too
+        assert_batches_equal(lazy.batch_at(s), whole.batch_at(s), f"step {s}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_endless_stream_is_step_addressable_with_workers(tmp_path, num_workers):
+    pipe = _packed(Counting(500, seed=2), tmp_path / "c")
+    assert_iterator_gives_batch_at(pipe, count=12, num_workers=num_workers)
+    rows_per_epoch = pipe.stream.rows_before(1)
+    step = rows_per_epoch // 4 + 3  # a step of the second epoch
+    assert_iterator_gives_batch_at(pipe, start_step=step, count=4, num_workers=num_workers)
+
+
+def test_lengths_are_cached_and_a_resume_measures_only_the_documents_before_it(tmp_path):
+    src = Counting(20_000, seed=4)
+    pipe = _packed(src, tmp_path / "c")
+    pipe.batch_at(50)
+    measured_then_read = src.read
+    rows = 51 * 4
+    assert measured_then_read < 20_000 // 2, measured_then_read  # the documents up to step 50's rows, in windows
+    again = _packed(src, tmp_path / "c")  # a restarted job: the lengths come from the cache
+    src.read = 0
+    again.batch_at(50)
+    assert src.read <= 4 * 12, src.read  # only the step's own documents (at most 12 a row here)
+    assert rows < measured_then_read
+
+
+def test_no_token_at_all_is_a_clear_error(tmp_path):
+    class Empty(Counting):
+        def read_many(self, ids):
+            return [{"tokens": np.zeros(0, np.int32)} for _ in np.asarray(ids).tolist()]
+
+    pipe = _packed(Empty(50), tmp_path / "c")
+    with pytest.raises(ValueError, match="hold no token"):
+        pipe.batch_at(0)
