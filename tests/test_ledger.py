@@ -54,8 +54,10 @@ def test_a_ledger_holds_the_digests_of_batch_at_for_every_step_and_host(tmp_path
     for h in range(2):
         lines = _lines(tmp_path / "run" / f"ledger-{h}.jsonl")
         assert [x["step"] for x in lines] == list(range(5, 17))
+        assert lines[0]["description"] == pipe.leaves_at(5)  # the first line under a fingerprint says what it is
+        assert all("description" not in x for x in lines[1:])
         for x in lines:
-            assert list(x) == [
+            assert [k for k in x if k != "description"] == [
                 "step",
                 "fingerprint",
                 "process_index",

@@ -56,3 +56,23 @@ def test_a_state_saved_without_a_description_is_refused_as_before():
         _packed(seq_len=1024).check_state(state)
     assert "the first difference" not in str(e.value) and "does not match this pipeline's" in str(e.value)
     assert _packed().check_state(state) == 6
+
+
+def test_verify_names_the_first_difference_from_the_ledger(tmp_path):
+    """A ledger's first line under a fingerprint holds the description's leaves: checked against another
+    definition, and compared with another run's ledger, the first difference is named with both values."""
+    from quern.verify import check_ledger, compare_ledgers
+
+    runs = {}
+    for seq_len in (512, 1024):
+        path = tmp_path / f"ledger-{seq_len}.jsonl"
+        with _packed(seq_len=seq_len).iterator(ledger=path) as it:
+            for _ in range(3):
+                next(it)
+        runs[seq_len] = path
+    with pytest.raises(
+        ValueError, match=r"the first difference \(logged -> this pipeline\): packing.seq_len: 512 -> 1024"
+    ):
+        check_ledger(_packed(seq_len=1024), str(runs[512]))
+    result = compare_ledgers(str(runs[512]), str(runs[1024]))
+    assert any("the first difference (A -> B): packing.seq_len: 512 -> 1024" in d.text for d in result.differences)

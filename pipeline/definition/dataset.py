@@ -543,6 +543,10 @@ class Pipeline:
         """The fingerprint of the definition for the steps up to ``step`` (:func:`.identify.fingerprint_at`)."""
         return identify.fingerprint_at(self, step)
 
+    def leaves_at(self, step: int) -> dict[str, Any]:
+        """The leaves of the description behind :meth:`fingerprint_at` (:func:`.identify.leaves_at`)."""
+        return identify.leaves_at(self, step)
+
     def state_at(self, step: int) -> dict[str, Any]:
         """The checkpoint of an iterator whose next step is ``step`` (:func:`.identify.state_at`)."""
         return identify.state_at(self, step)

@@ -328,6 +328,26 @@ def step_digest(pipe: Pipeline, step: int) -> str:
     return step_digest_of(row_digests(pipe, step))
 
 
+def leaves_at(pipe: Pipeline, step: int) -> dict[str, Any]:
+    """The leaves of the description whose fingerprint is :func:`fingerprint_at` ``step``.
+
+    (:func:`quern.pipeline.identity.changes.leaves`): what a ledger line names when its fingerprint first appears.
+
+    Args:
+        pipe: the pipeline.
+        step: the step.
+
+    Returns:
+        ``{dotted path: short value or digest}``, JSON-able.
+    """
+    if not pipe.stream.describes_past:
+        memo = pipe._memo
+        if memo.leaves is None:
+            memo.leaves = changes.leaves(describe(pipe))
+        return dict(memo.leaves)
+    return changes.leaves(describe_until(pipe, addressing.check_step(pipe, step) + 1))
+
+
 def fingerprint_at(pipe: Pipeline, step: int) -> str:
     """The fingerprint of the definition as it applies to the steps up to and including ``step``.
 

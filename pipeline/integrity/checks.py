@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..identity.changes import first_change
 from .batch_digest import digests_of, leaf_row_digests, step_digest_of
 from .ledger_check import lines_to_check, missing_runs, recompute, rows_by_step, steps_text
-from .ledger_read import Entry, Issue, Ledger, read_ledger
+from .ledger_read import Entry, Issue, Ledger, described, read_ledger
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
@@ -530,12 +531,15 @@ def compare_ledgers(
         shared = sorted(set(sa) & set(sb))
         ea, eb = (sa[shared[0]], sb[shared[0]]) if shared else (sa[min(sa)], sb[min(sb)])
         if ea[0].fingerprint != eb[0].fingerprint:
+            da, db = described(a, ea[0].fingerprint), described(b, eb[0].fingerprint)
+            first = None if da is None or db is None else first_change(da, db)
             differences.append(
                 Difference(
                     "fingerprint",
                     s,
                     f"step {s}: run A was logged by pipeline {ea[0].fingerprint} ({ea[0].where}), run B by "
-                    f"{eb[0].fingerprint} ({eb[0].where})",
+                    f"{eb[0].fingerprint} ({eb[0].where})"
+                    + ("" if first is None else f"; the first difference (A -> B): {first}"),
                 )
             )
             continue

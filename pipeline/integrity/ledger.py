@@ -7,6 +7,9 @@
     {"step": 12, "fingerprint": "...", "process_index": 0, "process_count": 2, "digest_format": 2,
      "rows": [0, 128], "row_digests": ["..."], "leaf_digests": {"batch['tokens']": "..."}}
 
+The first line a writer writes under a fingerprint also holds ``"description"``: the
+leaves of the description behind it (:func:`quern.pipeline.identity.changes.leaves`),
+so a check against another definition names the first part that differs.
 ``fingerprint`` is :meth:`~quern.pipeline.definition.dataset.Pipeline.fingerprint_at` of the step
 (the definition as it applies to the steps up to that one, so a ledger still
 checks the steps before a later edit); ``rows`` are this host's rows of the
@@ -28,6 +31,7 @@ Reading and checking ledgers: :mod:`quern.pipeline.integrity.ledger_read`.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -72,6 +76,9 @@ class _Fingerprinted(_Batched, Protocol):
 
     def fingerprint_at(self, step: int) -> str:
         """The fingerprint of the definition as it applies to the steps up to ``step``."""
+
+    def leaves_at(self, step: int) -> dict[str, Any]:
+        """The leaves of the description behind :meth:`fingerprint_at`."""
 
 
 # --------------------------------------------------------------------------- writing
@@ -244,7 +251,12 @@ class LedgerWriter:
             self._write_if_due()
 
     def _line(self, step: int, fields: str) -> str:
-        return f'{{"step": {step}, "fingerprint": "{self.pipe.fingerprint_at(step)}"{self._head}{fields}}}\n'
+        fp = self.pipe.fingerprint_at(step)
+        described = ""
+        if fp != self.__dict__.get("_described"):  # a fingerprint's first line says what it describes
+            self.__dict__["_described"] = fp
+            described = f', "description": {json.dumps(self.pipe.leaves_at(step), sort_keys=False)}'
+        return f'{{"step": {step}, "fingerprint": "{fp}"{described}{self._head}{fields}}}\n'
 
     def _make_lines(self) -> None:
         """The lines of the batches hashed by :meth:`add_batch`, made (all of them together) and kept."""

@@ -29,10 +29,11 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..identity.changes import first_change
 from ..order.index import host_rows
 from ..streams.edited import SKIP, EditedStream
 from .batch_digest import row_digests_of
-from .ledger_read import Entry, Issue, Ledger, find_gaps, read_ledger
+from .ledger_read import Entry, Issue, Ledger, described, find_gaps, read_ledger
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
@@ -169,10 +170,13 @@ def lines_to_check(pipe: Pipeline, ledger: Ledger) -> Ledger:
             elif mine is None:
                 bad.append(Issue("bad line", None, f"{e.where}: step {e.step} is not a step of this pipeline ({past})"))
             else:
+                theirs = described(ledger, e.fingerprint)
+                first = None if theirs is None else first_change(theirs, pipe.leaves_at(e.step))
                 raise ValueError(
                     f"{e.where}: step {e.step} was logged by another pipeline: the line's fingerprint "
                     f"{e.fingerprint}, this pipeline's {mine} (for step {e.step})"
                     + (", and not this pipeline's before its edits either" if sorter.edited else "")
+                    + ("" if first is None else f"; the first difference (logged -> this pipeline): {first}")
                     + "; check a ledger with the config of its own run"
                 )
             continue

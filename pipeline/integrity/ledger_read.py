@@ -46,6 +46,8 @@ class Entry(NamedTuple):
     """The leaf digests, by key path."""
     file: str
     line: int
+    description: dict[str, Any] | None = None
+    """The leaves of the description behind the fingerprint, on the first line of a fingerprint."""
 
     @property
     def where(self) -> str:
@@ -180,7 +182,18 @@ def _entry(obj: Any, file: str, line: int) -> Entry:
         raise ValueError("row_digests holds a value that is not 32 hex digits")
     if not isinstance(leaves, dict) or not all(isinstance(v, str) for v in leaves.values()):
         raise ValueError("leaf_digests is not an object of digests")
-    return Entry(step, fp, h, n, rows[0], rows[1], raw, leaves, file, line)
+    described = obj.get("description")
+    return Entry(
+        step, fp, h, n, rows[0], rows[1], raw, leaves, file, line, described if isinstance(described, dict) else None
+    )
+
+
+def described(ledger: Ledger, fingerprint: str) -> dict[str, Any] | None:
+    """The description leaves a ledger holds for ``fingerprint`` (on the first line a writer wrote under it)."""
+    for e in [*ledger.entries.values(), *ledger.superseded]:
+        if e.fingerprint == fingerprint and e.description is not None:
+            return e.description
+    return None
 
 
 def read_ledger(specs: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledger:
