@@ -155,6 +155,7 @@ class GrowingPlan:
         self.complete = not len(self.ids)
         self._rows: list[np.ndarray] = []  # per window, the row of each document
         self._first: list[np.ndarray] = []  # per window, each document's first-column length
+        self._plan: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # until the plan grows
 
     def closed(self) -> int:
         """Rows known so far (all of them once complete)."""
@@ -169,6 +170,7 @@ class GrowingPlan:
             self._first.append(lengths[:, 0])
             self.done += len(window)
             self.window = min(self.window * 2, self.max_window)
+            self._plan = None
             if self.done >= len(self.ids):
                 self.ff.finish()
                 self.complete = True
@@ -176,8 +178,13 @@ class GrowingPlan:
     def plan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(row_ptr, doc, start, length)`` of the closed rows (an ``EpochPlan``'s arrays).
 
-        ``doc`` indexes ``ids``; pieces are whole documents (``start`` 0).
+        ``doc`` indexes ``ids``; pieces are whole documents (``start`` 0). Made once per growth.
         """
+        if self._plan is None:
+            self._plan = self._make_plan()
+        return self._plan
+
+    def _make_plan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         rows = np.concatenate(self._rows) if self._rows else np.zeros(0, dtype=np.int64)
         first = np.concatenate(self._first) if self._first else np.zeros(0, dtype=np.int64)
         closed = self.ff.closed
