@@ -64,6 +64,9 @@ class FirstFit:
         caps = self.room.tolist()
         limit = self.limit if self.limit is not None else len(table) + max(self._count, default=0) + 1
         fills, counts, num_bins = self._fill, self._count, self.num_bins
+        if table.shape[1] == 1:  # one column: plain ints (the common case, ~3x faster)
+            self._place_one(table[:, 0].tolist(), out, caps[0], limit)
+            return out
         for i, item in enumerate(table.tolist()):
             if not any(item):
                 continue
@@ -82,6 +85,29 @@ class FirstFit:
                 fills.append(list(item))
                 counts.append(1)
         return out
+
+    def _place_one(self, items: list[int], out: np.ndarray, cap: int, limit: int) -> None:
+        """:meth:`place` for one column (``fill`` kept as one-item lists, as for several)."""
+        fill = [f[0] for f in self._fill]
+        counts, num_bins = self._count, self.num_bins
+        for i, n in enumerate(items):
+            if not n:
+                continue
+            for b, f in enumerate(fill):
+                if f + n <= cap and counts[b] < limit:
+                    fill[b] = f + n
+                    counts[b] += 1
+                    out[i] = self.closed + b
+                    break
+            else:
+                if len(fill) == num_bins:
+                    self.closed += num_bins
+                    fill.clear()
+                    counts.clear()
+                out[i] = self.closed + len(fill)
+                fill.append(n)
+                counts.append(1)
+        self._fill[:] = [[f] for f in fill]
 
     def finish(self) -> None:
         """Close the open batch (the end of the items)."""

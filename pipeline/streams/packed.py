@@ -365,6 +365,13 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             counts.append(self.epoch(len(counts))[0].rows)
         return int(sum(counts[:e]))
 
+    def _known_rows(self, e: int) -> int | None:
+        """Epoch ``e``'s rows if already counted (every epoch's are the first's in an unshuffled stream)."""
+        counts = self.__dict__.get("_epoch_rows", [])
+        if counts and self.inner.stream.read_order() is None:
+            return counts[0]
+        return counts[e] if e < len(counts) else None
+
     def _rows_path(self) -> str:
         key = fingerprint_of({"index_format": _index.INDEX_FORMAT_VERSION, **self.describe()})
         return os.path.join(indexfile.cache_dir(self.cache_dir), "packing", f"{key}.rows.json")
@@ -416,6 +423,8 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         top, e = int(rows.max()), 0
         if self.lazy is not None:  # grow each epoch's plan only as far as the rows asked for
             base = 0
+            while (known := self._known_rows(e)) is not None and top >= base + known:
+                base, e = base + known, e + 1  # an epoch whose rows are counted: skipped
             while True:
                 growing = self._growing(e)
                 growing.extend_to(top - base + 1)
@@ -423,6 +432,9 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
                     break
                 if not growing.closed():
                     self._grown(e, None)  # no token at all: the error
+                counts = self.__dict__.setdefault("_epoch_rows", [])
+                if len(counts) == e:
+                    counts.append(growing.closed())
                 base += growing.closed()
                 e += 1
             cum = np.asarray([self.rows_before(k) for k in range(e + 1)] + [1 << 62], dtype=np.int64)
