@@ -30,7 +30,8 @@ def test_round_trip_with_model_state(tmp_path):
             mngr.latest_step(),
             args=ocp.args.Composite(model=ocp.args.StandardRestore(params), data=QuernRestore(_pipe())),
         )
-    assert restored.data == {"step": 7, "fingerprint": pipe.fingerprint()}
+    assert (restored.data["step"], restored.data["fingerprint"]) == (7, pipe.fingerprint())
+    assert restored.data == pipe.state_at(7)  # with the description's leaves, which name what changed
     np.testing.assert_array_equal(restored.model["w"], params["w"])
     with _pipe().iterator(start_step=restored.data["step"]) as resumed:
         np.testing.assert_array_equal(next(resumed)["x"], pipe.batch_at(7)["x"])

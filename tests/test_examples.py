@@ -54,7 +54,8 @@ def test_quickstart_runs_and_resumes_exactly(tmp_path):
         .batch(64)
     )
     state = json.loads((data / "state.json").read_text())
-    assert state == {"step": 20, "fingerprint": pipe.fingerprint()}  # the same definition, stopped at 20
+    assert (state["step"], state["fingerprint"]) == (20, pipe.fingerprint())  # the same definition, stopped at 20
+    assert state == pipe.state_at(20)
 
     with np.load(saved) as z:
         steps, tokens, lengths = z["steps"].tolist(), z["batch.tokens"], z["batch.length"]
