@@ -70,6 +70,15 @@ def _forked(path) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def _forked_soon(path, timeout: float = 20.0) -> list[int]:
+    """The recorded children, waiting for the first: a child writes its pid when it is scheduled, which on a
+    loaded machine may be after the parent has finished its steps."""
+    deadline = time.monotonic() + timeout
+    while not _forked(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _forked(path)
+
+
 def _ended(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -109,7 +118,7 @@ def test_child_that_comes_back_is_ended_and_batches_are_right(workers, forked, c
     with _pipe(fork_and_come_back).iterator(num_workers=workers) as it:
         got = [next(it).tolist() for _ in range(STEPS)]
     assert got == [_expected(s) for s in range(STEPS)]
-    children = _forked(forked)
+    children = _forked_soon(forked)
     assert children, "the transform did not fork"
     assert all(_ended(pid) for pid in children)  # none left computing (or waiting forever) in a copy of us
     err = capfd.readouterr().err
@@ -124,6 +133,6 @@ def test_worker_dying_while_its_forked_child_holds_its_socket_is_replaced(forked
         got = [next(it) for _ in range(STEPS)]
         assert it.stats()["worker_restarts"] >= 1
     assert (forked.parent / "died-once").exists()
-    assert _forked(forked), "the transform did not fork"
+    assert _forked_soon(forked), "the transform did not fork"
     for s, batch in enumerate(got):
         np.testing.assert_array_equal(batch, pipe.batch_at(s))
