@@ -109,6 +109,21 @@ def assert_iterator_gives_batch_at(pipe: Any, start_step: int = 0, count: int | 
     assert s - start_step == (pipe.num_steps - start_step if count is None else count)
 
 
+def assert_host_slices_make_the_batch(pipe: Any, steps: Sequence[int], hosts: int = 2) -> None:
+    """Assert that at each of ``steps`` the ``hosts`` host slices of a dict batch, concatenated in host
+    order, are ``pipe.batch_at(step)``.
+
+    Args:
+        pipe: a batched pipeline of dict batches.
+        steps: the steps.
+        hosts: the host count.
+    """
+    for s in steps:
+        parts = [pipe.batch_at(s, h, hosts) for h in range(hosts)]
+        whole = pipe.batch_at(s)
+        assert_batches_equal({k: np.concatenate([p[k] for p in parts]) for k in whole}, whole, f"step {s}")
+
+
 def assert_same_pipeline(a: Any, b: Any, steps: Sequence[int] = (0, 7, 123)) -> None:
     """Assert that two pipelines have one fingerprint and the same batches at ``steps``.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import yaml
-from helpers import assert_batches_equal, assert_iterator_gives_batch_at, parquet_folder
+from helpers import assert_host_slices_make_the_batch, assert_iterator_gives_batch_at, parquet_folder
 
 import quern
 from quern.pipeline.core.errors import StepError
@@ -38,10 +38,8 @@ def test_the_last_batch_is_padded_and_every_batch_says_which_rows_are_real():
 def test_every_host_gets_its_share_of_every_step_and_they_make_the_global_batch(n, hosts):
     pipe = _pipe(n=n, batch=8)
     for s in range(pipe.num_steps):
-        parts = [pipe.batch_at(s, h, hosts) for h in range(hosts)]
-        assert all(len(p["x"]) == 8 // hosts for p in parts)
-        whole = pipe.batch_at(s)
-        assert_batches_equal({k: np.concatenate([p[k] for p in parts]) for k in whole}, whole, f"step {s}")
+        assert all(len(pipe.batch_at(s, h, hosts)["x"]) == 8 // hosts for h in range(hosts))
+    assert_host_slices_make_the_batch(pipe, range(pipe.num_steps), hosts)
     real = np.concatenate([pipe.batch_at(s)["x"][pipe.batch_at(s)["valid"]] for s in range(pipe.num_steps)])
     assert real.tolist() == list(range(n))  # each record once, nothing dropped
 

@@ -18,7 +18,7 @@ from ..identity.hashing import digest
 from ..order import index as _index
 from ..order import packing as _packing
 from ..streams.capabilities import SingleSource, require
-from ..streams.packed import PackedStream
+from ..streams.packed import PackedStream, check_fit
 from .identify import records_key
 from .lazy_lengths import LazyLengths
 
@@ -151,25 +151,26 @@ def packed_stream(
     assert src is not None
     table = None
     names_or_key: list[str | None] = list(names) if columns else [key]
+    common: dict[str, Any] = {
+        "inner": pipe,
+        "seq_len": seq_len,
+        "mode": mode,
+        "key": key,
+        "cache_dir": None if cache_dir is None else os.fspath(cache_dir),
+        "seed": pipe.stream.seed,
+        "num_epochs": pipe.stream.num_epochs,
+        "source": src,
+        "columns": columns,
+        "num_bins": num_bins,
+        "max_per_bin": max_sequences_per_bin,
+        "pad_values": pads,
+    }
     if mode == "first_fit" and lengths is None and not _length_metadata(pipe, columns):
         # no pass over the data: the plan measures the documents it reaches (cached by chunk of records)
         cache_key = records_key(pipe, lazy_length_keys=names_or_key)
+        lazy = LazyLengths(pipe, names_or_key, cache_key, len(src), cache_dir)
         return PackedStream(
-            inner=pipe,
-            seq_len=seq_len,
-            mode="first_fit",
-            key=key,
-            lengths=np.zeros(0, dtype=np.int64),
-            lengths_digest=f"measured as reached: {cache_key}",
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            seed=pipe.stream.seed,
-            num_epochs=pipe.stream.num_epochs,
-            source=src,
-            columns=columns,
-            num_bins=num_bins,
-            max_per_bin=max_sequences_per_bin,
-            pad_values=pads,
-            lazy=LazyLengths(pipe, names_or_key, cache_key, len(src), cache_dir),
+            **common, lengths=np.zeros(0, dtype=np.int64), lengths_digest=f"measured as reached: {cache_key}", lazy=lazy
         )
     if columns:
         given = lengths if isinstance(lengths, Mapping) else {}
@@ -192,26 +193,11 @@ def packed_stream(
     if not int(np.asarray(live).sum()):
         raise ValueError(f"pack(): the records of source {src.name!r} hold no token")
     if mode == "first_fit":
-        _check_fit(lens if table is None else table, names, [n for _, n in columns] or [seq_len], src.name)
+        whole = np.asarray(lens if table is None else table).reshape(len(lens), -1)
+        check_fit(whole, np.arange(len(lens)), names, [n for _, n in columns] or [seq_len], src.name)
     file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
-    return PackedStream(
-        inner=pipe,
-        seq_len=seq_len,
-        mode=mode,  # type: ignore[arg-type]  # checked against _packing.MODES above
-        key=key,
-        lengths=lens,
-        lengths_digest=digest(np.asarray(lens if table is None else table)),
-        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-        lengths_file=file,
-        seed=pipe.stream.seed,
-        num_epochs=pipe.stream.num_epochs,
-        source=src,
-        columns=columns,
-        column_lengths=table,
-        num_bins=num_bins,
-        max_per_bin=max_sequences_per_bin,
-        pad_values=pads,
-    )
+    digest_of = digest(np.asarray(lens if table is None else table))
+    return PackedStream(**common, lengths=lens, lengths_digest=digest_of, lengths_file=file, column_lengths=table)
 
 
 def _pad_values(pad_value: Any, names: list[str]) -> tuple[tuple[str, int | float], ...]:
@@ -240,19 +226,6 @@ def _check_agree(table: np.ndarray, names: list[str], source: str) -> None:
             f"pack(): record {r} of source {source!r} has {int(table[r, c])} tokens in column {names[c]!r} and "
             f"{int(table[r, 0])} in {names[0]!r}; best_fit and concat cut the columns together, so they must agree "
             "(first_fit packs columns of different lengths)"
-        )
-
-
-def _check_fit(lengths: np.ndarray, names: list[str], rooms: list[int], source: str) -> None:
-    """``first_fit`` never cuts a document: an error naming the first record longer than its row."""
-    table = np.asarray(lengths).reshape(len(lengths), -1)
-    over = table > np.asarray(rooms)
-    if over.any():
-        r, c = (int(x[0]) for x in np.nonzero(over))
-        raise ValueError(
-            f"pack(mode='first_fit'): record {r} of source {source!r} has {int(table[r, c])} tokens in "
-            f"{names[c]!r}, more than its row of {rooms[c]}; first_fit places whole documents: truncate them "
-            f"first (quern.transforms.pad({rooms[c]}) truncates) or cut them with flat_map()"
         )
 
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
     from .source import SourceStream
 
-__all__ = ["PackedStream", "PackMode", "PACK"]
+__all__ = ["PackedStream", "PackMode", "PACK", "check_fit"]
 
 _INVERSES = 4  # epochs whose inverted plan (document -> rows) a packed stream keeps, for where()
 PackMode = Literal["best_fit", "concat", "first_fit"]
@@ -217,15 +217,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
 
             def measure(window: np.ndarray) -> np.ndarray:
                 table = self.lazy(window)
-                over = table > room
-                if over.any():
-                    i, c = (int(x[0]) for x in np.nonzero(over))
-                    raise ValueError(
-                        f"pack(mode='first_fit'): record {int(window[i])} of source {source!r} has {int(table[i, c])} "
-                        f"tokens in {names[c]!r}, more than its row of {int(room[c])}; first_fit places whole "
-                        f"documents: truncate them first (quern.transforms.pad({int(room[c])}) truncates) or cut them "
-                        "with flat_map()"
-                    )
+                check_fit(table, window, names, room.tolist(), source)
                 return table
 
             hit = plans[e] = GrowingPlan(ids, measure, self.room(), self.num_bins or 1, self.max_per_bin)
@@ -591,3 +583,18 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         size = dict(self.columns) if self.columns else self.seq_len
         more = "".join(f", {k}={v!r}" for k, v in self._set_args().items())
         return f"{self.inner!r}.pack({size}, mode={self.mode!r}, key={self.key!r}{more})"
+
+
+def check_fit(table: np.ndarray, ids: np.ndarray, names: Sequence[str], rooms: Sequence[int], source: str) -> None:
+    """``first_fit`` never cuts a document: a ``ValueError`` naming the first of records ``ids`` longer than its row.
+
+    ``table`` holds their lengths, one column per packed column (named ``names``, rows of ``rooms`` tokens).
+    """
+    over = table > np.asarray(rooms)
+    if over.any():
+        i, c = (int(x[0]) for x in np.nonzero(over))
+        raise ValueError(
+            f"pack(mode='first_fit'): record {int(ids[i])} of source {source!r} has {int(table[i, c])} tokens in "
+            f"{names[c]!r}, more than its row of {int(rooms[c])}; first_fit places whole documents: truncate them "
+            f"first (quern.transforms.pad({int(rooms[c])}) truncates) or cut them with flat_map()"
+        )
