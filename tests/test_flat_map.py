@@ -203,3 +203,18 @@ def write_fn(folder, body, name):
         return getattr(importlib.import_module(module), name)
     finally:
         sys.path.remove(str(folder))
+
+
+def test_the_count_scan_in_processes_counts_as_this_process_does(docs, tmp_path, monkeypatch):
+    """With num_workers=2 and enough records, the counts are scanned in 2 fresh processes (each checks it loaded
+    this definition): the same counts, the same outputs, and a child's error names the record."""
+    from helpers import spy_scan_processes
+
+    d, m = docs
+    spawned = spy_scan_processes(monkeypatch, process_min=10)
+    here = quern.Pipeline.from_source(source(d)).flat_map(m.chunk, cache_dir=tmp_path / "one", num_workers=0)
+    there = quern.Pipeline.from_source(source(d)).flat_map(m.chunk, cache_dir=tmp_path / "two", num_workers=2)
+    assert spawned == [2]
+    assert np.array_equal(there.source.counts, here.source.counts) and there.fingerprint() == here.fingerprint()
+    with pytest.raises(ScanError, match=r"flat_map stage flat_map\[0\] not_a_list, record \d+ of source 'docs'"):
+        quern.Pipeline.from_source(source(d)).flat_map(m.not_a_list, cache_dir=tmp_path / "three", num_workers=2)
