@@ -313,3 +313,24 @@ def test_ctrl_c_storms_leave_no_process_behind(tmp_path):
         assert int(procs) >= 2, out.stdout  # the server and its workers were there to stop
     assert sum(int(x[2]) for x in lines) > runs, out.stdout  # the storms did interrupt
     assert all(int(x[1]) > 0 for x in lines), out.stdout  # and batches still came
+
+
+def test_a_lease_cut_short_by_ctrl_c_does_not_break_the_next_steps():
+    """A Ctrl-C between a lent batch's weakref and the record of its lease (found by the Ctrl-C storm test)
+    leaves a dead weakref with no lease among the returned ones: the next reclaim skips it, and the steps go
+    on with the same batches (it was a KeyError)."""
+    import weakref
+
+    pipe = _pipe()
+    with pipe.iterator(num_workers=1) as it:
+        assert_batches_equal(next(it), pipe.batch_at(0))
+        pool = it._feed
+
+        class Owner:
+            pass
+
+        owner = Owner()
+        pool._returned.append(weakref.ref(owner))  # as the weakref's callback does when its batch dies
+        del owner
+        for s in range(1, 6):
+            assert_batches_equal(next(it), pipe.batch_at(s), f"step {s}")

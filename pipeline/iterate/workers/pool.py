@@ -412,7 +412,10 @@ class WorkerPool(Feed):
         """
         touched = set()
         while self._returned:
-            _, worker, slot = self._leases.pop(id(self._returned.popleft()))
+            lease = self._leases.pop(id(self._returned.popleft()), None)
+            if lease is None:  # a Ctrl-C between the weakref and its lease: the step kept its slot, lent again
+                continue
+            _, worker, slot = lease
             if self._procs.workers[worker.index] is worker:
                 worker.free.append(slot)
                 touched.add(worker)
