@@ -76,7 +76,12 @@ def _shm() -> set[str]:
 
 def _memfd_maps(pid: int, inodes: bool = False) -> list[tuple[int, ...]]:
     """(start, end) of the ``memfd:quern`` mappings of process ``pid`` (and the
-    inode of the memory file, which is the same in every process that maps it)."""
+    inode of the memory file, which is the same in every process that maps it).
+
+    For this process, garbage is collected first: batches an earlier test left in a reference
+    cycle (a caught exception's traceback, say) hold their mappings only until then."""
+    if pid == os.getpid():
+        gc.collect()
     out = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
