@@ -197,6 +197,7 @@ class LedgerWriter:
         self._hosts = (int(process_index), int(process_count))
         self._fields = StepFields(pipe, *self._hosts)
         self._hashed: list[int] = []  # the steps of add_batch whose lines are not made yet
+        self._described: str | None = None  # the fingerprint whose description the last line written carried
         hosts = f'"process_index": {int(process_index)}, "process_count": {int(process_count)}'
         self._head = f', {hosts}, "digest_format": {FORMAT}, '
         if pipe.num_steps is None or start_step < pipe.num_steps:
@@ -253,8 +254,8 @@ class LedgerWriter:
     def _line(self, step: int, fields: str) -> str:
         fp = self.pipe.fingerprint_at(step)
         described = ""
-        if fp != self.__dict__.get("_described"):  # a fingerprint's first line says what it describes
-            self.__dict__["_described"] = fp
+        if fp != self._described:  # a fingerprint's first line says what it describes
+            self._described = fp
             described = f', "description": {json.dumps(self.pipe.leaves_at(step), sort_keys=False)}'
         return f'{{"step": {step}, "fingerprint": "{fp}"{described}{self._head}{fields}}}\n'
 
