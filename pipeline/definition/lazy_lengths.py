@@ -6,8 +6,8 @@ time. :class:`LazyLengths` answers from memory, then from its cache files (one p
 chunk of :data:`CHUNK` record ids and per column: verified index files under
 ``lengths/``, keyed by the fingerprint of the source, the record transforms, the
 column and the chunk), and measures the rest (one bulk read and one pass of the
-transforms, :func:`~quern.pipeline.definition.scan.column_lengths`), writing the
-chunks it completed. Processes that share the cache folder share the work done; two
+transforms, :func:`~quern.pipeline.definition.scan.column_lengths`), writing a chunk's
+files once an eighth of it is new or it is complete, and the rest when it goes away. Processes that share the cache folder share the work done; two
 that measure the same documents at once write the same values. A length depends only
 on the record and the transforms.
 """
@@ -15,6 +15,7 @@ on the record and the transforms.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,72 @@ __all__ = ["CHUNK", "LazyLengths"]
 CHUNK = 1 << 16  # record ids per cache file
 
 
+class _Files:
+    """The cache files of one :class:`LazyLengths`: read once per chunk, written when due and at the end.
+
+    Holds the values array, not the :class:`LazyLengths`, so that it can flush when that object goes away.
+    """
+
+    def __init__(self, key: str, n: int, columns: int, cache_dir: str | None, values: np.ndarray) -> None:
+        self.key, self.n, self.columns, self.cache_dir, self.values = key, n, columns, cache_dir, values
+        self.loaded: set[int] = set()
+        self.unsaved: dict[int, int] = {}  # chunk -> lengths measured since its files were last written
+
+    def path(self, chunk: int, column: int) -> tuple[str, str]:
+        key = fingerprint_of({"lazy_lengths": self.key, "chunk": chunk, "column": column})
+        return indexfile.path_for(key, self.cache_dir, kind=indexfile.LENGTHS), key
+
+    def bounds(self, chunk: int) -> tuple[int, int]:
+        return chunk * CHUNK, min(self.n, (chunk + 1) * CHUNK)
+
+    def load(self, chunk: int) -> None:
+        """Take the lengths of ``chunk``'s verified files into ``values`` (once)."""
+        if chunk in self.loaded:
+            return
+        self.loaded.add(chunk)
+        lo, hi = self.bounds(chunk)
+        for c in range(self.columns):
+            path, key = self.path(chunk, c)
+            got, _ = indexfile.load(path, hi - lo, kind=indexfile.LENGTHS, key=key)
+            if got is not None:
+                known = np.asarray(got) >= 0
+                self.values[lo:hi, c][known] = np.asarray(got)[known]
+
+    def measured(self, ids: np.ndarray) -> None:
+        """Records ``ids`` were just measured: write each chunk whose files are due.
+
+        A shuffled window touches many chunks, and writing every touched file at every window would
+        write the whole cache again and again; a chunk's files are written once an eighth of the chunk
+        is new or it is complete, and the rest by :meth:`flush`.
+        """
+        chunks, added = np.unique(ids // CHUNK, return_counts=True)
+        for chunk, k in zip(chunks.tolist(), added.tolist()):
+            self.unsaved[chunk] = self.unsaved.get(chunk, 0) + k
+            lo, hi = self.bounds(chunk)
+            if self.unsaved[chunk] * 8 >= hi - lo or bool((self.values[lo:hi] >= 0).all()):
+                self.store(chunk)
+
+    def store(self, chunk: int) -> None:
+        self.unsaved.pop(chunk, None)
+        lo, hi = self.bounds(chunk)
+        for c in range(self.columns):
+            path, key = self.path(chunk, c)
+            try:
+                indexfile.store(path, self.values[lo:hi, c], hi - lo, kind=indexfile.LENGTHS, key=key)
+            except OSError:
+                return  # a cache that cannot be written: the lengths stay in memory
+
+    def flush(self) -> None:
+        """Write every chunk with lengths not written yet."""
+        for chunk in list(self.unsaved):
+            self.store(chunk)
+
+
 class LazyLengths:
     """The lengths of a pipeline's records in some columns, measured when first asked for.
+
+    The cache files of the chunks measured are written when due and, for the rest, when this
+    object goes away or the process ends.
 
     Attributes:
         prefix: the pipeline whose records are measured (its record transforms applied).
@@ -42,46 +107,21 @@ class LazyLengths:
     def __init__(self, prefix: Any, keys: list[str | None], key: str, n: int, cache_dir: str | os.PathLike | None):
         self.prefix, self.keys, self.key, self.n = prefix, list(keys), key, int(n)
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self._start()
+
+    def _start(self) -> None:
         self.values = np.full((self.n, len(self.keys)), -1, dtype=np.int64)
-        self._loaded: set[int] = set()
+        self._files = _Files(self.key, self.n, len(self.keys), self.cache_dir, self.values)
+        weakref.finalize(self, self._files.flush)
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the values: a process that loads it reads the cache files."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("values", "_loaded")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("values", "_files")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore :meth:`__getstate__`'s state, nothing known yet."""
         self.__dict__.update(state)
-        self.values = np.full((self.n, len(self.keys)), -1, dtype=np.int64)
-        self._loaded = set()
-
-    def _path(self, chunk: int, column: int) -> tuple[str, str]:
-        key = fingerprint_of({"lazy_lengths": self.key, "chunk": chunk, "column": column})
-        return indexfile.path_for(key, self.cache_dir, kind=indexfile.LENGTHS), key
-
-    def _bounds(self, chunk: int) -> tuple[int, int]:
-        return chunk * CHUNK, min(self.n, (chunk + 1) * CHUNK)
-
-    def _load(self, chunk: int) -> None:
-        if chunk in self._loaded:
-            return
-        self._loaded.add(chunk)
-        lo, hi = self._bounds(chunk)
-        for c in range(len(self.keys)):
-            path, key = self._path(chunk, c)
-            got, _ = indexfile.load(path, hi - lo, kind=indexfile.LENGTHS, key=key)
-            if got is not None:
-                known = np.asarray(got) >= 0
-                self.values[lo:hi, c][known] = np.asarray(got)[known]
-
-    def _store(self, chunk: int) -> None:
-        lo, hi = self._bounds(chunk)
-        for c in range(len(self.keys)):
-            path, key = self._path(chunk, c)
-            try:
-                indexfile.store(path, self.values[lo:hi, c], hi - lo, kind=indexfile.LENGTHS, key=key)
-            except OSError:
-                return  # a cache that cannot be written: the lengths stay in memory
+        self._start()
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         """The lengths of records ``ids`` in every column, ``(len(ids), len(keys))``.
@@ -90,12 +130,10 @@ class LazyLengths:
             ScanError: a record could not be read or measured (named).
         """
         ids = np.asarray(ids, dtype=np.int64)
-        chunks = np.unique(ids // CHUNK).tolist()
-        for chunk in chunks:
-            self._load(chunk)
+        for chunk in np.unique(ids // CHUNK).tolist():
+            self._files.load(chunk)
         todo = np.unique(ids[(self.values[ids] < 0).any(axis=1)])
         if todo.size:
             self.values[todo] = scan.column_lengths(self.prefix, todo, self.keys)
-            for chunk in np.unique(todo // CHUNK).tolist():
-                self._store(chunk)
+            self._files.measured(todo)
         return self.values[ids]
