@@ -6,6 +6,10 @@ and arguments) with the code at commit a2aae17 and pasted in; nothing is recompu
 code under test. A change of any of them means every checkpoint saved with such a pipeline is
 refused on resume: it must be a deliberate, announced change (and these literals recomputed),
 never a side effect of moving code.
+
+Deliberate changes since: ``packed_concat`` (issue 38, 2026-12-05), whose lengths are now described
+by the records they are measured from (so that concat plans without a pass over the data); its
+literal was recomputed then.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ PINNED = {
     "global_shuffle_epochs": "cfe960af09708f8ddb4aa53ee8ea80de",
     "mixture_schedule": "347cb123006c77504da47e2a829ee52e",
     "packed_best_fit": "0592d2dabc9e14e596613c085a37f44b",
-    "packed_concat": "f5b085d12828f21bb7e7bb28ce3440f2",
+    "packed_concat": "1170bf1db2cc3c11c4183a6c154ed014",
     "packed_mixture": "a2ece57e5c3e445c051a3128cfb3f3ed",
     "pad_builtin": "6067ee75bba50b00ef98a008c0d94cb2",
     "plain": "c84c3f94b88c244329edbfa2728ca540",

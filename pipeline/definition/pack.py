@@ -18,7 +18,8 @@ from ..identity.hashing import digest
 from ..order import index as _index
 from ..order import packing as _packing
 from ..streams.capabilities import SingleSource, require
-from ..streams.packed import PackedStream, check_fit
+from ..streams.packed import PackedStream
+from . import scan
 from .identify import records_key
 from .lazy_lengths import LazyLengths
 
@@ -70,8 +71,15 @@ def pack(  # noqa: D417  (a method of Pipeline: self is the pipeline)
     they need one row length and columns of one length per record (an error names
     the column, the record and both lengths); ``first_fit`` takes each its own.
 
-    The plan comes from the :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (one per column) and reads nothing
-    (:mod:`quern.pipeline.order.packing`).
+    The plan is index arithmetic over the documents' lengths and reads nothing
+    (:mod:`quern.pipeline.order.packing`). ``best_fit`` plans a whole epoch at once from
+    the :meth:`~quern.pipeline.definition.dataset.Pipeline.length_index` (one per column;
+    a scan before the first batch unless cached). ``first_fit`` and ``concat`` place a
+    document after the ones before it only, so they use the index when one is given
+    (``lengths=``, or a prepared folder's ``length``) and otherwise measure documents as
+    the plan reaches them, cached by chunk of records: no pass over the data before the
+    first batch, and a resume at step ``k`` measures the documents up to ``k``'s rows
+    once. Their fingerprint names the records measured, not how their lengths were found.
 
     Args:
         seq_len: tokens per row, or a dict of tokens per row of each column.
@@ -165,38 +173,44 @@ def packed_stream(
         "max_per_bin": max_sequences_per_bin,
         "pad_values": pads,
     }
-    if mode == "first_fit" and lengths is None and not _length_metadata(pipe, columns):
-        # no pass over the data: the plan measures the documents it reaches (cached by chunk of records)
-        cache_key = records_key(pipe, lazy_length_keys=names_or_key)
-        lazy = LazyLengths(pipe, names_or_key, cache_key, len(src), cache_dir)
-        return PackedStream(
-            **common, lengths=np.zeros(0, dtype=np.int64), lengths_digest=f"measured as reached: {cache_key}", lazy=lazy
-        )
+    # first_fit and concat: rows depend only on the documents before them, so the lengths are described by the
+    # records they are measured from, and without an index the plan measures the documents it reaches
+    cache_key = records_key(pipe, lazy_length_keys=names_or_key)
+    records = f"the lengths of records {cache_key}"
+    cached: dict[str | None, np.ndarray] = {}
+    if mode != "best_fit" and lengths is None and not _length_metadata(pipe, columns):
+        for k in names_or_key:  # a length index scanned before (by length_index() or best_fit) is used as it is
+            found = scan.cached_index(records_key(pipe, length_key=k), len(src), cache_dir)
+            if found is not None:
+                cached[k] = found
+        if len(cached) < len(names_or_key):
+            lazy = LazyLengths(pipe, names_or_key, cache_key, len(src), cache_dir)
+            return PackedStream(**common, lengths=np.zeros(0, dtype=np.int64), lengths_digest=records, lazy=lazy)
+
+    def index(k: str | None, given: Any) -> np.ndarray:
+        if k in cached:
+            return cached[k]
+        return np.asarray(pipe.length_index(k, lengths=given, cache_dir=cache_dir, num_workers=num_workers))
+
     if columns:
         given = lengths if isinstance(lengths, Mapping) else {}
         if lengths is not None and not isinstance(lengths, Mapping):
             raise ValueError("pack(seq_len={...}, lengths=...): give the lengths as a dict, one index per column")
-        table = np.stack(
-            [
-                np.asarray(pipe.length_index(k, lengths=given.get(k), cache_dir=cache_dir, num_workers=num_workers))
-                for k in names
-            ],
-            axis=1,
-        )
+        table = np.stack([index(k, given.get(k)) for k in names], axis=1)
         lens = table[:, 0]
         if mode != "first_fit":
-            _check_agree(table, names, src.name)
+            _packing.check_agree(table, np.arange(len(table)), names, src.name)
     else:
-        lens = pipe.length_index(key, lengths=lengths, cache_dir=cache_dir, num_workers=num_workers)
+        lens = index(key, lengths)
     survivors = pipe.stream.survivors
     live = lens[np.asarray(survivors)] if survivors is not None else lens
     if not int(np.asarray(live).sum()):
         raise ValueError(f"pack(): the records of source {src.name!r} hold no token")
     if mode == "first_fit":
         whole = np.asarray(lens if table is None else table).reshape(len(lens), -1)
-        check_fit(whole, np.arange(len(lens)), names, [n for _, n in columns] or [seq_len], src.name)
+        _packing.check_fit(whole, np.arange(len(lens)), names, [n for _, n in columns] or [seq_len], src.name)
     file = os.path.abspath(os.fspath(lengths)) if isinstance(lengths, (str, os.PathLike)) else None
-    digest_of = digest(np.asarray(lens if table is None else table))
+    digest_of = digest(np.asarray(lens if table is None else table)) if mode == "best_fit" else records
     return PackedStream(**common, lengths=lens, lengths_digest=digest_of, lengths_file=file, column_lengths=table)
 
 
@@ -214,19 +228,6 @@ def _pad_values(pad_value: Any, names: list[str]) -> tuple[tuple[str, int | floa
         if value != 0:
             out.append((name, value.item() if isinstance(value, np.generic) else value))
     return tuple(out)
-
-
-def _check_agree(table: np.ndarray, names: list[str], source: str) -> None:
-    """Columns that are cut together must have one length per record: an error naming the first that does not."""
-    bad = np.flatnonzero((table != table[:, :1]).any(axis=1))
-    if bad.size:
-        r = int(bad[0])
-        c = int(np.flatnonzero(table[r] != table[r, 0])[0])
-        raise ValueError(
-            f"pack(): record {r} of source {source!r} has {int(table[r, c])} tokens in column {names[c]!r} and "
-            f"{int(table[r, 0])} in {names[0]!r}; best_fit and concat cut the columns together, so they must agree "
-            "(first_fit packs columns of different lengths)"
-        )
 
 
 def _length_metadata(pipe: Pipeline, columns: tuple[tuple[str, int], ...]) -> bool:

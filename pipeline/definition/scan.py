@@ -496,6 +496,13 @@ def counts(
     return _indexed(prefix, key, candidates, n, "counts", None, cache_dir, num_workers)
 
 
+def cached_index(key: str, n: int, cache_dir: str | os.PathLike | None = None) -> np.ndarray | None:
+    """The per-record index cached under ``key`` (as :func:`lengths` writes it), if built and verified; else ``None``."""
+    return indexfile.load(
+        indexfile.path_for(key, cache_dir, kind=indexfile.LENGTHS), n, kind=indexfile.LENGTHS, key=key
+    )[0]
+
+
 def _indexed(
     prefix: Any,
     key: str,

@@ -4,8 +4,8 @@
 order into batches of ``num_bins`` rows, each into the first row with room; its state
 carries from one window of items to the next, so a plan can grow with the documents it
 reaches. :func:`first_fit` places a whole list. :class:`GrowingPlan` is an epoch's
-plan built window by window from a callback that measures documents, for packing
-without a pass over the whole dataset. Every output depends only on the lengths in
+plan built window by window (:class:`~quern.pipeline.order.growing.Growing`) from a
+callback that measures documents, for packing without a pass over the whole dataset. Every output depends only on the lengths in
 stream order, the rooms, ``num_bins`` and ``max_per_bin``.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from .growing import Growing, PlanArrays
 
 __all__ = ["FirstFit", "first_fit", "GrowingPlan"]
 
@@ -147,20 +149,12 @@ def first_fit(
     return rows, ff.rows
 
 
-class GrowingPlan:
-    """An epoch's ``first_fit`` plan, built window by window as rows are asked for.
+class GrowingPlan(Growing):
+    """An epoch's ``first_fit`` plan, built window by window as rows are asked for (:class:`Growing`).
 
-    The documents of the epoch (``ids``, in stream order) are measured by ``measure(ids)``
-    (``(n, c)`` lengths) a window at a time, windows growing from ``first_window`` to
-    ``max_window`` documents, and placed by :class:`FirstFit`; a row is known once its
-    batch of bins is closed (the first document that does not fit has been measured).
-    So row ``r`` costs the lengths of the documents up to the end of its batch, and no
-    more.
-
-    Attributes:
-        ids: the epoch's record ids in stream order.
-        done: documents measured and placed so far.
-        complete: every document is placed (the row count is final).
+    The documents are placed by :class:`FirstFit`; a row is closed once its batch of bins
+    is (the first document that does not fit has been measured). Pieces are whole
+    documents (``start`` 0, ``length`` their first column's).
     """
 
     def __init__(
@@ -173,44 +167,23 @@ class GrowingPlan:
         first_window: int = 64,
         max_window: int = 8192,
     ) -> None:
-        self.ids = np.asarray(ids, dtype=np.int64)
-        self.measure = measure
+        super().__init__(ids, measure, first_window, max_window)
         self.ff = FirstFit(room, num_bins, max_per_bin)
-        self.window, self.max_window = first_window, max_window
-        self.done = 0
-        self.complete = not len(self.ids)
         self._rows: list[np.ndarray] = []  # per window, the row of each document
         self._first: list[np.ndarray] = []  # per window, each document's first-column length
-        self._plan: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # until the plan grows
 
     def closed(self) -> int:
-        """Rows known so far (all of them once complete)."""
+        """Rows of the closed batches of bins (all of them once complete)."""
         return self.ff.closed
 
-    def extend_to(self, rows: int) -> None:
-        """Place documents until ``rows`` rows are closed or the epoch is complete."""
-        while not self.complete and self.ff.closed < rows:
-            window = self.ids[self.done : self.done + self.window]
-            lengths = np.asarray(self.measure(window), dtype=np.int64).reshape(len(window), -1)
-            self._rows.append(self.ff.place(lengths))
-            self._first.append(lengths[:, 0])
-            self.done += len(window)
-            self.window = min(self.window * 2, self.max_window)
-            self._plan = None
-            if self.done >= len(self.ids):
-                self.ff.finish()
-                self.complete = True
+    def _place(self, lengths: np.ndarray) -> None:
+        self._rows.append(self.ff.place(lengths))
+        self._first.append(lengths[:, 0])
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(row_ptr, doc, start, length)`` of the closed rows (an ``EpochPlan``'s arrays).
+    def _finish(self) -> None:
+        self.ff.finish()
 
-        ``doc`` indexes ``ids``; pieces are whole documents (``start`` 0). Made once per growth.
-        """
-        if self._plan is None:
-            self._plan = self._make_plan()
-        return self._plan
-
-    def _make_plan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _make_plan(self) -> PlanArrays:
         rows = np.concatenate(self._rows) if self._rows else np.zeros(0, dtype=np.int64)
         first = np.concatenate(self._first) if self._first else np.zeros(0, dtype=np.int64)
         closed = self.ff.closed

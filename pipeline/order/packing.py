@@ -14,13 +14,14 @@ The algorithms and their costs are described in ``docs/design/packing.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
 from . import index as _index
 from .first_fit import first_fit
+from .growing import Growing, PlanArrays
 
 __all__ = [
     "PACK_SALT",
@@ -31,6 +32,9 @@ __all__ = [
     "best_fit_decreasing",
     "first_fit",
     "best_fit_capped",
+    "GrowingConcat",
+    "check_fit",
+    "check_agree",
 ]
 
 PACK_SALT = 4  # part of the published order: the key of a packed epoch's row order
@@ -215,6 +219,53 @@ def _concat(lengths: np.ndarray, seq_len: int) -> EpochPlan:
     return EpochPlan(row_ptr, doc.astype(np.int64), (lo - begins[doc]).astype(np.int64), (hi - lo).astype(np.int64))
 
 
+class GrowingConcat(Growing):
+    """An epoch's ``concat`` plan, built window by window as rows are asked for (:class:`Growing`).
+
+    Row ``r`` is closed once the documents measured hold ``(r + 1) * seq_len`` tokens, or
+    the epoch is complete (its last row may be short). The closed rows are those of
+    ``plan_epoch(lengths, seq_len, "concat", ...)`` over the whole epoch.
+
+    Example:
+        >>> g = GrowingConcat(np.arange(4), lambda ids: np.array([3, 2, 2, 1])[ids], 4, first_window=2)
+        >>> g.extend_to(1); g.closed(), g.done
+        (1, 2)
+        >>> g.extend_to(9); g.closed(), g.plan()[1].tolist()
+        (2, [0, 1, 1, 2, 3])
+    """
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        measure: Callable[[np.ndarray], np.ndarray],
+        seq_len: int,
+        first_window: int = 64,
+        max_window: int = 8192,
+    ) -> None:
+        super().__init__(ids, measure, first_window, max_window)
+        self.seq_len = int(seq_len)
+        self.tokens = 0
+        self._lengths: list[np.ndarray] = []  # per window, the documents' (first-column) lengths
+
+    def closed(self) -> int:
+        """Full rows so far; once complete, every row (the last one may be short)."""
+        return -(-self.tokens // self.seq_len) if self.complete else self.tokens // self.seq_len
+
+    def _place(self, lengths: np.ndarray) -> None:
+        self._lengths.append(lengths[:, 0])
+        self.tokens += int(lengths[:, 0].sum())
+
+    def _finish(self) -> None:
+        pass  # closed() counts the short last row once complete
+
+    def _make_plan(self) -> PlanArrays:
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
+        plan = _concat(lengths, self.seq_len)
+        rows = self.closed()
+        cut = int(plan.row_ptr[rows])
+        return plan.row_ptr[: rows + 1], plan.doc[:cut], plan.start[:cut], plan.length[:cut]
+
+
 def _best_fit(lengths: np.ndarray, seq_len: int, key: np.ndarray, max_per_bin: int | None = None) -> EpochPlan:
     whole = lengths // seq_len  # full pieces of long documents: a row each
     rem = lengths - whole * seq_len
@@ -285,3 +336,34 @@ def plan_epoch(
     if mode == "best_fit":
         return _best_fit(lengths, room, _index.derive_key(seed, PACK_SALT, epoch), max_per_bin)
     raise ValueError(f"packing mode must be one of {MODES}, got {mode!r}")
+
+
+def check_fit(table: np.ndarray, ids: np.ndarray, names: Sequence[str], rooms: Sequence[int], source: str) -> None:
+    """``first_fit`` never cuts a document: a ``ValueError`` naming the first of records ``ids`` longer than its row.
+
+    ``table`` holds their lengths, one column per packed column (named ``names``, rows of ``rooms`` tokens).
+    """
+    over = table > np.asarray(rooms)
+    if over.any():
+        i, c = (int(x[0]) for x in np.nonzero(over))
+        raise ValueError(
+            f"pack(mode='first_fit'): record {int(ids[i])} of source {source!r} has {int(table[i, c])} tokens in "
+            f"{names[c]!r}, more than its row of {int(rooms[c])}; first_fit places whole documents: truncate them "
+            f"first (quern.transforms.pad({int(rooms[c])}) truncates) or cut them with flat_map()"
+        )
+
+
+def check_agree(table: np.ndarray, ids: np.ndarray, names: Sequence[str], source: str) -> None:
+    """Columns cut together need one length per record: a ``ValueError`` naming the first of records ``ids`` that has two.
+
+    ``table`` holds their lengths, ``(len(ids), len(names))``.
+    """
+    bad = np.flatnonzero((table != table[:, :1]).any(axis=1))
+    if bad.size:
+        r = int(bad[0])
+        c = int(np.flatnonzero(table[r] != table[r, 0])[0])
+        raise ValueError(
+            f"pack(): record {int(ids[r])} of source {source!r} has {int(table[r, c])} tokens in column {names[c]!r} "
+            f"and {int(table[r, 0])} in {names[0]!r}; best_fit and concat cut the columns together, so they must "
+            "agree (first_fit packs columns of different lengths)"
+        )

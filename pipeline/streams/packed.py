@@ -31,6 +31,7 @@ from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
 from ..order.first_fit import GrowingPlan
+from ..order.growing import Growing
 from ..sources import Source
 from .capabilities import (
     Component,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
     from .source import SourceStream
 
-__all__ = ["PackedStream", "PackMode", "PACK", "check_fit"]
+__all__ = ["PackedStream", "PackMode", "PACK"]
 
 _INVERSES = 4  # epochs whose inverted plan (document -> rows) a packed stream keeps, for where()
 PackMode = Literal["best_fit", "concat", "first_fit"]
@@ -76,10 +77,13 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
     Attributes:
         inner: the single-source pipeline (without batch) whose records are packed.
         seq_len: tokens per row.
-        mode: ``"best_fit"`` (whole documents placed into rows) or ``"concat"`` (concatenated and cut).
+        mode: ``"best_fit"`` (whole documents placed into rows, shuffled), ``"first_fit"`` (whole documents in
+            stream order) or ``"concat"`` (concatenated and cut).
         key: the field of a dict record that holds its tokens (``None``: the record is the tokens).
         lengths: the length index, one value per record of the source.
-        lengths_digest: its digest (what the fingerprint sees).
+        lengths_digest: what the fingerprint sees of the lengths: ``best_fit``, the index's digest (its plan
+            needs them all); ``first_fit`` and ``concat``, the key of the records measured, however the lengths
+            were found.
         cache_dir: where the rows per epoch are cached (``None``: the default cache).
         lengths_file: the ``.npy`` file the index was read from, if any (for the config).
         seed: the inner pipeline's seed (keys the transforms after ``pack``).
@@ -90,9 +94,9 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         num_bins: ``first_fit``'s rows per packing batch.
         max_per_bin: documents per row at most (``None``: no limit).
         pad_values: ``(output key, value)`` of the padding of each padded column that is not padded with 0.
-        lazy: ``first_fit`` without a length index: the lengths measured as the plan reaches documents
-            (:class:`~quern.pipeline.definition.lazy_lengths.LazyLengths`, called with record ids), each
-            epoch's plan growing window by window (:class:`~quern.pipeline.order.first_fit.GrowingPlan`).
+        lazy: ``first_fit`` or ``concat`` without a length index: the lengths measured as the plan reaches
+            documents (:class:`~quern.pipeline.definition.lazy_lengths.LazyLengths`, called with record ids),
+            each epoch's plan growing window by window (:class:`~quern.pipeline.order.growing.Growing`).
     """
 
     inner: Pipeline
@@ -205,7 +209,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             np.arange(e * n, (e + 1) * n, dtype=np.int64)
         )
 
-    def _growing(self, e: int) -> GrowingPlan:
+    def _growing(self, e: int) -> Growing:
         """Epoch ``e``'s growing plan (``lazy``), kept for the last four epochs asked for."""
         plans = self.__dict__.setdefault("_growing_plans", {})
         hit = plans.get(e)
@@ -217,10 +221,17 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
 
             def measure(window: np.ndarray) -> np.ndarray:
                 table = self.lazy(window)
-                check_fit(table, window, names, room.tolist(), source)
+                if self.mode == "first_fit":
+                    _packing.check_fit(table, window, names, room.tolist(), source)
+                else:
+                    _packing.check_agree(table, window, names, source)
                 return table
 
-            hit = plans[e] = GrowingPlan(ids, measure, self.room(), self.num_bins or 1, self.max_per_bin)
+            if self.mode == "first_fit":
+                hit = GrowingPlan(ids, measure, self.room(), self.num_bins or 1, self.max_per_bin)
+            else:
+                hit = _packing.GrowingConcat(ids, measure, self.seq_len)
+            plans[e] = hit
             while len(plans) > 4:
                 plans.pop(next(iter(plans)))
         return hit
@@ -318,8 +329,8 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         is computed once from the lengths and kept in memory and on disk (under ``cache_dir/packing/``, keyed by the
         fingerprint of this definition), so a cold resume in any epoch plans only that epoch.
         """
-        if self.mode == "first_fit":
-            return self._first_fit_rows_before(e)
+        if self.mode == "first_fit" or self.lazy is not None:
+            return self._counted_rows_before(e)
         per = self.__dict__.get("_rows_per_epoch")
         if per is None:
             live = np.asarray(self.lengths)
@@ -340,16 +351,16 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             self.__dict__["_rows_per_epoch"] = per
         return e * per
 
-    def _first_fit_rows_before(self, e: int) -> int:
-        """``first_fit``'s rows before epoch ``e``.
+    def _counted_rows_before(self, e: int) -> int:
+        """``first_fit``'s (or a lazy plan's) rows before epoch ``e``.
 
-        Each epoch's plan's rows, found once (the first epoch's for all when the inner stream
-        reads in the same order every epoch).
+        Each epoch's plan's rows, found once (the first epoch's for all when every epoch has
+        as many: the inner stream reads in the same order every epoch, or ``concat``).
         """
         if e <= 0:
             return 0
         counts = self.__dict__.setdefault("_epoch_rows", [])
-        if self.inner.stream.read_order() is None:
+        if self._same_rows():
             if not counts:
                 counts.append(self.epoch(0)[0].rows)
             return e * counts[0]
@@ -357,10 +368,14 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             counts.append(self.epoch(len(counts))[0].rows)
         return int(sum(counts[:e]))
 
+    def _same_rows(self) -> bool:
+        """Whether every epoch has as many rows: ``concat`` (its tokens), or an unshuffled stream."""
+        return self.mode == "concat" or self.inner.stream.read_order() is None
+
     def _known_rows(self, e: int) -> int | None:
-        """Epoch ``e``'s rows if already counted (every epoch's are the first's in an unshuffled stream)."""
+        """Epoch ``e``'s rows if already counted (every epoch's are the first's when :meth:`_same_rows`)."""
         counts = self.__dict__.get("_epoch_rows", [])
-        if counts and self.inner.stream.read_order() is None:
+        if counts and self._same_rows():
             return counts[0]
         return counts[e] if e < len(counts) else None
 
@@ -583,18 +598,3 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         size = dict(self.columns) if self.columns else self.seq_len
         more = "".join(f", {k}={v!r}" for k, v in self._set_args().items())
         return f"{self.inner!r}.pack({size}, mode={self.mode!r}, key={self.key!r}{more})"
-
-
-def check_fit(table: np.ndarray, ids: np.ndarray, names: Sequence[str], rooms: Sequence[int], source: str) -> None:
-    """``first_fit`` never cuts a document: a ``ValueError`` naming the first of records ``ids`` longer than its row.
-
-    ``table`` holds their lengths, one column per packed column (named ``names``, rows of ``rooms`` tokens).
-    """
-    over = table > np.asarray(rooms)
-    if over.any():
-        i, c = (int(x[0]) for x in np.nonzero(over))
-        raise ValueError(
-            f"pack(mode='first_fit'): record {int(ids[i])} of source {source!r} has {int(table[i, c])} tokens in "
-            f"{names[c]!r}, more than its row of {int(rooms[c])}; first_fit places whole documents: truncate them "
-            f"first (quern.transforms.pad({int(rooms[c])}) truncates) or cut them with flat_map()"
-        )

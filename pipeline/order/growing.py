@@ -1,0 +1,86 @@
+"""An epoch's packing plan grown window by window from the documents it reaches.
+
+A plan whose rows depend only on the documents before them (``first_fit``, ``concat``)
+need not measure every document of the epoch before its first row: :class:`Growing`
+measures the epoch's documents in stream order a window at a time (windows doubling
+from ``first_window`` to ``max_window`` documents) until the rows asked for are
+*closed*, that is, final whatever the documents after them. A mode supplies how a
+window is placed, when rows close and the plan of the closed rows. So row ``r``
+costs the lengths of the documents up to the one that closes it, and no more. Every
+output depends only on the lengths of the epoch's documents in stream order and the
+mode's settings, never on how far the plan has grown.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["Growing", "PlanArrays"]
+
+PlanArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""``(row_ptr, doc, start, length)``: an ``EpochPlan``'s arrays (``doc`` indexes the epoch's ids)."""
+
+
+class Growing(abc.ABC):
+    """An epoch's plan built window by window as rows are asked for.
+
+    Subclasses place a window (:meth:`_place`), close the end (:meth:`_finish`), count
+    the closed rows (:meth:`closed`) and make the plan of the closed rows (:meth:`_make_plan`).
+
+    Attributes:
+        ids: the epoch's record ids in stream order.
+        measure: ``measure(ids)``: the lengths of those records, ``(n,)`` or ``(n, c)``.
+        done: documents measured and placed so far.
+        complete: every document is placed (the row count is final).
+    """
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        measure: Callable[[np.ndarray], np.ndarray],
+        first_window: int = 64,
+        max_window: int = 8192,
+    ) -> None:
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.measure = measure
+        self.window, self.max_window = first_window, max_window
+        self.done = 0
+        self.complete = not len(self.ids)
+        self._plan: PlanArrays | None = None  # made again only after the plan grows
+
+    @abc.abstractmethod
+    def closed(self) -> int:
+        """Rows known so far (all of them once complete)."""
+
+    @abc.abstractmethod
+    def _place(self, lengths: np.ndarray) -> None:
+        """Place the next window's documents, ``lengths`` ``(n, c)``."""
+
+    @abc.abstractmethod
+    def _finish(self) -> None:
+        """The last document is placed: close the rows still open."""
+
+    @abc.abstractmethod
+    def _make_plan(self) -> PlanArrays:
+        """The plan of the closed rows."""
+
+    def extend_to(self, rows: int) -> None:
+        """Place documents until ``rows`` rows are closed or the epoch is complete."""
+        while not self.complete and self.closed() < rows:
+            window = self.ids[self.done : self.done + self.window]
+            self._place(np.asarray(self.measure(window), dtype=np.int64).reshape(len(window), -1))
+            self.done += len(window)
+            self.window = min(self.window * 2, self.max_window)
+            self._plan = None
+            if self.done >= len(self.ids):
+                self._finish()
+                self.complete = True
+
+    def plan(self) -> PlanArrays:
+        """``(row_ptr, doc, start, length)`` of the closed rows, made once per growth."""
+        if self._plan is None:
+            self._plan = self._make_plan()
+        return self._plan
