@@ -30,26 +30,45 @@ class Growing(abc.ABC):
     Subclasses place a window (:meth:`_place`), close the end (:meth:`_finish`), count
     the closed rows (:meth:`closed`) and make the plan of the closed rows (:meth:`_make_plan`).
 
-    Attributes:
-        ids: the epoch's record ids in stream order.
+    Args:
+        ids: the epoch's record ids in stream order: an array, or ``(ids_of, n)`` where ``ids_of(lo, hi)``
+            gives those of documents ``lo`` to ``hi`` of the ``n`` (so an epoch's order is computed only as
+            far as the plan reaches).
         measure: ``measure(ids)``: the lengths of those records, ``(n,)`` or ``(n, c)``.
+        first_window: the documents of the first window.
+        max_window: the documents of a window at most.
+
+    Attributes:
+        n: the documents of the epoch.
         done: documents measured and placed so far.
         complete: every document is placed (the row count is final).
     """
 
     def __init__(
         self,
-        ids: np.ndarray,
+        ids: np.ndarray | tuple[Callable[[int, int], np.ndarray], int],
         measure: Callable[[np.ndarray], np.ndarray],
         first_window: int = 64,
         max_window: int = 8192,
     ) -> None:
-        self.ids = np.asarray(ids, dtype=np.int64)
+        if isinstance(ids, tuple):
+            self._ids_of, self.n = ids[0], int(ids[1])
+        else:
+            whole = np.asarray(ids, dtype=np.int64)
+            self._ids_of, self.n = (lambda lo, hi: whole[lo:hi]), len(whole)
         self.measure = measure
         self.window, self.max_window = first_window, max_window
         self.done = 0
-        self.complete = not len(self.ids)
+        self.complete = not self.n
+        self._windows: list[np.ndarray] = []  # the record ids of the windows placed
         self._plan: PlanArrays | None = None  # made again only after the plan grows
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The record ids of the documents placed so far, in stream order (all of the epoch's once complete)."""
+        if len(self._windows) != 1:
+            self._windows = [np.concatenate(self._windows) if self._windows else np.zeros(0, dtype=np.int64)]
+        return self._windows[0]
 
     @abc.abstractmethod
     def closed(self) -> int:
@@ -70,12 +89,13 @@ class Growing(abc.ABC):
     def extend_to(self, rows: int) -> None:
         """Place documents until ``rows`` rows are closed or the epoch is complete."""
         while not self.complete and self.closed() < rows:
-            window = self.ids[self.done : self.done + self.window]
+            window = np.asarray(self._ids_of(self.done, min(self.n, self.done + self.window)), dtype=np.int64)
             self._place(np.asarray(self.measure(window), dtype=np.int64).reshape(len(window), -1))
+            self._windows.append(window)
             self.done += len(window)
             self.window = min(self.window * 2, self.max_window)
             self._plan = None
-            if self.done >= len(self.ids):
+            if self.done >= self.n:
                 self._finish()
                 self.complete = True
 

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -202,12 +202,12 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         """The lengths of the records in the first packed column (``-1``: not known yet)."""
         return self.length_table()[:, 0]
 
-    def _epoch_ids(self, e: int) -> np.ndarray:
+    def _epoch_ids(self, e: int) -> tuple[Callable[[int, int], np.ndarray], int]:
+        """``(ids_of, n)``: ``ids_of(lo, hi)`` the record ids of documents ``lo`` to ``hi`` of epoch ``e``'s ``n``."""
         n = self.inner.stream.epoch_length
         assert n is not None
-        return require(self.inner.stream, SingleSource, "pack").record_ids(
-            np.arange(e * n, (e + 1) * n, dtype=np.int64)
-        )
+        inner = require(self.inner.stream, SingleSource, "pack")
+        return (lambda lo, hi: inner.record_ids(np.arange(e * n + lo, e * n + hi, dtype=np.int64))), n
 
     def _growing(self, e: int) -> Growing:
         """Epoch ``e``'s growing plan (``lazy``), kept for the last four epochs asked for."""
