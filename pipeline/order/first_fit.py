@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .growing import Growing, PlanArrays
+from .growing import EpochIds, Growing, PlanArrays
 
 __all__ = ["FirstFit", "first_fit", "GrowingPlan"]
 
@@ -159,7 +159,7 @@ class GrowingPlan(Growing):
 
     def __init__(
         self,
-        ids: np.ndarray,
+        ids: EpochIds,
         measure: Callable[[np.ndarray], np.ndarray],
         room: int | Sequence[int],
         num_bins: int,

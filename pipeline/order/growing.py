@@ -18,10 +18,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["Growing", "PlanArrays"]
+__all__ = ["Growing", "PlanArrays", "EpochIds"]
 
 PlanArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """``(row_ptr, doc, start, length)``: an ``EpochPlan``'s arrays (``doc`` indexes the epoch's ids)."""
+
+
+EpochIds = np.ndarray | tuple[Callable[[int, int], np.ndarray], int]
+"""An epoch's record ids: an array, or ``(ids_of, n)`` (see :class:`Growing`)."""
 
 
 class Growing(abc.ABC):
@@ -46,7 +50,7 @@ class Growing(abc.ABC):
 
     def __init__(
         self,
-        ids: np.ndarray | tuple[Callable[[int, int], np.ndarray], int],
+        ids: EpochIds,
         measure: Callable[[np.ndarray], np.ndarray],
         first_window: int = 64,
         max_window: int = 8192,

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import index as _index
 from .first_fit import first_fit
-from .growing import Growing, PlanArrays
+from .growing import EpochIds, Growing, PlanArrays
 
 __all__ = [
     "PACK_SALT",
@@ -236,7 +236,7 @@ class GrowingConcat(Growing):
 
     def __init__(
         self,
-        ids: np.ndarray,
+        ids: EpochIds,
         measure: Callable[[np.ndarray], np.ndarray],
         seq_len: int,
         first_window: int = 64,
