@@ -20,8 +20,9 @@ import numpy as np
 
 from ..pipeline.core.timing import DEVICE_PUT, LIVE, StepClock
 from ..pipeline.order.index import host_rows
+from .device_stages import DeviceStages
 
-__all__ = ["DEVICE_PREFETCH", "global_iterator", "GlobalIterator", "process_rows", "host_slice"]
+__all__ = ["DEVICE_PREFETCH", "global_iterator", "global_batch_at", "GlobalIterator", "process_rows", "host_slice"]
 
 DEVICE_PREFETCH = 2  # global batches kept in flight to the devices, by default
 
@@ -74,6 +75,73 @@ def process_rows(sharding: Any, global_batch_size: int) -> tuple[int, int]:
     return lo, hi
 
 
+def _host_of(sharding: Any, global_batch_size: int) -> tuple[int, int]:
+    """``(process_index, process_count)``: this process's host slice of a global batch sharded by ``sharding``.
+
+    Raises:
+        ValueError: its rows are not one of equal host slices.
+    """
+    B = global_batch_size  # noqa: N806
+    lo, hi = process_rows(sharding, B)
+    count = B // (hi - lo)
+    if B % (hi - lo) or lo % (hi - lo):
+        raise ValueError(f"this process holds rows [{lo}, {hi}) of {B}: not one of {B} // n equal host slices")
+    index = lo // (hi - lo)
+    host_rows(B, index, count)  # validates
+    return index, count
+
+
+def _to_global(pipe: Any, batch: Any, sharding: Any, index: int, count: int, step: int) -> Any:
+    """This host's ``batch`` of ``step`` as the global batch of ``jax.Array``, after the device stages."""
+    import jax
+
+    B = pipe.batch_size  # noqa: N806
+    rows = B // count
+
+    def one(x: Any) -> Any:
+        x = np.asarray(x)
+        if x.ndim == 0 or x.shape[0] != rows or x.dtype.kind not in "biufc":
+            raise ValueError(
+                f"global_iterator: every leaf of a batch must be a numeric array with a leading axis of this "
+                f"host's {rows} rows; got {x.dtype} of shape {x.shape}"
+            )
+        return jax.make_array_from_process_local_data(sharding, x, (B,) + x.shape[1:])
+
+    out = jax.tree_util.tree_map(one, batch)
+    stages = DeviceStages.of(pipe)
+    if not stages:
+        return out
+    datas = [one(d) for d in stages.local_keys(pipe.positions(step, index, count), rows)]
+    return stages(out, datas, step)
+
+
+def global_batch_at(pipe: Any, step: int, mesh: Any, *, partition_spec: Any = None) -> Any:
+    """The global batch at ``step``, as :func:`global_iterator` yields it (the device stages applied).
+
+    Every process calls it with the same arguments: each computes its own rows
+    (``pipe.batch_at(step, process_index, process_count)``, its host slice found from the mesh)
+    and JAX assembles them, as in :func:`global_iterator`.
+
+    Args:
+        pipe: the pipeline, with ``batch()``.
+        step: the step.
+        mesh: the ``jax.sharding.Mesh``.
+        partition_spec: as for :func:`global_iterator`.
+
+    Returns:
+        A tree of ``jax.Array`` of the global shape, sharded over ``mesh``.
+
+    Raises:
+        ValueError: ``pipe`` has no batch size, or this process's rows are not one of equal host slices.
+        StepError: the step could not be computed (on the host or on the devices).
+    """
+    if pipe.batch_size is None:
+        raise ValueError("global_batch_at() needs batch() first: a step is a batch")
+    sharding = _batch_sharding(mesh, partition_spec)
+    index, count = _host_of(sharding, pipe.batch_size)
+    return _to_global(pipe, pipe.batch_at(step, index, count), sharding, index, count, step)
+
+
 class GlobalIterator:
     """Iterator of global batches: see :func:`global_iterator`, which makes one and takes the same arguments.
 
@@ -108,15 +176,12 @@ class GlobalIterator:
             )
         self.sharding = _batch_sharding(mesh, partition_spec)
         B = pipe.batch_size  # noqa: N806 - the global batch size, as in the shapes (B, ...)
-        lo, hi = process_rows(self.sharding, B)
-        count = B // (hi - lo)
-        if B % (hi - lo) or lo % (hi - lo):
-            raise ValueError(f"this process holds rows [{lo}, {hi}) of {B}: not one of {B} // n equal host slices")
-        index = lo // (hi - lo)
-        host_rows(B, index, count)  # validates
+        index, count = _host_of(self.sharding, B)
         self.process_index, self.process_count = index, count
         self.global_batch_size = B
         self.device_prefetch = max(0, int(device_prefetch))
+        self.pipe = pipe
+        self._host_step = start_step  # the step of the next host batch
         self._host = pipe.iterator(
             start_step=start_step,
             process_index=index,
@@ -134,20 +199,7 @@ class GlobalIterator:
         LIVE.add(self)
 
     def _to_global(self, batch: Any) -> Any:
-        rows = self.global_batch_size // self.process_count
-
-        def one(x: Any) -> Any:
-            x = np.asarray(x)
-            if x.ndim == 0 or x.shape[0] != rows or x.dtype.kind not in "biufc":
-                raise ValueError(
-                    f"global_iterator: every leaf of a batch must be a numeric array with a leading axis of this "
-                    f"host's {rows} rows; got {x.dtype} of shape {x.shape}"
-                )
-            return self._jax.make_array_from_process_local_data(
-                self.sharding, x, (self.global_batch_size,) + x.shape[1:]
-            )
-
-        return self._jax.tree_util.tree_map(one, batch)
+        return _to_global(self.pipe, batch, self.sharding, self.process_index, self.process_count, self._host_step)
 
     def __iter__(self) -> GlobalIterator:
         return self
@@ -171,6 +223,7 @@ class GlobalIterator:
                 t1 = time.perf_counter()
                 self._ready.append(self._to_global(self._held))  # transfers start now, asynchronously
                 self._held = None
+                self._host_step += 1
                 self._device_put += time.perf_counter() - t1
             except StopIteration:
                 break

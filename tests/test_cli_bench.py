@@ -127,3 +127,40 @@ def test_a_remote_source_fetched_during_the_loop_is_the_network(tmp_path):
     assert bench.source_facts(pipe)[0].remote
     assert d.level == NETWORK and d.stage == "read", d
     assert "cache" in d.suggestion and "quern prepare" in d.suggestion
+
+
+# --------------------------------------------------------------------------- the device advice
+
+
+def test_device_advice_follows_the_seeds_rule():
+    from quern.pipeline.cli.triage import device_advice
+
+    slow = {"random_map[1] crop": 2.5e-3, "map[0] decode": 4e-4, "read": 5e-3, "map_batch[0] norm": 1.5e-3}
+    got = device_advice(slow, 64, [])
+    assert [line.split(" to ")[0] for line in got] == ["move random_map[1] crop", "move map_batch[0] norm"]
+    assert "(random_map_device): 2.50 ms a row on the host, batches of 64 rows" in got[0]
+    assert "(map_device)" in got[1]  # the read is not a transform, the decode is under 1 ms
+    assert device_advice(slow, 16, []) == []  # small batches: nothing moves to the devices
+    back = device_advice(slow, 16, ["random_map_device[2] crop"])
+    assert back == [
+        "move random_map_device[2] crop back to the host: batches of 16 rows, too few for the devices to pay "
+        "(the rule: over 1 ms a row and 32 rows)"
+    ]
+    assert device_advice(slow, 64, ["random_map_device[2] crop"])[0].startswith("move random_map[1] crop")
+
+
+def test_quern_bench_suggests_moving_a_slow_stage_to_the_devices(tmp_path):
+    write_shards(tmp_path)
+    (tmp_path / "slowmod.py").write_text(
+        "import time\n\ndef slow(record):\n    time.sleep(0.0015)\n    return record\n"
+    )
+    cfg = _good(tmp_path)
+    cfg["transforms"].append({"fn": "slowmod:slow"})
+    cfg["batch"] = {"size": 32}
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(cfg))
+    out = _bench(tmp_path / "slow.yaml", "--steps", 3).stdout
+    advice = _line(out, "device: ")
+    assert (
+        advice.startswith("device: move map[2] slow to the devices (map_device): ") and "batches of 32 rows" in advice
+    )
+    assert float(re.search(r"\(map_device\): ([\d.]+) ms a row", advice).group(1)) > 1.0

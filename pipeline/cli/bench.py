@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import execute
+from ..core.ops import DEVICE_KINDS
 from ..definition.dataset import Pipeline
-from .triage import Diagnosis, SourceFacts, triage
+from .triage import Diagnosis, SourceFacts, device_advice, triage
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
@@ -87,7 +89,7 @@ def stage_names(pipe: Pipeline) -> list[str]:
         + pipe.stream.stages_before()
         + [op.label(k) for k, op in enumerate(pipe.record_ops)]
         + [execute.COLLATE]
-        + [op.label(k) for k, op in enumerate(pipe.batch_ops)]
+        + [op.label(k) for k, op in enumerate(pipe.batch_ops) if op.kind not in DEVICE_KINDS]
     )
 
 
@@ -219,7 +221,15 @@ def diagnose(pipe: Pipeline, run: Loop, *, fallback: dict[str, float] | None = N
     )
 
 
-def report(prof: Profile, run: Loop, *, diagnosis: Diagnosis, noun: str = "records") -> list[str]:
+def report(
+    prof: Profile,
+    run: Loop,
+    *,
+    diagnosis: Diagnosis,
+    noun: str = "records",
+    batch_size: int | None = None,
+    device_stages: Sequence[str] = (),
+) -> list[str]:
     """The lines ``quern bench`` prints.
 
     Args:
@@ -227,9 +237,13 @@ def report(prof: Profile, run: Loop, *, diagnosis: Diagnosis, noun: str = "recor
         run: The loop's figures (:func:`loop`).
         diagnosis: Where the data waits (:func:`diagnose`).
         noun: What a row is called (``records``, or ``rows`` for packed rows).
+        batch_size: The rows of a global batch (``None``: varying), for the device advice.
+        device_stages: The labels of the pipeline's device stages (not timed here: they run in
+            ``quern.sharding``).
 
     Returns:
-        The per-stage table, the bounding stage, the loop's figures, the level and the suggestion.
+        The per-stage table, the bounding stage, the loop's figures, the level, the suggestion and the
+        device advice (:func:`~quern.pipeline.cli.triage.device_advice`).
     """
     totals = {name: sum(t.get(name, 0.0) for t in prof.per_step) for name in prof.stages}
     total = sum(totals.values())
@@ -254,6 +268,8 @@ def report(prof: Profile, run: Loop, *, diagnosis: Diagnosis, noun: str = "recor
         )
     lines.append(f"where the data waits: {diagnosis.level}: {diagnosis.reason}")
     lines.append(f"suggestion: {diagnosis.suggestion}")
+    per_row = {name: dt / max(prof.rows, 1) for name, dt in totals.items()}
+    lines += [f"device: {line}" for line in device_advice(per_row, batch_size, device_stages)]
     return lines
 
 

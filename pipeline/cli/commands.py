@@ -20,6 +20,7 @@ from typing import Any
 from ...prepare import prepare
 from ..config import load_config
 from ..config.limits import MAX_BYTES
+from ..core.ops import DEVICE_KINDS
 from ..core.progress import Bar
 from ..core.tree import leaves
 from ..definition.dataset import Pipeline
@@ -220,7 +221,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prof = bench.profile(pipe, args.start_step, count=steps)
     run = bench.loop(pipe, args.start_step, count=steps, num_workers=args.workers, step_s=args.step_ms / 1e3)
     diagnosis = bench.diagnose(pipe, run)
-    print("\n".join(bench.report(prof, run, diagnosis=diagnosis, noun=noun)))
+    device = [op.label(k) for k, op in enumerate(pipe.batch_ops) if op.kind in DEVICE_KINDS]
+    lines = bench.report(prof, run, diagnosis=diagnosis, noun=noun, batch_size=pipe.batch_size, device_stages=device)
+    print("\n".join(lines))
     if args.plot:
         bench.plot(prof, run, diagnosis=diagnosis, path=args.plot)
         print(f"plot: {args.plot}")
@@ -257,6 +260,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         columns=split(args.columns),
         include=args.include or (),
         compression=args.compression,
+        labels_from_dirs=args.labels_from_dirs,
+        max_side=args.max_side,
     )
     seconds = time.perf_counter() - t0
     count, total = m["records"]["count"], sum(s["bytes"] for s in m["shards"])

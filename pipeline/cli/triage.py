@@ -24,12 +24,28 @@ from typing import NamedTuple
 from ..core.timing import DEVICE_PUT, HANDOVER, SEND
 from ..execute import COLLATE, READ
 
-__all__ = ["DEVICE", "HOST_MEMORY", "LOCAL_DISK", "NETWORK", "SourceFacts", "Diagnosis", "triage", "bounding_stage"]
+__all__ = [
+    "DEVICE",
+    "HOST_MEMORY",
+    "LOCAL_DISK",
+    "NETWORK",
+    "SourceFacts",
+    "Diagnosis",
+    "triage",
+    "bounding_stage",
+    "device_advice",
+    "DEVICE_ROW_SECONDS",
+    "DEVICE_MIN_ROWS",
+]
 
 DEVICE = "device"
 HOST_MEMORY = "host memory"
 LOCAL_DISK = "local disk"
 NETWORK = "network"
+DEVICE_ROW_SECONDS = 1e-3
+"""The seed's rule: per-row work past about 1 ms belongs on the accelerator..."""
+DEVICE_MIN_ROWS = 32
+"""...once batches pass about 32 rows."""
 
 
 class SourceFacts(NamedTuple):
@@ -212,3 +228,41 @@ def _read_sources(stage: str, sources: Sequence[SourceFacts]) -> list[SourceFact
         named = [s for s in sources if s.name == name]
         return named or list(sources)
     return list(sources)
+
+
+def device_advice(per_row: Mapping[str, float], batch_size: int | None, device_stages: Sequence[str]) -> list[str]:
+    """Which stages to move to the devices, or back, by the seed's rule, each with the figures behind it.
+
+    A host stage (a record or batch transform) costing more than :data:`DEVICE_ROW_SECONDS` a row, in
+    batches of at least :data:`DEVICE_MIN_ROWS` rows, is worth moving to ``map_device`` /
+    ``random_map_device``; device stages in batches of fewer rows are worth moving back (a launch per
+    small batch costs more than the host work). A pure function of its arguments.
+
+    Args:
+        per_row: Seconds per row of each host stage (measured).
+        batch_size: The rows of a (global) batch, ``None`` when it varies.
+        device_stages: The labels of the pipeline's device stages.
+
+    Returns:
+        One line per advice (none when the rule says nothing).
+
+    Example:
+        >>> device_advice({"random_map[1] crop": 2.5e-3, "map[0] decode": 4e-4}, 64, [])
+        ['move random_map[1] crop to the devices (random_map_device): 2.50 ms a row on the host, batches of 64 rows (the rule: over 1 ms a row and 32 rows)']
+    """
+    rule = f"(the rule: over {DEVICE_ROW_SECONDS * 1e3:g} ms a row and {DEVICE_MIN_ROWS} rows)"
+    rows = f"batches of {batch_size} rows" if batch_size else "batches of varying size"
+    out = []
+    if batch_size is not None and batch_size >= DEVICE_MIN_ROWS:
+        for stage, seconds in per_row.items():
+            kind = re.match(r"(\w+)\[", stage)
+            if kind is None or kind.group(1) not in ("map", "random_map", "map_batch", "random_map_batch"):
+                continue
+            if seconds > DEVICE_ROW_SECONDS:
+                target = "random_map_device" if kind.group(1).startswith("random") else "map_device"
+                out.append(
+                    f"move {stage} to the devices ({target}): {seconds * 1e3:.2f} ms a row on the host, {rows} {rule}"
+                )
+    elif device_stages and batch_size is not None:
+        out.append(f"move {', '.join(device_stages)} back to the host: {rows}, too few for the devices to pay {rule}")
+    return out

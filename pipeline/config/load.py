@@ -146,7 +146,9 @@ def _source(cfg: FileSourceConfig, base: str, key: str = "source") -> sources.So
     try:
         if isinstance(cfg, ArrayRecordConfig):
             paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
-            return sources.ArrayRecordSource(paths, name=cfg.name, max_open_files=cfg.max_open_files)
+            return sources.ArrayRecordSource(
+                paths, name=cfg.name, max_open_files=cfg.max_open_files, fields=tuple(cfg.fields)
+            )
         if isinstance(cfg, ParquetConfig):
             paths = [_path(p, base) for p in ([cfg.paths] if isinstance(cfg.paths, str) else cfg.paths)]
             return sources.ParquetSource(
@@ -252,7 +254,12 @@ def _build(data: dict, base: str, process_count: int, policy: Policy) -> Pipelin
         except ValueError as e:
             raise ConfigError(_prefixed("batch", e)) from e
     pipe = _add_stages(
-        pipe, cfg.batch_transforms, "batch_transforms", ("map_batch", "random_map_batch"), "transforms", policy
+        pipe,
+        cfg.batch_transforms,
+        "batch_transforms",
+        ("map_batch", "random_map_batch", "map_device", "random_map_device"),
+        "transforms",
+        policy,
     )
     return apply_edits(pipe, cfg.skip, cfg.exclude, base)
 

@@ -103,7 +103,19 @@ class TransformConfig(Section):
         description='User code as ``"package.module:function"`` (dotted ASCII names; no relative import, no '
         "private or dunder name), called with ``kwargs`` bound by ``functools.partial``.",
     )
-    kind: Literal["map", "random_map", "filter", "flat_map", "map_batch", "random_map_batch"] | None = Field(
+    kind: (
+        Literal[
+            "map",
+            "random_map",
+            "filter",
+            "flat_map",
+            "map_batch",
+            "random_map_batch",
+            "map_device",
+            "random_map_device",
+        ]
+        | None
+    ) = Field(
         default=None,
         description="Record stages (``transforms``): ``map`` (the default), ``random_map`` (``fn(record, rng)``), "
         "``filter`` (keeps the records for which ``fn(record, **kwargs)`` is true: loading the config scans "
@@ -111,7 +123,8 @@ class TransformConfig(Section):
         "a filter comes before any random_map) or ``flat_map`` (``fn(record, **kwargs)`` returns a list of "
         "records, which replace it: loading the config counts them once, cached as a filter's survivors; it "
         "comes before any random_map). Packed rows (``row_transforms``): ``map`` or ``random_map``. "
-        "Batch stages (``batch_transforms``): ``map_batch`` (the default) or ``random_map_batch``.",
+        "Batch stages (``batch_transforms``): ``map_batch`` (the default) or ``random_map_batch``, then the "
+        "device stages ``map_device`` and ``random_map_device`` (run on the global arrays by quern.sharding).",
     )
     kwargs: dict[str, Any] = Field(
         default={}, description="Keyword arguments of the transform (a mapping with string keys; default none)."

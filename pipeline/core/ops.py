@@ -25,8 +25,10 @@ class OpKind(enum.StrEnum):
     scan (never while a step is computed: the plan holds only the records it
     keeps); ``FLAT_MAP``: ``fn(record) -> list of records``, whose outputs become the
     records of a new source (:meth:`Pipeline.flat_map`; it is the last record stage of
-    that source's inner pipeline, never of a stream's). The values are the names used in
-    configs and messages.
+    that source's inner pipeline, never of a stream's); ``MAP_DEVICE``: ``fn(batch)`` and
+    ``RANDOM_MAP_DEVICE``: ``fn(batch, keys)`` with a typed ``jax.random`` key per row, both
+    under ``jax.jit`` on the global arrays (:mod:`quern.sharding.device_stages`), the last
+    batch stages. The values are the names used in configs and messages.
     """
 
     MAP = "map"
@@ -35,10 +37,14 @@ class OpKind(enum.StrEnum):
     RANDOM_MAP_BATCH = "random_map_batch"
     FILTER = "filter"
     FLAT_MAP = "flat_map"
+    MAP_DEVICE = "map_device"
+    RANDOM_MAP_DEVICE = "random_map_device"
 
 
 RECORD_KINDS = (OpKind.MAP, OpKind.RANDOM_MAP, OpKind.FILTER, OpKind.FLAT_MAP)
 BATCH_KINDS = (OpKind.MAP_BATCH, OpKind.RANDOM_MAP_BATCH)
+DEVICE_KINDS = (OpKind.MAP_DEVICE, OpKind.RANDOM_MAP_DEVICE)
+"""The batch stages that run on the devices, after the host's batch stages and the transfer."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.collate import collate, describe
 from ..core.errors import CollateError, EntriesTimeoutError, StepError, StreamTimeoutError
-from ..core.ops import OpKind
+from ..core.ops import DEVICE_KINDS, OpKind
 from ..core.steps import LengthCheck, StepRequest, StepResult, Where
 from ..core.timing import Clock
 from ..order import Segments
@@ -39,6 +39,7 @@ __all__ = [
     "collate_rows",
     "apply_batch_op",
     "record_keys",
+    "device_keys",
     "batch_keys",
     "batch_stages",
     "steps_per_read",
@@ -47,7 +48,8 @@ __all__ = [
 
 READ = "read"
 COLLATE = "collate"
-_RECORD_SALT, _BATCH_SALT = 1, 2  # part of the published order: keys of random_map / random_map_batch
+_RECORD_SALT, _BATCH_SALT, _DEVICE_SALT = 1, 2, 3  # part of the published order: keys of random_map,
+# random_map_batch and random_map_device
 
 
 class RowNames(NamedTuple):
@@ -154,6 +156,14 @@ def batch_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
     A hash of (seed, batch level, k, stream position). Part of the published order.
     """
     return _index.derive_key(seed, _BATCH_SALT, k, positions)
+
+
+def device_keys(seed: int, positions: np.ndarray, k: int) -> np.ndarray:
+    """``uint64`` key per row for batch stage ``k`` when it is a ``random_map_device`` stage.
+
+    A hash of (seed, device level, k, stream position). Part of the published order.
+    """
+    return _index.derive_key(seed, _DEVICE_SALT, k, positions)
 
 
 @Clock.stage("read")
@@ -320,6 +330,8 @@ def batch_stages(
     clock = Clock(timings)
     names = RowNames.of(pipe, seg.ids, seg.component)
     for k, op in enumerate(pipe.batch_ops):
+        if op.kind in DEVICE_KINDS:  # the device stages run after the transfer (quern.sharding)
+            break
         batch = apply_batch_op(pipe, k, batch, positions, seg.ids, where, names)
         clock.lap(op.label(k))
     return batch

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from helpers import free_port
 
+import quern
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipelines import make_pipeline  # noqa: E402
 
@@ -26,7 +28,9 @@ pytestmark = pytest.mark.timeout(300)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0, timeout: float = 180) -> dict:
+def _run(
+    processes: int, devices: int, start: int, steps: int, workers: int = 0, timeout: float = 180, mode: str = "host"
+) -> dict:
     """Run ``processes`` hosts with ``devices`` CPU devices (and ``workers`` quern worker
     processes) each; process 0's JSON output."""
     port = free_port()
@@ -43,6 +47,7 @@ def _run(processes: int, devices: int, start: int, steps: int, workers: int = 0,
                 str(start),
                 str(steps),
                 str(workers),
+                mode,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -86,3 +91,24 @@ def test_stop_on_two_hosts_resume_on_one_or_four():
     for processes, devices, workers in [(1, 2, 2), (4, 1, 0)]:
         resumed = _run(processes=processes, devices=devices, start=k, steps=5, workers=workers)["batches"]
         assert resumed == whole[k:], (processes, devices, workers)
+
+
+def test_device_stages_give_the_same_global_batches_on_any_host_count():
+    """map_device and random_map_device run under jit on the global arrays: the batches of 2 hosts x 2 devices
+    equal those of 1 host x 1 device and of global_batch_at in this process, and the rows before the device
+    stages are batch_at's."""
+    import jax
+    from pipelines import make_device_pipeline
+
+    two = _run(processes=2, devices=2, start=4, steps=3, mode="device")["batches"]
+    one = _run(processes=1, devices=1, start=4, steps=3, mode="device")["batches"]
+    assert two == one
+    pipe = make_device_pipeline()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    for i, s in enumerate(range(4, 7)):
+        here = quern.sharding.global_batch_at(pipe, s, mesh)
+        assert {k: np.asarray(v).tolist() for k, v in here.items()} == two[i]
+        host = pipe.batch_at(s)  # the host's batch: before the device stages
+        assert two[i]["x"] == (host["x"] * 2).tolist() and "device_noise" not in host
+        noise = np.asarray(two[i]["device_noise"])
+        assert noise.shape == (16, 2) and len({tuple(r) for r in noise.tolist()}) == 16  # a key per row

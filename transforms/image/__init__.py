@@ -5,7 +5,9 @@ Used as the other record transforms are: ``pipe.map(t)`` for :func:`decode`,
 ``pipe.random_map(t)`` for the random :func:`random_resized_crop` and
 :func:`random_flip`, whose draws come from the ``rng`` that ``random_map`` keys by
 (seed, stream position, stage): the same crop for any worker count, host count or
-resume. Images are ``numpy`` arrays of height x width x channels. A bad image
+resume. Images are ``numpy`` arrays of height x width x channels. :mod:`.device` has
+the random crop and flip as device stages (``pipe.random_map_device``), for when the
+host's CPUs are the limit. A bad image
 (corrupt, truncated, empty, too large, a crop larger than the image) raises, so the
 pipeline's :class:`~quern.StepError` names the record; it never becomes a black frame.
 
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from . import device
 from .decoding import MAX_PIXELS, decode_image, image_size
 from .stages import CenterCrop, DecodeImage, Normalize, RandomFlip, RandomResizedCrop, Resize
 
@@ -50,6 +53,7 @@ __all__ = [
     "center_crop",
     "decode",
     "decode_image",
+    "device",
     "image_size",
     "normalize",
     "random_flip",
