@@ -136,3 +136,18 @@ def test_stats_after_close_are_the_last_figures_with_nothing_in_flight():
     assert after["stage_steps"] == before["stage_steps"] >= 6 and after["stages"] == before["stages"]
     assert after["host_prefetch"]["ready"] == after["host_prefetch"]["in_flight"] == 0
     assert after["steps"] == 6 and after["workers"] == 0
+
+
+def test_the_thread_feed_reads_fewer_steps_ahead_when_batches_are_large():
+    """Chunks of about THREAD_CHUNK_BYTES of batches (image batches: a step or two), not THREAD_READ_STEPS."""
+    from quern.pipeline.iterate.threads import THREAD_CHUNK_BYTES, THREAD_READ_STEPS
+
+    rows = 4
+    big = np.arange(8 * (THREAD_CHUNK_BYTES // rows // 8 + 1), dtype=np.float64).reshape(8, -1)  # a batch > budget
+    small = np.arange(64 * 256, dtype=np.int32).reshape(64, 256)
+    for data, want in ((big, 1), (small, THREAD_READ_STEPS)):
+        pipe = quern.Pipeline.from_source(data, seed=0).shuffle().batch(rows)
+        with pipe.iterator(prefetch=2) as it:
+            for step in range(5):
+                assert np.array_equal(next(it), pipe.batch_at(step))  # the same batches, whatever the chunks
+            assert it.stats()["host_prefetch"]["depth"] == 2 * want

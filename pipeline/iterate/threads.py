@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from .. import execute
 from ..core.errors import StepTimeoutError, StreamTimeoutError, exit_if_forked
-from ..core.timing import add, ema, stage_now
+from ..core.timing import add, batch_nbytes, ema, stage_now
 from ..integrity.ledger import DIGEST, LedgerWriter
 from ..order.index import host_rows
 from ..sources import waiting
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Chunk",
     "THREAD_READ_RECORDS",
+    "THREAD_CHUNK_BYTES",
     "THREAD_READ_STEPS",
     "ThreadFeed",
     "check_step_timeout",
@@ -46,7 +47,8 @@ __all__ = [
 ]
 
 THREAD_READ_RECORDS = 4096  # about this many records per bulk read...
-THREAD_READ_STEPS = 16  # ...but at most this many steps
+THREAD_READ_STEPS = 16  # ...but at most this many steps...
+THREAD_CHUNK_BYTES = 16 << 20  # ...and, once a batch's size is known, about this many bytes of batches per chunk
 
 
 class Chunk(NamedTuple):
@@ -257,7 +259,8 @@ class ThreadFeed(Feed):
         pipe: the pipeline.
         settings: the iterator's settings (``read_ahead=None``: about
             :data:`THREAD_READ_RECORDS` records, at most :data:`THREAD_READ_STEPS`
-            steps, times the number of components of a mixture).
+            steps, times the number of components of a mixture; and once the first
+            batch is made, at most :data:`THREAD_CHUNK_BYTES` of batches).
         num_threads: prefetch threads.
         watch: run each chunk on a thread of its own, which can be watched and left
             behind (with ``step_timeout``, or on a live stream).
@@ -368,6 +371,10 @@ class ThreadFeed(Feed):
                 s = self.settings
                 batches = execute.batches_at(self.pipe, step, 1, s.process_index, s.process_count)
             self._ready.extend(batches)
+            if batches and self.settings.read_ahead is None:  # large batches (images): smaller chunks
+                cap = max(1, THREAD_CHUNK_BYTES // max(1, batch_nbytes(batches[0])))
+                self.read_ahead = min(self.read_ahead, cap)
+                self._chunk = min(self._chunk, self.read_ahead)
         self._fill(taking=1)  # before the batch is taken: a Ctrl-C in here loses nothing
         self._at = step + 1  # first, so that a Ctrl-C after it makes a step asked for again be recomputed
         return self._ready.popleft()
