@@ -259,6 +259,8 @@ def test_flip_and_normalize():
     out = image.normalize((10, 20, 30), (2, 4, 5))(RGB)
     assert out.dtype == np.float32
     assert np.allclose(out, (RGB.astype(np.float32) - [10, 20, 30]) / [2, 4, 5])
+    batch = np.stack([RGB, RGB[::-1]])
+    assert np.array_equal(image.normalize((10, 20, 30), (2, 4, 5))(batch), np.stack([out, out[::-1]]))  # map_batch
     with pytest.raises(ValueError, match="3 mean values for an image of 1 channels"):
         image.normalize((1, 2, 3), 1)(RGB[:, :, :1])
 

@@ -228,14 +228,26 @@ class Normalize(_OnImage):
         object.__setattr__(self, "dtype", dtype.str)
 
     def __call__(self, record: Any) -> Any:
-        """The record with its image as ``(image - mean) / std`` per channel, in ``dtype``."""
+        """The record with its image as ``(image - mean) / std`` per channel, in ``dtype``.
+
+        A batch of images (rows x height x width x channels, from ``map_batch``) is normalized
+        at once, as each of its rows would be.
+        """
+        batch = self._get(record)
+        if isinstance(batch, np.ndarray) and batch.ndim == 4:
+            return self._put(record, self._normalized(batch))
         image, flat = self._pixels(record)
-        channels = image.shape[2]
+        return self._done(record, self._normalized(image), flat)
+
+    def _normalized(self, image: np.ndarray) -> np.ndarray:
+        channels = image.shape[-1]
         for name in ("mean", "std"):
             if len(getattr(self, name)) not in (1, channels):
                 raise ValueError(
                     f"{self.NAME}: {len(getattr(self, name))} {name} values for an image of {channels} channels"
                 )
         dtype = np.dtype(self.dtype)
-        out = (image.astype(dtype) - np.asarray(self.mean, dtype)) / np.asarray(self.std, dtype)
-        return self._done(record, out.astype(dtype, copy=False), flat)
+        out = image.astype(dtype)
+        out -= np.asarray(self.mean, dtype)
+        out /= np.asarray(self.std, dtype)
+        return out
