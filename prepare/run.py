@@ -24,6 +24,7 @@ from ..pipeline.core.progress import Bar
 from ..pipeline.identity import samedef
 from ..pipeline.identity.fingerprint import describe_callable, fingerprint_of
 from ..pipeline.sources import prepared
+from . import images as _images
 from . import inputs as _inputs
 from . import shards as _shards
 from .inputs import Format
@@ -287,6 +288,8 @@ def prepare(
     include: Sequence[str] = (),
     compression: str = _shards.COMPRESSION,
     progress: bool | None = None,
+    labels_from_dirs: bool = False,
+    max_side: int | None = None,
 ) -> dict[str, Any]:
     """Convert ``inputs`` to ArrayRecord shards in the folder ``output``, with a manifest and a metadata index.
 
@@ -336,6 +339,11 @@ def prepare(
             ``snappy`` or ``uncompressed`` (``snappy`` and ``uncompressed`` read
             faster, ``zstd`` is smaller).
         progress: draw a progress bar (default: when stderr is a terminal).
+        labels_from_dirs: image folders (``INPUT/CLASS/FILE``): each file's ``label`` is its class
+            folder's index among them sorted by name (listed in the manifest), in the metadata with
+            ``width`` and ``height`` (:mod:`quern.prepare.images`); not with ``map``.
+        max_side: image files: shrink those whose longer side is larger to it, once (recorded in the
+            manifest); with it (or ``labels_from_dirs``) every file must be a JPEG or PNG.
 
     Returns:
         The manifest (as written to ``output/manifest.json``).
@@ -392,6 +400,14 @@ def prepare(
         raise PrepareError(f"prepare: no input record: {given} hold no file{pattern}")
     if member is not None and not any(it.kind == "webdataset" for it in items):
         raise ValueError("prepare: member applies to WebDataset tar shards, and no input is one")
+    images = None
+    if labels_from_dirs or max_side is not None:
+        if fn is not None:
+            raise ValueError("prepare: labels_from_dirs and max_side make the image records; leave map out")
+        if any(it.kind != "file" for it in items):
+            raise ValueError("prepare: labels_from_dirs and max_side take folders of image files")
+        images = _images.image_records([it.name for it in items], labels_from_dirs, max_side)
+        fields = tuple(dict.fromkeys(images.fields() + fields))
     map_desc = None
     if fn is not None:
         name = spec or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
@@ -408,6 +424,8 @@ def prepare(
     }
     if member is not None:  # only when given: the jobs of earlier versions keep their hash
         options["member"] = member
+    if images is not None:
+        options["images"] = images.describe()
     job_key = fingerprint_of(
         {"version": prepared.VERSION, "items": _inputs.describe_inputs(items), "map": map_desc, "options": options}
     )
@@ -438,6 +456,7 @@ def prepare(
     job = _shards.Job(
         items, [], [], output, fn, fields, field, tuple(columns), bool(skip_errors), options_text, member=member
     )
+    job.images = images
     if fn is not None:  # what the worker processes and Ray tasks check they loaded (samedef)
         job.map_definition = samedef.definition(fn, f"map {name}")
     kept: dict[str, dict[str, Any]] = {}

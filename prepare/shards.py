@@ -86,6 +86,7 @@ class Job:
         map_definition: the parent's :func:`quern.pipeline.identity.samedef.definition` of
             ``map_fn`` (``None``: not compared).
         member: WebDataset: the extension of the member that is the record (``None``: the sample).
+        images: image files: what is stored of each (:class:`~quern.prepare.images.ImageRecords`), or ``None``.
     """
 
     items: list[Item]
@@ -100,6 +101,7 @@ class Job:
     writer_options: str = f"{WRITER_OPTIONS},{COMPRESSION}"
     map_definition: Any = None
     member: str | None = None
+    images: Any = None
 
 
 _CHECKED: set[int] = set()  # the jobs whose map this process has checked (by id: a worker holds one job)
@@ -226,7 +228,12 @@ def _convert(job: Job, item: Item, rec: Rec) -> list[tuple[bytes, str, int, dict
     :class:`RecordError` naming the record.
     """
     out = rec.value if job.map_fn is None else None
-    if job.map_fn is not None:
+    if job.images is not None:
+        try:
+            out = job.images(rec.value, item.name)
+        except ValueError as e:
+            raise RecordError(where_of(item, rec), str(e)) from e
+    elif job.map_fn is not None:
         pid = os.getpid()
         try:
             out = job.map_fn(rec.value)

@@ -343,6 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-errors", action="store_true", help="skip records that cannot be read or mapped; counted in the manifest"
     )
     p.add_argument(
+        "--labels-from-dirs",
+        action="store_true",
+        help="image folders (INPUT/CLASS/FILE): each image's label is its class folder's index (classes sorted by "
+        "name, listed in the manifest), kept in the metadata with width and height",
+    )
+    p.add_argument(
+        "--max-side",
+        type=_positive,
+        metavar="N",
+        help="image folders: shrink images whose longer side is over N to N, once (recorded in the manifest)",
+    )
+    p.add_argument(
         "--ray",
         action="store_true",
         help="write the shards as Ray tasks on a new local cluster (pip install 'quern[ray]')",

@@ -48,6 +48,11 @@ class ArrayRecordConfig(Section):
     max_open_files: StrictInt = Field(
         default=256, ge=1, description="Integer >= 1, default 256: the most idle readers kept open (shared by threads)."
     )
+    fields: list[str] = Field(
+        default=[],
+        description="A prepared folder's metadata fields read with each record (default none): records are then "
+        "``{bytes: the record, FIELD: value, ...}``.",
+    )
 
     _paths = field_validator("paths", mode="before")(strings)
 

@@ -54,11 +54,15 @@ class ArrayRecordSource(Source):
         max_open_files: the most idle readers kept open.
         cache: the disk cache of remote files (default: a
             :class:`~quern.pipeline.remote.cache.ShardCache` in its default folder).
+        fields: a prepared folder's metadata fields to read with each record: records are then
+            ``{"bytes": the record, field: its value, ...}`` (the labels of ``quern prepare
+            --labels-from-dirs``, say).
 
     Raises:
         FileNotFoundError: a glob matches nothing, or a path does not exist.
         SourceError: a file cannot be opened, a prepared folder is incomplete or
-            its manifest is wrong (naming what), or a remote file cannot be fetched.
+            its manifest is wrong (naming what), a remote file cannot be fetched, or a field is
+            not in the metadata.
 
     Attributes:
         paths: the files read (local paths, or URLs of a remote prepared folder).
@@ -86,7 +90,7 @@ class ArrayRecordSource(Source):
     _next_use: dict[str, np.ndarray]  # cache entry -> the steps of the lookahead that read it
     now: int  # the step the iterator is at (set by its lookahead)
 
-    @keyword_only("name", "max_open_files", "cache")
+    @keyword_only("name", "max_open_files", "cache", "fields")
     def __init__(
         self,
         paths: str | os.PathLike | Sequence[str | os.PathLike],
@@ -94,7 +98,24 @@ class ArrayRecordSource(Source):
         name: str | None = None,
         max_open_files: int = 256,
         cache: ShardCache | None = None,
+        fields: Sequence[str] = (),
     ):
+        self.fields = tuple(str(f) for f in fields)
+        self._open(paths, name, max_open_files, cache)
+        if self.fields:
+            have = sorted(self.manifest["metadata"]) if self.manifest is not None else None
+            missing = [f for f in self.fields if have is None or f not in have]
+            if missing:
+                where = f"its metadata has {have}" if have is not None else "it reads files, not a prepared folder"
+                raise SourceError(f"ArrayRecordSource {self.name!r}: no metadata field {missing[0]!r} ({where})")
+
+    def _open(
+        self,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        name: str | None,
+        max_open_files: int,
+        cache: ShardCache | None,
+    ) -> None:
         self.folder: str | None = None
         self.manifest: dict[str, Any] | None = None
         self._metadata: dict[str, np.ndarray] | None = None
@@ -376,6 +397,10 @@ class ArrayRecordSource(Source):
             self._give(f, reader)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
+        if self.fields:
+            meta = self.metadata
+            values = {f: meta[f][ids] for f in self.fields}
+            return [{"bytes": rec, **{f: v[k] for f, v in values.items()}} for k, rec in enumerate(out)]
         return out
 
     @property
@@ -446,7 +471,10 @@ class ArrayRecordSource(Source):
                 {"file": s["file"], "size": s["bytes"], "records": s["records"], "sha256": s["sha256"]}
                 for s in self.manifest["shards"]
             ]
-            return {**super().identity(), "files": shards}
+            out = {**super().identity(), "files": shards}
+            if self.fields:  # only when read: the fields' checksums in the manifest
+                out["fields"] = {f: self.manifest["metadata"][f] for f in self.fields}
+            return out
         return {**super().identity(), "files": file_identity(self.paths, self.counts, names=self._file_urls)}
 
 

@@ -56,7 +56,8 @@ def source_config(src: Any, where: str) -> dict[str, Any]:
     if isinstance(src, sources.ArrayRecordSource):
         # a prepared folder (or its URL): by its manifest; files read by URL: their URLs, not the cached copies
         paths = [src.folder] if src.folder is not None else list(src._file_urls or src.paths)
-        return {"type": "array_record", "paths": paths, "name": src.name}
+        out = {"type": "array_record", "paths": paths, "name": src.name}
+        return {**out, "fields": list(src.fields)} if src.fields else out
     if isinstance(src, sources.ParquetSource):
         return {
             "type": "parquet",
