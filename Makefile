@@ -160,6 +160,7 @@ bench: install
 	$(PY) benchmarks/verify.py
 	$(PY) benchmarks/redis_stream.py
 	$(PY) benchmarks/formats.py
+	$(PY) benchmarks/vision.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
