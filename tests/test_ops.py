@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import quern
-from quern.pipeline.core.ops import BATCH_KINDS, RECORD_KINDS, Op, OpKind, stage_name
+from quern.pipeline.core.ops import BATCH_KINDS, DEVICE_KINDS, RECORD_KINDS, Op, OpKind, stage_name
 
 
 def double(record):
@@ -26,8 +26,18 @@ class Tokenizer:
 
 
 def test_the_kinds_are_the_names_configs_use_and_split_by_level():
-    assert [k.value for k in OpKind] == ["map", "random_map", "map_batch", "random_map_batch", "filter", "flat_map"]
-    assert set(RECORD_KINDS) | set(BATCH_KINDS) == set(OpKind) and not set(RECORD_KINDS) & set(BATCH_KINDS)
+    assert [k.value for k in OpKind] == [
+        "map",
+        "random_map",
+        "map_batch",
+        "random_map_batch",
+        "filter",
+        "flat_map",
+        "map_device",
+        "random_map_device",
+    ]
+    levels = (set(RECORD_KINDS), set(BATCH_KINDS), set(DEVICE_KINDS))
+    assert set.union(*levels) == set(OpKind) and sum(map(len, levels)) == len(OpKind)  # each kind at one level
     assert OpKind("filter") is OpKind.FILTER and OpKind.MAP == "map"
 
 

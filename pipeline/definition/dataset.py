@@ -35,7 +35,7 @@ from ..streams.capabilities import Shuffleable, require
 from ..streams.live import LiveStream
 from ..streams.protocol import Stream
 from ..streams.source import SourceStream
-from . import addressing, editing, filtering, flat_mapping, identify, iteration
+from . import addressing, editing, filtering, flat_mapping, identify, iteration, on_device
 from . import lengths as _lengths
 from . import pack as _pack
 
@@ -413,46 +413,8 @@ class Pipeline:
         """
         return self._batch_op(OpKind.RANDOM_MAP_BATCH, fn)
 
-    def map_device(self, fn: Callable[[Any], Any]) -> Pipeline:
-        """Apply ``fn(batch) -> batch`` on the devices, under ``jax.jit``, to the global batch.
-
-        Device stages come after every host stage and run where the global ``jax.Array``
-        batch is: in :func:`quern.sharding.global_iterator` and
-        :func:`quern.sharding.global_batch_at`, after the transfer. ``batch_at`` and
-        ``iterator`` give the host's batch before them. Move a stage here when its
-        per-row cost passes about 1 ms and the batch passes 32 rows
-        (``docs/guides/images.md``).
-
-        Args:
-            fn: a function of ``jax.Array`` trees that ``jax.jit`` can trace; it returns a batch.
-
-        Returns:
-            The pipeline with the stage appended.
-
-        Raises:
-            TypeError: ``fn`` is not callable.
-            ValueError: before ``batch()``.
-        """
-        return self._batch_op(OpKind.MAP_DEVICE, fn)
-
-    def random_map_device(self, fn: Callable[[Any, Any], Any]) -> Pipeline:
-        """Apply ``fn(batch, keys) -> batch`` on the devices, ``keys`` a typed ``jax.random`` key per row.
-
-        ``keys`` has shape ``(rows,)``; a row's key derives from (seed, stream position of
-        the row, stage) only, as :meth:`random_map_batch`'s do, so it does not depend on
-        the batch size, the host count or a resume. Otherwise as :meth:`map_device`.
-
-        Args:
-            fn: the transform (typically ``jax.vmap`` of a per-row function of an image and a key).
-
-        Returns:
-            The pipeline with the stage appended.
-
-        Raises:
-            TypeError: ``fn`` is not callable.
-            ValueError: before ``batch()``.
-        """
-        return self._batch_op(OpKind.RANDOM_MAP_DEVICE, fn)
+    map_device = on_device.map_device  # device stages (their docstrings: quern.pipeline.definition.on_device)
+    random_map_device = on_device.random_map_device
 
     def _batch_op(self, kind: OpKind, fn: Callable[..., Any]) -> Pipeline:
         """This pipeline with batch transform ``fn`` of ``kind`` appended."""

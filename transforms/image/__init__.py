@@ -40,7 +40,7 @@ import numpy as np
 
 from . import device
 from .decoding import MAX_PIXELS, decode_image, image_size
-from .stages import CenterCrop, DecodeImage, Normalize, RandomFlip, RandomResizedCrop, Resize
+from .operations import CenterCrop, DecodeImage, Normalize, RandomFlip, RandomResizedCrop, Resize
 
 __all__ = [
     "MAX_PIXELS",

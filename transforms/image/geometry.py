@@ -16,8 +16,9 @@ import numpy as np
 
 __all__ = ["Box", "center_box", "resize", "resized_crop_box", "shorter_side_size", "check_size"]
 
-Box = tuple[int, int, int, int]
-"""``(top, left, height, width)`` of a region of an image."""
+Box = tuple[float, float, float, float]
+"""``(top, left, height, width)`` of a region of an image (whole pixels, except for a box scaled to a
+reduced decode)."""
 
 
 def check_size(size: int | Sequence[int], name: str) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...pipeline.core.registry import register
 from . import geometry
-from .decoding import MAX_PIXELS, MODES, decode_image
+from .decoding import MAX_PIXELS, MODES, decode_image, decode_scaled, image_size
 
 __all__ = ["DecodeImage", "Resize", "CenterCrop", "RandomResizedCrop", "RandomFlip", "Normalize"]
 
@@ -171,11 +171,29 @@ class RandomResizedCrop(_OnImage):
             object.__setattr__(self, name, pair)
 
     def __call__(self, record: Any, rng: np.random.Generator | None = None) -> Any:
-        """The record with a random box of its image resized to ``size``."""
+        """The record with a random box of its image resized to ``size``.
+
+        Given the encoded bytes instead of an array, it decodes them (RGB) and crops in one:
+        the box is drawn from the file's size, as it would be from the decoded image's, and
+        a JPEG is decoded at the smallest DCT scale that keeps the box at least ``size``
+        (:func:`~quern.transforms.image.decoding.decode_scaled`); the same box, its pixels
+        within a few levels of decoding first.
+        """
         rng = self._need_rng(rng, self.NAME)
+        size = geometry.check_size(self.size, "")
+        value = self._get(record)
+        if isinstance(value, (bytes, bytearray, memoryview)) or (
+            isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype == np.uint8
+        ):
+            height, width, _ = image_size(value)
+            top, left, h, w = geometry.resized_crop_box(rng, height, width, self.scale, self.ratio)
+            need = (-(-size[0] * height // int(h)), -(-size[1] * width // int(w)))  # the box keeps >= size pixels
+            image = decode_scaled(value, need)
+            sy, sx = image.shape[0] / height, image.shape[1] / width
+            return self._put(record, geometry.resize(image, size, (top * sy, left * sx, h * sy, w * sx)))
         image, flat = self._pixels(record)
         box = geometry.resized_crop_box(rng, image.shape[0], image.shape[1], self.scale, self.ratio)
-        return self._done(record, geometry.resize(image, geometry.check_size(self.size, ""), box), flat)
+        return self._done(record, geometry.resize(image, size, box), flat)
 
 
 @register("image.random_flip")
