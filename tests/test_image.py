@@ -351,3 +351,34 @@ def test_the_fingerprint_and_the_config_form(tmp_path):
         ("image.normalize", "map"),
     ]
     assert_same_pipeline(pipe(32), quern.load_config(write_config(tmp_path, cfg)), (0, 2, 5))
+
+
+# --------------------------------------------------------------------------- decode and crop in one
+
+
+def test_a_crop_of_the_bytes_is_the_same_box_decoded_at_a_reduced_scale():
+    big = _smooth(480, 640)
+    data = _save(Image.fromarray(big), "JPEG", quality=95)
+    crop = image.random_resized_crop(48)
+    for seed in range(6):
+        from_bytes = crop(data, np.random.Generator(np.random.Philox(seed)))
+        decoded_first = crop(image.decode()(data), np.random.Generator(np.random.Philox(seed)))
+        assert from_bytes.shape == decoded_first.shape == (48, 48, 3)
+        assert np.abs(from_bytes.astype(int) - decoded_first.astype(int)).mean() < 4, seed  # the same box
+    whole = image.random_resized_crop((60, 80), scale=(1, 1), ratio=(4 / 3, 4 / 3))  # the whole image, 1/8 scale
+    small = whole(data, np.random.Generator(np.random.Philox(0)))
+    assert np.abs(small.astype(int) - image.resize((60, 80))(image.decode()(data)).astype(int)).mean() < 4
+    png = _save(Image.fromarray(big), "PNG")  # not a JPEG: decoded whole, so exactly the decode-first pixels
+    rng = lambda: np.random.Generator(np.random.Philox(3))  # noqa: E731
+    assert np.array_equal(crop(png, rng()), crop(image.decode()(png), rng()))
+
+
+def test_decode_scaled_picks_the_smallest_scale_that_keeps_the_pixels():
+    from quern.transforms.image.decoding import decode_scaled
+
+    data = _save(Image.fromarray(_smooth(480, 640)), "JPEG")
+    assert decode_scaled(data, (60, 80)).shape == (60, 80, 3)  # 1/8
+    assert decode_scaled(data, (61, 80)).shape == (120, 160, 3)  # 1/4
+    assert decode_scaled(data, (300, 10)).shape == (480, 640, 3)  # more than half: the whole image
+    with pytest.raises(ValueError, match="corrupt"):
+        decode_scaled(data[:400], (60, 80))
