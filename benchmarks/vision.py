@@ -10,7 +10,9 @@ float32 normalisation with ImageNet's mean and std; batches of 32.
 * **quern**: ``decode / random_resized_crop / random_flip``, then ``batch`` and
   ``normalize`` on the whole batch (``map_batch``), over an ArrayRecord file, ``iterator()`` with 0 workers, 2 worker processes, and 2 threads;
   and with the crop and flip on the device (the host decodes and resizes to 256x256,
-  ``random_map_device`` crops on JAX's CPU device here) through ``global_iterator``.
+  ``random_map_device`` crops on JAX's CPU device here) through ``global_iterator``;
+  and with the crop taking the bytes (decode and crop in one: a JPEG decoded at the
+  smallest DCT scale that keeps the box at least 224x224).
 * **grain**: PIL in a per-record ``map`` (``Image.open``, the same crop box, ``resize``
   with a box, flip, normalise), ``MapDataset`` over the same file, in the calling thread
   and with ``mp_prefetch(num_workers=2)``.
@@ -69,9 +71,13 @@ def make_jpegs(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def quern_pipeline(path: str, device: bool = False) -> quern.Pipeline:
+def quern_pipeline(path: str, device: bool = False, fused: bool = False) -> quern.Pipeline:
     src = quern.sources.ArrayRecordSource(path, name="jpegs")
-    pipe = quern.Pipeline.from_source(src, seed=0).shuffle().map(image.decode())
+    pipe = quern.Pipeline.from_source(src, seed=0).shuffle()
+    if fused:  # the crop takes the bytes: decoded at the smallest DCT scale that keeps the box >= 224
+        pipe = pipe.random_map(image.random_resized_crop(SIZE)).random_map(image.random_flip())
+        return pipe.batch(BATCH).map_batch(image.normalize(MEAN, STD))
+    pipe = pipe.map(image.decode())
     if device:
         from quern.transforms.image import device as on_device
 
@@ -188,10 +194,10 @@ def main() -> None:
 
         mesh = None
 
-        def quern_case(workers: int, threads: int = 1, device: bool = False) -> Any:
+        def quern_case(workers: int, threads: int = 1, device: bool = False, fused: bool = False) -> Any:
             def run() -> float:
                 nonlocal mesh
-                pipe = quern_pipeline(path, device)
+                pipe = quern_pipeline(path, device, fused)
                 if device:
                     import jax
 
@@ -229,6 +235,8 @@ def main() -> None:
             ("quern, 0 workers", quern_case(0)),
             ("quern, 2 threads", quern_case(0, threads=2)),
             ("quern, 2 workers", quern_case(2)),
+            ("quern, 2 threads, crop from the bytes", quern_case(0, threads=2, fused=True)),
+            ("quern, 2 workers, crop from the bytes", quern_case(2, fused=True)),
             ("quern, 2 workers, crop and flip on the device (JAX CPU)", quern_case(2, device=True)),
             ("grain + PIL, MapDataset", grain_case(0)),
             ("grain + PIL, mp_prefetch 2 workers", grain_case(2)),
