@@ -161,6 +161,7 @@ bench: install
 	$(PY) benchmarks/redis_stream.py
 	$(PY) benchmarks/formats.py
 	$(PY) benchmarks/vision.py
+	$(PY) benchmarks/vs_torch.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data
