@@ -15,8 +15,8 @@ takes them in turn, so the order is kept), but the ``DataLoader`` has no
 ``state_dict``: resume by building the loader with ``start_step``.
 
 Tensors share memory with the NumPy batch where torch has the dtype (``torch.from_numpy``);
-``bfloat16`` (ml_dtypes) becomes ``torch.bfloat16`` by its bits; other ml_dtypes,
-strings and objects are refused by leaf.
+the ml_dtypes torch also has (``bfloat16`` and the ``float8`` kinds) become torch's by their
+bits; other ml_dtypes (``int4``, say), strings and objects are refused by leaf.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import numpy as np
 from ..pipeline.core.tree import leaves, map_leaves
 
 __all__ = ["Loader", "loader", "to_torch"]
+
+_BY_BITS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+"""The ml_dtypes that torch also has: converted by their bits."""
 
 _torch: Any
 try:  # the base class when torch is installed (quern does not need it otherwise)
@@ -60,15 +63,18 @@ def to_torch(batch: Any, *, pin_memory: bool = False, device: Any = None, where:
     """
     torch = _need_torch()
 
+    by_bits = {name: getattr(torch, name) for name in _BY_BITS if hasattr(torch, name)}
+
     def one(path: str, x: Any) -> Any:
         arr = np.asarray(x)
-        if arr.dtype.kind in "OUSV" and arr.dtype.name != "bfloat16":
+        if arr.dtype.kind in "OUSV" and arr.dtype.name not in by_bits:
             raise TypeError(
                 f"{where}: leaf {path} is {arr.dtype} of shape {arr.shape}, which torch cannot hold as a tensor; "
                 "turn it into numbers in a transform (or drop it) before the loader"
             )
-        if arr.dtype.name == "bfloat16":
-            t = torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
+        if arr.dtype.name in by_bits:  # ml_dtypes torch has: the same bits, viewed as torch's dtype
+            bits = np.ascontiguousarray(arr).view(np.int16 if arr.dtype.itemsize == 2 else np.uint8)
+            t = torch.from_numpy(bits).view(by_bits[arr.dtype.name])
         else:
             t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
         if pin_memory:

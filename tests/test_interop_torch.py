@@ -41,6 +41,10 @@ def test_leaves_share_memory_and_bfloat16_and_strings():
     bf = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
     got = to_torch(bf)
     assert got.dtype == torch.bfloat16 and got.float().tolist() == [1.5, -2.0, 3.25]
+    f8 = np.array([0.5, -2.0], dtype=ml_dtypes.float8_e4m3fn)
+    assert to_torch(f8).dtype == torch.float8_e4m3fn and to_torch(f8).float().tolist() == [0.5, -2.0]
+    with pytest.raises(TypeError, match="int4 .* torch cannot hold"):
+        to_torch(np.array([1, 2], dtype=ml_dtypes.int4))
     with pytest.raises(TypeError, match=r"step 4: leaf batch\['s'\] is <U3 .* torch cannot hold"):
         to_torch({"s": np.array(["abc"])}, where="step 4")
 
