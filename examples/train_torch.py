@@ -9,7 +9,8 @@ batch, ``quern.interop.torch.loader(pipe)`` taking the rank and world size from
 
 Every ``--ckpt-every`` steps rank 0 saves the model, the optimizer and the loader's
 ``state_dict()`` (quern's state: the next step and the pipeline's fingerprint) with
-``torch.save``; on start the latest checkpoint is loaded, on any world size that divides
+``torch.save`` (``latest.pt``, and ``step-N.pt`` kept); on start ``latest.pt`` is loaded, on any
+world size that divides
 the batch. Each step prints the loss averaged over the ranks and a digest of the
 step's global batch (gathered from the ranks), so a stopped and resumed run can be
 checked: on the same world size its losses are bit-equal to an uninterrupted run's,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import socket
 import sys
 
@@ -117,6 +119,7 @@ def train(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": batches.state_dict()}
                 torch.save(state, path + ".tmp")
                 os.replace(path + ".tmp", path)
+                shutil.copyfile(path, os.path.join(args.ckpt_dir, f"step-{step}.pt"))  # each kept, to resume from
                 print(f"checkpoint saved at step {step}", flush=True)
             dist.barrier()
     dist.destroy_process_group()

@@ -117,14 +117,17 @@ def _images(n: int = 16, h: int = 48, w: int = 64):
 def test_device_crop_boxes_follow_torchvisions_bounds():
     from quern.transforms.image.device import crop_boxes
 
-    boxes = np.asarray(crop_boxes(jax.random.split(jax.random.key(1), 3000), 48, 64, (0.08, 1.0), (3 / 4, 4 / 3)))
+    boxes_of = jax.jit(lambda keys: crop_boxes(keys, 48, 64, (0.08, 1.0), (3 / 4, 4 / 3)))  # as in a device stage
+    boxes = np.asarray(boxes_of(jax.random.split(jax.random.key(1), 600)))
     top, left, h, w = boxes.T
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 48).all() and (left + w <= 64).all()
     area = h * w / (48 * 64)
     assert area.min() >= 0.07 and area.max() <= 1.0 and 0.3 < np.median(area) < 0.7
-    assert len(np.unique(boxes, axis=0)) > 2500  # a key per row: different boxes
+    assert len(np.unique(boxes, axis=0)) > 500  # a key per row: different boxes
     # nothing fits: the largest centred box of the clamped aspect
-    fallback = np.asarray(crop_boxes(jax.random.split(jax.random.key(2), 4), 10, 100, (1.0, 1.0), (1.0, 1.0)))
+    fallback = np.asarray(
+        jax.jit(lambda k: crop_boxes(k, 10, 100, (1.0, 1.0), (1.0, 1.0)))(jax.random.split(jax.random.key(2), 4))
+    )
     assert fallback.tolist() == [[0.0, 45.0, 10.0, 10.0]] * 4
 
 
