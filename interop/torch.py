@@ -33,14 +33,14 @@ __all__ = ["Loader", "loader", "to_torch"]
 _BY_BITS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 """The ml_dtypes that torch also has: converted by their bits."""
 
-_torch: Any
+_torch: Any = None
+_Base: Any = object
 try:  # the base class when torch is installed (quern does not need it otherwise)
-    import torch as _torch
-
-    _Base: Any = _torch.utils.data.IterableDataset
+    import torch
 except ImportError:  # pragma: no cover - torch is an extra
-    _torch = None
-    _Base = object
+    pass
+else:
+    _torch, _Base = torch, torch.utils.data.IterableDataset
 
 
 def _need_torch() -> Any:

@@ -26,6 +26,17 @@ from ..pipeline.execute.stages import device_keys
 __all__ = ["DeviceStages", "device_ops", "key_data"]
 
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> its DeviceStages
+_JITTED: Any = None  # jax.jit(_apply), keyed by the stages: equal stages of another pipeline object reuse it
+
+
+def _apply(stages: tuple[tuple[bool, Any], ...], batch: Any, datas: tuple) -> Any:
+    """The device stages ``(random?, fn)`` applied in order, each random one with its key data's typed keys."""
+    import jax
+
+    keys = iter(datas)
+    for random, fn in stages:
+        batch = fn(batch, jax.random.wrap_key_data(next(keys), impl="threefry2x32")) if random else fn(batch)
+    return batch
 
 
 def device_ops(pipe: Any) -> list[tuple[int, Op]]:
@@ -55,6 +66,9 @@ def key_data(seed: int, positions: np.ndarray, k: int, rows: int) -> np.ndarray:
 class DeviceStages:
     """A pipeline's device stages as one jitted function of (global batch, key data per random stage).
 
+    The jitted function is keyed by the stages themselves (their kinds and functions), so a
+    pipeline object built again with the same stages (a resumed run) reuses its compilations.
+
     Args:
         pipe: the pipeline.
 
@@ -67,7 +81,6 @@ class DeviceStages:
         self.seed = pipe.seed
         self.ops = device_ops(pipe)
         self.random = [k for k, op in self.ops if op.kind is OpKind.RANDOM_MAP_DEVICE]
-        self._jitted: Any = None
 
     @classmethod
     def of(cls, pipe: Any) -> DeviceStages:
@@ -85,17 +98,6 @@ class DeviceStages:
         """This host's key data of each random stage: ``(rows, 2)`` ``uint32`` for the rows at ``positions``."""
         return [key_data(self.seed, positions, k, rows) for k in self.random]
 
-    def _apply(self, batch: Any, datas: tuple) -> Any:
-        import jax
-
-        keys = dict(zip(self.random, datas))
-        for k, op in self.ops:
-            if op.kind is OpKind.RANDOM_MAP_DEVICE:
-                batch = op.fn(batch, jax.random.wrap_key_data(keys[k], impl="threefry2x32"))
-            else:
-                batch = op.fn(batch)
-        return batch
-
     def __call__(self, batch: Any, datas: list[Any], step: int) -> Any:
         """The device stages applied to the global ``batch`` of ``step``, with each random stage's global key data.
 
@@ -106,10 +108,12 @@ class DeviceStages:
             return batch
         import jax
 
-        if self._jitted is None:
-            self._jitted = jax.jit(self._apply)
+        global _JITTED
+        if _JITTED is None:
+            _JITTED = jax.jit(_apply, static_argnums=0)
+        stages = tuple((op.kind is OpKind.RANDOM_MAP_DEVICE, op.fn) for _, op in self.ops)
         try:
-            return self._jitted(batch, tuple(datas))
+            return _JITTED(stages, batch, tuple(datas))
         except Exception as e:
             labels = ", ".join(op.label(k) for k, op in self.ops)
             raise StepError(f"step {step}, the device stages ({labels}): {type(e).__name__}: {e}") from e

@@ -93,6 +93,7 @@ def test_stop_on_two_hosts_resume_on_one_or_four():
         assert resumed == whole[k:], (processes, devices, workers)
 
 
+@pytest.mark.slow
 def test_device_stages_give_the_same_global_batches_on_any_host_count():
     """map_device and random_map_device run under jit on the global arrays: the batches of 2 hosts x 2 devices
     equal those of 1 host x 1 device and of global_batch_at in this process, and the rows before the device
