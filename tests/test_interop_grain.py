@@ -3,13 +3,25 @@ and grain's data sources read by quern (through __getitems__), with equal record
 
 from __future__ import annotations
 
-import grain
 import numpy as np
 import pytest
 from helpers import assert_batches_equal, write_array_record
 
 import quern
-from quern.interop.grain import map_dataset, source
+
+# grain is imported by the tests that run here, not at collection: every test process collects this module
+
+
+def map_dataset(*args, **kwargs):
+    from quern.interop.grain import map_dataset
+
+    return map_dataset(*args, **kwargs)
+
+
+def source(*args, **kwargs):
+    from quern.interop.grain import source
+
+    return source(*args, **kwargs)
 
 
 def _pipe(num_epochs=None):
@@ -67,6 +79,8 @@ def _ids(pipe, step):
 def test_grains_sources_inside_quern_have_equal_records(tmp_path):
     path = tmp_path / "r.array_record"
     write_array_record(path, [f"record {i}".encode() for i in range(50)])
+    import grain
+
     theirs = grain.sources.ArrayRecordDataSource([str(path)])
     src = source(theirs, name="ar")
     pipe = quern.Pipeline.from_source(src, seed=2).shuffle().batch(5)

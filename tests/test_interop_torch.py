@@ -8,11 +8,30 @@ import io
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
 from helpers import assert_batches_equal
 
 import quern
-from quern.interop.torch import loader, to_torch
+
+# torch is imported by the tests that run here, not at collection: every test process collects this module
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+
+    return torch
+
+
+def loader(*args, **kwargs):
+    from quern.interop.torch import loader
+
+    return loader(*args, **kwargs)
+
+
+def to_torch(*args, **kwargs):
+    from quern.interop.torch import to_torch
+
+    return to_torch(*args, **kwargs)
 
 
 def _pipe(num_epochs=None, batch=8):
@@ -24,7 +43,7 @@ def _numpy(tree):
     return {k: v.numpy() for k, v in tree.items()}
 
 
-def test_batches_are_tensors_of_the_ranks_rows():
+def test_batches_are_tensors_of_the_ranks_rows(torch):
     pipe = _pipe()
     it = iter(loader(pipe, rank=1, world_size=2))
     for s in range(3):
@@ -33,7 +52,7 @@ def test_batches_are_tensors_of_the_ranks_rows():
         assert_batches_equal(_numpy(b), pipe.batch_at(s, 1, 2), f"step {s}")
 
 
-def test_leaves_share_memory_and_bfloat16_and_strings():
+def test_leaves_share_memory_and_bfloat16_and_strings(torch):
     arr = np.arange(6, dtype=np.float32)
     t = to_torch({"a": arr})["a"]
     arr[0] = 42
@@ -49,7 +68,7 @@ def test_leaves_share_memory_and_bfloat16_and_strings():
         to_torch({"s": np.array(["abc"])}, where="step 4")
 
 
-def test_state_dict_round_trips_through_torch_save_on_any_world_size():
+def test_state_dict_round_trips_through_torch_save_on_any_world_size(torch):
     pipe = _pipe()
     whole = loader(pipe, world_size=1)
     it = iter(whole)
@@ -78,7 +97,7 @@ def test_a_state_of_another_pipeline_or_of_torch_is_refused():
         resumed.load_state_dict(dl_state)
 
 
-def test_bad_arguments_are_named():
+def test_bad_arguments_are_named(torch):
     pipe = _pipe()
     with pytest.raises(ValueError, match="rank 2 is not one of world_size=2"):
         loader(pipe, rank=2, world_size=2)
@@ -94,7 +113,7 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.parametrize("torch_workers", [0, 2])
-def test_inside_torchs_own_dataloader_each_step_once_and_in_order(torch_workers):
+def test_inside_torchs_own_dataloader_each_step_once_and_in_order(torch_workers, torch):
     pipe = _pipe(num_epochs=1)
     dl = torch.utils.data.DataLoader(loader(pipe, start_step=3), batch_size=None, num_workers=torch_workers)
     got = [_numpy(b) for b in dl]
