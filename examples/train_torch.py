@@ -3,7 +3,7 @@
 The data is the quickstart's (the standard library's ``.py`` files as byte records,
 built on first use): shuffled, decoded to bytes and packed (``concat``) into rows of
 ``CONTEXT + 1`` tokens, a global batch of ``--batch`` rows. ``--world-size`` processes
-(the gloo backend on 127.0.0.1, started here) each train on their rows of every global
+(the gloo backend on 127.0.0.1, forked here) each train on their rows of every global
 batch, ``quern.interop.torch.loader(pipe)`` taking the rank and world size from
 ``torch.distributed``; DistributedDataParallel averages the gradients.
 
@@ -82,8 +82,7 @@ def train(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    folder, _ = quickstart.build_dataset(args.data)
-    pipe = make_pipeline(folder, args.batch, os.path.join(args.data, "quern_cache"))
+    pipe = make_pipeline(args.folder, args.batch, os.path.join(args.data, "quern_cache"))
     model = ByteMLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     batches = loader(pipe)  # rank and world size from torch.distributed
@@ -141,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16, help="global batch size (packed rows)")
     args = ap.parse_args(argv)
-    quickstart.build_dataset(args.data)  # once, before the processes start
-    mp.spawn(train, args=(args.world_size, free_port(), args), nprocs=args.world_size, join=True)
+    args.folder, _ = quickstart.build_dataset(args.data)  # once, before the processes start
+    # fork: the ranks start with torch and quern already imported (nothing here has touched CUDA)
+    mp.start_processes(train, args=(args.world_size, free_port(), args), nprocs=args.world_size, start_method="fork")
     return 0
 
 
