@@ -17,7 +17,9 @@ SCRIPT = os.path.join(ROOT, "examples", "train_vision.py")
 pytestmark = pytest.mark.timeout(600)
 
 
-def _example():
+@pytest.fixture(scope="module")
+def example():
+    """The example as a module, loaded once: its jitted step is compiled once for the tests here."""
     spec = importlib.util.spec_from_file_location("quern_example_train_vision", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # flax's dataclasses look their module up
@@ -31,8 +33,7 @@ def _losses(text: str) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("augment", ["host", "device"])
-def test_a_stopped_run_resumes_with_the_same_losses(tmp_path, capsys, augment):
-    example = _example()
+def test_a_stopped_run_resumes_with_the_same_losses(tmp_path, capsys, augment, example):
     common = ["--data", str(tmp_path / "data"), "--images", "64", "--batch", "16", "--ckpt-every", "3"]
     common += ["--augment", augment]
     assert example.main([*common, "--ckpt-dir", str(tmp_path / "whole"), "--steps", "6"]) == 0
@@ -49,12 +50,11 @@ def test_a_stopped_run_resumes_with_the_same_losses(tmp_path, capsys, augment):
     assert _losses(resumed) == {s: whole[s] for s in range(3, 6)}
 
 
-def test_host_and_device_augmentation_are_two_pipelines(tmp_path):
+def test_host_and_device_augmentation_are_two_pipelines(tmp_path, example):
     """Host augmentation gives normalized SIZE x SIZE float rows; device augmentation leaves the host's batch
     uint8 at SIZE + 8 and has its own fingerprint; the labels are the class folders' indices."""
     import numpy as np
 
-    example = _example()
     folder = example.build_dataset(str(tmp_path / "data"), 24)
     host, on_device = example.make_pipeline(folder, 8, "host"), example.make_pipeline(folder, 8, "device")
     assert host.fingerprint() != on_device.fingerprint()
