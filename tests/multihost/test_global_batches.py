@@ -96,14 +96,12 @@ def test_stop_on_two_hosts_resume_on_one_or_four():
 @pytest.mark.slow
 def test_device_stages_give_the_same_global_batches_on_any_host_count():
     """map_device and random_map_device run under jit on the global arrays: the batches of 2 hosts x 2 devices
-    equal those of 1 host x 1 device and of global_batch_at in this process, and the rows before the device
-    stages are batch_at's."""
+    equal global_batch_at's in this process (1 host, 1 device), and the rows before the device stages are
+    batch_at's."""
     import jax
     from pipelines import make_device_pipeline
 
     two = _run(processes=2, devices=2, start=4, steps=3, mode="device")["batches"]
-    one = _run(processes=1, devices=1, start=4, steps=3, mode="device")["batches"]
-    assert two == one
     pipe = make_device_pipeline()
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     for i, s in enumerate(range(4, 7)):
