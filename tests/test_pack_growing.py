@@ -116,6 +116,7 @@ def test_concat_rows_are_the_same_in_every_shuffled_epoch_and_counted_once(tmp_p
     pipe = _packed(src, tmp_path / "c", "concat", num_epochs=3)
     tokens = sum(len(d) for d in src.docs)
     assert pipe.stream.rows_before(3) == 3 * -(-tokens // 48)  # one epoch measured: concat's rows are its tokens
+    assert src.read == 2_000  # every document read once, to measure it: the later epochs were not planned
     assert pipe.stream.lazy.values[:, 0].min() >= 0  # (that one epoch measured every document)
     last = pipe.num_steps - 1
     assert_batches_equal(
@@ -156,3 +157,29 @@ def test_an_index_scanned_before_is_used_and_the_fingerprint_stays(tmp_path):
     indexed.batch_at(3)
     assert src.read <= 4 * 12, src.read  # no measuring: the step's own documents only
     assert_batches_equal(indexed.batch_at(3), lazy.batch_at(3), "step 3")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_threads_growing_one_plan_at_once_place_each_window_once(tmp_path, mode):
+    """The iterator's lookahead thread reads a plan while the main thread grows it: the rows stay the plan's."""
+    import threading
+
+    src = Counting(6_000, seed=8)
+    lazy = _packed(src, tmp_path / "c", mode)
+    whole = _pack(quern.Pipeline.from_source(src, seed=3).shuffle(), mode, lengths=[len(d) for d in src.docs])
+    spans = [np.arange(k * 40, k * 40 + 40) for k in range(12)]
+    got: dict[int, object] = {}
+    start = threading.Barrier(len(spans))
+
+    def read(k: int) -> None:
+        start.wait()
+        got[k] = lazy.stream.pieces(spans[k])
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(len(spans))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, span in enumerate(spans):
+        want = whole.stream.pieces(span)
+        assert all(np.array_equal(a, b) for a, b in zip(got[k], want)), k

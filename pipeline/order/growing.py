@@ -14,11 +14,34 @@ mode's settings, never on how far the plan has grown.
 from __future__ import annotations
 
 import abc
+import functools
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Growing", "PlanArrays", "EpochIds"]
+__all__ = ["Growing", "PlanArrays", "EpochIds", "serialized"]
+
+_LOCK = threading.RLock()  # growing plans change as they are read: one thread grows them at a time
+
+
+def serialized(method: Callable) -> Callable:
+    """``method`` under one lock when its object's ``lazy`` is set (its plans grow as they are read).
+
+    The iterator's lookahead thread reads a stream's plan beside the thread that computes its steps;
+    without the lock both could place the same window.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "lazy", None) is None:
+            return method(self, *args, **kwargs)
+        with _LOCK:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
 
 PlanArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """``(row_ptr, doc, start, length)``: an ``EpochPlan``'s arrays (``doc`` indexes the epoch's ids)."""

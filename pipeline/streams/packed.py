@@ -31,7 +31,7 @@ from ..order import Pieces, Segments, indexfile
 from ..order import index as _index
 from ..order import packing as _packing
 from ..order.first_fit import GrowingPlan
-from ..order.growing import Growing
+from ..order.growing import Growing, serialized
 from ..sources import Source
 from .capabilities import (
     Component,
@@ -136,11 +136,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         return (self.inner,)
 
     def segments(self, positions: np.ndarray) -> Segments:
-        """Refused: a packed row is not one record.
-
-        Raises:
-            TypeError: always, naming :meth:`pieces`.
-        """
+        """Refused (a ``TypeError`` naming :meth:`pieces`): a packed row is not one record."""
         raise TypeError(_REFUSALS["segments"])
 
     def length(self) -> int | None:
@@ -244,6 +240,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
             raise ValueError(f"pack(): the records of source {self.inner.leaf_names[0]!r} hold no token")
         return _packing.EpochPlan(*growing.plan()), growing.ids
 
+    @serialized
     def epoch(self, e: int, rows: int | None = None) -> tuple[_packing.EpochPlan, np.ndarray]:
         """Epoch ``e``'s plan and the record ids of its documents in stream order (cached, two epochs).
 
@@ -321,6 +318,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         got = np.unique(np.concatenate(out) if out else np.zeros(0, dtype=np.int64))
         return got[~self._excluded(got, np.full(len(got), record, dtype=np.int64))]
 
+    @serialized
     def rows_before(self, e: int) -> int:
         """Rows in the epochs before ``e``.
 
@@ -452,6 +450,7 @@ class PackedStream(InvertedByPositions, NeutralReports, Stream):
         epochs = np.searchsorted(cum, rows, side="right") - 1
         return epochs, rows - cum[epochs]
 
+    @serialized
     def pieces(self, positions: np.ndarray) -> Pieces:
         """The documents in the packed rows at these positions (reads nothing)."""
         positions = np.asarray(positions, dtype=np.int64)
