@@ -44,13 +44,14 @@ def device_ops(pipe: Any) -> list[tuple[int, Op]]:
     return [(k, op) for k, op in enumerate(pipe.batch_ops) if op.kind in DEVICE_KINDS]
 
 
-def key_data(seed: int, positions: np.ndarray, k: int, rows: int) -> np.ndarray:
+def key_data(seed: int, positions: np.ndarray, k: int, rows: int, first_row: int = 0) -> np.ndarray:
     """The ``(rows, 2)`` ``uint32`` key data of device stage ``k`` for rows at ``positions``.
 
     A row's key is :func:`~quern.pipeline.execute.stages.device_keys` of its position, split
     into its high and low words (``jax.random.wrap_key_data(..., impl="threefry2x32")``
     makes the keys). Rows past ``positions`` (the padding of an evaluation batch) take
-    the keys of positions ``-1, -2, ...``.
+    the keys of positions ``-1 - g``, ``g`` their row in the global batch (this host's rows
+    start at ``first_row``): the same on any host count.
 
     Example:
         >>> key_data(0, np.arange(3), 5, 3).shape, key_data(0, np.arange(3), 5, 3).dtype
@@ -58,8 +59,9 @@ def key_data(seed: int, positions: np.ndarray, k: int, rows: int) -> np.ndarray:
     """
     pos = np.asarray(positions, dtype=np.int64)
     if len(pos) < rows:
-        pos = np.concatenate([pos, -1 - np.arange(rows - len(pos), dtype=np.int64)])
-    keys = device_keys(seed, pos[:rows], k).astype(np.uint64)
+        pad = first_row + np.arange(len(pos), rows, dtype=np.int64)
+        pos = np.concatenate([pos, -1 - pad])
+    keys = device_keys(seed, pos[:rows], k)
     return np.stack([(keys >> np.uint64(32)).astype(np.uint32), (keys & np.uint64(0xFFFFFFFF)).astype(np.uint32)], 1)
 
 
@@ -94,9 +96,9 @@ class DeviceStages:
         """Whether there is a device stage."""
         return bool(self.ops)
 
-    def local_keys(self, positions: np.ndarray, rows: int) -> list[np.ndarray]:
-        """This host's key data of each random stage: ``(rows, 2)`` ``uint32`` for the rows at ``positions``."""
-        return [key_data(self.seed, positions, k, rows) for k in self.random]
+    def local_keys(self, positions: np.ndarray, rows: int, first_row: int = 0) -> list[np.ndarray]:
+        """This host's key data of each random stage: ``(rows, 2)`` ``uint32`` for its rows at ``positions``."""
+        return [key_data(self.seed, positions, k, rows, first_row) for k in self.random]
 
     def __call__(self, batch: Any, datas: list[Any], step: int) -> Any:
         """The device stages applied to the global ``batch`` of ``step``, with each random stage's global key data.

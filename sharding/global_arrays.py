@@ -111,7 +111,8 @@ def _to_global(pipe: Any, batch: Any, sharding: Any, index: int, count: int, ste
     stages = DeviceStages.of(pipe)
     if not stages:
         return out
-    datas = [one(d) for d in stages.local_keys(pipe.positions(step, index, count), rows)]
+    positions = pipe.positions(step, index, count) if stages.random else np.zeros(0, dtype=np.int64)
+    datas = [one(d) for d in stages.local_keys(positions, rows, index * rows)]
     return stages(out, datas, step)
 
 
@@ -181,7 +182,7 @@ class GlobalIterator:
         self.global_batch_size = B
         self.device_prefetch = max(0, int(device_prefetch))
         self.pipe = pipe
-        self._host_step = start_step  # the step of the next host batch
+
         self._host = pipe.iterator(
             start_step=start_step,
             process_index=index,
@@ -190,6 +191,7 @@ class GlobalIterator:
             step_timeout=step_timeout,
         )
         self.step = self._host.step
+        self._host_step = self._host.step  # the step of the next host batch (its keys are this step's)
         self._ready: collections.deque = collections.deque()
         self._jax = jax
         self.clock = StepClock()  # the training loop's data wait, which includes the device put

@@ -12,7 +12,7 @@ from typing import Any
 
 from .registry import builtin_name
 
-__all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS", "stage_name"]
+__all__ = ["OpKind", "Op", "RECORD_KINDS", "BATCH_KINDS", "DEVICE_KINDS", "stage_name"]
 
 
 class OpKind(enum.StrEnum):
