@@ -16,6 +16,7 @@ from typing import Any
 
 from ..pipeline.sources.base import file_identity
 from ..pipeline.sources.memory import SequenceSource
+from . import check_pipeline
 
 __all__ = ["GrainSource", "map_dataset", "source"]
 
@@ -70,7 +71,8 @@ def map_dataset(pipe: Any, *, process_index: int = 0, process_count: int = 1) ->
         process_count: the hosts.
 
     Raises:
-        ValueError: a pipeline without ``batch()``, or a host slice that does not divide the batch.
+        ValueError: a pipeline without ``batch()`` or with device stages, or a host slice that does not divide
+            the batch.
         ImportError: grain is not installed.
 
     Example:
@@ -85,13 +87,11 @@ def map_dataset(pipe: Any, *, process_index: int = 0, process_count: int = 1) ->
 
     import grain
 
-    from ..pipeline.execute import check_hosts
-
     if pipe.batch_size is None:
         raise ValueError("map_dataset() needs a pipeline with batch(): an item is a step's batch")
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} is not one of process_count={process_count} hosts")
-    check_hosts(pipe, process_count)
+    check_pipeline(pipe, "quern.interop.grain.map_dataset", process_index, process_count)
     steps = pipe.num_steps
 
     class _Steps(grain.MapDataset):

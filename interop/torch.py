@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.core.tree import leaves, map_leaves
+from . import check_pipeline
 
 __all__ = ["Loader", "loader", "to_torch"]
 
@@ -118,6 +119,7 @@ class Loader(_Base):
                 f"world_size={self.world_size} does not divide the global batch of {pipe.batch_size} rows: every "
                 "rank holds batch/world_size rows"
             )
+        check_pipeline(pipe, "quern.interop.torch.loader", self.rank, self.world_size)
         wants_cuda = pin_memory or (device is not None and torch.device(device).type == "cuda")
         if wants_cuda and not torch.cuda.is_available():
             what = "pin_memory=True" if pin_memory else f"device={device!r}"
@@ -170,7 +172,7 @@ class Loader(_Base):
             ValueError: a state of another pipeline (naming the first difference), or not quern's
                 (torch's own ``DataLoader`` state, say).
         """
-        if not isinstance(state_dict, dict) or "fingerprint" not in state_dict and not force:
+        if not isinstance(state_dict, dict) or ("fingerprint" not in state_dict and not force):
             keys = sorted(state_dict)[:6] if isinstance(state_dict, dict) else type(state_dict).__name__
             raise ValueError(
                 f"load_state_dict: not a quern state (keys {keys}); pass what loader.state_dict() returned"

@@ -41,6 +41,10 @@ def test_item_s_is_batch_at_s_and_a_host_slice():
         map_dataset(quern.Pipeline.from_source({"x": np.arange(8)}, seed=0))
     with pytest.raises(ValueError, match="process_index 2 is not one of process_count=2"):
         map_dataset(pipe, process_index=2, process_count=2)
+    with pytest.raises(ValueError, match="3"):  # 8 rows do not split over 3 hosts: refused now, not at ds[0]
+        map_dataset(pipe, process_index=0, process_count=3)
+    with pytest.raises(ValueError, match="device stages"):
+        map_dataset(pipe.map_device(lambda b: b))
 
 
 def test_grains_iterator_and_its_checkpoint_are_steps():

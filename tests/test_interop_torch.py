@@ -110,6 +110,8 @@ def test_bad_arguments_are_named(torch):
             loader(pipe, pin_memory=True)
     with pytest.raises(ValueError, match="batch"):
         loader(quern.Pipeline.from_source({"x": np.arange(8)}, seed=0))
+    with pytest.raises(ValueError, match=r"device stages \(map_device\[0\] \S+\) that run only on JAX"):
+        loader(pipe.map_device(lambda b: b))  # the host batch would silently lack them
 
 
 @pytest.mark.parametrize("torch_workers", [0, 2])
