@@ -95,10 +95,9 @@ def train(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         if rank == 0:
             print(f"resumed from checkpoint at step {saved['data']['step']} on {world} process(es)", flush=True)
     ddp = nn.parallel.DistributedDataParallel(model)
-    step = batches.step
-    for batch in batches:
-        if step >= args.steps:
-            break
+    step, stream = batches.step, iter(batches)
+    while step < args.steps:  # a batch is taken only for a step that trains
+        batch = next(stream)
         tokens = batch["tokens"].long()
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         loss = nn.functional.cross_entropy(ddp(inputs).reshape(-1, 256), targets.reshape(-1))

@@ -85,9 +85,12 @@ def _shrink(data: bytes, max_side: int) -> tuple[bytes, int, int]:
     """The image's bytes with its longer side ``max_side``: ``(bytes, height, width)``."""
     from PIL import Image
 
-    from ..transforms.image import decode_image
+    from ..transforms.image import decode_image, image_size
 
+    _, _, kind = image_size(data)
     pixels = decode_image(data, mode=None)
+    if kind == "JPEG" and pixels.shape[2] == 4:  # a CMYK JPEG (no alpha): shrunk as the RGB Pillow converts it to
+        pixels = decode_image(data, mode="RGB")
     if pixels.dtype != "uint8":
         pixels = (pixels >> 8).astype("uint8")
     h, w, c = pixels.shape

@@ -118,3 +118,15 @@ def test_bad_input(tmp_path):
     assert m["skipped"]["count"] == 1 and m["records"]["count"] == 5
     with pytest.raises(quern.SourceError, match="no metadata field 'colour'"):
         quern.sources.ArrayRecordSource(str(tmp_path / "o5"), fields=["colour"])
+    with pytest.raises(TypeError, match="fields must be a list of field names, got the string 'label'"):
+        quern.sources.ArrayRecordSource(str(tmp_path / "o5"), fields="label")
+
+
+def test_a_cmyk_jpeg_shrunk_stays_its_colours(tmp_path):
+    (tmp_path / "train" / "red").mkdir(parents=True)
+    Image.new("RGB", (200, 100), (220, 20, 20)).convert("CMYK").save(tmp_path / "train" / "red" / "0.jpg")
+    prepare(tmp_path / "train", tmp_path / "out", max_side=50, num_workers=0, progress=False)
+    src = quern.sources.ArrayRecordSource(str(tmp_path / "out"))
+    shrunk = image.decode()(src.read_many(np.arange(1))[0])
+    assert shrunk.shape == (25, 50, 3)
+    assert np.abs(shrunk.reshape(-1, 3).mean(0) - [220, 20, 20]).max() < 12  # red, not a black frame

@@ -311,7 +311,8 @@ _ROW_TRANSFORMS = (
 )
 _BATCH_TRANSFORMS = (
     "Batch stages, in order, on each host's collated batch (kind ``map_batch``, the default, or "
-    "``random_map_batch``); default none."
+    "``random_map_batch``), then the device stages (``map_device``, ``random_map_device``: run on the global "
+    "arrays by quern.sharding); default none."
 )
 _PACK = (
     "Pack the records into rows: ``seq_len`` alone (best_fit, records are token arrays) or a pack section; "

@@ -100,6 +100,8 @@ class ArrayRecordSource(Source):
         cache: ShardCache | None = None,
         fields: Sequence[str] = (),
     ):
+        if isinstance(fields, (str, bytes)):
+            raise TypeError(f"ArrayRecordSource: fields must be a list of field names, got the string {fields!r}")
         self.fields = tuple(str(f) for f in fields)
         self._open(paths, name, max_open_files, cache)
         if self.fields:
