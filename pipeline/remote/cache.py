@@ -333,6 +333,7 @@ class ShardCache:
                 with self._lock:
                     self.stats["misses"] += 1
                 self._download(url, final, key, size, sha256, expect)
+                self._touch(final)  # its last use in ns: the file system's own times are coarser (a tick)
             self._evict(keep=final)
             return final, held
         except BaseException:
