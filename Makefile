@@ -162,6 +162,7 @@ bench: install
 	$(PY) benchmarks/formats.py
 	$(PY) benchmarks/vision.py
 	$(PY) benchmarks/vs_torch.py
+	$(PY) benchmarks/plan.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

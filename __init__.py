@@ -32,6 +32,7 @@ from .pipeline.core.errors import (
 )
 from .pipeline.core.version import __version__
 from .pipeline.definition.dataset import Pipeline
+from .pipeline.definition.io_plan import IOPlan, plan_io
 from .pipeline.definition.mix import mix
 from .pipeline.iterate.iterator import PipelineIterator
 from .pipeline.iterate.service import RayService
@@ -60,6 +61,8 @@ __all__ = [
     "RayService",
     "ServiceError",
     "mix",
+    "plan_io",
+    "IOPlan",
     "ScanError",
     "StepError",
     "StepTimeoutError",

@@ -1,4 +1,6 @@
-"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``, ``index``.
+"""The commands of ``quern``: ``run``, ``explain``, ``inspect``, ``bench``, ``plan``, ``prepare``, and more.
+
+The others are ``verify``, ``where`` and ``index``.
 
 Each ``cmd_*`` takes the parsed arguments (:func:`~quern.pipeline.cli.parser.build_parser`),
 prints its report on stdout (:mod:`quern.pipeline.cli.reports`) and returns the
@@ -39,6 +41,7 @@ __all__ = [
     "cmd_explain",
     "cmd_index",
     "cmd_inspect",
+    "cmd_plan",
     "cmd_prepare",
     "cmd_run",
     "cmd_verify",
@@ -349,6 +352,26 @@ def cmd_where(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``quern plan``: each host's reads, from the definition and the files' sizes (:func:`quern.plan_io`).
+
+    Args:
+        args: The parsed arguments.
+
+    Returns:
+        The exit status, 0 (hosts that do not divide the batch, steps past the end, a cache
+        smaller than a shard: exit 2).
+    """
+    from ..definition.io_plan import plan_io
+
+    pipe = _load(args)
+    plan = plan_io(
+        pipe, hosts=args.hosts, steps=args.steps, cache_bytes=args.cache, policy=args.policy, read_ahead=args.read_ahead
+    )
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.text())
+    return 0
+
+
 def _index_kind(path: str, fmt: str | None) -> type[IndexedSource]:
     """The source class that reads ``path`` (by ``--format``, else by its name); a ``ValueError`` (exit 2) if none."""
     kinds: dict[str, type[IndexedSource]] = {
@@ -401,6 +424,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": cmd_explain,
     "inspect": cmd_inspect,
     "bench": cmd_bench,
+    "plan": cmd_plan,
     "prepare": cmd_prepare,
     "verify": cmd_verify,
     "where": cmd_where,

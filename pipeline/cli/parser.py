@@ -106,6 +106,16 @@ def _step_range(text: str) -> range:
     return range(a, b)
 
 
+def _size(text: str) -> int:
+    """A size in bytes: ``4096``, ``512KB``, ``4GB`` (binary units; :func:`quern.prepare.run.parse_size`)."""
+    from ...prepare.run import parse_size
+
+    try:
+        return parse_size(text)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _counts(least: int) -> Any:
     """The type of a comma-separated list of integers, each at least ``least``."""
 
@@ -126,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         The parser; ``args.command`` names the command parsed (``run``, ``explain``,
-        ``inspect``, ``bench``, ``prepare``, ``verify``, ``where``, ``index``).
+        ``inspect``, ``bench``, ``plan``, ``prepare``, ``verify``, ``where``, ``index``).
 
     Example:
         >>> args = build_parser().parse_args(["run", "pipe.yaml", "--workers", "2"])
@@ -290,6 +300,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--component", metavar="NAME", help="the mixture component whose record it is (mixtures only)")
     p.add_argument("--epochs", type=_positive, default=1, help="epochs to look in (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON list of [step, row] pairs")
+
+    p = with_config(
+        "plan",
+        "what each host will read, from the definition and the files' sizes alone (no record read): records, bytes, "
+        "files and file reads per step and epoch, the working set, the smallest cache with no refetch, and with "
+        "--cache the disk cache's hits, misses and bytes fetched; percentiles over hosts",
+    )
+    p.add_argument("--hosts", type=_positive, default=1, help="the host count (it must divide the batch; default 1)")
+    p.add_argument(
+        "--steps",
+        type=_step_range,
+        default=None,
+        metavar="A:B|N",
+        help="the steps: A:B (steps A to B-1) or N (the first N) (default: every step of a finite pipeline, else "
+        "its first epoch)",
+    )
+    p.add_argument(
+        "--cache", type=_size, default=None, metavar="BYTES", help="replay a disk cache of this size per host (4GB)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=("belady", "lru"),
+        default="belady",
+        help="the cache's eviction: belady (the iterator's lookahead, the default) or lru",
+    )
+    p.add_argument(
+        "--read-ahead", type=_positive, default=None, help="steps per bulk read, as the iterator's (default: its)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
 
     help = "convert inputs to ArrayRecord shards with a manifest and a metadata index (see quern.prepare)"
     p = sub.add_parser("prepare", help=help, description=help, parents=[common], epilog=EPILOG)
