@@ -163,6 +163,7 @@ bench: install
 	$(PY) benchmarks/vision.py
 	$(PY) benchmarks/vs_torch.py
 	$(PY) benchmarks/plan.py
+	$(PY) benchmarks/autotune.py
 
 clean:
 	rm -rf $(VENV) examples/data benchmarks/data

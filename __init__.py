@@ -32,7 +32,6 @@ from .pipeline.core.errors import (
 )
 from .pipeline.core.version import __version__
 from .pipeline.definition.dataset import Pipeline
-from .pipeline.definition.io_plan import IOPlan, plan_io
 from .pipeline.definition.mix import mix
 from .pipeline.iterate.iterator import PipelineIterator
 from .pipeline.iterate.service import RayService
@@ -40,10 +39,14 @@ from .pipeline.order import index
 
 
 def __getattr__(name: str) -> object:
-    """``load_config`` and ``prepare``, imported on first use.
+    """``load_config``, ``prepare``, ``verify`` and ``plan_io``, imported on first use.
 
     pydantic and yaml stay out of ``import quern``, and so out of every worker's start-up.
     """
+    if name in ("plan_io", "IOPlan"):
+        from quern.pipeline.definition import io_plan
+
+        return getattr(io_plan, name)
     if name == "load_config":
         from quern.pipeline import config
 

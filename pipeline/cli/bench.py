@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .. import execute
 from ..core.ops import DEVICE_KINDS
@@ -33,7 +33,7 @@ from .triage import Diagnosis, SourceFacts, device_advice, triage
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
 
-__all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot"]
+__all__ = ["Profile", "Loop", "profile", "loop", "source_facts", "diagnose", "report", "plot", "tuning_line"]
 
 
 class Profile(NamedTuple):
@@ -68,7 +68,7 @@ class Loop(NamedTuple):
     waits: list[float]
     periods: list[float]
     step_s: float
-    num_workers: int
+    num_workers: int | Literal["auto"]
     stats: dict[str, Any]
 
 
@@ -141,7 +141,7 @@ def profile(pipe: Pipeline, start: int, *, count: int) -> Profile:
     return Profile(list(range(start, start + count)), names, per_step, rows)
 
 
-def loop(pipe: Pipeline, start: int, *, count: int, num_workers: int, step_s: float) -> Loop:
+def loop(pipe: Pipeline, start: int, *, count: int, num_workers: int | Literal["auto"], step_s: float) -> Loop:
     """Run ``count`` steps from ``start`` through the iterator, each followed by a training step of ``step_s`` s.
 
     The training step is a sleep: the host is free while an accelerator computes.
@@ -152,7 +152,7 @@ def loop(pipe: Pipeline, start: int, *, count: int, num_workers: int, step_s: fl
         pipe: The pipeline.
         start: The first step.
         count: The number of steps.
-        num_workers: The iterator's worker processes (``pipe.iterator(num_workers=...)``).
+        num_workers: The iterator's worker processes (``pipe.iterator(num_workers=...)``; ``"auto"``).
         step_s: The simulated training step, in seconds (0: none).
 
     Returns:
@@ -215,10 +215,32 @@ def diagnose(pipe: Pipeline, run: Loop, *, fallback: dict[str, float] | None = N
         health=s["health"],
         bubble_rate=s["bubble_rate_total"],
         sources=source_facts(pipe),
-        num_workers=run.num_workers,
+        num_workers=_workers_used(run),
         cpus=os.cpu_count() or 1,
         cache_misses=misses,
     )
+
+
+def tuning_line(tuning: dict[str, Any]) -> str:
+    """The line of ``quern run`` and ``quern bench`` on what ``num_workers="auto"`` chose and why.
+
+    Args:
+        tuning: ``it.stats()["tuning"]``.
+
+    Returns:
+        ``tuning: CHOICE (WHY); measured: ...; from step S``.
+    """
+    measured = ", ".join(f"{k} {v:,.1f} steps/s" for k, v in tuning["measured"].items()) or "nothing yet"
+    at = f"; from step {tuning['at_step']}" if tuning["at_step"] is not None else ""
+    return f"tuning: {tuning['chose'] or 'not chosen yet'} ({tuning['why']}); measured: {measured}{at}"
+
+
+def _workers_used(run: Loop) -> int:
+    """The worker processes the loop ended with (``"auto"``: those it chose, 0 for threads)."""
+    if run.num_workers != "auto":
+        return run.num_workers
+    chose = str((run.stats.get("tuning") or {}).get("chose") or "")
+    return int(chose.split("=")[1]) if chose.startswith("num_workers=") else 0
 
 
 def report(
@@ -266,6 +288,8 @@ def report(
             f"note: no training step (--step-ms 0): the loop waits by design; the loader gives a batch every "
             f"{1e3 * s['step_period']['mean']:.2f} ms, so a shorter training step would wait, at this level"
         )
+    if s.get("tuning"):
+        lines.append(tuning_line(s["tuning"]))
     lines.append(f"where the data waits: {diagnosis.level}: {diagnosis.reason}")
     lines.append(f"suggestion: {diagnosis.suggestion}")
     per_row = {name: dt / max(prof.rows, 1) for name, dt in totals.items()}

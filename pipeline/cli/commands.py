@@ -138,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     bar.update(1, made)
                 state = it.state()
                 figures = it.stats().get("service")
+                tuning = it.stats().get("tuning")
     finally:
         if service is not None:
             service.close()
@@ -148,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for line in report.lines(steps):
         print(line)
+    if tuning:
+        print(bench.tuning_line(tuning))
     if figures is not None:
         print(
             f"service: {figures['actors']} actor{'s' * (figures['actors'] != 1)} on {figures['address']}, "

@@ -87,6 +87,11 @@ def _positive(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int | str:
+    """``auto``, or a worker count ``>= 0``."""
+    return "auto" if text == "auto" else _nonneg(text)
+
+
 def _step_range(text: str) -> range:
     """``A:B`` (steps A to B-1) or ``N`` (the first N steps), as a range.
 
@@ -182,7 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config("run", "iterate the pipeline (a progress bar on a terminal) and print throughput")
     p.add_argument("--steps", type=_positive, default=100, help="steps to run (default 100)")
     p.add_argument("--start-step", type=_nonneg, default=0, help="first step (default 0; --state overrides it)")
-    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes (default 0)")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=0,
+        help="worker processes (default 0), or auto: measure threads and workers on the first steps, keep the faster",
+    )
     p.add_argument(
         "--step-timeout",
         type=_positive_float,
@@ -230,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=_positive, default=20, help="steps to time (default 20)")
     p.add_argument("--start-step", type=_nonneg, default=0)
-    p.add_argument("--workers", type=_nonneg, default=0, help="worker processes of the loop (default 0)")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=0,
+        help="worker processes of the loop (default 0), or auto (the iterator chooses; the line tuning: says what)",
+    )
     p.add_argument(
         "--step-ms",
         type=_nonneg_float,

@@ -8,8 +8,10 @@ same bytes whichever computes it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from ..order.index import check_int
+from .auto import AUTO, AutoFeed, candidates
 from .feed import Feed, FeedSettings, Stopped, worker_figures
 from .service import RayService, ServiceFeed
 from .threads import ThreadFeed
@@ -18,10 +20,26 @@ from .workers import WorkerPool
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
 
-__all__ = ["check_backend", "open_feed"]
+__all__ = ["auto_or_int", "check_backend", "open_feed"]
 
 
-def check_backend(num_workers: int, num_threads: int, service: object) -> RayService | None:
+def auto_or_int(value: object, name: str, minimum: int) -> int | Literal["auto"]:
+    """``value`` checked: ``"auto"``, or an integer of at least ``minimum``.
+
+    Example:
+        >>> auto_or_int("auto", "num_workers", 0), auto_or_int(2, "num_workers", 0)
+        ('auto', 2)
+    """
+    if isinstance(value, str):
+        if value == AUTO:
+            return AUTO
+        raise ValueError(f"{name} must be an integer >= {minimum} or 'auto', got {value!r}")
+    return check_int(value, name, minimum)
+
+
+def check_backend(
+    num_workers: int | Literal["auto"], num_threads: int | Literal["auto"], service: object
+) -> RayService | None:
     """The iterator's backend options, checked together.
 
     Args:
@@ -36,7 +54,9 @@ def check_backend(num_workers: int, num_threads: int, service: object) -> RaySer
         ValueError: ``num_threads`` other than 1 with workers, or a service with workers.
         TypeError: ``service`` is not a :class:`~quern.RayService`.
     """
-    if num_workers and num_threads != 1:
+    if service is not None and AUTO in (num_workers, num_threads):
+        raise ValueError("num_workers='auto' and num_threads='auto' tune this process's feed: not with service=")
+    if num_workers and num_workers != AUTO and num_threads != 1:
         raise ValueError(
             f"num_threads={num_threads} applies to num_workers=0 only; with num_workers={num_workers} "
             "each worker process computes its steps on one thread"
@@ -55,8 +75,8 @@ def open_feed(
     pipe: Pipeline,
     settings: FeedSettings,
     *,
-    num_workers: int,
-    num_threads: int,
+    num_workers: int | Literal["auto"],
+    num_threads: int | Literal["auto"],
     service: RayService | None,
     watch: bool,
 ) -> Feed:
@@ -65,8 +85,10 @@ def open_feed(
     Args:
         pipe: the pipeline.
         settings: what every feed is told.
-        num_workers: worker processes (0: threads in this process, or the service's actors).
-        num_threads: prefetch threads (``num_workers=0`` without a service).
+        num_workers: worker processes (0: threads in this process, or the service's actors;
+            ``"auto"``: an :class:`~quern.pipeline.iterate.auto.AutoFeed` that measures and chooses).
+        num_threads: prefetch threads (``num_workers=0`` or ``"auto"`` without a service; ``"auto"``:
+            measured and chosen too).
         service: compute the steps on this service's actors (``None``: here).
         watch: threads run each chunk on a thread of their own, which ``step_timeout``
             watches (and a live stream's close abandons).
@@ -100,6 +122,12 @@ def open_feed(
             timed=settings.timed,
             digests=settings.digests,
         )
+    if AUTO in (num_workers, num_threads):
+        tries = candidates(num_workers, num_threads)
+        if over or settings.live:  # nothing to measure; a live stream's steps wait for their entries
+            tries = tries[:1]
+        return AutoFeed(pipe, settings, tries, watch=watch)
+    assert not isinstance(num_workers, str) and not isinstance(num_threads, str)
     if num_workers:
         if over:
             return Stopped(worker_figures(num_workers, [0] * num_workers, 0), local=True)

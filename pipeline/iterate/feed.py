@@ -50,6 +50,7 @@ class FeedStats(TypedDict, total=False):
     stages: dict[str, float]  # seconds per stage, summed over threads, workers or actors
     stage_steps: int  # the steps those seconds are for
     host_prefetch: HostPrefetch
+    tuning: dict[str, object]  # num_workers="auto": what was tried, measured and chosen, and why
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
 
 from .. import execute
 from ..core.timing import LIVE, StepClock, batch_nbytes, prefetch_window
@@ -29,7 +29,7 @@ from ..order.index import check_int, host_rows
 from ..remote.lookahead import CACHE_COUNTS, LOOKAHEAD, Lookahead
 from ..sources.live_commits import Run
 from ..streams.capabilities import Live, require
-from .backends import check_backend, open_feed
+from .backends import auto_or_int, check_backend, open_feed
 from .feed import Batch, Feed, FeedSettings, Stopped
 from .service.ray_service import RayService
 from .threads import THREAD_READ_RECORDS, THREAD_READ_STEPS, check_step_timeout
@@ -61,9 +61,9 @@ class IteratorOptions(TypedDict, total=False):
 
     process_index: int
     process_count: int
-    num_workers: int
+    num_workers: int | Literal["auto"]
     prefetch: int | None
-    num_threads: int
+    num_threads: int | Literal["auto"]
     read_ahead: int | None
     copy_batches: bool
     lookahead: int
@@ -87,10 +87,14 @@ class PipelineIterator:
         start_step: the first step to yield.
         process_index: this host.
         process_count: the number of hosts.
-        num_workers: worker processes computing the steps (0: threads in this process).
+        num_workers: worker processes computing the steps (0: threads in this process;
+            ``"auto"``: the iterator measures threads and one worker per CPU on its first
+            steps and keeps the faster, or the cheaper when they are within 5%: see
+            :mod:`quern.pipeline.iterate.auto` and ``stats()["tuning"]``).
         prefetch: chunks (threads) or tasks per worker kept in flight (``None``:
             adaptive, at least :data:`PREFETCH`).
-        num_threads: threads computing chunks (``num_workers=0`` only).
+        num_threads: threads computing chunks (``num_workers=0`` or ``"auto"``; ``"auto"``:
+            1 and one per CPU are measured, as ``num_workers="auto"`` does).
         read_ahead: steps per chunk or task, read in one bulk call (``None``: chosen
             from the records per step).
         copy_batches: with workers, copy each batch out of shared memory instead of
@@ -128,9 +132,9 @@ class PipelineIterator:
         *,
         process_index: int = 0,
         process_count: int = 1,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         prefetch: int | None = None,
-        num_threads: int = 1,
+        num_threads: int | Literal["auto"] = 1,
         read_ahead: int | None = None,
         copy_batches: bool = False,
         lookahead: int = LOOKAHEAD,
@@ -152,7 +156,7 @@ class PipelineIterator:
         self._close_after = False  # close() was called from inside next() (a signal handler): close on return
         self.pipe = pipe
         self.step = pipe.check_step(start_step, name="start_step", end_ok=True)
-        self.num_workers = check_int(num_workers, "num_workers", 0)
+        self.num_workers: int | Literal["auto"] = auto_or_int(num_workers, "num_workers", 0)
         self.adaptive = prefetch is None
         self.prefetch = PREFETCH if prefetch is None else check_int(prefetch, "prefetch", 1)
         self.prefetch_memory = check_int(prefetch_memory, "prefetch_memory", 1)
@@ -161,7 +165,7 @@ class PipelineIterator:
         self.clock = StepClock()  # the caller's side: data wait, step period
         self._batch_bytes: int | None = None  # the largest batch measured: what the window's budget counts
         self.window = 0  # the adaptive prefetch window, batches (0: not adaptive)
-        self.num_threads = check_int(num_threads, "num_threads", 1)
+        self.num_threads: int | Literal["auto"] = auto_or_int(num_threads, "num_threads", 1)
         service = check_backend(self.num_workers, self.num_threads, service)
         execute.check_hosts(pipe, process_count)  # every bucket's batch size, before the first step
         host_rows(pipe.batch_size or 0, process_index, process_count)  # validates the host slice now

@@ -487,6 +487,18 @@ class WorkerPool(Feed):
                 wait = min(wait, left)
             self._poll(wait)
 
+    def prime(self, step: int) -> None:
+        """Send the workers their first tasks, from ``step`` on, before it is asked for.
+
+        A pool opened ahead of the step it will serve from (``num_workers="auto"``)
+        computes while its workers start and another feed serves the steps before.
+
+        Args:
+            step: the first step the pool will be asked for.
+        """
+        self._poll(0)
+        self._dispatch(step)
+
     def wake(self) -> None:
         """Make a :meth:`get` waiting in another thread look at its ``stop`` at once; thread-safe."""
         try:
