@@ -43,17 +43,17 @@ def test_auto_yields_batch_at_across_every_switch_and_says_what_it_chose(tmp_pat
     monkeypatch.setattr(auto, "WINDOW_SECONDS", 0.1)  # shorter windows: every candidate is measured in time
     monkeypatch.setattr(auto, "SETTLE_SECONDS", 0.05)
     monkeypatch.setattr(auto, "WORKER_START_S", 0.2)
-    pipe = _pipe(n=6000, pause=0.0005, num_epochs=1)
+    pipe = _pipe(n=8000, pause=0.001, num_epochs=1)
     ledger = tmp_path / "ledger-{process_index}.jsonl"
     with pipe.iterator(num_workers="auto", num_threads="auto", ledger=str(ledger)) as it:
         got = [b.copy() for b in it]
         tuning = it.stats()["tuning"]
-    assert len(got) == pipe.num_steps == 1500
+    assert len(got) == pipe.num_steps == 2000
     for s in range(0, len(got)):
         np.testing.assert_array_equal(got[s], pipe.batch_at(s), err_msg=f"step {s}")
     assert tuning["tries"] == [c.name for c in candidates("auto", "auto")]  # threads, more threads, workers
     assert tuning["chose"] in tuning["tries"] and tuning["why"]
-    assert 0 < tuning["at_step"] < 1500
+    assert 0 < tuning["at_step"] < 2000
     assert set(tuning["measured"]) == set(tuning["tries"])  # each measured, a switch at each
     assert quern.verify.check_ledger(pipe, str(tmp_path / "ledger-0.jsonl")).ok  # lines from every feed
 

@@ -4,7 +4,7 @@
 iterator over a prepared folder served by nginx, through the real disk cache,
 counts exactly the hits, misses, file reads and bytes the plan says, and the
 server's log shows exactly the planned fetches (a global shuffle, a block
-shuffle, a mixture). Beladys's rule is checked by driving a real ``ShardCache``
+shuffle, a mixture). Belady's rule is checked by driving a real ``ShardCache``
 with the plan's trace and next uses. The cache replay is checked against a
 brute-force cache on random traces, and the vectorised trace against one made
 step by step and host by host from ``records_of_steps``.
@@ -283,3 +283,62 @@ def test_chunks_follow_the_iterators_threads():
     assert chunk_starts(0, 3, 16).tolist() == [0, 1]
     assert chunk_starts(5, 40, 8).tolist() == [5, 6, 8, 12, 20, 28, 36]
     assert collections.Counter(np.diff(chunk_starts(0, 100, 1)).tolist()) == {1: 99}
+
+
+def _recorded_reads(pipe, host, hosts, read_ahead):
+    """The files each bulk read of a real iterator touches (host ``host`` of ``hosts``), in order."""
+    names = [p for src in dict.fromkeys(pipe.sources) for p in src.paths]
+    seen = []
+    for src in dict.fromkeys(pipe.sources):
+        original = src.read_many
+
+        def read_many(ids, src=src, original=original):
+            f = np.searchsorted(src.starts, np.asarray(ids), side="right") - 1
+            seen.extend(names.index(src.paths[i]) for i in sorted(set(f.tolist())))
+            return original(ids)
+
+        src.read_many = read_many
+    with pipe.iterator(process_index=host, process_count=hosts, read_ahead=read_ahead, lookahead=0) as it:
+        for _ in it:
+            pass
+    return seen
+
+
+@pytest.mark.parametrize("hosts", [1, 4])
+def test_a_real_iterators_reads_equal_the_plans_trace_even_in_a_padded_last_batch(tmp_path, hosts):
+    """48 records in batches of 20 (the last one padded): hosts without a row in it still read row 0."""
+    _folder(tmp_path, "a", 48, 300, 1)
+    src = quern.sources.ArrayRecordSource(str(tmp_path / "www" / "a"))
+    pipe = quern.Pipeline.from_source(src, seed=2, num_epochs=1).shuffle().batch(20, drop_remainder=False)
+    plan = quern.plan_io(pipe, hosts=hosts, read_ahead=1)
+    bounds, files = plan.trace
+    for h in range(hosts):
+        assert files[bounds[h] : bounds[h + 1]].tolist() == _recorded_reads(pipe, h, hosts, 1), h
+    assert plan.per_host["records"].sum() == 48  # the probe rows are read, not counted as records
+
+
+def test_planning_in_many_blocks_equals_planning_in_one(tmp_path, monkeypatch):
+    from quern.pipeline.definition import io_plan
+
+    _folder(tmp_path, "a", 48, 300, 1)
+    _folder(tmp_path, "b", 32, 200, 2)
+    pipe = _pipes("mixture", str(tmp_path / "www"))(None)
+    whole = quern.plan_io(pipe, hosts=2, cache_bytes=10**7, read_ahead=3)
+    monkeypatch.setattr(io_plan, "BLOCK_ROWS", 9)  # a block of 2 steps: chunks of 3 steps stay whole
+    parts = quern.plan_io(pipe, hosts=2, cache_bytes=10**7, read_ahead=3)
+    assert [x.tolist() for x in parts.trace] == [x.tolist() for x in whole.trace]
+    assert {k: v.tolist() for k, v in parts.per_host.items()} == {k: v.tolist() for k, v in whole.per_host.items()}
+    assert parts.egress_per_epoch.tolist() == whole.egress_per_epoch.tolist()
+
+
+def test_what_cannot_be_planned_is_refused_by_name(tmp_path):
+    _folder(tmp_path, "a", 48, 300, 1)
+    pipe = _pipes("global", str(tmp_path / "www"))(None)
+    with pytest.raises(ValueError, match="read_ahead must be"):
+        quern.plan_io(pipe, hosts=2, read_ahead=0)
+    decoded = quern.Pipeline.from_source(pipe.sources[0], seed=0).map(quern.transforms.decode(np.uint8))
+    bucketed = decoded.bucket([3000, 4000], [4, 2], cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="does not say which records its rows read: it cannot be planned"):
+        quern.plan_io(bucketed, steps=(0, 4))
+    late = quern.plan_io(pipe, hosts=2, steps=(20, 24))
+    assert late.first_epoch == 1 and len(late.egress_per_epoch) == 1 and "epoch 1: " in late.text()

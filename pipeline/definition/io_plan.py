@@ -16,7 +16,8 @@ skew, and the host furthest from the median is named.
 The trace follows the iterator's threads exactly: steps are read in chunks
 (1, 2, 4, ... steps, then ``read_ahead``), each chunk one bulk ``read_many`` per
 source read, which reads each of its files once, files in ascending order. An
-iterator given the same ``read_ahead`` (and ``lookahead=0``, ``num_threads=1``)
+iterator given the same ``read_ahead``, ``lookahead=0`` (an LRU cache) and one
+thread, with an empty cache folder of its own and ending where the plan ends,
 counts exactly the planned hits, misses and bytes; the guide
 (``docs/guides/plan.md``) says what differs otherwise.
 """
@@ -34,7 +35,7 @@ import numpy as np
 from ..core.batching import need_batch
 from ..execute.stages import steps_per_read
 from ..iterate.threads import THREAD_READ_RECORDS, THREAD_READ_STEPS
-from ..order.index import host_rows
+from ..order.index import check_int, host_rows
 from ..remote import cache_model
 from ..remote.lookahead import LOOKAHEAD
 from ..streams.forwarding import ForwardingStream
@@ -64,9 +65,10 @@ FIGURES = {  # the per-host figures of a plan, and what each one is
     "records": "records read",
     "bytes": "bytes of those records (from their files' sizes)",
     "files_per_step": "distinct files read per step (mean)",
-    "files_per_epoch": "distinct files read per epoch (mean)",
+    "files_per_epoch": "distinct files read per epoch (mean over the epochs the steps reach, partly or whole)",
     "file_reads": "reads of a file in one bulk call (each opens it)",
-    "working_set": "most bytes of distinct files read by the chunks that start within one lookahead window",
+    "working_set": "most bytes of distinct files read by the chunks that start in one window of lookahead steps "
+    "(fixed windows from the first step)",
     "no_refetch_cache": "the smallest disk cache with no file fetched twice in an epoch (Belady's rule)",
     "hits": "reads of a file the disk cache held",
     "misses": "reads that fetched their file",
@@ -152,10 +154,16 @@ def chunk_starts(start: int, stop: int, read_ahead: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _rows(pipe: Pipeline, steps: np.ndarray, hosts: int, contiguous: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every host's stream positions of ``steps``: ``(positions, step, host)`` per row."""
+def _rows(
+    pipe: Pipeline, steps: np.ndarray, hosts: int, contiguous: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every host's stream positions of ``steps``: ``(positions, step, host, probe)`` per row.
+
+    A host with no row in a step (the partial last batch) reads the step's row 0 for its empty batch's
+    structure, as the step runner does: that row is in, marked ``probe`` (not one of the host's records).
+    """
+    b = need_batch(pipe, "plan")
     if contiguous:
-        b = need_batch(pipe, "plan")
         total = pipe.stream.length()
         pos = (steps[:, None] * b + np.arange(b)[None, :]).ravel()
         step = np.repeat(steps, b)
@@ -163,12 +171,20 @@ def _rows(pipe: Pipeline, steps: np.ndarray, hosts: int, contiguous: bool) -> tu
         if total is not None:
             keep = pos < total
             pos, step, host = pos[keep], step[keep], host[keep]
-        return pos, step, host
-    parts = [(pipe.positions(int(s), h, hosts), int(s), h) for s in steps for h in range(hosts)]
-    pos = np.concatenate([p for p, _, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
-    step = np.concatenate([np.full(len(p), s) for p, s, _ in parts]) if parts else pos
-    host = np.concatenate([np.full(len(p), h) for p, _, h in parts]) if parts else pos
-    return pos, step, host
+    else:
+        parts = [(pipe.positions(int(s), h, hosts), int(s), h) for s in steps for h in range(hosts)]
+        pos = np.concatenate([p for p, _, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
+        step = np.concatenate([np.full(len(p), s) for p, s, _ in parts]) if parts else pos
+        host = np.concatenate([np.full(len(p), h) for p, _, h in parts]) if parts else pos
+    pos, step, host = (np.asarray(x, dtype=np.int64) for x in (pos, step, host))
+    seen = np.zeros((len(steps), hosts), dtype=bool)
+    seen[step - steps[0], host] = True
+    s_empty, h_empty = np.nonzero(~seen)
+    if not len(s_empty):
+        return pos, step, host, np.zeros(len(pos), dtype=bool)
+    s_empty = steps[s_empty]
+    probe = np.concatenate([np.zeros(len(pos), dtype=bool), np.ones(len(s_empty), dtype=bool)])
+    return np.concatenate([pos, s_empty * b]), np.concatenate([step, s_empty]), np.concatenate([host, h_empty]), probe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +203,10 @@ class IOPlan:
         per_host: each figure of :data:`FIGURES` planned, one value per host (bytes
             figures absent where no source has sizes; cache figures absent without a
             cache or a remote source).
-        egress_per_epoch: bytes fetched by all hosts in each epoch (in step order),
-            with the cache given, else with each host's no-refetch cache.
+        egress_per_epoch: bytes fetched by all hosts in each epoch the steps reach, from
+            :attr:`first_epoch` on: with the cache given, its misses; without, each file
+            once per epoch a host reads it in.
+        first_epoch: the epoch of the first planned step.
         file_count: the files of the sources read.
         limits: what the plan cannot see, in sentences.
         seconds: how long planning took.
@@ -208,6 +226,7 @@ class IOPlan:
     policy: str
     per_host: dict[str, np.ndarray]
     egress_per_epoch: np.ndarray
+    first_epoch: int
     file_count: int
     limits: tuple[str, ...]
     seconds: float
@@ -259,6 +278,7 @@ class IOPlan:
             "files": self.file_count,
             "figures": {n: self.spread(n) for n in self.per_host},
             "egress_per_epoch": self.egress_per_epoch.tolist(),
+            "first_epoch": self.first_epoch,
             "outlier": self.outlier(),
             "limits": list(self.limits),
             "seconds": self.seconds,
@@ -280,9 +300,11 @@ class IOPlan:
         if self.cache_bytes is not None:
             lines.append(f"disk cache replayed: {_bytes(self.cache_bytes)} per host, {self.policy}")
         if len(self.egress_per_epoch):
-            per = ", ".join(_bytes(int(x)) for x in self.egress_per_epoch[:8])
+            per = ", ".join(
+                f"epoch {self.first_epoch + k}: {_bytes(int(x))}" for k, x in enumerate(self.egress_per_epoch[:8])
+            )
             more = ", ..." if len(self.egress_per_epoch) > 8 else ""
-            lines.append(f"egress of the whole job per epoch: {per}{more}")
+            lines.append(f"egress of the whole job: {per}{more}")
         off = self.outlier()
         if off is not None:
             h, n, r = off
@@ -373,6 +395,7 @@ def plan_io(
     if read_ahead is None:
         c = len(pipe.leaves)
         read_ahead = steps_per_read(hi - lo, THREAD_READ_RECORDS * c, THREAD_READ_STEPS * c)
+    read_ahead = check_int(read_ahead, "read_ahead", 1)
     if int(lookahead) < 1:
         raise ValueError(f"lookahead must be at least 1 step, got {lookahead}")
 
@@ -409,12 +432,18 @@ def plan_io(
     window_of = (np.arange(steps.start, steps.stop) - steps.start) // int(lookahead)
     n_windows = int(window_of[-1]) + 1
     n_epochs = (steps.stop * b - 1) // epoch_len + 1 if epoch_len else 1
+    first_epoch = steps.start * b // epoch_len if epoch_len else 0
 
     def block_figures(block: np.ndarray) -> tuple[np.ndarray, ...] | None:
         """One block's per-host sums, its file reads ``(host, file, epoch)`` sorted by host, its distinct keys."""
-        pos, step, host = _rows(pipe, block, hosts, contiguous)
+        pos, step, host, probe = _rows(pipe, block, hosts, contiguous)
         reads = pipe.stream.reads(pos)
         if not reads:
+            if len(pos):
+                raise ValueError(
+                    f"plan_io: a {type(pipe.stream).__name__} does not say which records its rows read: it cannot be "
+                    "planned (a bucketed pipeline reads each bucket's records on its own)"
+                )
             return None
         epoch = pos // epoch_len if epoch_len else np.zeros(len(pos), dtype=np.int64)
         parts = [
@@ -424,12 +453,13 @@ def plan_io(
                 np.searchsorted(layouts[id(src)].starts, ids, side="right") - 1 + offset[id(src)],
                 np.full(len(ids), call),
                 epoch[rows],
+                probe[rows],
             )
             for call, (src, ids, rows) in enumerate(reads)
         ]
-        h, s, f, call, e = (np.concatenate(x) for x in zip(*parts))
-        counts = np.bincount(h, minlength=hosts)
-        nbytes = np.bincount(h, weights=per_record[f], minlength=hosts)
+        h, s, f, call, e, pr = (np.concatenate(x) for x in zip(*parts))
+        counts = np.bincount(h[~pr], minlength=hosts)  # a probe row is read, not one of the host's records
+        nbytes = np.bincount(h[~pr], weights=per_record[f[~pr]], minlength=hosts)
         step_files = np.bincount(_distinct((h * n_steps + s) * n_files + f) // n_files // n_steps, minlength=hosts)
         key = ((h * n_chunks + chunk_of[s]) * len(reads) + call) * n_files + f
         order = np.argsort(key)
@@ -497,6 +527,7 @@ def plan_io(
                 else cache_model.first_reads(cache_model.next_reads(c_f, c_bounds, n_files, compile=compile), c_e)[0]
             )
         egress = np.bincount(c_e[fetched], weights=sizes[c_f[fetched]], minlength=n_epochs).astype(np.int64)
+        egress = egress[first_epoch:]  # the epochs the steps reach
     names = [str(p) for f in layouts.values() for p in (getattr(f.source, "paths", None) or [f.source.name])]
     return IOPlan(
         hosts=hosts,
@@ -508,6 +539,7 @@ def plan_io(
         policy=policy,
         per_host=per_host,
         egress_per_epoch=egress,
+        first_epoch=first_epoch,
         file_count=n_files,
         limits=tuple(limits),
         seconds=time.perf_counter() - t0,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pickle
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -115,6 +114,7 @@ class AutoFeed(Feed):
         self._served = 0  # steps the current candidate has served
         self._since: float | None = None  # when it served its first step
         self._last: int | None = None  # the step get() returned last
+        self._booked: int | None = None  # the step booked last (a step asked again is not booked twice)
         self._t0: float | None = None  # when its measured window began
         self._n = 0  # steps in that window
         self.rates: dict[str, float] = {}
@@ -184,32 +184,38 @@ class AutoFeed(Feed):
         nxt = step + 1
         if self._next is not None:  # a pool warming up: switch when its first step comes
             if self._switch_at == nxt:
-                pool, self._next = self._next, None
-                self._use(self._k + 1, pool)
+                warmed, self._next = self._next, None
+                self._use(self._k + 1, warmed)
             return
         if self._t0 is None or self._n < WINDOW_STEPS or now - self._t0 < WINDOW_SECONDS:
             return
         rate = self._n / (now - self._t0)
-        self.rates[self.tries[self._k].name] = round(rate, 2)
+        self.rates[self.tries[self._k].name] = rate
         if self._k + 1 < len(self.tries):
             c = self.tries[self._k + 1]
             left = self._left(nxt)
+            needs = max(SETTLE_STEPS, math.ceil(rate * SETTLE_SECONDS)) + max(
+                WINDOW_STEPS, math.ceil(rate * WINDOW_SECONDS)
+            )
             if c.workers:
                 warm = math.ceil(rate * WORKER_START_S) + 1  # the threads serve these while the pool starts
-                if left is not None and left <= warm + SETTLE_STEPS + WINDOW_STEPS:
+                if left is not None and left <= warm + needs:
                     self._choose(nxt, "the stream ends before another candidate could be measured")
                     return
+                pool: Feed | None = None
                 try:
                     pool = self._open(c, nxt + warm)
-                except (TypeError, AttributeError, pickle.PicklingError, WorkerError) as e:  # not picklable, ...
+                    assert isinstance(pool, WorkerPool)
+                    pool.prime(nxt + warm)  # its workers start on their first tasks while the threads serve
+                except Exception as e:  # not picklable, no shared memory, ...: the threads serve on
+                    if pool is not None:
+                        pool.close()
                     self.tries = self.tries[: self._k + 1]
                     self._choose(nxt, f"{c.name} cannot run this pipeline ({type(e).__name__}: {str(e)[:200]})")
                     return
-                assert isinstance(pool, WorkerPool)
-                pool.prime(nxt + warm)  # its workers start on their first tasks while the threads serve
                 self._next, self._switch_at = pool, nxt + warm
             else:
-                if left is not None and left <= SETTLE_STEPS + WINDOW_STEPS:
+                if left is not None and left <= needs:
                     self._choose(nxt, "the stream ends before another candidate could be measured")
                     return
                 self._use(self._k + 1, self._open(c, nxt))
@@ -219,7 +225,7 @@ class AutoFeed(Feed):
     def _choose(self, step: int, why: str | None) -> None:
         """Keep the cheapest candidate within :data:`TOLERANCE` of the fastest measured, from ``step`` on."""
         names = [c.name for c in self.tries]
-        measured = {n: r for n, r in self.rates.items()}
+        measured = {n: r for n, r in self.rates.items() if n in names}
         best = max(measured.values()) if measured else 0.0
         pick = next((i for i, n in enumerate(names) if n in measured and measured[n] >= (1 - TOLERANCE) * best), 0)
         if why is None:
@@ -274,12 +280,20 @@ class AutoFeed(Feed):
         measured, and the next candidate takes over here when due): a switch happens
         between two ``get`` calls, after the ledger had the batch before.
         """
-        if self._last is not None and step == self._last + 1:
+        if self._last is not None and step == self._last + 1 and self._booked != self._last:
+            self._booked = self._last
             self._after(self._last)
-        elif self._last is not None and step != self._last:  # asked again after an error: not a pace
-            self._t0, self._since = None, None
-            self._served = 0
-        batch = self._feed.get(step, stop=stop, timeout=timeout)
+        try:
+            batch = self._feed.get(step, stop=stop, timeout=timeout)
+        except BaseException as e:
+            self._t0, self._since, self._served = None, None, 0  # the time of an error is not a pace
+            if not (isinstance(e, WorkerError) and not self.decided and self.tries[self._k].workers):
+                raise
+            # the workers of the trial cannot run it after all: back to the candidate before, at this step
+            failed, self.tries = self.tries[self._k].name, self.tries[: self._k]
+            self._use(self._k - 1, self._open(self.tries[-1], step))
+            self._choose(step, f"{failed} failed ({str(e)[:200]})")
+            batch = self._feed.get(step, stop=stop, timeout=timeout)
         self._last = step
         if not self.decided and self._left(step + 1) == 0:  # no get() follows to book it
             self._decide(step + 1, f"the stream ended while {self.tries[self._k].name} was measured")
@@ -292,7 +306,7 @@ class AutoFeed(Feed):
     def stats(self) -> FeedStats:
         """The serving feed's figures, and ``tuning``: what was tried, measured and chosen, and why."""
         out = self._feed.stats()
-        out["tuning"] = dict(self.tuning, measured=dict(self.rates))
+        out["tuning"] = dict(self.tuning, measured={k: round(v, 2) for k, v in self.rates.items()})
         if not self.decided:
             out["tuning"]["why"] = f"measuring {self.tries[self._k].name}"
         return out
