@@ -896,7 +896,8 @@ def test_jax_and_threads_in_the_parent_are_safe(shards):
 
 _CHILD = textwrap.dedent(
     """
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it not end
     sys.path.insert(0, {tests!r})
     from test_workers import _token_pipe
     it = _token_pipe({shards!r}).iterator(num_workers=2)
@@ -911,7 +912,7 @@ _CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["exit", "ctrl-c", "sigkill"])
 def test_a_process_that_iterates_leaves_nothing_when_it_ends(shards, mode):
     """The program exits without closing its iterator; or Ctrl-C (SIGINT to its whole
@@ -935,11 +936,17 @@ def test_a_process_that_iterates_leaves_nothing_when_it_ends(shards, mode):
                 os.killpg(proc.pid, signal.SIGINT)
             else:
                 proc.kill()
-        proc.wait(timeout=60)
+        try:  # both pipes drained meanwhile: a child blocked writing to a full pipe would look stuck
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, to stderr
+            time.sleep(1)
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            pytest.fail(f"the program did not end within 90 s ({mode}); where it was:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    err = proc.stderr.read()
     if mode == "exit":
         assert proc.returncode == 0 and "Traceback" not in err, err
     elif mode == "ctrl-c":
