@@ -898,6 +898,7 @@ _CHILD = textwrap.dedent(
     """
     import faulthandler, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it not end
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, whatever the test process ignores
     sys.path.insert(0, {tests!r})
     from test_workers import _token_pipe
     it = _token_pipe({shards!r}).iterator(num_workers=2)
