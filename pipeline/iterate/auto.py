@@ -37,7 +37,16 @@ from .workers import WorkerPool
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
 
-__all__ = ["AUTO", "TOLERANCE", "WINDOW_SECONDS", "WINDOW_STEPS", "AutoFeed", "Candidate", "candidates"]
+__all__ = [
+    "AUTO",
+    "TOLERANCE",
+    "WINDOW_SECONDS",
+    "WINDOW_STEPS",
+    "AutoFeed",
+    "Candidate",
+    "candidates",
+    "worker_pool",
+]
 
 AUTO: Literal["auto"] = "auto"
 TOLERANCE = 0.05  # a cheaper candidate within 5% of the fastest is kept
@@ -59,6 +68,26 @@ class Candidate:
     def name(self) -> str:
         """``"num_workers=W"`` or ``"num_threads=T"``."""
         return f"num_workers={self.workers}" if self.workers else f"num_threads={self.threads}"
+
+
+def worker_pool(pipe: Pipeline, num_workers: int, settings: FeedSettings) -> WorkerPool:
+    """A :class:`~quern.pipeline.iterate.workers.WorkerPool` of ``num_workers`` processes, told ``settings``.
+
+    Its first step is the one first asked for (or :meth:`~quern.pipeline.iterate.workers.WorkerPool.prime`d).
+    """
+    s = settings
+    return WorkerPool(
+        pipe,
+        num_workers,
+        process_index=s.process_index,
+        process_count=s.process_count,
+        prefetch=s.prefetch,
+        read_ahead=s.read_ahead,
+        end=s.end,
+        copy=s.copy,
+        timed=s.timed,
+        digests=s.digests,
+    )
 
 
 def candidates(num_workers: int | str, num_threads: int | str, cpus: int | None = None) -> list[Candidate]:
@@ -133,18 +162,7 @@ class AutoFeed(Feed):
     def _open(self, c: Candidate, start: int) -> Feed:
         s = dataclasses.replace(self.settings, start=start)
         if c.workers:
-            feed: Feed = WorkerPool(
-                self.pipe,
-                c.workers,
-                process_index=s.process_index,
-                process_count=s.process_count,
-                prefetch=s.prefetch,
-                read_ahead=s.read_ahead,
-                end=s.end,
-                copy=s.copy,
-                timed=s.timed,
-                digests=s.digests,
-            )
+            feed: Feed = worker_pool(self.pipe, c.workers, s)
         else:
             feed = ThreadFeed(self.pipe, s, num_threads=c.threads, watch=self._watch)
         feed.ahead = self._ahead

@@ -11,11 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from ..order.index import check_int
-from .auto import AUTO, AutoFeed, candidates
+from .auto import AUTO, AutoFeed, candidates, worker_pool
 from .feed import Feed, FeedSettings, Stopped, worker_figures
 from .service import RayService, ServiceFeed
 from .threads import ThreadFeed
-from .workers import WorkerPool
 
 if TYPE_CHECKING:
     from ..definition.dataset import Pipeline
@@ -131,16 +130,5 @@ def open_feed(
     if num_workers:
         if over:
             return Stopped(worker_figures(num_workers, [0] * num_workers, 0), local=True)
-        return WorkerPool(
-            pipe,
-            num_workers,
-            process_index=settings.process_index,
-            process_count=settings.process_count,
-            prefetch=settings.prefetch,
-            read_ahead=settings.read_ahead,
-            end=settings.end,
-            copy=settings.copy,
-            timed=settings.timed,
-            digests=settings.digests,
-        )
+        return worker_pool(pipe, num_workers, settings)
     return ThreadFeed(pipe, settings, num_threads=num_threads, watch=watch)
