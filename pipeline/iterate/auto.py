@@ -73,7 +73,8 @@ class Candidate:
 def worker_pool(pipe: Pipeline, num_workers: int, settings: FeedSettings) -> WorkerPool:
     """A :class:`~quern.pipeline.iterate.workers.WorkerPool` of ``num_workers`` processes, told ``settings``.
 
-    Its first step is the one first asked for (or :meth:`~quern.pipeline.iterate.workers.WorkerPool.prime`d).
+    Its first step is the one first asked for, or the one given to
+    :meth:`~quern.pipeline.iterate.workers.WorkerPool.prime`.
     """
     s = settings
     return WorkerPool(
