@@ -8,11 +8,14 @@ One pipeline, built three ways over the same synthetic data:
     -> pad (0) / truncate to 512 -> {"tokens": (512,) int32, "length": int32}
     -> batch 256
 
-* **the CPU limit** -- the reader's own CPU seconds per record (``ArrayRecordReader.read``
-  of 16 batches' shuffled ids per call, its zstd decompression included) and the parse's
-  (decode + pad with NumPy), each timed apart with ``time.process_time`` over the same
-  records; the limit on C cores is ``C / (reader + parse)`` records/s, which a pipeline
-  reaches only if nothing but that work runs. quern with 2 workers is set against it.
+* **the CPU limit** -- the reader's own CPU seconds per record (16 batches' shuffled ids,
+  one call per file, its zstd decompression included) and the parse's (decode + pad with
+  NumPy), each timed apart with ``time.process_time`` over the same records. The reader is
+  timed both ways the library offers: ``ArrayRecordReader.read(list)`` (spread over the
+  library's thread pool, whose spinning threads cost CPU) and ``seek`` + ``read()`` one
+  record at a time on the calling thread (what a quern worker process does); the cheaper
+  sets the limit. The limit on C cores is ``C / (reader + parse)`` records/s, which a
+  pipeline reaches only if nothing but that work runs. quern with 2 workers is set against it.
 * ``raw ArrayRecordReader`` -- the single-thread reader: the shuffled record ids of 1 batch
   (or of 16 consecutive batches) are grouped by file and read with one
   ``reader.read(list)`` per file (readers opened with
@@ -144,6 +147,7 @@ NUM_SHARDS = 8
 MIN_LEN, MAX_LEN = 64, 512
 DATA_SEED = 20240601
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+READER_BUFFER = quern.sources.ArrayRecordSource.READER_BUFFER  # the file buffer quern's readers have
 RESUME_STEP = 10**7
 HEAVY_ROUNDS = 4  # rounds of heavy(): about 50 us per record on a 2-core development machine
 RSS_INTERVAL = 0.05  # seconds between RSS samples
@@ -234,12 +238,19 @@ def heavy_cost_us(paths: list[str], reps: int = 5) -> float:
 
 
 class RawReader:
-    """Batches straight from ``ArrayRecordReader.read(list)``: one call per file per batch."""
+    """Batches straight from ``ArrayRecordReader.read(list)``: one call per file per batch.
 
-    def __init__(self, paths: list[str]):
+    Readers are opened as quern opens them (random-access options, a 4 KiB file buffer).
+    ``one_by_one``: each file's records are read with ``seek`` + ``read()`` in ascending
+    order on the calling thread instead (no library thread pool), as a quern worker
+    process reads them.
+    """
+
+    def __init__(self, paths: list[str], one_by_one: bool = False):
         from array_record.python.array_record_module import ArrayRecordReader
 
-        self.readers = [ArrayRecordReader(p, READER_OPTIONS) for p in paths]
+        self.one_by_one = one_by_one
+        self.readers = [ArrayRecordReader(p, READER_OPTIONS, file_reader_buffer_size=READER_BUFFER) for p in paths]
         counts = [r.num_records() for r in self.readers]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -251,7 +262,15 @@ class RawReader:
         out: list = [None] * len(ids)
         for where in np.split(order, cuts):
             f = int(file_of[where[0]])
-            records = self.readers[f].read((ids[where] - self.starts[f]).tolist())
+            local = (ids[where] - self.starts[f]).tolist()
+            if self.one_by_one:
+                reader, got = self.readers[f], [None] * len(local)
+                for k in sorted(range(len(local)), key=local.__getitem__):
+                    reader.seek(local[k])
+                    got[k] = reader.read()
+                records = got
+            else:
+                records = self.readers[f].read(local)
             for k, rec in zip(where.tolist(), records):
                 out[k] = rec
         return out
@@ -730,38 +749,86 @@ def time_to_first_batch(paths: list[str], reps: int = 5, worker_reps: int = 3) -
     return out
 
 
-def cpu_costs(paths: list[str], raw_ids: np.ndarray, rounds: int = 3) -> tuple[float, float]:
-    """The CPU seconds per record of the reader alone and of the parse alone (median of ``rounds``).
+def cpu_costs(paths: list[str], raw_ids: np.ndarray, rounds: int = 3) -> tuple[float, float, float]:
+    """The CPU seconds per record of the reader alone, both ways, and of the parse alone (medians of ``rounds``).
 
-    The reader: ``ArrayRecordReader.read(list)`` of 16 batches' shuffled ids per call, one call per
-    file (its zstd decompression and record framing included; ``max_parallelism:0``, so it runs on
-    the calling thread); the parse: decode + pad of those records into a batch with NumPy. Both
-    are timed with ``time.process_time`` (this process's CPU, all threads) over the same records.
+    The reader: 16 batches' shuffled ids per call, one call per file, read with
+    ``ArrayRecordReader.read(list)`` (the library's thread pool, as quern reads in one
+    process) and one by one with ``seek`` + ``read()`` (the calling thread only, as a quern
+    worker process reads), zstd decompression and record framing included; the parse:
+    decode + pad of those records into a batch with NumPy. All timed with
+    ``time.process_time`` (this process's CPU, all threads) over the same records.
+
+    Returns:
+        ``(read(list), one by one, parse)`` seconds per record.
     """
-    reader = RawReader(paths)
     per = 16 * BATCH
-    reads, parses = [], []
+    out: list[list[float]] = [[], [], []]
     for _ in range(rounds):
-        read_s = parse_s = 0.0
-        n = 0
-        for lo in range(0, len(raw_ids) - per + 1, per):
-            t0 = time.process_time()
-            records = reader.read(raw_ids[lo : lo + per])
-            t1 = time.process_time()
-            for i in range(0, per, BATCH):
-                reader.pad(records[i : i + BATCH])
-            t2 = time.process_time()
-            read_s, parse_s, n = read_s + t1 - t0, parse_s + t2 - t1, n + per
-        reads.append(read_s / n)
-        parses.append(parse_s / n)
-    return statistics.median(reads), statistics.median(parses)
+        for which, reader in enumerate((RawReader(paths), RawReader(paths, one_by_one=True))):
+            read_s = parse_s = 0.0
+            n = 0
+            for lo in range(0, len(raw_ids) - per + 1, per):
+                t0 = time.process_time()
+                records = reader.read(raw_ids[lo : lo + per])
+                t1 = time.process_time()
+                for i in range(0, per, BATCH):
+                    reader.pad(records[i : i + BATCH])
+                t2 = time.process_time()
+                read_s, parse_s, n = read_s + t1 - t0, parse_s + t2 - t1, n + per
+            out[which].append(read_s / n)
+            if which == 0:
+                out[2].append(parse_s / n)
+    return statistics.median(out[0]), statistics.median(out[1]), statistics.median(out[2])
+
+
+def _raw_process(paths: list[str], ids: np.ndarray, seconds: float, out: Any) -> None:
+    """One process of :func:`raw_per_core`: ``ids`` read one by one and padded, 16 batches per call, for ``seconds``;
+    puts ``(records, seconds)`` on ``out``."""
+    reader, per = RawReader(paths, one_by_one=True), 16 * BATCH
+    reader.batches(ids[:per])  # warm
+    done, i, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        lo = i * per % (len(ids) - per + 1)
+        reader.batches(ids[lo : lo + per])
+        done, i = done + per, i + 1
+    out.put((done, time.perf_counter() - t0))
+
+
+def raw_per_core(paths: list[str], raw_ids: np.ndarray, seconds: float = 5.0, rounds: int = 3) -> float:
+    """The reader's and the parse's work alone on every core at once: records/s (median of ``rounds``).
+
+    One process per usable core (started fresh, ``spawn``), each reading its share of the
+    shuffled ids one by one (the cheaper way, no library threads) and padding them, 16 batches
+    per call, with no pipeline around it; their rates summed. What the machine gives this work
+    when every core runs it, contention for caches and memory included, which the CPU limit
+    (one core's cost, times the cores) leaves out.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    cores = len(os.sched_getaffinity(0))
+    rates = []
+    for _ in range(rounds):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_raw_process, args=(paths, raw_ids[k::cores], seconds, q)) for k in range(cores)]
+        for p in procs:
+            p.start()
+        got = [q.get(timeout=seconds + 120) for _ in procs]
+        for p in procs:
+            p.join()
+        rates.append(sum(n / t for n, t in got))
+    return statistics.median(rates)
 
 
 # --------------------------------------------------------------------------- main
 
 
 def print_summary(
-    results: list[Result], ttfb: list[tuple[str, str, float]], costs: tuple[float, float] | None = None
+    results: list[Result],
+    ttfb: list[tuple[str, str, float]],
+    costs: tuple[float, float, float] | None = None,
+    per_core: float | None = None,
 ) -> None:
     """The final tables (plain, then heavy), the best of raw / grain / quern, and the
     ratios the worker processes are judged by: figures only, no target is asserted."""
@@ -812,13 +879,22 @@ def print_summary(
         print(f"quern / raw        = {quern_b[1] / raw_b[1]:.2f}x")
     if costs is not None:
         cpus = len(os.sched_getaffinity(0))
-        limit = cpus / (costs[0] + costs[1])
+        reader, parse = min(costs[0], costs[1]), costs[2]
+        how = "read(list)" if costs[0] <= costs[1] else "one by one"
+        limit = cpus / (reader + parse)
         print(
-            f"CPU limit ({cpus} cores) = {cpus} / (reader {costs[0] * 1e6:.2f} us + parse {costs[1] * 1e6:.2f} us "
-            f"per record) = {limit:,.0f} rec/s"
+            f"CPU limit ({cpus} cores) = {cpus} / (reader {reader * 1e6:.2f} us [{how}, the cheaper] + parse "
+            f"{parse * 1e6:.2f} us per record) = {limit:,.0f} rec/s"
         )
         if rate.get(Q_W2):
             print(f"quern num_workers=2 / CPU limit = {rate[Q_W2] / limit:.2f}  (target >= 0.95)")
+            loose = cpus / (costs[0] + parse)
+            print(f"  (against the read(list) reader alone, {loose:,.0f} rec/s: {rate[Q_W2] / loose:.2f})")
+    if per_core and rate.get(Q_W2):
+        print(
+            f"raw reader + parse, one process per core, no pipeline = {per_core:,.0f} rec/s; "
+            f"quern num_workers=2 / that = {rate[Q_W2] / per_core:.2f}"
+        )
 
     def line(label: str, x: float | None, y: float | None, note: str = "", ms: bool = False) -> None:
         def fmt(v: float | None) -> str:
@@ -909,8 +985,8 @@ def main() -> None:
     check_correctness(paths, raw_ids)
     costs = cpu_costs(paths, raw_ids[: args.records])
     print(
-        f"CPU per record on one core: the reader (zstd, framing) {costs[0] * 1e6:.2f} us, the parse (decode, pad) "
-        f"{costs[1] * 1e6:.2f} us"
+        f"CPU per record on one core: the reader (zstd, framing) {costs[0] * 1e6:.2f} us with read(list), "
+        f"{costs[1] * 1e6:.2f} us one by one (seek + read); the parse (decode, pad) {costs[2] * 1e6:.2f} us"
     )
 
     results: list[Result] = []
@@ -948,7 +1024,9 @@ def main() -> None:
     for _, name, secs in ttfb:
         print(f"  {name:<{w}s} {secs * 1e3:>9.1f} ms")
 
-    print_summary(results, ttfb, costs)
+    per_core = raw_per_core(paths, raw_ids[: args.records])
+    print(f"raw reader + parse, one process per core, no pipeline (median of 3): {per_core:,.0f} rec/s")
+    print_summary(results, ttfb, costs, per_core)
 
     # RUSAGE_CHILDREN is left out: a child started by fork + exec inherits the parent's high-water mark
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -11,7 +11,7 @@ import numpy as np
 from ..core.deprecation import keyword_only
 from ..core.errors import SourceError
 from ..remote.cache import ShardCache, is_url
-from . import prepared
+from . import prepared, reading
 from .base import (
     FileStats,
     HandlePool,
@@ -28,7 +28,9 @@ class ArrayRecordSource(Source):
 
     Ids are global over the files in the given order (globs sorted). Reads
     are grouped by file (one read call per file per ``read_many``), through
-    readers opened for random access and shared by threads from a pool.
+    readers opened for random access and shared by threads from a pool. In a
+    worker process each record is read on the calling thread, not spread over
+    ArrayRecord's own thread pool (:mod:`~quern.pipeline.sources.reading`).
 
     ``paths`` may also be a prepared folder (or its ``manifest.json``; alone,
     or as the one item of a list), or the URL of one (``http(s)://``,
@@ -84,6 +86,9 @@ class ArrayRecordSource(Source):
     """
 
     READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+    #: bytes a reader fills from its file at a time: a random read of a small record then reads a page, not
+    #: the library's 1 MiB (larger records are read whole, past the buffer); measured no slower for bulk reads
+    READER_BUFFER = 4096
     _fetcher: Any  # remote files: the threads fetching ahead (see prefetch)
     _fetch_lock: Any
     _fetching: set[int]
@@ -311,7 +316,9 @@ class ArrayRecordSource(Source):
             path = self.paths[file_index]
             counts = getattr(self, "counts", None)  # None while __init__ counts the records
             try:
-                r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
+                r = array_record_module.ArrayRecordReader(
+                    path, self.READER_OPTIONS, file_reader_buffer_size=self.READER_BUFFER
+                )
                 if not r.ok():
                     r.read([0])  # the reader keeps the failure status: reading raises it
                     raise SourceError("reader is not ok")
@@ -345,7 +352,9 @@ class ArrayRecordSource(Source):
         s = self.manifest["shards"][file_index]
         path, pin = self.cache.get_pinned(self.urls[file_index], size=s["bytes"], sha256=s["sha256"])  # in use first
         try:
-            r = array_record_module.ArrayRecordReader(path, self.READER_OPTIONS)
+            r = array_record_module.ArrayRecordReader(
+                path, self.READER_OPTIONS, file_reader_buffer_size=self.READER_BUFFER
+            )
             if not r.ok():
                 r.read([0])  # the reader keeps the failure status: reading raises it
                 raise SourceError("reader is not ok")
@@ -385,11 +394,11 @@ class ArrayRecordSource(Source):
             local = (ids[where] - self.starts[f]).tolist()
             reader = self._reader(f)
             try:
-                records = reader.read(local)
+                records = reader.read(local) if reading.library_threads() else _read_in_caller(reader, local)
             except Exception as e:
+                _close_failed(reader)
                 if self._files is not None:
                     self._files.check(f)  # a change is the cause to report (the reader is dropped)
-                self._give(f, reader)
                 raise SourceError(
                     f"ArrayRecordSource: reading records {local[:8]}{'...' if len(local) > 8 else ''} "
                     f"of {self.paths[f]!r} failed: {e}"
@@ -480,14 +489,42 @@ class ArrayRecordSource(Source):
         return {**super().identity(), "files": file_identity(self.paths, self.counts, names=self._file_urls)}
 
 
+def _close_failed(reader: Any) -> None:
+    """Close a reader whose read raised: it may keep its failure, so the next read of its file opens a new one.
+
+    Its close may report the same failure again; that is not a second error.
+    """
+    try:
+        reader.close()
+    except Exception:
+        pass
+
+
+def _read_in_caller(reader: Any, local: list[int]) -> list[bytes]:
+    """The records ``local`` of one file, read one by one on this thread (in ascending order), in the given order.
+
+    The same records as ``reader.read(local)``, without the library's thread pool: the cheaper read where the
+    process's parallelism comes from other processes (:mod:`~quern.pipeline.sources.reading`).
+    """
+    out: list[Any] = [None] * len(local)
+    seek, read = reader.seek, reader.read
+    for k in sorted(range(len(local)), key=local.__getitem__):
+        seek(local[k])
+        out[k] = read()
+    return out
+
+
 class _Pinned:
     """A reader of a cached file that keeps the file in use (never evicted) while it is open."""
 
     def __init__(self, reader: Any, pin: Any) -> None:
         self.reader, self.pin = reader, pin
 
-    def read(self, ids: list[int]) -> list[bytes]:
-        return self.reader.read(ids)
+    def read(self, ids: list[int] | None = None) -> Any:
+        return self.reader.read() if ids is None else self.reader.read(ids)
+
+    def seek(self, record: int) -> None:
+        self.reader.seek(record)
 
     def num_records(self) -> int:
         return self.reader.num_records()

@@ -212,6 +212,7 @@ class _ForkServer:
             self.pipe,
             process_index=self.init.process_index,
             process_count=self.init.process_count,
+            library_threads=self.init.library_threads,
         )
 
     def spawn(self, fd: int) -> int:

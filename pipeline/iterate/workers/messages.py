@@ -50,6 +50,8 @@ class Init(NamedTuple):
         process_index: The host whose steps are computed.
         process_count: The number of hosts.
         preload: Modules the fork server imports before loading the pipeline.
+        library_threads: Whether the workers' reads may use a reading library's own threads
+            (:func:`~quern.pipeline.sources.reading.threads_help`).
     """
 
     spans: list[Span]
@@ -57,6 +59,7 @@ class Init(NamedTuple):
     process_index: int
     process_count: int
     preload: tuple[str, ...] = ()
+    library_threads: bool = True
 
 
 class Fork(NamedTuple):

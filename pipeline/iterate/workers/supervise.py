@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ...core.errors import StepTimeoutError, WorkerError
 from ...core.timing import STAGE_SIGNAL
+from ...sources import reading
 from . import shm
 from .handles import SERVER_STOP, ServerHandle, WorkerHandle, readable
 from .messages import Fatal, Init
@@ -76,6 +77,7 @@ class Supervisor:
             definition: The shared buffer that holds it (it stays the pool's to close).
         """
         assert self.server is not None, "start_server() first"
+        init = init._replace(library_threads=reading.threads_help(self.num_workers))
         self._init, self._definition = init, definition
         self.server.send(init, [definition.fd])
         for w in range(self.num_workers):

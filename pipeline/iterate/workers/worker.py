@@ -30,7 +30,7 @@ from ...core.timing import SEND, Clock, report_stage_on_signal
 from ...identity import samedef
 from ...integrity.ledger import DIGEST, step_fields
 from ...remote.lookahead import cache_counts
-from ...sources import waiting
+from ...sources import reading, waiting
 from . import shm
 from .messages import Done, Drop, ErrorReport, Failed, Fatal, Init, Ready, Task
 
@@ -115,7 +115,13 @@ def main(fd: int, init_fd: int) -> None:
         except BaseException as e:
             shm.send(sock, Fatal(f"{type(e).__name__}: {e}", traceback.format_exc()))
             return
-        serve_tasks(sock, pipe, process_index=init.process_index, process_count=init.process_count)
+        serve_tasks(
+            sock,
+            pipe,
+            process_index=init.process_index,
+            process_count=init.process_count,
+            library_threads=init.library_threads,
+        )
 
     work_then_exit(work)
 
@@ -155,7 +161,9 @@ def _exit_status(e: SystemExit) -> int:
     return 1
 
 
-def serve_tasks(sock: socket.socket, pipe: Pipeline, *, process_index: int, process_count: int) -> None:
+def serve_tasks(
+    sock: socket.socket, pipe: Pipeline, *, process_index: int, process_count: int, library_threads: bool = True
+) -> None:
     """Say the worker is ready, then compute the tasks the parent sends, until end of file.
 
     A step's batch depends only on ``pipe``, the step and the host slice; a step
@@ -167,10 +175,13 @@ def serve_tasks(sock: socket.socket, pipe: Pipeline, *, process_index: int, proc
         pipe: The pipeline.
         process_index: The host whose steps are computed.
         process_count: The number of hosts.
+        library_threads: Whether reads may use a reading library's own threads; ``False`` where the
+            pool's processes fill the cores (:mod:`~quern.pipeline.sources.reading`). No byte depends on it.
 
     Raises:
         EOFError: The parent closed the socket (the normal end).
     """
+    reading.use_library_threads(library_threads)
     with waiting.patient():  # a live stream's entries are waited for here; the parent times out
         _serve(sock, pipe, process_index=process_index, process_count=process_count)
 
