@@ -18,21 +18,32 @@ Each scenario is a function ``(trials, rng, tmp) -> (tried, held, notes)`` as in
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from quern.pipeline.integrity.batch_digest import row_digests_of
 
-_ML = [np.dtype(t) for t in vars(ml_dtypes).values() if isinstance(t, type) and issubclass(t, np.generic)]
 _NUMPY = [np.dtype(t) for t in ("u1", "i1", "?", "u2", "i2", "f2", "u4", "i4", "f4", "u8", "i8", "f8", "c8", "c16")]
 _NUMPY += [np.dtype(t) for t in ("V1", "V2", "V4", "V8", "S2", "S4", "U1", "M8[ns]", "m8[s]", "M8[D]")]
-_PLAIN = _ML + _NUMPY
-_FIELD_TYPES = [d for d in _ML if d.itemsize <= 2] + [np.dtype(t) for t in ("u1", "i2", "f2", "i4", "f4", "f8", "?")]
 _NAMES = ["a", "b", "c", "d", "e"]
+
+
+@functools.cache
+def _dtypes() -> tuple[list[np.dtype], list[np.dtype]]:
+    """The plain dtypes (every ml_dtypes type, then NumPy's) and the field dtypes of structured leaves.
+
+    Built at the first use: importing ml_dtypes takes most of a second, which the other scenarios of
+    ``faults.py`` (each a fresh interpreter in the tests) need not pay.
+    """
+    import ml_dtypes
+
+    ml = [np.dtype(t) for t in vars(ml_dtypes).values() if isinstance(t, type) and issubclass(t, np.generic)]
+    fields = [d for d in ml if d.itemsize <= 2] + [np.dtype(t) for t in ("u1", "i2", "f2", "i4", "f4", "f8", "?")]
+    return ml + _NUMPY, fields
 
 
 def _swapped(dtype: np.dtype) -> np.dtype:
@@ -54,8 +65,9 @@ def _present(arr: np.ndarray, rng: random.Random) -> np.ndarray:
 
 def _plain_pair(rng: random.Random) -> tuple[np.ndarray, np.ndarray, list[bool]]:
     """Two leaves of dtypes of one itemsize, the same bytes or one row changed; which rows must agree."""
-    a = rng.choice(_PLAIN)
-    b = a if rng.random() < 0.3 else rng.choice([d for d in _PLAIN if d.itemsize == a.itemsize])
+    plain = _dtypes()[0]
+    a = rng.choice(plain)
+    b = a if rng.random() < 0.3 else rng.choice([d for d in plain if d.itemsize == a.itemsize])
     n, k = rng.randint(1, 6), rng.choice([1, 2, 3, 8, 40])  # rows, items a row (small and large leaves)
     nrng = np.random.default_rng(rng.getrandbits(32))
     raw = nrng.integers(0, 256, (n, k * a.itemsize), dtype=np.uint8)
@@ -78,7 +90,7 @@ def _spec(rng: random.Random, depth: int = 0) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for name in rng.sample(_NAMES, rng.randint(1, 4)):
         r = rng.random()
-        base = rng.choice(_FIELD_TYPES)
+        base = rng.choice(_dtypes()[1])
         out.append(
             (name, _spec(rng, 1) if r < 0.15 and not depth else (base, (rng.randint(1, 3),)) if r < 0.35 else base)
         )
@@ -167,7 +179,7 @@ def _struct_pair(rng: random.Random) -> tuple[np.ndarray, np.ndarray, list[bool]
         name, f = spec[k]
         if not isinstance(f, list):
             base = f[0] if isinstance(f, tuple) else f
-            choices = [d for d in _FIELD_TYPES if d.itemsize == base.itemsize and d != base]
+            choices = [d for d in _dtypes()[1] if d.itemsize == base.itemsize and d != base]
             if choices:
                 new = rng.choice(choices)
                 other_spec = [*spec[:k], (name, (new, f[1]) if isinstance(f, tuple) else new), *spec[k + 1 :]]
