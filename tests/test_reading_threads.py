@@ -1,9 +1,9 @@
-"""Worker processes read ArrayRecord records on their own thread, not through the library's thread pool.
+"""Workers that fill the cores read ArrayRecord records on their own thread, not through the library's pool.
 
 ArrayRecord's ``read(list)`` spreads a call's records over a pool of 64 threads that spin
-while they wait; in a worker process (whose parallelism is the processes') the records
-are read one by one with ``seek`` + ``read()`` instead (``quern.pipeline.sources.reading``).
-The records are the same either way.
+while they wait; in worker processes that fill the cores (whose parallelism is the
+processes') the records are read one by one with ``seek`` + ``read()`` instead
+(``quern.pipeline.sources.reading``). The records are the same either way.
 """
 
 from __future__ import annotations
