@@ -28,9 +28,10 @@ class ArrayRecordSource(Source):
 
     Ids are global over the files in the given order (globs sorted). Reads
     are grouped by file (one read call per file per ``read_many``), through
-    readers opened for random access and shared by threads from a pool. In a
-    worker process each record is read on the calling thread, not spread over
-    ArrayRecord's own thread pool (:mod:`~quern.pipeline.sources.reading`).
+    readers opened for random access and shared by threads from a pool. In the
+    worker processes of a pool that fills the cores, a file of one record per
+    chunk is read a record at a time on the calling thread instead, not spread
+    over ArrayRecord's own thread pool (:mod:`~quern.pipeline.sources.reading`).
 
     ``paths`` may also be a prepared folder (or its ``manifest.json``; alone,
     or as the one item of a list), or the URL of one (``http(s)://``,
@@ -394,7 +395,10 @@ class ArrayRecordSource(Source):
             local = (ids[where] - self.starts[f]).tolist()
             reader = self._reader(f)
             try:
-                records = reader.read(local) if reading.library_threads() else _read_in_caller(reader, local)
+                if reading.library_threads() or not _one_record_chunks(reader):
+                    records = reader.read(local)
+                else:
+                    records = _read_in_caller(reader, local)
             except Exception as e:
                 _close_failed(reader)
                 if self._files is not None:
@@ -500,6 +504,15 @@ def _close_failed(reader: Any) -> None:
         pass
 
 
+def _one_record_chunks(reader: Any) -> bool:
+    """Whether the reader's file holds one record per chunk (``group_size:1``, as ``quern prepare`` writes).
+
+    Only such a file is read a record at a time: a reader keeps the chunk it decoded last, and an idle reader
+    in the pool then holds one record, not a chunk of up to 65,536.
+    """
+    return "group_size:1," in reader.writer_options_string() + ","
+
+
 def _read_in_caller(reader: Any, local: list[int]) -> list[bytes]:
     """The records ``local`` of one file, read one by one on this thread (in ascending order), in the given order.
 
@@ -526,12 +539,17 @@ class _Pinned:
     def seek(self, record: int) -> None:
         self.reader.seek(record)
 
+    def writer_options_string(self) -> str:
+        return self.reader.writer_options_string()
+
     def num_records(self) -> int:
         return self.reader.num_records()
 
     def close(self) -> None:
-        self.reader.close()
-        self.pin.close()
+        try:
+            self.reader.close()  # a reader whose read failed reports the failure again here
+        finally:
+            self.pin.close()
 
     def __del__(self) -> None:
         self.pin.close()
