@@ -146,12 +146,14 @@ def main() -> None:
             pipe = make()
             rates: dict[str, list[float]] = {k: [] for k in SETTINGS}
             chose: list[str] = []
+            measured: list[dict[str, float]] = []  # auto's measured steps/s per candidate, each run
             for _ in range(args.runs):
                 for label, options in SETTINGS.items():
                     r, tuning = measure(pipe, options, args.seconds)
                     rates[label].append(r)
                     if tuning:
                         chose.append(f"{tuning['chose']} @ step {tuning['at_step']}")
+                        measured.append(tuning["measured"])
             med = {k: statistics.median(v) for k, v in rates.items()}
             fixed = {k: v for k, v in med.items() if k != "auto"}
             best = max(fixed, key=lambda k: fixed[k])
@@ -165,6 +167,7 @@ def main() -> None:
                 f"{med['auto'] / med['num_workers=0']:.2f}",
             ]
             print(name, {k: [round(x) for x in v] for k, v in rates.items()}, chose, flush=True)
+            print(f"  auto measured (steps/s): {measured}", flush=True)
             rows.append(row)
             if name.startswith("packing"):  # issue 41's point 4: workers against one process, once started
                 for _ in range(args.runs):
