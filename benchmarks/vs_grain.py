@@ -16,10 +16,11 @@ One pipeline, built three ways over the same synthetic data:
   record at a time on the calling thread (what a quern worker process does); the cheaper
   sets the limit. The limit on C cores is ``C / (reader + parse)`` records/s, which a
   pipeline reaches only if nothing but that work runs. quern with 2 workers is set against it.
-* ``raw ArrayRecordReader`` -- the single-thread reader: the shuffled record ids of 1 batch
+* ``raw ArrayRecordReader`` -- the reader called from one thread: the shuffled record ids of 1 batch
   (or of 16 consecutive batches) are grouped by file and read with one
-  ``reader.read(list)`` per file (readers opened with
-  ``readahead_buffer_size:0,max_parallelism:0``), then each batch is decoded
+  ``reader.read(list)`` per file (which spreads the call over the library's own
+  thread pool; readers opened as quern opens them, with
+  ``readahead_buffer_size:0,max_parallelism:0`` and a 4 KiB file buffer), then each batch is decoded
   and padded into one preallocated block with NumPy. Larger calls amortise the
   reader's per-call cost (and its internal parallelism), so the 16-batch figure
   is the limit quern is held to. The ids are
@@ -756,8 +757,9 @@ def cpu_costs(paths: list[str], raw_ids: np.ndarray, rounds: int = 3) -> tuple[f
     ``ArrayRecordReader.read(list)`` (the library's thread pool, as quern reads in one
     process) and one by one with ``seek`` + ``read()`` (the calling thread only, as a quern
     worker process reads), zstd decompression and record framing included; the parse:
-    decode + pad of those records into a batch with NumPy. All timed with
-    ``time.process_time`` (this process's CPU, all threads) over the same records.
+    decode + pad of those records into a batch with NumPy, timed after the one-by-one read
+    (after a ``read(list)`` the library's threads spin on a while, and their CPU would count).
+    All timed with ``time.process_time`` (this process's CPU, all threads) over the same records.
 
     Returns:
         ``(read(list), one by one, parse)`` seconds per record.
@@ -777,16 +779,17 @@ def cpu_costs(paths: list[str], raw_ids: np.ndarray, rounds: int = 3) -> tuple[f
                 t2 = time.process_time()
                 read_s, parse_s, n = read_s + t1 - t0, parse_s + t2 - t1, n + per
             out[which].append(read_s / n)
-            if which == 0:
+            if which == 1:  # after a read(list) the library's threads still spin a while: not the parse's CPU
                 out[2].append(parse_s / n)
     return statistics.median(out[0]), statistics.median(out[1]), statistics.median(out[2])
 
 
-def _raw_process(paths: list[str], ids: np.ndarray, seconds: float, out: Any) -> None:
-    """One process of :func:`raw_per_core`: ``ids`` read one by one and padded, 16 batches per call, for ``seconds``;
-    puts ``(records, seconds)`` on ``out``."""
+def _raw_process(paths: list[str], ids: np.ndarray, seconds: float, out: Any, start: Any) -> None:
+    """One process of :func:`raw_per_core`: ``ids`` read one by one and padded, 16 batches per call, for ``seconds``
+    from when every process is ready (``start``, a barrier); puts ``(records, seconds)`` on ``out``."""
     reader, per = RawReader(paths, one_by_one=True), 16 * BATCH
     reader.batches(ids[:per])  # warm
+    start.wait()
     done, i, t0 = 0, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         lo = i * per % (len(ids) - per + 1)
@@ -800,7 +803,7 @@ def raw_per_core(paths: list[str], raw_ids: np.ndarray, seconds: float = 5.0, ro
 
     One process per usable core (started fresh, ``spawn``), each reading its share of the
     shuffled ids one by one (the cheaper way, no library threads) and padding them, 16 batches
-    per call, with no pipeline around it; their rates summed. What the machine gives this work
+    per call, with no pipeline around it, all timed from one barrier; their rates summed. What the machine gives this work
     when every core runs it, contention for caches and memory included, which the CPU limit
     (one core's cost, times the cores) leaves out.
     """
@@ -810,13 +813,19 @@ def raw_per_core(paths: list[str], raw_ids: np.ndarray, seconds: float = 5.0, ro
     cores = len(os.sched_getaffinity(0))
     rates = []
     for _ in range(rounds):
-        q = ctx.Queue()
-        procs = [ctx.Process(target=_raw_process, args=(paths, raw_ids[k::cores], seconds, q)) for k in range(cores)]
-        for p in procs:
-            p.start()
-        got = [q.get(timeout=seconds + 120) for _ in procs]
-        for p in procs:
-            p.join()
+        q, start = ctx.Queue(), ctx.Barrier(cores)
+        args = [(paths, raw_ids[k::cores], seconds, q, start) for k in range(cores)]
+        procs = [ctx.Process(target=_raw_process, args=a) for a in args]
+        try:
+            for p in procs:
+                p.start()
+            got = [q.get(timeout=seconds + 120) for _ in procs]
+        finally:
+            for p in procs:
+                if p.is_alive() and p.exitcode is None:
+                    p.join(timeout=5)
+                    p.terminate()
+                p.join()
         rates.append(sum(n / t for n, t in got))
     return statistics.median(rates)
 

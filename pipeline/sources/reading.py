@@ -6,9 +6,10 @@ one process that overlaps the read with Python work on other threads, and it is 
 faster way. In a worker process the parallelism is the processes': there the pool's
 threads only add their own CPU (about a fifth of a 1 KiB record's read, measured in
 ``benchmarks/vs_grain.py``) and take cores from the other workers, so where the
-workers fill the cores (:func:`threads_help`) each reads a record at a time on its
-calling thread instead. The records read are the same either way; only the cost
-differs.
+workers fill the cores (:func:`threads_help`) each reads a file of one record per
+chunk a record at a time on its calling thread instead (``seek`` and ``read()``,
+which hold the GIL: only the worker's own fetch threads wait on it). The records
+read are the same either way; only the cost differs.
 """
 
 from __future__ import annotations
