@@ -138,6 +138,7 @@ def main() -> None:
     begin()
     rows = []
     packed: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    printed: list[str] = []  # each pipeline's rates per setting and round, and what auto measured
     with tempfile.TemporaryDirectory() as tmp:
         made = pipelines(tmp)
         for name, make in made.items():
@@ -166,8 +167,12 @@ def main() -> None:
                 f"{med['auto'] / fixed[best]:.2f}",
                 f"{med['auto'] / med['num_workers=0']:.2f}",
             ]
-            print(name, {k: [round(x) for x in v] for k, v in rates.items()}, chose, flush=True)
-            print(f"  auto measured (steps/s): {measured}", flush=True)
+            for line in (
+                f"{name} { ({k: [round(x) for x in v] for k, v in rates.items()}) } {chose}",
+                f"  auto measured (steps/s): {measured}",
+            ):
+                print(line, flush=True)
+                printed.append(line)
             rows.append(row)
             if name.startswith("packing"):  # issue 41's point 4: workers against one process, once started
                 for _ in range(args.runs):
@@ -193,6 +198,13 @@ def main() -> None:
         "",
         markdown_header(head2),
         *[markdown_row(r) for r in rows2],
+        "",
+        "What the run printed as it went (each pipeline's rows/s per setting and round, and what auto measured "
+        "for each candidate, in steps/s):",
+        "",
+        "```",
+        *printed,
+        "```",
         "",
     ]
     Path(args.out).write_text("\n".join(lines))
