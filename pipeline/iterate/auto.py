@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import WorkerError
 from ..integrity.ledger import LedgerWriter
+from ..sources.reading import usable_cores
 from .feed import Batch, Feed, FeedSettings, FeedStats
 from .threads import ThreadFeed
 from .workers import WorkerPool
@@ -107,7 +107,7 @@ def candidates(num_workers: int | str, num_threads: int | str, cpus: int | None 
         ['num_threads=1', 'num_threads=4', 'num_workers=4']
     """
     if not cpus:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = usable_cores()
     threads = [1, cpus] if num_threads == AUTO else [int(num_threads)]
     out = [Candidate(threads=t) for t in dict.fromkeys(threads)]
     if num_workers == AUTO:

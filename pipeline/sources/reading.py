@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["library_threads", "threads_help", "use_library_threads"]
+__all__ = ["library_threads", "threads_help", "usable_cores", "use_library_threads"]
 
 _STATE = {"library_threads": True}
 
@@ -55,5 +55,17 @@ def threads_help(processes: int) -> bool:
     Returns:
         ``processes`` below the cores this process may run on (its CPU affinity).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return processes < cores
+    return processes < usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one, else the CPU count.
+
+    Cgroup CPU quotas are not counted.
+
+    Returns:
+        At least 1.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
