@@ -39,7 +39,7 @@ batch of each 16 again (hot).
 
 **2b. Where the ledger's time goes** (0 workers): the CPU time per batch of each part of the
 ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the row hash,
-``StepFields.add`` and ``finish``, ``LedgerWriter.add_batch``), each function wrapped with a timer of the
+``StepFields.add`` and ``finish_views``, ``LedgerWriter._write`` and ``add_batch``), each function wrapped with a timer of the
 calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
 of part 2, these figures hardly move with the machine's drift; but they are not its cost in
@@ -569,7 +569,8 @@ _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the
     (batch_digest, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
     (rowhash, "rows_digests", "the row hash (`rowhash.rows_digests`)"),
     (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
-    (ledger.StepFields, "finish", "`StepFields.finish` (seeds, hex, the fields' text)"),
+    (ledger.StepFields, "finish_views", "`StepFields.finish_views` (seeds, hex digits into a kept buffer, leaf digests)"),
+    (ledger.LedgerWriter, "_write", "`LedgerWriter._write` (the above, the lines' text, `writev`)"),
     (
         ledger.LedgerWriter,
         "add_batch",

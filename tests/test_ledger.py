@@ -439,3 +439,66 @@ def test_a_ledger_of_another_digest_format_is_refused_not_reported_as_differing(
                 check()
         for x in lines[1:]:
             x["digest_format"] = 2
+
+
+def _fields_writer(tmp_path):
+    pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(400, dtype=np.int64)), seed=0).batch(8)
+    return pipe, quern.pipeline.integrity.ledger.LedgerWriter(tmp_path / "l.jsonl", pipe, 0, 1, 0)
+
+
+def test_lines_made_from_the_reused_digest_buffer_survive_later_batches(tmp_path):
+    # Lines of hashed batches are kept as views of one buffer until written; a worker's line
+    # (add) between two runs of batches makes them, and the next run writes that buffer again.
+    pipe, w = _fields_writer(tmp_path)
+    step_fields = quern.pipeline.integrity.ledger.step_fields
+    for s in range(3):
+        w.add_batch(s, pipe.batch_at(s))
+    w.add(3, step_fields(pipe, pipe.batch_at(3), 3, 0, 1))  # makes lines 0-2, not yet written
+    for s in range(4, 7):
+        w.add_batch(s, pipe.batch_at(s))  # hashed into the same buffer when made
+    w.close()
+    lines = _lines(tmp_path / "l.jsonl")
+    assert [x["step"] for x in lines] == list(range(7))
+    for x in lines:
+        want = json.loads("{" + step_fields(pipe, pipe.batch_at(x["step"]), x["step"], 0, 1) + "}")
+        assert x["row_digests"] == want["row_digests"] and x["leaf_digests"] == want["leaf_digests"]
+
+
+WRITE_CUT_SHORT = """
+import json, os, resource, signal, sys
+import numpy as np
+import quern
+from quern.pipeline.integrity.ledger import LedgerWriter, FLUSH_LINES
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG, not a signal
+path, limit = sys.argv[1], int(sys.argv[2])
+pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(4000, dtype=np.int64)), seed=0).batch(64)
+w = LedgerWriter(path, pipe, 0, 1, 0)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+errors = []
+for s in range(FLUSH_LINES):
+    try:
+        w.add_batch(s, pipe.batch_at(s))  # the last one writes: cut short at the limit, then EFBIG
+    except OSError as e:
+        errors.append(e.errno)
+size = os.path.getsize(path)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+w.close()  # writes what was not written
+print(json.dumps({"errors": errors, "size_at_limit": size}))
+"""
+
+
+def test_a_write_cut_short_keeps_what_was_not_written_and_writes_it_once(tmp_path):
+    # RLIMIT_FSIZE makes the kernel write part of the lines and then refuse (EFBIG): the rest is
+    # written by the next flush, once, so the file holds every line whole and none twice.
+    path = tmp_path / "l.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-c", WRITE_CUT_SHORT, str(path), "5000"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    assert out["errors"] == [27] and out["size_at_limit"] == 5000  # EFBIG after a write of part of a line
+    lines = _lines(path)
+    pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(4000, dtype=np.int64)), seed=0).batch(64)
+    assert [x["step"] for x in lines] == list(range(16))
+    assert all(x["row_digests"] == pipe.row_digests(x["step"], 0, 1) for x in lines)

@@ -68,6 +68,12 @@ def test_spans_and_json_hex_equal_their_references():
     want = ", ".join(f'"{binascii.hexlify(raw[i : i + 16]).decode()}"' for i in range(0, len(raw), 16))
     assert rowhash.json_hex(raw) == want
     assert rowhash.json_hex(b"") == ""
+    out = np.full(len(want), 0xFF, np.uint8)
+    rowhash.json_hex_into(raw, out)
+    assert out.tobytes().decode() == want
+    rowhash.json_hex_into(b"", np.empty(0, np.uint8))
+    with pytest.raises(ValueError, match=f"need a C-contiguous uint8 array of {len(want)} bytes"):
+        rowhash.json_hex_into(raw, np.empty(len(want) + 2, np.uint8))  # the size is checked: nothing written past it
 
 
 def _batches():
@@ -104,7 +110,10 @@ assert not rowhash.is_native() and "QUERN_NATIVE=0" in rowhash.native_why(), row
 with open(sys.argv[1], "rb") as f:
     batches = pickle.load(f)
 out = [[batch_digest.digests_of(b).rows, batch_digest.digests_of(b).leaves, batch_digest.ledger_digests(b)] for b in batches]
-json.dump(out, sys.stdout)
+d = batch_digest.Digesting()
+for b in batches:
+    d.add(b)
+json.dump([out, d.finish()], sys.stdout)
 """
 
 
@@ -121,7 +130,9 @@ def test_batch_digests_are_the_same_without_the_c_library(tmp_path):
         [sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, env=env, timeout=120
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout) == here
+    there, together = json.loads(run.stdout)
+    assert there == here
+    assert [tuple(x) for x in together] == [tuple(x[2]) for x in here]  # Digesting's hex text, in Python
 
 
 def test_a_chunks_digests_made_together_equal_each_batchs():
@@ -131,6 +142,11 @@ def test_a_chunks_digests_made_together_equal_each_batchs():
         d.add(b)
     assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]
     assert d.finish() == []  # finished: nothing kept
+    for b in batches[:3]:
+        d.add(b)
+    views = d.finish_views()  # the row digests' items (no brackets), in a buffer the next call writes again
+    want = [batch_digest.ledger_digests(b) for b in batches[:3]]
+    assert [(n, f"[{bytes(v).decode()}]", leaf) for n, v, leaf in views] == want
 
 
 def test_step_fields_made_together_equal_each_steps():

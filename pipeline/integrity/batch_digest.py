@@ -438,6 +438,7 @@ class Digesting:
 
     def __init__(self) -> None:
         self._batches: list[tuple[_Plan, list[Any], list[bytes]]] = []
+        self._text = np.empty(0, _U8)  # the row digests' hex digits, reused by each finish_views
 
     def add(self, batch: Any, where: str = "batch") -> None:
         """Hash the rows of ``batch``, the next batch.
@@ -460,9 +461,21 @@ class Digesting:
 
     def finish(self) -> list[tuple[int, str, str]]:
         """Per batch added, in order: ``(rows, row digests, leaf digests)`` as :func:`ledger_digests`."""
-        out: list[tuple[int, str, str]] = []
+        return [(n, f"[{bytes(items).decode()}]", leaf) for n, items, leaf in self.finish_views()]
+
+    def finish_views(self) -> list[tuple[int, memoryview, str]]:
+        """As :meth:`finish`, with each batch's row digests as the items of their JSON array (no brackets).
+
+        The items are ASCII bytes in a buffer this object writes again at its next ``finish_views``
+        (no new text object per batch: the ledger writes them as they are); copy them to keep them.
+        """
         items, self._batches = self._batches, []
-        i = 0
+        total = 36 * sum(item[0].n for item in items)
+        if self._text.size < total:
+            self._text = np.empty(total, _U8)
+        text = memoryview(self._text)  # type: ignore[arg-type]
+        out: list[tuple[int, memoryview, str]] = []
+        i = at = 0
         while i < len(items):
             plan = items[i][0]
             j = i + 1
@@ -477,11 +490,12 @@ class Digesting:
                 for k in plan.small:
                     arrays[k] = np.concatenate([np.frombuffer(b[1][k], _U8) for b in run])
                 raw = _row_raw(plan, hashed, arrays, plan.n * len(run))
-            text, width = rowhash.json_hex(raw), 36 * plan.n  # '"32 hex digits", ' a row
+            width, size = 36 * plan.n, 36 * plan.n * len(run)  # '"32 hex digits", ' a row
+            rowhash.json_hex_into(raw, self._text[at : at + max(size - 2, 0)])
             for k, (_, arrs, hashed_k) in enumerate(run):
-                rows = f"[{text[k * width : (k + 1) * width - 2]}]"
+                rows = text[at + k * width : at + max((k + 1) * width - 2, k * width)]
                 out.append((plan.n, rows, plan.leaf_json % tuple(_leaf_hex(plan, hashed_k, arrs))))
-            i = j
+            i, at = j, at + size
         return out
 
 

@@ -23,8 +23,10 @@ gets it), and makes the lines of the steps kept together when it writes them. ``
 ``{process_index}``. Lines are kept in memory and written every
 :data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
 ``close()``, the end of the stream and an error, each write whole lines in one
-call, so a crash tears at most the last line; a ledger opened again for
-appending (a resumed run) first drops such a torn tail.
+call (``writev`` of the lines' pieces: the row digests' text is not copied into
+one string), so a crash tears at most the last line; a write cut short (a full
+disk) raises, and only what it did not write is written with the next; a ledger
+opened again for appending (a resumed run) first drops such a torn tail.
 
 Reading and checking ledgers: :mod:`quern.pipeline.integrity.ledger_read`.
 """
@@ -55,6 +57,7 @@ FLUSH_LINES = 16
 """Lines kept in memory before they are written."""
 FLUSH_SECONDS = 2.0
 """Seconds after which kept lines are written at the next step, however few."""
+_IOV_MAX = 1024  # pieces one writev takes (POSIX's IOV_MAX on Linux)
 DIGEST = "digest"
 """The stage name of the time spent digesting batches for the ledger (in ``it.stats()["stages"]``)."""
 
@@ -161,10 +164,20 @@ class StepFields:
 
     def finish(self) -> list[str]:
         """The fields of each step added, in order, as :func:`step_fields` gives them."""
+        return [
+            f'"rows": [{first}, {first + n}], "row_digests": [{bytes(items).decode()}], "leaf_digests": {leaves}'
+            for _, first, n, items, leaves in self.finish_views()
+        ]
+
+    def finish_views(self) -> list[tuple[int, int, int, memoryview, str]]:
+        """Per step added, in order: ``(step, first row, rows, row digests, leaf digests)``.
+
+        The row digests are the items of their JSON array as ASCII bytes, valid until the next call
+        (:meth:`~quern.pipeline.integrity.batch_digest.Digesting.finish_views`).
+        """
         out = []
-        for step, (n, rows, leaves) in zip(self._steps, self._digesting.finish()):
-            first = first_row(self._pipe, step, self._index, self._hosts, n)
-            out.append(f'"rows": [{first}, {first + n}], "row_digests": {rows}, "leaf_digests": {leaves}')
+        for step, (n, items, leaves) in zip(self._steps, self._digesting.finish_views()):
+            out.append((step, first_row(self._pipe, step, self._index, self._hosts, n), n, items, leaves))
         self._steps = []
         return out
 
@@ -207,7 +220,9 @@ class LedgerWriter:
             os.makedirs(folder, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
-        self._lines: list[str] = []
+        self._lines: list[bytes | memoryview] = []  # the lines to write, as pieces
+        self._views = False  # whether pieces of _lines are views of StepFields' buffer
+        self._kept = 0  # the lines in _lines
         self._since = time.monotonic()
         try:
             _drop_torn_tail(self._fd)
@@ -229,6 +244,7 @@ class LedgerWriter:
         with self._lock:
             self._make_lines()  # the lines of earlier batches first
             self._lines.append(line)
+            self._kept += 1
             self._write_if_due()
 
     def add_batch(self, step: int, batch: Any) -> None:
@@ -251,22 +267,37 @@ class LedgerWriter:
             self._hashed.append(step)
             self._write_if_due()
 
-    def _line(self, step: int, fields: str) -> str:
+    def _start(self, step: int) -> str:
+        """A line's text before its fields: the step, its fingerprint (and description) and the hosts."""
         fp = self.pipe.fingerprint_at(step)
         described = ""
         if fp != self._described:  # a fingerprint's first line says what it describes
             self._described = fp
             described = f', "description": {json.dumps(self.pipe.leaves_at(step), sort_keys=False)}'
-        return f'{{"step": {step}, "fingerprint": "{fp}"{described}{self._head}{fields}}}\n'
+        return f'{{"step": {step}, "fingerprint": "{fp}"{described}{self._head}'
+
+    def _line(self, step: int, fields: str) -> bytes:
+        return f"{self._start(step)}{fields}}}\n".encode()
 
     def _make_lines(self) -> None:
-        """The lines of the batches hashed by :meth:`add_batch`, made (all of them together) and kept."""
-        if self._hashed:
-            steps, self._hashed = self._hashed, []
-            self._lines += [self._line(s, f) for s, f in zip(steps, self._fields.finish())]
+        """The lines of the batches hashed by :meth:`add_batch`, made (all of them together) and kept.
+
+        A line is kept as three pieces, the middle one the row digests' text in the buffer of
+        :meth:`StepFields.finish_views` (written as it is: no copy of it, no joined text); pieces of
+        that buffer still kept from before are copied first, as the buffer is written again.
+        """
+        if not self._hashed:
+            return
+        if self._views:
+            self._lines = [bytes(p) for p in self._lines]
+        self._kept, self._hashed = self._kept + len(self._hashed), []
+        for step, first, n, items, leaves in self._fields.finish_views():
+            start = f'{self._start(step)}"rows": [{first}, {first + n}], "row_digests": ['
+            self._lines += [start.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
+        self._views = True
 
     def _write_if_due(self) -> None:
-        if len(self._lines) + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
+        if self._kept + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
             self._write()
 
     def flush(self) -> None:
@@ -279,14 +310,30 @@ class LedgerWriter:
             self._write()
 
     def _write(self) -> None:
+        """Write the pieces kept, a call (``writev``) per up to 1,024, each taking what the last left.
+
+        What a failed call did not write stays kept (as copies), and is written with the next.
+        """
         self._make_lines()
         self._since = time.monotonic()
         if not self._lines or self._fd is None:
             return
-        data = memoryview("".join(self._lines).encode())
-        while data:  # one call, unless the file system takes less
-            data = data[os.write(self._fd, data) :]
-        self._lines.clear()  # kept if the write failed: written with the next
+        pieces: list[Any] = self._lines
+        try:
+            while pieces:
+                done = os.writev(self._fd, pieces[:_IOV_MAX])
+                k = 0
+                while k < len(pieces) and done >= len(pieces[k]):
+                    done -= len(pieces[k])
+                    k += 1
+                pieces = pieces[k:]
+                if done:
+                    pieces[0] = memoryview(pieces[0])[done:]
+        except BaseException:
+            self._lines = [bytes(p) for p in pieces]
+            self._views = False
+            raise
+        self._lines, self._views, self._kept = [], False, 0
 
     def close(self) -> None:
         """Write the lines kept and close the file; idempotent.
@@ -302,7 +349,7 @@ class LedgerWriter:
     def forget(self) -> None:
         """Close the file without writing (a forked copy of the iterator: the lines are its parent's)."""
         with self._lock:
-            self._lines.clear()
+            self._lines, self._views, self._kept = [], False, 0
             self._hashed, self._fields = [], StepFields(self.pipe, *self._hosts)
             fd, self._fd = self._fd, None
         if fd is not None:

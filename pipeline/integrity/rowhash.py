@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-__all__ = ["LIBRARY", "is_native", "json_hex", "native_why", "rows_digests", "spans_digests"]
+__all__ = ["LIBRARY", "is_native", "json_hex", "json_hex_into", "native_why", "rows_digests", "spans_digests"]
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / "librowhash.so"
 """Where the wheel puts the compiled row hash (``.build/hatch_build.py``)."""
@@ -178,3 +178,27 @@ def json_hex(raw: bytes) -> str:
     """
     lib = _library()[0]
     return _python_json_hex(raw) if lib is None else _native_json_hex(lib, raw)
+
+
+def json_hex_into(raw: Any, out: np.ndarray) -> None:
+    """:func:`json_hex` of ``raw`` written into ``out`` as ASCII bytes, with no new text object.
+
+    Args:
+        raw: digests, 16 bytes each (``bytes`` or a C-contiguous array).
+        out: a C-contiguous ``uint8`` array of exactly ``36 * n - 2`` bytes for ``n`` digests
+            (empty for none), written whole.
+
+    Raises:
+        ValueError: ``out`` is not of that size, or not a C-contiguous ``uint8`` array.
+    """
+    data = np.frombuffer(raw, _U8)
+    n = data.size // 16
+    if out.dtype != _U8 or not out.flags.c_contiguous or out.size != max(36 * n - 2, 0):
+        raise ValueError(f"json_hex_into: {n} digests need a C-contiguous uint8 array of {max(36 * n - 2, 0)} bytes")
+    lib = _library()[0]
+    if not n:
+        return
+    if lib is None:
+        out[:] = np.frombuffer(_python_json_hex(data.tobytes()).encode(), _U8)
+    else:
+        lib.quern_json_hex(data.__array_interface__["data"][0], n, out.__array_interface__["data"][0])
