@@ -1,11 +1,12 @@
-"""The wheel's build hook: compile quern's row hash (``pipeline/native/rowhash.c``) with the C compiler.
+"""The wheel's build hook: compile quern's two C libraries (``pipeline/native/``) with the C compiler.
 
 hatchling runs this when it builds a wheel (``[tool.hatch.build.targets.wheel.hooks.custom]`` in
-pyproject.toml). The library, ``quern/pipeline/native/librowhash.so``, makes the batch digests'
-per-row hashing one C call per leaf (``quern.pipeline.integrity.rowhash``); the wheel is then tagged
-``py3-none-PLATFORM``. Without a working C compiler the wheel is built without it, with a warning, and quern
-hashes row by row in Python (the same digests, slower). The compiler is ``$CC``, else Python's own
-(``sysconfig``), else ``cc``. An editable install builds the library into the source tree.
+pyproject.toml). ``quern/pipeline/native/librowhash.so`` makes the batch digests' per-row hashing one
+C call per leaf (``quern.pipeline.integrity.rowhash``); ``libresample.so`` resizes ``uint8`` images
+(``quern.transforms.image.resampling``). With either, the wheel is tagged ``py3-none-PLATFORM``. A
+library that does not compile is left out, with a warning, and quern does its work in Python or
+NumPy instead (the same digests and pixels, slower). The compiler is ``$CC``, else Python's own
+(``sysconfig``), else ``cc``. An editable install builds the libraries into the source tree.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 NATIVE = Path("pipeline") / "native"
-LIBRARY = "librowhash.so"
+LIBRARIES = {  # library -> (what it is for, in warnings; its sources; compiler flags of its own)
+    "librowhash.so": ("row hash", ["rowhash.c"], []),
+    "libresample.so": ("image resize", ["resample.c"], ["-ffp-contract=off"]),  # Pillow's weights exactly: no FMA
+}
+X86 = ("x86_64", "amd64", "i386", "i686")
 
 
 def compiler() -> list[str]:
@@ -34,15 +39,16 @@ def compiler() -> list[str]:
 
 
 def compile_library(source: Path, out: Path) -> str:
-    """Compile ``source/rowhash.c`` into the shared library ``out``; the error, or ``""``."""
-    cmd = [*compiler(), "-O3", "-std=c99", "-shared", "-fPIC", "-fvisibility=hidden"]
+    """Compile the library named ``out.name`` (:data:`LIBRARIES`) from ``source`` into ``out``; the error, or ``""``."""
+    _, files, flags = LIBRARIES[out.name]
+    cmd = [*compiler(), "-O3", "-std=c99", "-shared", "-fPIC", "-fvisibility=hidden", *flags]
     if sys.platform == "darwin":
         cmd.append("-dynamiclib")
-    files = [str(source / "rowhash.c")]
-    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):  # SSE2, AVX2 or AVX-512 at run time
+    paths = [str(source / f) for f in files]
+    if out.name == "librowhash.so" and platform.machine().lower() in X86:  # SSE2, AVX2 or AVX-512 at run time
         cmd.append("-DQUERN_X86_DISPATCH")
-        files.append(str(source / "xxhash" / "xxh_x86dispatch.c"))
-    cmd += ["-o", str(out), *files]
+        paths.append(str(source / "xxhash" / "xxh_x86dispatch.c"))
+    cmd += ["-o", str(out), *paths, "-lm"]
     if shutil.which(cmd[0]) is None:
         return f"no C compiler {cmd[0]!r}"
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,25 +61,26 @@ class CustomBuildHook(BuildHookInterface):
     """Compile the row hash into the wheel (or, for an editable install, into the source tree)."""
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
-        """Compile the library and add it to the wheel, unless it cannot be compiled (a warning)."""
+        """Compile the libraries and add them to the wheel; one that cannot be compiled is left out (a warning)."""
         if self.target_name != "wheel":
             return
         source = Path(self.root) / NATIVE
         self._temp: str | None = None if version == "editable" else tempfile.mkdtemp(prefix="quern-native-")
-        out = source / LIBRARY if self._temp is None else Path(self._temp) / LIBRARY
-        why = compile_library(source, out)
-        if why:
-            print(
-                f"warning: quern's row hash was not compiled ({why.strip()}); the wheel hashes batch digests "
-                "row by row in Python instead (the same digests, slower)",
-                file=sys.stderr,
-            )
-            return
-        if self._temp is not None:
-            build_data["force_include"][str(out)] = f"{NATIVE.as_posix()}/{LIBRARY}"  # under quern/ (sources)
-            build_data["pure_python"] = False
-            # any Python 3 (ctypes loads it), this platform only
-            build_data["tag"] = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        for name, (what, _, _) in LIBRARIES.items():
+            out = source / name if self._temp is None else Path(self._temp) / name
+            why = compile_library(source, out)
+            if why:
+                print(
+                    f"warning: quern's {what} was not compiled ({why.strip()}); quern does that work in Python "
+                    "instead (the same results, slower)",
+                    file=sys.stderr,
+                )
+                continue
+            if self._temp is not None:
+                build_data["force_include"][str(out)] = f"{NATIVE.as_posix()}/{name}"  # under quern/ (sources)
+                build_data["pure_python"] = False
+                # any Python 3 (ctypes loads it), this platform only
+                build_data["tag"] = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         """Remove the folder the library was compiled into."""

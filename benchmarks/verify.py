@@ -569,7 +569,11 @@ _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the
     (batch_digest, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
     (rowhash, "rows_digests", "the row hash (`rowhash.rows_digests`)"),
     (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
-    (ledger.StepFields, "finish_views", "`StepFields.finish_views` (seeds, hex digits into a kept buffer, leaf digests)"),
+    (
+        ledger.StepFields,
+        "finish_views",
+        "`StepFields.finish_views` (seeds, hex digits into a kept buffer, leaf digests)",
+    ),
     (ledger.LedgerWriter, "_write", "`LedgerWriter._write` (the above, the lines' text, `writev`)"),
     (
         ledger.LedgerWriter,

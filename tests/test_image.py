@@ -206,11 +206,18 @@ def test_bad_arguments():
 # --------------------------------------------------------------------------- geometry
 
 
+def _near(a: np.ndarray, b: np.ndarray) -> bool:
+    """Within 1 level: quern's resize rounds between its passes in another order than Pillow may."""
+    return a.shape == b.shape and int(np.abs(a.astype(int) - b.astype(int)).max()) <= 1
+
+
 def test_resize_takes_the_shorter_side_or_an_exact_size_as_pillow_resizes():
     got = image.resize(45)(RGB)
     assert got.shape == (45, 60, 3)
     want = np.asarray(Image.fromarray(RGB).resize((60, 45), Image.Resampling.BILINEAR))
-    assert np.array_equal(got, want)
+    assert _near(got, want)
+    only_rows = np.asarray(Image.fromarray(RGB).resize((120, 45), Image.Resampling.BILINEAR))
+    assert np.array_equal(image.resize((45, 120))(RGB), only_rows)  # one pass: Pillow's pixels exactly
     tall = np.ascontiguousarray(RGB.transpose(1, 0, 2))  # 120 x 90: the width is the shorter side
     assert image.resize(30)(tall).shape == (40, 30, 3)
     assert image.resize((17, 23))(RGB).shape == (17, 23, 3)
@@ -220,7 +227,8 @@ def test_resize_keeps_four_channels_and_other_dtypes_without_premultiplying_alph
     rgba = np.dstack([RGB, np.zeros((90, 120), np.uint8)])  # fully transparent: colours must survive
     got = image.resize((45, 60))(rgba)
     want = np.asarray(Image.fromarray(RGB).resize((60, 45), Image.Resampling.BILINEAR))
-    assert got.shape == (45, 60, 4) and np.array_equal(got[:, :, :3], want) and not got[:, :, 3].any()
+    assert got.shape == (45, 60, 4) and np.array_equal(got[:, :, :3], image.resize((45, 60))(RGB))
+    assert _near(got[:, :, :3], want) and not got[:, :, 3].any()
     wide = RGB[:, :, :1].astype(np.uint16) * 257
     assert image.resize((45, 60))(wide).dtype == np.uint16
     grey2d = RGB[:, :, 0]

@@ -121,8 +121,9 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
     assert not sorted(want - modules), f"missing from the wheel: {sorted(want - modules)}"
     assert not sorted(modules - want), f"in the wheel but not modules of the package: {sorted(modules - want)}"
     assert "quern/py.typed" in names
-    if shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"):  # hatch_build.py compiled the row hash
+    if shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"):  # hatch_build.py compiled the libraries
         assert "quern/pipeline/native/librowhash.so" in names, "the wheel lacks the compiled row hash"
+        assert "quern/pipeline/native/libresample.so" in names, "the wheel lacks the compiled image resize"
     assert not [n for n in names if n.split("/")[0] != "quern" and not n.split("/")[0].endswith(".dist-info")]
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -134,7 +135,7 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
     modules = {n for n in names if n.endswith(".py")}
     assert not sorted(want - modules), f"missing from the sdist: {sorted(want - modules)}"
     assert modules - want == {BUILD_HOOK}, sorted(modules - want)
-    native = {f for f in files if f.startswith("pipeline/native/")}  # the row hash's C sources
+    native = {f for f in files if f.startswith("pipeline/native/")}  # the libraries' C sources
     assert native and native <= set(names), sorted(native - set(names))
     assert not [n for n in names if n.split("/")[0] in NOT_SHIPPED]
     assert {"pyproject.toml", "README.md", "py.typed"} <= set(names)

@@ -1,8 +1,10 @@
 """Pure functions on image arrays (height x width x channels): crop boxes and resizing.
 
 Resizing is Pillow's bilinear filter, antialiased when it shrinks (the filter
-widens with the scale, as torchvision's ``antialias=True``), channel by channel
-for channel counts Pillow has no mode for; the crop boxes follow torchvision's
+widens with the scale, as torchvision's ``antialias=True``): for ``uint8`` images
+:func:`quern.transforms.image.resampling.resize_u8` (Pillow's arithmetic with one
+pass order, the same pixels on every machine), for others Pillow itself, channel by
+channel; the crop boxes follow torchvision's
 ``RandomResizedCrop`` and ``CenterCrop``. Every output depends only on the
 arguments (and, for :func:`resized_crop_box`, the numbers drawn from ``rng``).
 """
@@ -13,6 +15,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from .resampling import resize_u8
 
 __all__ = ["Box", "center_box", "resize", "resized_crop_box", "shorter_side_size", "check_size"]
 
@@ -94,24 +98,21 @@ def resized_crop_box(
 def resize(image: np.ndarray, size: tuple[int, int], box: Box | None = None) -> np.ndarray:
     """``image`` (or its ``box``) resized to ``size`` ``(height, width)`` with Pillow's bilinear filter.
 
-    ``uint8`` images of 1 or 3 channels are resized whole; others channel by channel
-    (``uint8`` as 8-bit, other dtypes through 32-bit floats, rounded back for integers),
-    so alpha is never premultiplied. The dtype and channels are kept.
+    ``uint8`` images of any number of channels go through
+    :func:`~quern.transforms.image.resampling.resize_u8` (each channel alone, so alpha is never
+    premultiplied; within 1 level of Pillow's own resize); other dtypes through Pillow channel by
+    channel, as 32-bit floats, rounded back for integers. The dtype and channels are kept.
     """
-    from PIL import Image
-
     out_h, out_w = size
     top, left, h, w = box if box is not None else (0, 0, image.shape[0], image.shape[1])
     pil_box = (left, top, left + w, top + h)
-    if image.dtype == np.uint8 and image.shape[2] in (1, 3):
-        pil = Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)
-        got = np.asarray(pil.resize((out_w, out_h), Image.Resampling.BILINEAR, box=pil_box))
-        return got[:, :, None] if got.ndim == 2 else got
+    if image.dtype == np.uint8:
+        return resize_u8(image, (out_h, out_w), pil_box)
+    from PIL import Image
+
     planes = []
     for c in range(image.shape[2]):
-        plane = np.ascontiguousarray(image[:, :, c])
-        if plane.dtype != np.uint8:
-            plane = plane.astype(np.float32)
+        plane = np.ascontiguousarray(image[:, :, c]).astype(np.float32)
         planes.append(np.asarray(Image.fromarray(plane).resize((out_w, out_h), Image.Resampling.BILINEAR, box=pil_box)))
     out = np.stack(planes, axis=2)
     if np.issubdtype(image.dtype, np.integer) and out.dtype != image.dtype:

@@ -1,0 +1,167 @@
+"""quern.transforms.image.resampling: Pillow's bilinear arithmetic, one pass order, the same pixels everywhere.
+
+Every expected value comes from Pillow itself (within 1 level where both passes run; exactly where one
+does), from a loop-by-loop implementation written here from Pillow's ``Resample.c`` (exactly), or from a
+process where the C library is off (``QUERN_NATIVE=0``: exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from quern.transforms.image import resampling
+
+HAVE_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+
+
+def _weights(in_size, in0, in1, out_size):
+    """Pillow's precompute_coeffs + normalize_coeffs_8bpc for the bilinear filter, one output pixel at a time."""
+    in0, in1 = np.float32(in0), np.float32(in1)
+    scale = float(np.float32(in1 - in0)) / out_size
+    support = max(scale, 1.0)
+    out = []
+    for xx in range(out_size):
+        center = float(in0) + (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), in_size) - xmin
+        w = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * (1.0 / support))) for x in range(xmax)]
+        total = sum(w) if w else 0.0
+        w = [v / total for v in w] if total else w
+        out.append((xmin, [int(0.5 + v * (1 << 22)) for v in w]))
+    return out
+
+
+def _by_loops(img, size, box):
+    """The vertical pass, then the horizontal one, pixel by pixel, each rounded and clipped to 8 bits."""
+    h, w, c = img.shape
+    x0, y0, x1, y1 = box
+    px = [[[int(v) for v in img[y, x]] for x in range(w)] for y in range(h)]
+    if size[0] != h or np.float32(y0) != 0 or np.float32(y1) != size[0]:
+        rows = _weights(h, y0, y1, size[0])
+        px = [
+            [
+                [
+                    min(255, max(0, ((1 << 21) + sum(px[lo + j][x][ch] * k for j, k in enumerate(ks))) >> 22))
+                    for ch in range(c)
+                ]
+                for x in range(w)
+            ]
+            for lo, ks in rows
+        ]
+    if size[1] != w or np.float32(x0) != 0 or np.float32(x1) != size[1]:
+        cols = _weights(w, x0, x1, size[1])
+        px = [
+            [
+                [
+                    min(255, max(0, ((1 << 21) + sum(row[lo + j][ch] * k for j, k in enumerate(ks))) >> 22))
+                    for ch in range(c)
+                ]
+                for lo, ks in cols
+            ]
+            for row in px
+        ]
+    return np.array(px, np.uint8).reshape(len(px), len(px[0]), c)
+
+
+def _pillow(img, size, box):
+    """Pillow's resize of each channel as an "L" image."""
+    planes = [
+        np.asarray(
+            Image.fromarray(np.ascontiguousarray(img[:, :, ch])).resize(size[::-1], Image.Resampling.BILINEAR, box=box)
+        )
+        for ch in range(img.shape[2])
+    ]
+    return np.stack(planes, axis=2)
+
+
+def _cases(n, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        h, w = (int(v) for v in rng.integers(1, 40, 2))
+        c = int(rng.choice([1, 2, 3, 4]))
+        img = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        size = tuple(int(v) for v in rng.integers(1, 50, 2))
+        if rng.random() < 0.5:  # a fractional box inside the image
+            x0, y0 = rng.uniform(0, w * 0.6), rng.uniform(0, h * 0.6)
+            box = (float(x0), float(y0), float(rng.uniform(x0 + 0.3, w)), float(rng.uniform(y0 + 0.3, h)))
+        else:
+            box = (0.0, 0.0, float(w), float(h))
+        yield img, size, box
+
+
+def test_the_installed_wheel_uses_the_c_resize():
+    if not HAVE_CC:
+        pytest.skip("no C compiler here: the wheel is built without the resize (the NumPy path is tested)")
+    assert resampling.is_native(), resampling.native_why()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pixels_equal_pillows_arithmetic_done_loop_by_loop(seed):
+    for img, size, box in _cases(40, seed):
+        assert np.array_equal(resampling.resize_u8(img, size, box), _by_loops(img, size, box)), (img.shape, size, box)
+
+
+def test_pixels_are_within_one_level_of_pillow_and_equal_to_it_where_one_pass_runs():
+    worst = 0
+    for img, size, box in _cases(300, seed=7):
+        got, want = resampling.resize_u8(img, size, box), _pillow(img, size, box)
+        worst = max(worst, int(np.abs(got.astype(int) - want).max()))
+    assert worst == 1  # the rounding between the passes: some pixels differ, never by more
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    for size, box in [((37, 20), (0, 0, 53, 37)), ((12, 53), (0, 0, 53, 37)), ((37, 30), (2.5, 0, 40, 37))]:
+        assert np.array_equal(resampling.resize_u8(img, size, box), _pillow(img, size, box))
+    whole = (0.0, 0.0, 53.0, 37.0)
+    assert np.array_equal(resampling.resize_u8(img, (37, 53), whole), img)  # no pass: a copy
+
+
+def test_a_strided_or_flipped_image_gives_the_pixels_of_its_copy():
+    rng = np.random.default_rng(2)
+    img = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    for view in (img[::-1], img[:, ::-1], img[5:40, 10:60], img[::2, ::3]):
+        assert np.array_equal(resampling.resize_u8(view, (17, 23)), resampling.resize_u8(view.copy(), (17, 23)))
+
+
+SCRIPT = """
+import json, sys
+import numpy as np
+from quern.transforms.image import resampling
+assert not resampling.is_native() and "QUERN_NATIVE=0" in resampling.native_why()
+rng = np.random.default_rng(11)
+out = []
+for shape, size, box in json.loads(sys.argv[1]):
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    out.append(resampling.resize_u8(img, tuple(size), tuple(box)).tolist())
+json.dump(out, sys.stdout)
+"""
+
+
+def test_the_numpy_path_gives_the_c_librarys_pixels():
+    cases = [
+        [[60, 80, 3], [24, 24], [3.25, 1.5, 71.0, 55.75]],
+        [[31, 17, 1], [64, 40], [0, 0, 17, 31]],
+        [[45, 45, 4], [45, 12], [0, 0, 45, 45]],
+        [[9, 200, 2], [3, 50], [10, 0, 190, 9]],
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "QUERN_NATIVE": "0"},
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rng = np.random.default_rng(11)
+    here = []
+    for shape, size, box in cases:
+        img = rng.integers(0, 256, shape, dtype=np.uint8)
+        here.append(resampling.resize_u8(img, tuple(size), tuple(box)).tolist())
+    assert json.loads(run.stdout) == here

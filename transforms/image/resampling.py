@@ -1,0 +1,185 @@
+"""Bilinear resizing of ``uint8`` images: Pillow's filter and arithmetic, one pass order, the same pixels everywhere.
+
+:func:`resize_u8` resizes an image (or a box of it) with the weights and fixed-point arithmetic of
+Pillow's ``Image.resize(..., BILINEAR)``: a triangle filter widened by the scale when it shrinks
+(antialiased, as torchvision's ``antialias=True``), its weights normalised in double precision and
+rounded to 22-bit integers, each pass rounded to 8 bits. Unlike Pillow, whose pass order depends
+on its version and the sizes (Pillow 13 runs the vertical pass first only when the height shrinks
+much more than the width), the vertical pass always comes first here, so the pixels depend only on
+the arguments: the same on every machine, Pillow version and worker. They are within 1 level of
+Pillow's own (the rounding between the passes), and equal to it where one pass is left out.
+
+The work is a C library built with the wheel (``native/resample.c``: the vertical pass along whole
+rows, vectorised, with an AVX2 clone on x86-64; the GIL released during the call, so threads
+resize in parallel), about 2.5x faster than Pillow here (``benchmarks/vision.py``), or, without it,
+the same arithmetic in NumPy (slower, the same pixels). The library is used only when it loads,
+reports the expected ABI and resizes a few test images exactly as the NumPy path does; otherwise
+(no C compiler at install, ``QUERN_NATIVE=0`` in the environment) the NumPy path is used and
+:func:`native_why` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LIBRARY", "is_native", "native_why", "resize_u8"]
+
+LIBRARY = Path(__file__).resolve().parents[2] / "pipeline" / "native" / "libresample.so"
+"""Where the wheel puts the compiled resize (``.build/hatch_build.py``)."""
+
+_ABI = 1  # quern_resample_abi() of the library this module was written for
+_BITS = 22  # Pillow's PRECISION_BITS for 8-bit images
+
+
+def _coeffs(in_size: int, in0: float, in1: float, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's ``precompute_coeffs`` (bilinear) and ``normalize_coeffs_8bpc`` of one axis.
+
+    Per output pixel: its first input pixel and tap count (``bounds``, ``(out_size, 2)``) and its
+    fixed-point weights (``(out_size, ksize)``).
+    ``in0`` and ``in1`` are taken as 32-bit floats, as Pillow takes the box; every other step is in double
+    precision in the same order as Pillow's C, so the weights are its weights.
+    """
+    lo, hi = np.float32(in0), np.float32(in1)
+    scale = float(np.float32(hi - lo)) / out_size
+    filterscale = max(scale, 1.0)
+    support, inv = filterscale, 1.0 / filterscale
+    ksize = math.ceil(support) * 2 + 1
+    bounds = np.zeros((out_size, 2), np.int64)
+    kk = np.zeros((out_size, ksize), np.int64)
+    for xx in range(out_size):
+        center = float(lo) + (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), in_size) - xmin
+        weights = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * inv)) for x in range(xmax)]
+        total = 0.0
+        for w in weights:
+            total += w
+        if total != 0.0:
+            weights = [w / total for w in weights]
+        bounds[xx] = xmin, xmax
+        kk[xx, :xmax] = [int(0.5 + w * (1 << _BITS)) for w in weights]  # bilinear weights are never negative
+    return bounds, kk
+
+
+def _pass(image: np.ndarray, bounds: np.ndarray, kk: np.ndarray) -> np.ndarray:
+    """One pass along the first axis: each output row the rounded, clipped weighted sum of its input rows."""
+    out = np.empty((len(bounds), *image.shape[1:]), np.uint8)
+    acc = np.empty(image.shape[1:], np.int64)
+    for yy, ((first, n), k) in enumerate(zip(bounds, kk)):
+        acc.fill(1 << (_BITS - 1))
+        for y in range(n):
+            acc += image[first + y].astype(np.int64) * int(k[y])
+        np.clip(acc >> _BITS, 0, 255, out=out[yy], casting="unsafe")
+    return out
+
+
+def _needs(size: int, out: int, lo: float, hi: float) -> bool:
+    """Whether an axis needs its pass: Pillow leaves it out when the size and the box's span keep it."""
+    return out != size or np.float32(lo) != 0 or np.float32(hi) != out
+
+
+def _numpy_resize(image: np.ndarray, size: tuple[int, int], box: tuple[float, float, float, float]) -> np.ndarray:
+    """:func:`resize_u8` in NumPy: the vertical pass, then the horizontal pass over the transposed image."""
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = box
+    out = image
+    if _needs(h, size[0], y0, y1):
+        out = _pass(out, *_coeffs(h, y0, y1, size[0]))
+    if _needs(w, size[1], x0, x1):
+        out = _pass(out.transpose(1, 0, 2), *_coeffs(w, x0, x1, size[1])).transpose(1, 0, 2)
+    return np.ascontiguousarray(out)
+
+
+def _load() -> tuple[Any, str]:
+    """The library with its function typed, or ``None`` and why it is not used."""
+    if os.environ.get("QUERN_NATIVE", "1") == "0":
+        return None, "QUERN_NATIVE=0 in the environment"
+    if not LIBRARY.is_file():
+        return None, f"{LIBRARY} is not installed (the wheel was built without a C compiler)"
+    try:
+        lib = ctypes.CDLL(str(LIBRARY))  # CDLL: the GIL is released during each call
+        lib.quern_resample_abi.restype = ctypes.c_int
+        f, i, ptr = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+        lib.quern_resize_bilinear_u8.argtypes = [ptr, i, i, i, ctypes.c_ssize_t, f, f, f, f, ptr, i, i]
+        lib.quern_resize_bilinear_u8.restype = ctypes.c_int
+    except (OSError, AttributeError) as e:
+        return None, f"{LIBRARY} does not load: {e}"
+    if (abi := lib.quern_resample_abi()) != _ABI:
+        return None, f"{LIBRARY} has ABI {abi}, not {_ABI} (a stale build)"
+    return lib, ""
+
+
+def _native_resize(lib: Any, image: np.ndarray, size: tuple[int, int], box: tuple[float, ...]) -> np.ndarray:
+    h, w, c = image.shape
+    out = np.empty((size[0], size[1], c), np.uint8)
+    x0, y0, x1, y1 = box
+    if lib.quern_resize_bilinear_u8(
+        image.ctypes.data, h, w, c, image.strides[0], x0, y0, x1, y1, out.ctypes.data, size[0], size[1]
+    ):
+        raise MemoryError(f"resizing a {w}x{h} image to {size[1]}x{size[0]}: out of memory")
+    return out
+
+
+def _self_test(lib: Any) -> str:
+    """Why the library's pixels differ from the NumPy path's on a few images (``""``: they agree)."""
+    rng = np.random.default_rng(0)
+    cases = [
+        ((37, 53, 3), (11, 29), (0.0, 0.0, 53.0, 37.0)),  # shrinks
+        ((20, 9, 1), (47, 31), (1.5, 2.25, 8.0, 19.5)),  # grows, a fractional box
+        ((64, 40, 4), (64, 17), (0.0, 0.0, 40.0, 64.0)),  # the horizontal pass alone
+        ((30, 30, 2), (8, 30), (0.0, 3.0, 30.0, 27.0)),  # the vertical pass alone
+    ]
+    for shape, size, box in cases:
+        image = rng.integers(0, 256, shape, dtype=np.uint8)
+        if not np.array_equal(_native_resize(lib, image, size, box), _numpy_resize(image, size, box)):
+            return f"{LIBRARY} resizes {shape} to {size} unlike the NumPy path (a bad build)"
+    return ""
+
+
+@functools.cache
+def _library() -> tuple[Any, str]:
+    """The checked library (loaded on the first call), or ``None`` and why it is not used."""
+    lib, why = _load()
+    if lib is not None and (why := _self_test(lib)):
+        lib = None
+    return lib, why
+
+
+def is_native() -> bool:
+    """Whether the C resize is used (:func:`native_why` says why not)."""
+    return _library()[0] is not None
+
+
+def native_why() -> str:
+    """Why the C resize is not used (``""`` when it is)."""
+    return _library()[1]
+
+
+def resize_u8(
+    image: np.ndarray, size: tuple[int, int], box: tuple[float, float, float, float] | None = None
+) -> np.ndarray:
+    """``image``, or its ``box``, resized to ``size`` with Pillow's bilinear filter (see the module docstring).
+
+    Args:
+        image: ``uint8``, height x width x channels (any number of channels, each resized alone).
+        size: ``(height, width)`` of the output, each at least 1.
+        box: ``(left, top, right, bottom)`` in pixels (floats allowed) of the region resized, as
+            Pillow's ``box``; the whole image by default.
+
+    Returns:
+        A new C-contiguous ``uint8`` array of ``size`` and the image's channels; it depends only on the
+        arguments (the same with or without the C library).
+    """
+    h, w = image.shape[:2]
+    box = (0.0, 0.0, float(w), float(h)) if box is None else tuple(float(v) for v in box)  # type: ignore[assignment]
+    if image.strides[1:] != (image.shape[2], 1):  # each row's pixels packed, as the C loop reads them
+        image = np.ascontiguousarray(image)
+    lib = _library()[0]
+    return _numpy_resize(image, size, box) if lib is None else _native_resize(lib, image, size, box)  # type: ignore[arg-type]
