@@ -2,8 +2,8 @@
 
 hatchling runs this when it builds a wheel (``[tool.hatch.build.targets.wheel.hooks.custom]`` in
 pyproject.toml). ``quern/pipeline/native/librowhash.so`` makes the batch digests' per-row hashing one
-C call per leaf (``quern.pipeline.integrity.rowhash``); ``libresample.so`` resizes ``uint8`` images
-(``quern.transforms.image.resampling``). With either, the wheel is tagged ``py3-none-PLATFORM``. A
+C call per leaf (``quern.pipeline.integrity.rowhash``); ``libimage.so`` resizes and normalizes ``uint8``
+images (``quern.transforms.image.native``). With either, the wheel is tagged ``py3-none-PLATFORM``. A
 library that does not compile is left out, with a warning, and quern does its work in Python or
 NumPy instead (the same digests and pixels, slower). The compiler is ``$CC``, else Python's own
 (``sysconfig``), else ``cc``. An editable install builds the libraries into the source tree.
@@ -27,7 +27,8 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 NATIVE = Path("pipeline") / "native"
 LIBRARIES = {  # library -> (what it is for, in warnings; its sources; compiler flags of its own)
     "librowhash.so": ("row hash", ["rowhash.c"], []),
-    "libresample.so": ("image resize", ["resample.c"], ["-ffp-contract=off"]),  # Pillow's weights exactly: no FMA
+    # Pillow's weights and NumPy's float32 steps exactly: no fused multiply-add
+    "libimage.so": ("image resize and normalize", ["resample.c", "normalize.c"], ["-ffp-contract=off"]),
 }
 X86 = ("x86_64", "amd64", "i386", "i686")
 

@@ -123,7 +123,7 @@ def test_the_wheel_and_the_sdist_hold_the_package_and_nothing_else(tmp_path):
     assert "quern/py.typed" in names
     if shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"):  # hatch_build.py compiled the libraries
         assert "quern/pipeline/native/librowhash.so" in names, "the wheel lacks the compiled row hash"
-        assert "quern/pipeline/native/libresample.so" in names, "the wheel lacks the compiled image resize"
+        assert "quern/pipeline/native/libimage.so" in names, "the wheel lacks the compiled image kernels"
     assert not [n for n in names if n.split("/")[0] != "quern" and not n.split("/")[0].endswith(".dist-info")]
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

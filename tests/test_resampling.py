@@ -1,4 +1,5 @@
-"""quern.transforms.image.resampling: Pillow's bilinear arithmetic, one pass order, the same pixels everywhere.
+"""The image kernels (libimage): the resize is Pillow's bilinear arithmetic with one pass order, the same
+pixels everywhere; normalize gives NumPy's float32 values.
 
 Every expected value comes from Pillow itself (within 1 level where both passes run; exactly where one
 does), from a loop-by-loop implementation written here from Pillow's ``Resample.c`` (exactly), or from a
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from quern.transforms.image import resampling
+from quern.transforms import image
+from quern.transforms.image import normalizing, resampling
 
 HAVE_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
 
@@ -133,7 +135,8 @@ def test_a_strided_or_flipped_image_gives_the_pixels_of_its_copy():
 SCRIPT = """
 import json, sys
 import numpy as np
-from quern.transforms.image import resampling
+from quern.transforms import image
+from quern.transforms.image import normalizing, resampling
 assert not resampling.is_native() and "QUERN_NATIVE=0" in resampling.native_why()
 rng = np.random.default_rng(11)
 out = []
@@ -165,3 +168,19 @@ def test_the_numpy_path_gives_the_c_librarys_pixels():
         img = rng.integers(0, 256, shape, dtype=np.uint8)
         here.append(resampling.resize_u8(img, tuple(size), tuple(box)).tolist())
     assert json.loads(run.stdout) == here
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4, 5, 16, 17])
+def test_normalize_gives_numpys_float32_values(channels):
+    rng = np.random.default_rng(channels)
+    batch = rng.integers(0, 256, (2, 9, 7, channels), dtype=np.uint8)  # 126 pixels: not a multiple of 8
+    mean, std = rng.uniform(0, 255, channels), rng.uniform(0.3, 90, channels)
+    want = (batch.astype(np.float32) - mean.astype(np.float32)) / std.astype(np.float32)
+    got = image.normalize(mean, std)(batch)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    flipped = batch[:, :, ::-1]
+    assert np.array_equal(image.normalize(mean, std)(flipped), want[:, :, ::-1])
+    one = image.normalize(100.0, 50.0)(batch[0])  # one value for every channel
+    assert np.array_equal(one, (batch[0].astype(np.float32) - np.float32(100)) / np.float32(50))
+    if channels <= 16 and HAVE_CC:
+        assert normalizing._library() is not None  # the C loop gave these values

@@ -1,7 +1,8 @@
 /*
  * quern's image resize: Pillow's bilinear resample of a uint8 image, bit for bit, on packed channels.
  *
- * quern.transforms.image.resampling loads it with ctypes (the GIL is released during a call). The
+ * Part of libimage (with normalize.c); quern.transforms.image.native loads it with ctypes (the GIL is
+ * released during a call) and quern.transforms.image.resampling calls it. The
  * arithmetic is Pillow's (src/libImaging/Resample.c): the same filter weights in double precision,
  * normalised and rounded to 22-bit fixed point, a horizontal pass over the rows the vertical pass
  * needs, rounded to 8 bits, then the vertical pass. Pillow does this on 4 bytes a pixel (its RGB
@@ -32,8 +33,9 @@
 #define QUERN_CLONES
 #endif
 
-/* The version of these functions' signatures: resampling.py refuses a library of another. */
-QUERN_API int quern_resample_abi(void) { return 1; }
+/* The version of libimage's functions' signatures (this file's and normalize.c's): native.py refuses a
+ * library of another. */
+QUERN_API int quern_image_abi(void) { return 1; }
 
 static inline double bilinear(double x) {
     if (x < 0.0) x = -x;

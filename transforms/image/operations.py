@@ -20,6 +20,7 @@ import numpy as np
 from ...pipeline.core.registry import register
 from . import geometry
 from .decoding import MAX_PIXELS, MODES, decode_image, decode_scaled, image_size
+from .normalizing import normalize_u8_f32
 
 __all__ = ["DecodeImage", "Resize", "CenterCrop", "RandomResizedCrop", "RandomFlip", "Normalize"]
 
@@ -265,7 +266,10 @@ class Normalize(_OnImage):
                     f"{self.NAME}: {len(getattr(self, name))} {name} values for an image of {channels} channels"
                 )
         dtype = np.dtype(self.dtype)
+        mean, std = np.asarray(self.mean, dtype), np.asarray(self.std, dtype)
+        if image.dtype == np.uint8 and dtype == np.float32:
+            return normalize_u8_f32(image, mean, std)  # the same values, in one pass
         out = image.astype(dtype)
-        out -= np.asarray(self.mean, dtype)
-        out /= np.asarray(self.std, dtype)
+        out -= mean
+        out /= std
         return out

@@ -9,7 +9,8 @@ much more than the width), the vertical pass always comes first here, so the pix
 the arguments: the same on every machine, Pillow version and worker. They are within 1 level of
 Pillow's own (the rounding between the passes), and equal to it where one pass is left out.
 
-The work is a C library built with the wheel (``native/resample.c``: the vertical pass along whole
+The work is a C library built with the wheel (``native/resample.c`` in ``libimage.so``,
+:mod:`~quern.transforms.image.native`: the vertical pass along whole
 rows, vectorised, with an AVX2 clone on x86-64; the GIL released during the call, so threads
 resize in parallel), about 2.5x faster than Pillow here (``benchmarks/vision.py``), or, without it,
 the same arithmetic in NumPy (slower, the same pixels). The library is used only when it loads,
@@ -20,21 +21,16 @@ reports the expected ABI and resizes a few test images exactly as the NumPy path
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LIBRARY", "is_native", "native_why", "resize_u8"]
+from . import native
 
-LIBRARY = Path(__file__).resolve().parents[2] / "pipeline" / "native" / "libresample.so"
-"""Where the wheel puts the compiled resize (``.build/hatch_build.py``)."""
+__all__ = ["is_native", "native_why", "resize_u8"]
 
-_ABI = 1  # quern_resample_abi() of the library this module was written for
 _BITS = 22  # Pillow's PRECISION_BITS for 8-bit images
 
 
@@ -97,25 +93,6 @@ def _numpy_resize(image: np.ndarray, size: tuple[int, int], box: tuple[float, fl
     return np.ascontiguousarray(out)
 
 
-def _load() -> tuple[Any, str]:
-    """The library with its function typed, or ``None`` and why it is not used."""
-    if os.environ.get("QUERN_NATIVE", "1") == "0":
-        return None, "QUERN_NATIVE=0 in the environment"
-    if not LIBRARY.is_file():
-        return None, f"{LIBRARY} is not installed (the wheel was built without a C compiler)"
-    try:
-        lib = ctypes.CDLL(str(LIBRARY))  # CDLL: the GIL is released during each call
-        lib.quern_resample_abi.restype = ctypes.c_int
-        f, i, ptr = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
-        lib.quern_resize_bilinear_u8.argtypes = [ptr, i, i, i, ctypes.c_ssize_t, f, f, f, f, ptr, i, i]
-        lib.quern_resize_bilinear_u8.restype = ctypes.c_int
-    except (OSError, AttributeError) as e:
-        return None, f"{LIBRARY} does not load: {e}"
-    if (abi := lib.quern_resample_abi()) != _ABI:
-        return None, f"{LIBRARY} has ABI {abi}, not {_ABI} (a stale build)"
-    return lib, ""
-
-
 def _native_resize(lib: Any, image: np.ndarray, size: tuple[int, int], box: tuple[float, ...]) -> np.ndarray:
     h, w, c = image.shape
     out = np.empty((size[0], size[1], c), np.uint8)
@@ -139,14 +116,14 @@ def _self_test(lib: Any) -> str:
     for shape, size, box in cases:
         image = rng.integers(0, 256, shape, dtype=np.uint8)
         if not np.array_equal(_native_resize(lib, image, size, box), _numpy_resize(image, size, box)):
-            return f"{LIBRARY} resizes {shape} to {size} unlike the NumPy path (a bad build)"
+            return f"{native.LIBRARY} resizes {shape} to {size} unlike the NumPy path (a bad build)"
     return ""
 
 
 @functools.cache
 def _library() -> tuple[Any, str]:
     """The checked library (loaded on the first call), or ``None`` and why it is not used."""
-    lib, why = _load()
+    lib, why = native.library()
     if lib is not None and (why := _self_test(lib)):
         lib = None
     return lib, why
