@@ -6,7 +6,9 @@ noise, made here) and the same augmentation: decode to RGB, a random resized cro
 float32 normalisation with ImageNet's mean and std; batches of 32.
 
 * **the limit**: libjpeg-turbo's decode alone (``simplejpeg``, quern's decoder) in images/s
-  on one core, times the cores; and Pillow's decode alone, for comparison.
+  on one core, times the cores; and Pillow's decode alone, for comparison. Then the work
+  alone: the crop from the bytes, the flip and the normalisation of each image in a plain
+  loop on one core (no pipeline), times the cores: what the augmentations leave of the limit.
 * **quern**: ``decode / random_resized_crop / random_flip``, then ``batch`` and
   ``normalize`` on the whole batch (``map_batch``), over an ArrayRecord file, ``iterator()`` with 0 workers, 2 worker processes, and 2 threads;
   and with the crop and flip on the device (the host decodes and resizes to 256x256,
@@ -153,6 +155,20 @@ def decode_rate(files: list[bytes], decode: Any, min_seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def work_rate(files: list[bytes], min_seconds: float) -> float:
+    """Images/s on one core of the fused pipeline's own work, nothing else: for each image the random crop
+    from the bytes (decode at a DCT scale and resize), the flip, and its share of the normalisation (the
+    image normalised alone), with a generator of this loop's own."""
+    crop, flip, norm = image.random_resized_crop(SIZE), image.random_flip(), image.normalize(MEAN, STD)
+    rng = np.random.default_rng(0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < min_seconds:
+        for f in files:
+            norm(np.ascontiguousarray(flip(crop(f, rng), rng)))  # the batch is made contiguous when collated
+            n += 1
+    return n / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=800)
@@ -191,6 +207,11 @@ def main() -> None:
         for name, r in limit.items():
             print(f"decode alone, one core, {name}: {r:,.0f} images/s; x {cpus} cores = {r * cpus:,.0f}")
         bound = limit["libjpeg-turbo (simplejpeg)"] * cpus
+        work = work_rate(files, args.min_seconds)
+        print(
+            f"the crop from the bytes, flip and normalisation alone, one core: {work:,.0f} images/s; "
+            f"x {cpus} cores = {work * cpus:,.0f} ({work * cpus / bound:.0%} of the limit)"
+        )
 
         mesh = None
 
@@ -273,6 +294,7 @@ def main() -> None:
         print(common.markdown_row(row))
     print()
     print(f"the limit: {bound:,.0f} images/s (libjpeg-turbo's decode alone x {cpus} cores)")
+    print(f"the work alone (crop from the bytes, flip, normalise): {work * cpus:,.0f} images/s x {cpus} cores")
     print(torch_note)
     for name, why in errors.items():
         print(f"{name}: FAILED: {why}")
