@@ -91,6 +91,9 @@ def decode(mode: str | None = "RGB", *, key: str | None = None, max_pixels: int 
 def resize(size: int | Sequence[int], *, key: str | None = None) -> Resize:
     """A record transform: the image resized, with Pillow's bilinear filter (antialiased when shrinking).
 
+    ``uint8`` images: :func:`quern.transforms.image.resampling.resize_u8` (Pillow's arithmetic, the
+    vertical pass first: the same pixels everywhere, within 1 level of Pillow's ``resize``).
+
     Args:
         size: an int, the shorter side's new length (the longer one scaled alike and
             truncated, as torchvision's ``Resize``); or ``(height, width)`` exactly.
