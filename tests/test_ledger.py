@@ -502,3 +502,37 @@ def test_a_write_cut_short_keeps_what_was_not_written_and_writes_it_once(tmp_pat
     pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(4000, dtype=np.int64)), seed=0).batch(64)
     assert [x["step"] for x in lines] == list(range(16))
     assert all(x["row_digests"] == pipe.row_digests(x["step"], 0, 1) for x in lines)
+
+
+class _FailsOnce:
+    """A pipeline whose fingerprint of one step fails the first time it is asked (a transient error)."""
+
+    def __init__(self, pipe, step):
+        self.pipe, self.step, self.failed = pipe, step, False
+        self.batch_size, self.num_steps = pipe.batch_size, pipe.num_steps
+
+    def fingerprint_at(self, step):
+        if step == self.step and not self.failed:
+            self.failed = True
+            raise RuntimeError(f"fingerprint of step {step}: transient")
+        return self.pipe.fingerprint_at(step)
+
+    def leaves_at(self, step):
+        return self.pipe.leaves_at(step)
+
+
+def test_lines_made_before_an_error_keep_their_own_digests(tmp_path):
+    # A flush that fails while making its lines (here at step 1's fingerprint) leaves the lines
+    # made before it kept; later batches, hashed into the same buffer, must not change them.
+    pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(400, dtype=np.int64)), seed=0).batch(8)
+    w = quern.pipeline.integrity.ledger.LedgerWriter(tmp_path / "l.jsonl", _FailsOnce(pipe, 1), 0, 1, 0)
+    w.add_batch(0, pipe.batch_at(0))
+    w.add_batch(1, pipe.batch_at(1))
+    with pytest.raises(RuntimeError, match="fingerprint of step 1"):
+        w.flush()
+    w.add_batch(2, pipe.batch_at(2))
+    w.add_batch(3, pipe.batch_at(3))
+    w.close()
+    lines = _lines(tmp_path / "l.jsonl")
+    assert [x["step"] for x in lines] == [0, 2, 3]  # step 1's line was lost with the error it raised
+    assert all(x["row_digests"] == pipe.row_digests(x["step"], 0, 1) for x in lines)

@@ -138,6 +138,8 @@ import numpy as np
 from quern.transforms import image
 from quern.transforms.image import normalizing, resampling
 assert not resampling.is_native() and "QUERN_NATIVE=0" in resampling.native_why()
+same = np.zeros((5, 4, 3), np.uint8)
+assert not np.shares_memory(resampling.resize_u8(same, (5, 4)), same)  # no pass: still a new array
 rng = np.random.default_rng(11)
 out = []
 for shape, size, box in json.loads(sys.argv[1]):
@@ -184,3 +186,20 @@ def test_normalize_gives_numpys_float32_values(channels):
     assert np.array_equal(one, (batch[0].astype(np.float32) - np.float32(100)) / np.float32(50))
     if channels <= 16 and HAVE_CC:
         assert normalizing._library() is not None  # the C loop gave these values
+
+
+def test_what_neither_path_can_resize_is_refused_as_pillow_refuses_it():
+    img = np.zeros((20, 30, 3), np.uint8)
+    for size, box, match in [
+        ((0, 5), None, "size must be two ints of at least 1"),
+        ((5, 0), None, "size must be two ints of at least 1"),
+        ((5, 5), (-1, 0, 10, 10), "starts outside the image"),
+        ((5, 5), (0, 0, 31, 10), r"ends outside the 30x20 image"),
+        ((5, 5), (40, 0, 41, 10), r"ends outside the 30x20 image"),
+        ((5, 5), (10, 0, 5, 10), "negative width or height"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            resampling.resize_u8(img, size, box)
+    with pytest.raises(ValueError, match="a uint8 image of height x width x channels"):
+        resampling.resize_u8(np.zeros((20, 30), np.uint8), (5, 5))
+    assert not np.shares_memory(resampling.resize_u8(img, (20, 30)), img)  # no pass: a new array

@@ -290,11 +290,11 @@ class LedgerWriter:
             return
         if self._views:
             self._lines = [bytes(p) for p in self._lines]
-        self._kept, self._hashed = self._kept + len(self._hashed), []
+        self._views, self._hashed = True, []  # True first: lines made before an error here are views too
         for step, first, n, items, leaves in self._fields.finish_views():
             start = f'{self._start(step)}"rows": [{first}, {first + n}], "row_digests": ['
             self._lines += [start.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
-        self._views = True
+            self._kept += 1
 
     def _write_if_due(self) -> None:
         if self._kept + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:

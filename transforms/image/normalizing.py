@@ -66,7 +66,8 @@ def normalize_u8_f32(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np
     """
     c = image.shape[-1] if image.ndim else 1
     lib = _library()
-    if lib is None or not 1 <= c <= _MAX_CHANNELS or mean.dtype != np.float32 or std.dtype != np.float32:
+    plain = image.ndim >= 1 and mean.ndim <= 1 and std.ndim <= 1 and mean.dtype == std.dtype == np.float32
+    if lib is None or not plain or not 1 <= c <= _MAX_CHANNELS:  # NumPy broadcasts the rest
         return _numpy(image, mean, std)
     return _native(
         lib,

@@ -113,7 +113,7 @@ class Resize(_OnImage):
     """The transform :func:`~quern.transforms.image.resize` makes."""
 
     NAME: ClassVar[str] = "image.resize"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: uint8 pixels by resampling.resize_u8 (within 1 level of version 1)
 
     size: int | tuple[int, int]
 
@@ -154,7 +154,7 @@ class RandomResizedCrop(_OnImage):
     """The transform :func:`~quern.transforms.image.random_resized_crop` makes (a ``random_map`` stage)."""
 
     NAME: ClassVar[str] = "image.random_resized_crop"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: uint8 pixels by resampling.resize_u8
 
     size: int | tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)

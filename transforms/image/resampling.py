@@ -90,7 +90,22 @@ def _numpy_resize(image: np.ndarray, size: tuple[int, int], box: tuple[float, fl
         out = _pass(out, *_coeffs(h, y0, y1, size[0]))
     if _needs(w, size[1], x0, x1):
         out = _pass(out.transpose(1, 0, 2), *_coeffs(w, x0, x1, size[1])).transpose(1, 0, 2)
-    return np.ascontiguousarray(out)
+    return np.array(out, order="C")  # a copy where no pass ran, as the C path's
+
+
+def _check(image: np.ndarray, size: tuple[int, int], box: tuple[float, float, float, float]) -> None:
+    """Refuse what neither path can resize, as Pillow's ``resize`` refuses it."""
+    if image.dtype != np.uint8 or image.ndim != 3:
+        raise ValueError(f"resize_u8: a uint8 image of height x width x channels, got {image.dtype} {image.shape}")
+    if len(size) != 2 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in size):
+        raise ValueError(f"resize_u8: size must be two ints of at least 1, got {size!r}")
+    x0, y0, x1, y1 = (np.float32(v) for v in box)
+    if x0 < 0 or y0 < 0:
+        raise ValueError(f"resize_u8: box {box} starts outside the image (negative offset)")
+    if x1 > image.shape[1] or y1 > image.shape[0]:
+        raise ValueError(f"resize_u8: box {box} ends outside the {image.shape[1]}x{image.shape[0]} image")
+    if x1 < x0 or y1 < y0:
+        raise ValueError(f"resize_u8: box {box} has a negative width or height")
 
 
 def _native_resize(lib: Any, image: np.ndarray, size: tuple[int, int], box: tuple[float, ...]) -> np.ndarray:
@@ -153,9 +168,14 @@ def resize_u8(
     Returns:
         A new C-contiguous ``uint8`` array of ``size`` and the image's channels; it depends only on the
         arguments (the same with or without the C library).
+
+    Raises:
+        ValueError: not a ``uint8`` image of 3 dimensions, a size under 1, or a box outside the image
+            or of negative width or height (Pillow's checks, on the box as 32-bit floats).
     """
     h, w = image.shape[:2]
     box = (0.0, 0.0, float(w), float(h)) if box is None else tuple(float(v) for v in box)  # type: ignore[assignment]
+    _check(image, size, box)  # type: ignore[arg-type]
     if image.strides[1:] != (image.shape[2], 1):  # each row's pixels packed, as the C loop reads them
         image = np.ascontiguousarray(image)
     lib = _library()[0]
