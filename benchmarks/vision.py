@@ -18,6 +18,12 @@ float32 normalisation with ImageNet's mean and std; batches of 32.
 * **grain**: PIL in a per-record ``map`` (``Image.open``, the same crop box, ``resize``
   with a box, flip, normalise), ``MapDataset`` over the same file, in the calling thread
   and with ``mp_prefetch(num_workers=2)``.
+* **tf.data**: TensorFlow's own ImageNet recipe over the same JPEGs as files:
+  ``sample_distorted_bounding_box`` from the header (the same scale and ratio),
+  ``decode_and_crop_jpeg`` (only the box's window decoded), ``resize`` (bilinear,
+  antialiased), ``random_flip_left_right``, normalise; ``map(num_parallel_calls=AUTOTUNE)``,
+  ``batch(32)``, ``prefetch``; run by ``--tf-python`` (a Python with tensorflow-cpu),
+  or left out, and said.
 * **PyTorch**: ``DataLoader(num_workers=2, batch_size=32)`` over the same JPEGs as files
   with ``torchvision.io.decode_jpeg`` and ``transforms.v2`` (``RandomResizedCrop(224,
   antialias=True)``, ``RandomHorizontalFlip``, ``ToDtype``, ``Normalize``), run by
@@ -27,7 +33,7 @@ float32 normalisation with ImageNet's mean and std; batches of 32.
 Each config: a fresh iterator, 2 batches untimed, then at least ``--min-seconds``;
 ``--runs`` rounds, configs in turn; the median.
 
-Run:  python benchmarks/vision.py  [--images 800] [--runs 3] [--min-seconds 3] [--torch-python PATH]
+Run:  python benchmarks/vision.py  [--images 800] [--runs 3] [--min-seconds 3] [--torch-python PATH] [--tf-python PATH]
 """
 
 from __future__ import annotations
@@ -116,6 +122,38 @@ def grain_iterator(path: str, workers: int) -> Any:
     return iter(it)
 
 
+TF_CHILD = r"""
+import json, os, sys, time, glob
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+folder, min_seconds, runs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+files = sorted(glob.glob(folder + "/*.jpg"))
+MEAN, STD = tf.constant([123.675, 116.28, 103.53]), tf.constant([58.395, 57.12, 57.375])
+WHOLE = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
+def augment(path):  # TF's own ImageNet recipe: the box from the header, only its window decoded
+    data = tf.io.read_file(path)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.io.extract_jpeg_shape(data), bounding_boxes=WHOLE, area_range=(0.08, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    y, x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(size)
+    img = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3)
+    img = tf.image.resize(img, [224, 224], method="bilinear", antialias=True)
+    return (tf.image.random_flip_left_right(img) - MEAN) / STD
+rates = []
+for _ in range(runs):
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files)).repeat()
+    it = iter(ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE).batch(32).prefetch(tf.data.AUTOTUNE))
+    next(it); next(it)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < min_seconds:
+        n += next(it).shape[0]
+    rates.append(n / (time.perf_counter() - t0))
+    del it, ds
+print(json.dumps({"rates": rates, "tensorflow": tf.__version__}))
+"""
+
+
 TORCH_CHILD = r"""
 import json, sys, time, glob
 import torch, torchvision
@@ -155,6 +193,20 @@ def decode_rate(files: list[bytes], decode: Any, min_seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _child(python: str, script: str, folder: str, args: Any) -> dict[str, Any]:
+    """The JSON a peer's script (run by ``python`` over the JPEG folder) prints last."""
+    child = subprocess.run(
+        [python, "-c", script, folder, str(args.min_seconds), str(args.runs)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if child.returncode:
+        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip() else "failed")
+    return __import__("json").loads(child.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def work_rate(files: list[bytes], min_seconds: float) -> float:
     """Images/s on one core of the fused pipeline's own work, nothing else: for each image the random crop
     from the bytes (decode at a DCT scale and resize), the flip, and its share of the normalisation (the
@@ -175,6 +227,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=3.0)
     ap.add_argument("--torch-python", default=sys.executable, help="a Python with torch and torchvision")
+    ap.add_argument("--tf-python", default=sys.executable, help="a Python with tensorflow (tensorflow-cpu)")
     args = common.parse_args(ap)
     assert args is not None
     import grain
@@ -266,20 +319,17 @@ def main() -> None:
         results = common.interleaved(cases, args.runs, alternate=True, errors=errors, progress=True)
         torch_note = ""
         try:
-            child = subprocess.run(
-                [args.torch_python, "-c", TORCH_CHILD, folder, str(args.min_seconds), str(args.runs)],
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
-            if child.returncode:
-                raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip() else "failed")
-            got = __import__("json").loads(child.stdout.strip().splitlines()[-1])
+            got = _child(args.torch_python, TORCH_CHILD, folder, args)
             results["PyTorch DataLoader + torchvision v2, 2 workers"] = got["rates"]
             torch_note = f"torch {got['torch']}, torchvision {got['torchvision']}"
         except Exception as e:  # noqa: BLE001 - torch is optional here
             torch_note = f"PyTorch not measured: {common.error_line(e)}"
+        try:
+            got = _child(args.tf_python, TF_CHILD, folder, args)
+            results["tf.data, decode_and_crop_jpeg, AUTOTUNE"] = got["rates"]
+            tf_note = f"tensorflow {got['tensorflow']}"
+        except Exception as e:  # noqa: BLE001 - tensorflow is optional here
+            tf_note = f"tf.data not measured: {common.error_line(e)}"
     header = ["config", "images/s", "of the limit", "runs"]
     rows = []
     for name, rates in results.items():
@@ -296,6 +346,7 @@ def main() -> None:
     print(f"the limit: {bound:,.0f} images/s (libjpeg-turbo's decode alone x {cpus} cores)")
     print(f"the work alone (crop from the bytes, flip, normalise): {work * cpus:,.0f} images/s x {cpus} cores")
     print(torch_note)
+    print(tf_note)
     for name, why in errors.items():
         print(f"{name}: FAILED: {why}")
     print(f"total {time.perf_counter() - started:.0f} s")
