@@ -317,19 +317,23 @@ def main() -> None:
         ]
         errors: dict[str, str] = {}
         results = common.interleaved(cases, args.runs, alternate=True, errors=errors, progress=True)
-        torch_note = ""
-        try:
-            got = _child(args.torch_python, TORCH_CHILD, folder, args)
-            results["PyTorch DataLoader + torchvision v2, 2 workers"] = got["rates"]
-            torch_note = f"torch {got['torch']}, torchvision {got['torchvision']}"
-        except Exception as e:  # noqa: BLE001 - torch is optional here
-            torch_note = f"PyTorch not measured: {common.error_line(e)}"
-        try:
-            got = _child(args.tf_python, TF_CHILD, folder, args)
-            results["tf.data, decode_and_crop_jpeg, AUTOTUNE"] = got["rates"]
-            tf_note = f"tensorflow {got['tensorflow']}"
-        except Exception as e:  # noqa: BLE001 - tensorflow is optional here
-            tf_note = f"tf.data not measured: {common.error_line(e)}"
+        notes = []  # the peers' versions, or why one was not measured
+        peers = [
+            (
+                "PyTorch DataLoader + torchvision v2, 2 workers",
+                args.torch_python,
+                TORCH_CHILD,
+                ("torch", "torchvision"),
+            ),
+            ("tf.data, decode_and_crop_jpeg, AUTOTUNE", args.tf_python, TF_CHILD, ("tensorflow",)),
+        ]
+        for name, python, script, versions in peers:
+            try:
+                got = _child(python, script, folder, args)
+                results[name] = got["rates"]
+                notes.append(", ".join(f"{v} {got[v]}" for v in versions))
+            except Exception as e:  # noqa: BLE001 - the peers are optional here
+                notes.append(f"{name}: not measured: {common.error_line(e)}")
     header = ["config", "images/s", "of the limit", "runs"]
     rows = []
     for name, rates in results.items():
@@ -345,8 +349,7 @@ def main() -> None:
     print()
     print(f"the limit: {bound:,.0f} images/s (libjpeg-turbo's decode alone x {cpus} cores)")
     print(f"the work alone (crop from the bytes, flip, normalise): {work * cpus:,.0f} images/s x {cpus} cores")
-    print(torch_note)
-    print(tf_note)
+    print("\n".join(notes))
     for name, why in errors.items():
         print(f"{name}: FAILED: {why}")
     print(f"total {time.perf_counter() - started:.0f} s")
