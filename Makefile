@@ -54,11 +54,12 @@ docs: install
 # on sys.path; --confcutdir: nor is the checkout's __init__.py imported as a package of the tests, which
 # fails where the checkout's folder name is no Python name), in TEST_WORKERS processes (pytest-xdist): more
 # than the 2 cores, as many tests wait on subprocesses, servers and clusters (4: make test in 4m38s on a clean
-# clone of this 2-core machine, against 5m03s with 3; later, with more tests, the suite alone took 4m52s with 5
-# against 5m05s with 4, run back to back). Tests are handed out one at a
+# clone of this 2-core machine, against 5m03s with 3; 5 was tried on 2026-12-05: the suite alone took 4m52s
+# against 5m05s with 4 run back to back, but in .ci/run, beside the type check and the docs, 5m23s and
+# 5m34s against 5m18s with 4). Tests are handed out one at a
 # time (--maxschedchunk 1), in the order tests/conftest.py sets: those marked slow first, so that no long
 # test starts last while the other workers idle.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 	--confcutdir $(CURDIR)/tests -p no:cacheprovider
 
