@@ -20,12 +20,13 @@ from __future__ import annotations
 import binascii
 import ctypes
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xxhash
+
+from ..core import libraries
 
 __all__ = ["LIBRARY", "is_native", "json_hex", "json_hex_into", "native_why", "rows_digests", "spans_digests"]
 
@@ -42,29 +43,21 @@ def _python_rows(rows: Any) -> bytes:
     return b"".join(map(xxhash.xxh3_128_digest, rows))
 
 
-def _load() -> tuple[Any, str]:
-    """The library with its functions typed, or ``None`` and why it is not used."""
-    if os.environ.get("QUERN_NATIVE", "1") == "0":
-        return None, "QUERN_NATIVE=0 in the environment"
-    if not LIBRARY.is_file():
-        return None, f"{LIBRARY} is not installed (the wheel was built without a C compiler)"
-    try:
-        lib = ctypes.CDLL(str(LIBRARY))  # CDLL: the GIL is released during each call
-        lib.quern_rowhash_abi.restype = ctypes.c_int
-        lib.quern_rowhash_xxh_version.restype = ctypes.c_uint
-        size, ptr = ctypes.c_size_t, ctypes.c_void_p
-        lib.quern_xxh3_128_rows.argtypes = [ptr, size, size, size, ptr]
-        lib.quern_xxh3_128_rows.restype = None
-        lib.quern_xxh3_128_spans.argtypes = [ptr, ptr, size, ptr]
-        lib.quern_xxh3_128_spans.restype = None
-        lib.quern_json_hex.argtypes = [ptr, size, ptr]
-        lib.quern_json_hex.restype = None
-    except (OSError, AttributeError) as e:
-        return None, f"{LIBRARY} does not load: {e}"
+def _typed(lib: Any) -> str:
+    """Type the library's functions; why its ABI or xxHash release is not this module's (``""``: it is)."""
+    lib.quern_rowhash_abi.restype = ctypes.c_int
+    lib.quern_rowhash_xxh_version.restype = ctypes.c_uint
+    size, ptr = ctypes.c_size_t, ctypes.c_void_p
+    lib.quern_xxh3_128_rows.argtypes = [ptr, size, size, size, ptr]
+    lib.quern_xxh3_128_rows.restype = None
+    lib.quern_xxh3_128_spans.argtypes = [ptr, ptr, size, ptr]
+    lib.quern_xxh3_128_spans.restype = None
+    lib.quern_json_hex.argtypes = [ptr, size, ptr]
+    lib.quern_json_hex.restype = None
     abi, version = lib.quern_rowhash_abi(), lib.quern_rowhash_xxh_version()
     if (abi, version) != (_ABI, _XXH_VERSION):
-        return None, f"{LIBRARY} has ABI {abi} and xxHash {version}, not {_ABI} and {_XXH_VERSION} (a stale build)"
-    return lib, ""
+        return f"has ABI {abi} and xxHash {version}, not {_ABI} and {_XXH_VERSION}"
+    return ""
 
 
 def _native_rows(lib: Any, mat: np.ndarray) -> bytes:
@@ -127,10 +120,7 @@ def _self_test(lib: Any) -> str:
 @functools.cache
 def _library() -> tuple[Any, str]:
     """The checked library (loaded on the first call), or ``None`` and why it is not used."""
-    lib, why = _load()
-    if lib is not None and (why := _self_test(lib)):
-        lib = None
-    return lib, why
+    return libraries.checked(libraries.load(LIBRARY, _typed), _self_test)
 
 
 def is_native() -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 from typing import Any
+
+from ...pipeline.core import libraries
 
 __all__ = ["LIBRARY", "library"]
 
@@ -24,23 +25,19 @@ LIBRARY = Path(__file__).resolve().parents[2] / "pipeline" / "native" / "libimag
 _ABI = 1  # quern_image_abi() of the library this module was written for
 
 
+def _typed(lib: Any) -> str:
+    """Type the library's functions; why its ABI is not this module's (``""``: it is)."""
+    lib.quern_image_abi.restype = ctypes.c_int
+    f, i, ptr, size = ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    lib.quern_resize_bilinear_u8.argtypes = [ptr, i, i, i, ctypes.c_ssize_t, f, f, f, f, ptr, i, i]
+    lib.quern_resize_bilinear_u8.restype = i
+    lib.quern_normalize_u8_f32.argtypes = [ptr, size, i, ptr, ptr, ptr]
+    lib.quern_normalize_u8_f32.restype = i
+    abi = lib.quern_image_abi()
+    return "" if abi == _ABI else f"has ABI {abi}, not {_ABI}"
+
+
 @functools.cache
 def library() -> tuple[Any, str]:
-    """The library with its functions typed, or ``None`` and why it is not used."""
-    if os.environ.get("QUERN_NATIVE", "1") == "0":
-        return None, "QUERN_NATIVE=0 in the environment"
-    if not LIBRARY.is_file():
-        return None, f"{LIBRARY} is not installed (the wheel was built without a C compiler)"
-    try:
-        lib = ctypes.CDLL(str(LIBRARY))
-        lib.quern_image_abi.restype = ctypes.c_int
-        f, i, ptr, size = ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
-        lib.quern_resize_bilinear_u8.argtypes = [ptr, i, i, i, ctypes.c_ssize_t, f, f, f, f, ptr, i, i]
-        lib.quern_resize_bilinear_u8.restype = i
-        lib.quern_normalize_u8_f32.argtypes = [ptr, size, i, ptr, ptr, ptr]
-        lib.quern_normalize_u8_f32.restype = i
-    except (OSError, AttributeError) as e:
-        return None, f"{LIBRARY} does not load: {e}"
-    if (abi := lib.quern_image_abi()) != _ABI:
-        return None, f"{LIBRARY} has ABI {abi}, not {_ABI} (a stale build)"
-    return lib, ""
+    """The library with its functions typed, or ``None`` and why it is not used (:func:`quern.pipeline.core.libraries.load`)."""
+    return libraries.load(LIBRARY, _typed)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ...pipeline.core.libraries import checked
 from . import native
 
 __all__ = ["is_native", "native_why", "resize_u8"]
@@ -138,10 +139,7 @@ def _self_test(lib: Any) -> str:
 @functools.cache
 def _library() -> tuple[Any, str]:
     """The checked library (loaded on the first call), or ``None`` and why it is not used."""
-    lib, why = native.library()
-    if lib is not None and (why := _self_test(lib)):
-        lib = None
-    return lib, why
+    return checked(native.library(), _self_test)
 
 
 def is_native() -> bool:
