@@ -38,7 +38,7 @@ does: caches cold), median and quartiles over ``--path-steps`` steps, and of dig
 batch of each 16 again (hot).
 
 **2b. Where the ledger's time goes** (0 workers): the CPU time per batch of each part of the
-ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the row hash,
+ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the C digests,
 ``StepFields.add`` and ``finish_views``, ``LedgerWriter._write`` and ``add_batch``), each function wrapped with a timer of the
 calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
@@ -47,12 +47,17 @@ records/s: work on the consumer's thread runs while the prefetch thread waits fo
 Last, the bound: the C row hash of one batch already in the cache, as a share of a batch's wall
 time (nothing else of the ledger; no placement or cache miss can make hashing every byte cheaper).
 
-**2c. The floor** (0 workers): records/s with only the row hash of every batch (``Digesting.add``:
+**2c. The floor** (0 workers): records/s with only the row hash of every batch (``batch_digest._hashed``:
 the leaves taken and every row of every leaf over 16 bytes hashed, no seeds, no text, no write),
 in three places: on the prefetch thread as each batch is made (a ``map_batch``), on the
 consumer's thread after each ``next()``, and on a thread of its own fed by the consumer; against
 no ledger and the ledger, ``--floor-runs`` interleaved rounds of ``--seconds0``. What any design
 that hashes every byte must pay, wherever it hashes.
+
+**2d. One running iterator** (0 workers): records/s of blocks of 32 batches of one iterator with a
+ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of three blocks:
+no ledger, the row hash alone on the consumer's thread, the ledger). No iterator starts in a timed
+block (part 2 and 2c start one per run of 0.1 s), so the transients of starting one do not enter.
 
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
@@ -90,7 +95,7 @@ import xxhash
 import quern
 import quern.pipeline.execute
 import quern.verify
-from quern.pipeline.integrity import batch_digest, ledger, rowhash
+from quern.pipeline.integrity import batch_digest, digesting, ledger, rowhash
 
 VS_GRAIN_RECORDS = 200_000
 
@@ -341,7 +346,7 @@ def ledger_cost(
 
 def _hash_rows(batch: Any) -> Any:
     """``batch``, after hashing every row of it as the ledger does (the C row hash), and nothing else."""
-    batch_digest.Digesting().add(batch)
+    batch_digest._hashed(*batch_digest._prepare(batch, "batch"))
     return batch
 
 
@@ -354,7 +359,7 @@ def _hash_queued(jobs: queue.SimpleQueue[Any]) -> None:
 def hash_floor(pipe: Any, runs: int, seconds: float, warmup: int, folder: str) -> dict[str, Any]:
     """Records/s with only the row hash of every batch, in three places, against no ledger and the ledger.
 
-    The row hash (:meth:`batch_digest.Digesting.add`: the leaves taken, every row of every leaf over
+    The row hash (``batch_digest._hashed``: the leaves taken, every row of every leaf over
     16 bytes hashed by the C loop; no seeds, no text, no write) is what any design that hashes every
     byte must do. Three places: on the prefetch thread as each batch is made (a ``map_batch``),
     on the consumer's thread after each ``next()``, and on a thread of its own fed by the
@@ -565,15 +570,63 @@ def where_speed(seconds: float, folder: str) -> dict[str, Any]:
     return out
 
 
+def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, Any]:
+    """Records/s of one running iterator (0 workers), blocks of batches with the ledger off, on, or the hash alone.
+
+    One iterator with a ledger; for each block of ``block`` batches its ledger is taken away (off),
+    kept (on; the lines kept from the last block written before the block starts), or taken away
+    with the row hash of each batch done on the consumer's thread after ``next()``. No iterator
+    starts inside a timed block, and the blocks of a round are next to each other in time.
+    """
+    print(f"\n## 2d. One running iterator, blocks of {block} batches, 0 workers\n")
+    it = common.started(pipe.iterator(num_workers=0, ledger=os.path.join(folder, "blocks.jsonl")))
+    writer = it._ledger
+    kinds = {
+        "off": "no ledger",
+        "hash": "the row hash alone, on the consumer's thread",
+        "ledger": "the ledger",
+    }
+    got: dict[str, list[float]] = {k: [] for k in kinds}
+    try:
+        for _ in range(20):
+            next(it)
+        for r in range(rounds):
+            for k in list(kinds)[:: 1 if r % 2 == 0 else -1]:
+                it._ledger = writer if k == "ledger" else None
+                writer.flush()
+                rows, t0 = 0, time.perf_counter()
+                for _ in range(block):
+                    batch = next(it)
+                    if k == "hash":
+                        _hash_rows(batch)
+                    rows += len(batch["length"])
+                got[k].append(rows / (time.perf_counter() - t0))
+    finally:
+        it._ledger = writer
+        it.close()
+    print(common.markdown_header(["case", "records/s (median)", "cost (medians)", "90% interval", "per pair: median"]))
+    out: dict[str, Any] = {}
+    off = got["off"]
+    for k, what in kinds.items():
+        cost = 1 - statistics.median(got[k]) / statistics.median(off)
+        lo, hi = _interval(got[k], off) if k != "off" else (0.0, 0.0)
+        per = statistics.median(1 - a / b for a, b in zip(got[k], off))
+        out[k] = {"rates": got[k], "cost": cost, "interval": [lo, hi], "per_pair": per}
+        shown = ["", "", ""] if k == "off" else [f"{cost:+.2%}", f"{lo:+.2%} to {hi:+.2%}", f"{per:+.2%}"]
+        print(common.markdown_row([what, f"{statistics.median(got[k]):,.0f}", *shown]))
+    print(f"\n{rounds} rounds, the cases in turn (every second round reversed).")
+    return out
+
+
 _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the order it runs
-    (batch_digest, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
-    (rowhash, "rows_digests", "the row hash (`rowhash.rows_digests`)"),
-    (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
+    (digesting, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
     (
-        ledger.StepFields,
-        "finish_views",
-        "`StepFields.finish_views` (seeds, hex digits into a kept buffer, leaf digests)",
+        rowhash,
+        "batch_digests_into",
+        "the C digests: row hash, seeds, leaf digests (`rowhash.batch_digests_into`)",
     ),
+    (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
+    (ledger.StepFields, "finish_views", "`StepFields.finish_views` (hex digits into a kept buffer)"),
     (ledger.LedgerWriter, "_write", "`LedgerWriter._write` (the above, the lines' text, `writev`)"),
     (
         ledger.LedgerWriter,
@@ -697,6 +750,9 @@ def main() -> None:
     ap.add_argument(
         "--floor-runs", type=int, default=150, help="interleaved rounds of part 2c, 0 workers (default 150)"
     )
+    ap.add_argument(
+        "--block-rounds", type=int, default=400, help="rounds of part 2d, blocks of 32 batches (default 400)"
+    )
     ap.add_argument("--parts-seconds", type=float, default=3.0, help="timed seconds per run of part 2b (default 3)")
     ap.add_argument("--reps", type=int, default=200, help="calls per digest figure (default 200)")
     ap.add_argument("--path-steps", type=int, default=160, help="steps of the compute-path figure (default 160)")
@@ -706,7 +762,7 @@ def main() -> None:
         "--skip",
         action="append",
         default=[],
-        choices=["digests", "ledger", "floor", "parts", "heavy", "path", "verify", "where"],
+        choices=["digests", "ledger", "floor", "parts", "blocks", "heavy", "path", "verify", "where"],
         help="skip a part (repeatable)",
     )
     args = common.parse_args(ap)
@@ -720,7 +776,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="quern-bench-verify-") as folder:
         if "digests" not in args.skip:
             figures["digests"] = digest_throughput(args.reps)
-        pipe = _vs_grain_pipeline() if {"ledger", "floor", "parts", "path", "verify"} - set(args.skip) else None
+        pipe = (
+            _vs_grain_pipeline() if {"ledger", "floor", "parts", "blocks", "path", "verify"} - set(args.skip) else None
+        )
         if "ledger" not in args.skip:
             plans = {w: (args.runs0, args.seconds0) if w == 0 else (args.runs, args.seconds) for w in args.workers}
             figures["ledger"] = ledger_cost(pipe, plans, args.warmup, folder)
@@ -728,6 +786,8 @@ def main() -> None:
             figures["hash_floor"] = hash_floor(pipe, args.floor_runs, args.seconds0, args.warmup, folder)
         if "parts" not in args.skip:
             figures["ledger_parts"] = ledger_parts(pipe, 3, args.parts_seconds, folder)
+        if "blocks" not in args.skip:
+            figures["ledger_blocks"] = ledger_blocks(pipe, args.block_rounds, 32, folder)
         heavy = _vs_grain_pipeline(heavy=True) if {"heavy", "path"} - set(args.skip) else None
         if "heavy" not in args.skip:
             what = " with its CPU-heavy transform (--heavy of vs_grain.py), 2 workers"

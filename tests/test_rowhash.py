@@ -10,6 +10,7 @@ checked against ``ledger_digests`` / ``step_fields`` of each batch alone.
 from __future__ import annotations
 
 import binascii
+import ctypes
 import json
 import os
 import pickle
@@ -23,7 +24,7 @@ import pytest
 import xxhash
 
 import quern
-from quern.pipeline.integrity import batch_digest, ledger, rowhash
+from quern.pipeline.integrity import batch_digest, digesting, ledger, rowhash
 
 HAVE_CC = bool(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
 
@@ -105,12 +106,12 @@ def _batches():
 
 SCRIPT = """
 import json, pickle, sys
-from quern.pipeline.integrity import batch_digest, rowhash
+from quern.pipeline.integrity import batch_digest, digesting, rowhash
 assert not rowhash.is_native() and "QUERN_NATIVE=0" in rowhash.native_why(), rowhash.native_why()
 with open(sys.argv[1], "rb") as f:
     batches = pickle.load(f)
 out = [[batch_digest.digests_of(b).rows, batch_digest.digests_of(b).leaves, batch_digest.ledger_digests(b)] for b in batches]
-d = batch_digest.Digesting()
+d = digesting.Digesting()
 for b in batches:
     d.add(b)
 json.dump([out, d.finish()], sys.stdout)
@@ -137,7 +138,7 @@ def test_batch_digests_are_the_same_without_the_c_library(tmp_path):
 
 def test_a_chunks_digests_made_together_equal_each_batchs():
     batches = _batches()
-    d = batch_digest.Digesting()
+    d = digesting.Digesting()
     for b in batches:
         d.add(b)
     assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]
@@ -167,3 +168,55 @@ def test_a_batch_without_a_row_axis_is_refused_when_added():
     )
     with pytest.raises(quern.StepError, match=r"step 5 \(host 0 of 1\).*leaf batch\['s'\]"):
         fields.add({"x": np.arange(4), "s": np.int64(3)}, 5)
+
+
+def _random_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A batch of 1-5 numeric leaves of random dtypes and row shapes: large, small and empty rows mixed."""
+    n = int(rng.integers(0, 9))
+    dtypes = [np.uint8, np.int16, np.int32, np.float32, np.int64, np.float64, ml_dtypes.bfloat16]
+    shapes = [(), (1,), (2,), (3,), (5,), (0,), (4, 3), (17,), (2, 40), (300,)]
+    out = {}
+    for i in range(int(rng.integers(1, 6))):
+        dtype = dtypes[int(rng.integers(len(dtypes)))]
+        shape = (n, *shapes[int(rng.integers(len(shapes)))])
+        out[f"leaf{rng.integers(100)}_{i}"] = (rng.random(shape) * 100).astype(dtype)
+    return out
+
+
+def test_the_c_digests_equal_the_python_digests_on_random_layouts():
+    """``Digesting`` digests a numeric batch in one C call: its values are the Python path's, layout by layout."""
+    if not HAVE_CC:
+        pytest.skip("no C compiler here: the wheel is built without the row hash (the Python path is tested)")
+    assert digesting.native()
+    rng = np.random.default_rng(11)
+    batches = [_random_batch(rng) for _ in range(300)]
+    d = digesting.Digesting()
+    for b in batches:
+        d.add(b)
+    assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]
+
+
+def test_a_c_library_that_digests_unlike_python_is_not_used(monkeypatch):
+    """A C digest that differs from the Python path's on the check's batches is refused, with a warning."""
+    if not HAVE_CC:
+        pytest.skip("no C compiler here: the wheel is built without the row hash (the Python path is tested)")
+    real = rowhash.batch_digests_into
+
+    def wrong(layout, arrays, n, rows, leaves):  # the row digests right, the last leaf digest's first byte not
+        done = real(layout, arrays, n, rows, leaves)
+        ctypes_byte = (len(arrays) - 1) * 16
+        np.frombuffer((ctypes.c_ubyte * (16 * len(arrays))).from_address(leaves), np.uint8)[ctypes_byte] ^= 1
+        return done
+
+    monkeypatch.setattr(rowhash, "batch_digests_into", wrong)
+    digesting.native.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="unlike quern's Python path"):
+            assert not digesting.native()
+        batches = _batches()
+        d = digesting.Digesting()
+        for b in batches:
+            d.add(b)
+        assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]  # the Python path's
+    finally:
+        digesting.native.cache_clear()

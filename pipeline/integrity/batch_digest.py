@@ -52,8 +52,8 @@ The per-row hashing is one call per part (:mod:`quern.pipeline.integrity.rowhash
 xxHash built with the wheel, or, without it, one ``xxhash.xxh3_128_digest`` call per row (the
 same bytes). A batch of 256 rows of 512 int32 tokens hashes in about 12 µs in C against 28 µs
 row by row, 64 images of 224x224x3 in about 130 µs (``benchmarks/verify.py``).
-:class:`Digesting` makes the ledger values of consecutive batches with one fold and one hex
-conversion per run of batches of one layout.
+:class:`quern.pipeline.integrity.digesting.Digesting` makes the ledger values of consecutive batches
+with one C call per batch (the same digests).
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ from . import rowhash
 
 __all__ = [
     "BatchDigests",
-    "Digesting",
     "FORMAT",
     "HASH",
     "SMALL",
@@ -137,6 +136,7 @@ class _Plan(NamedTuple):
     offsets: tuple[int, ...]  # each small leaf's first byte in them
     word: np.dtype | None  # one small leaf of 1, 2, 4 or 8 bytes a row: its rows as unsigned integers
     leaf_json: str  # the leaf digests' JSON object, a %s per digest
+    native: rowhash.BatchLayout | None  # what the C digests need (None: an object leaf)
 
 
 def _json(value: Any) -> str:
@@ -166,7 +166,12 @@ def _plan(key: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> _Plan:
     leaf_json = "{" + ", ".join(json.dumps(p.key[0]).replace("%", "%%") + ': "%s"' for p in plans) + "}"
     n = int(key[0][2][0])
     first, words = np.uint64(hash64(seed)[()]), -(-offsets[-1] // 8)
-    return _Plan(n, tuple(plans), small, large, seed, first, words, offsets[:-1], word, leaf_json)
+    native = None
+    if not any(p.objects for p in plans):
+        native = rowhash.batch_layout(
+            [p.width for p in plans], [i in large for i in range(len(plans))], [p.seed for p in plans], seed
+        )
+    return _Plan(n, tuple(plans), small, large, seed, first, words, offsets[:-1], word, leaf_json, native)
 
 
 def _object_bytes(value: Any, path: str, where: str) -> bytes:
@@ -327,13 +332,9 @@ def _hashed(plan: _Plan, arrays: list[Any]) -> list[bytes]:
     return out
 
 
-def _row_raw(plan: _Plan, hashed: list[bytes], arrays: list[Any], n: int | None = None) -> bytes:
-    """The row digests, 16 bytes each, from the parts hashed: the last part XOR the row's seed, twice.
-
-    ``n``: the rows, when ``hashed`` and the small leaves of ``arrays`` are those of several batches of
-    ``plan``'s layout, concatenated (default: ``plan.n``).
-    """
-    n = plan.n if n is None else n
+def _row_raw(plan: _Plan, hashed: list[bytes], arrays: list[Any]) -> bytes:
+    """The row digests, 16 bytes each, from the parts hashed: the last part XOR the row's seed, twice."""
+    n = plan.n
     s: Any = plan.seed
     if plan.large and plan.word is not None:  # one small leaf of one word
         s = np.frombuffer(arrays[plan.small[0]], plan.word).astype(_LE_U64) ^ plan.first
@@ -419,84 +420,6 @@ def ledger_digests(batch: Any, where: str = "batch") -> tuple[int, str, str]:
     hashed = _hashed(plan, arrays)
     rows = f"[{rowhash.json_hex(_row_raw(plan, hashed, arrays))}]"  # hex digits: nothing to escape
     return plan.n, rows, plan.leaf_json % tuple(_leaf_hex(plan, hashed, arrays))
-
-
-class Digesting:
-    """The :func:`ledger_digests` of consecutive batches, made with less work per batch.
-
-    :meth:`add` hashes a batch's rows at once and keeps a copy of its small leaves; :meth:`finish`
-    does the rest for all the batches together: for each run of batches of one layout, one fold of
-    the rows' seeds and one hex conversion. The results equal ``ledger_digests`` of each batch.
-
-    Example:
-        >>> import numpy as np
-        >>> d = Digesting()
-        >>> d.add({"x": np.arange(4)}); d.add({"x": np.arange(2, 6)})
-        >>> d.finish() == [ledger_digests({"x": np.arange(4)}), ledger_digests({"x": np.arange(2, 6)})]
-        True
-    """
-
-    def __init__(self) -> None:
-        self._batches: list[tuple[_Plan, list[Any], list[bytes]]] = []
-        self._text = np.empty(0, _U8)  # the row digests' hex digits, reused by each finish_views
-
-    def add(self, batch: Any, where: str = "batch") -> None:
-        """Hash the rows of ``batch``, the next batch.
-
-        Args:
-            batch: a pytree of arrays sharing a leading row axis; what :meth:`finish` needs of it
-                is kept (the row hashes and a copy of the small leaves), so it may be written to
-                once this returns.
-            where: what the batch is, for messages.
-
-        Raises:
-            ValueError: a leaf without a row axis, named with ``where``.
-            TypeError: an object leaf holding other than ``bytes`` or ``str`` (or a structured leaf a field of objects).
-        """
-        plan, arrays = _prepare(batch, where)
-        hashed = _hashed(plan, arrays)
-        large = set(plan.large)
-        kept = [None if i in large else a.tobytes() for i, a in enumerate(arrays)]  # a few bytes a row
-        self._batches.append((plan, kept, hashed))
-
-    def finish(self) -> list[tuple[int, str, str]]:
-        """Per batch added, in order: ``(rows, row digests, leaf digests)`` as :func:`ledger_digests`."""
-        return [(n, f"[{bytes(items).decode()}]", leaf) for n, items, leaf in self.finish_views()]
-
-    def finish_views(self) -> list[tuple[int, memoryview, str]]:
-        """As :meth:`finish`, with each batch's row digests as the items of their JSON array (no brackets).
-
-        The items are ASCII bytes in a buffer this object writes again at its next ``finish_views``
-        (no new text object per batch: the ledger writes them as they are); copy them to keep them.
-        """
-        items, self._batches = self._batches, []
-        total = 36 * sum(item[0].n for item in items)
-        if self._text.size < total:
-            self._text = np.empty(total, _U8)
-        text = memoryview(self._text)  # type: ignore[arg-type]
-        out: list[tuple[int, memoryview, str]] = []
-        i = at = 0
-        while i < len(items):
-            plan = items[i][0]
-            j = i + 1
-            while j < len(items) and items[j][0] is plan:  # a run of one layout (plans are cached)
-                j += 1
-            run = items[i:j]
-            if len(run) == 1:
-                raw = _row_raw(plan, run[0][2], run[0][1])
-            else:  # the run's rows as one batch's: parts and small leaves concatenated
-                hashed = [b"".join(b[2][k] for b in run) for k in range(len(run[0][2]))]
-                arrays: list[Any] = [None] * len(plan.leaves)
-                for k in plan.small:
-                    arrays[k] = np.concatenate([np.frombuffer(b[1][k], _U8) for b in run])
-                raw = _row_raw(plan, hashed, arrays, plan.n * len(run))
-            width, size = 36 * plan.n, 36 * plan.n * len(run)  # '"32 hex digits", ' a row
-            rowhash.json_hex_into(raw, self._text[at : at + max(size - 2, 0)])
-            for k, (_, arrs, hashed_k) in enumerate(run):
-                rows = text[at + k * width : at + max((k + 1) * width - 2, k * width)]
-                out.append((plan.n, rows, plan.leaf_json % tuple(_leaf_hex(plan, hashed_k, arrs))))
-            i, at = j, at + size
-        return out
 
 
 def check_format(found: Any, where: str) -> None:

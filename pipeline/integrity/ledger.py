@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 from ..core.errors import StepError
 from ..order.index import host_rows
-from .batch_digest import FORMAT, Digesting
+from .batch_digest import FORMAT
+from .digesting import Digesting
 
 __all__ = [
     "FLUSH_LINES",
@@ -135,7 +136,7 @@ class StepFields:
 
     The iterator adds each batch as it yields it (its rows are hashed then) and finishes the fields
     of the steps added together when it writes their lines
-    (:class:`quern.pipeline.integrity.batch_digest.Digesting`).
+    (:class:`quern.pipeline.integrity.digesting.Digesting`).
 
     Args:
         pipe: the pipeline.
@@ -173,7 +174,7 @@ class StepFields:
         """Per step added, in order: ``(step, first row, rows, row digests, leaf digests)``.
 
         The row digests are the items of their JSON array as ASCII bytes, valid until the next call
-        (:meth:`~quern.pipeline.integrity.batch_digest.Digesting.finish_views`).
+        (:meth:`~quern.pipeline.integrity.digesting.Digesting.finish_views`).
         """
         out = []
         for step, (n, items, leaves) in zip(self._steps, self._digesting.finish_views()):

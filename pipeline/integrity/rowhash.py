@@ -21,19 +21,31 @@ import binascii
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
 
 from ..core import libraries
 
-__all__ = ["LIBRARY", "is_native", "json_hex", "json_hex_into", "native_why", "rows_digests", "spans_digests"]
+__all__ = [
+    "LIBRARY",
+    "BatchLayout",
+    "address",
+    "batch_digests_into",
+    "batch_layout",
+    "is_native",
+    "json_hex",
+    "json_hex_into",
+    "native_why",
+    "rows_digests",
+    "spans_digests",
+]
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / "librowhash.so"
 """Where the wheel puts the compiled row hash (``.build/hatch_build.py``)."""
 
-_ABI = 1  # quern_rowhash_abi() of the library this module was written for
+_ABI = 2  # quern_rowhash_abi() of the library this module was written for
 _XXH_VERSION = 804  # xxHash 0.8.4 (native/xxhash/)
 _U8 = np.dtype(np.uint8)
 
@@ -54,6 +66,8 @@ def _typed(lib: Any) -> str:
     lib.quern_xxh3_128_spans.restype = None
     lib.quern_json_hex.argtypes = [ptr, size, ptr]
     lib.quern_json_hex.restype = None
+    lib.quern_batch_digests.argtypes = [size, size, ptr, ptr, ptr, ptr, ctypes.c_uint64, ptr, ptr]
+    lib.quern_batch_digests.restype = ctypes.c_int
     abi, version = lib.quern_rowhash_abi(), lib.quern_rowhash_xxh_version()
     if (abi, version) != (_ABI, _XXH_VERSION):
         return f"has ABI {abi} and xxHash {version}, not {_ABI} and {_XXH_VERSION}"
@@ -99,6 +113,64 @@ def _native_json_hex(lib: Any, raw: bytes) -> str:
     out = np.empty(36 * n - 2, _U8)
     lib.quern_json_hex(raw, n, out.__array_interface__["data"][0])
     return out.tobytes().decode()
+
+
+class BatchLayout(NamedTuple):
+    """What :func:`batch_digests_into` needs of a batch's layout (made once per layout).
+
+    Attributes:
+        widths: bytes a row of each leaf, in path order (``uintp``).
+        large: 1 for a leaf hashed by row, 0 for a small one (``uint8``).
+        seeds: each leaf digest's seed (``uint64``).
+        layout: ``L``, the ``xxh3_64`` of the layout.
+        addresses: the three arrays' addresses.
+    """
+
+    widths: np.ndarray
+    large: np.ndarray
+    seeds: np.ndarray
+    layout: int
+    addresses: tuple[int, int, int]
+
+
+def batch_layout(widths: list[int], large: list[bool], seeds: list[int], layout: int) -> BatchLayout:
+    """The :class:`BatchLayout` of leaves of ``widths`` bytes a row, ``large`` or small, with leaf ``seeds``."""
+    arrays = np.array(widths, np.uintp), np.array(large, np.uint8), np.array(seeds, np.uint64)
+    addresses = tuple(address(a) for a in arrays)
+    return BatchLayout(*arrays, layout, addresses)  # type: ignore[arg-type]
+
+
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first byte (for :func:`batch_digests_into`)."""
+    return int(array.__array_interface__["data"][0])
+
+
+def batch_digests_into(layout: BatchLayout, arrays: list[np.ndarray], n: int, rows: int, leaves: int) -> bool:
+    """A batch's row and leaf digests (16 bytes each) in one C call, where the C library is used.
+
+    Args:
+        layout: the batch's :class:`BatchLayout`.
+        arrays: its leaves in path order, numeric, C-contiguous and little-endian, sharing a first axis
+            of ``n`` rows (``n * widths[i]`` bytes each).
+        n: the rows.
+        rows: the :func:`address` of ``16 * n`` writable bytes, for the row digests.
+        leaves: the address of 16 writable bytes a leaf, for the leaf digests.
+
+    Returns:
+        Whether they were written: ``False`` without the C library (the caller computes them in
+        Python: :mod:`quern.pipeline.integrity.batch_digest`, whose scheme the C code follows).
+
+    Raises:
+        MemoryError: the C code could not allocate its scratch memory.
+    """
+    lib = _library()[0]
+    if lib is None:
+        return False
+    k = len(arrays)
+    data = (ctypes.c_void_p * k)(*[a.__array_interface__["data"][0] for a in arrays])
+    if lib.quern_batch_digests(n, k, data, *layout.addresses, layout.layout, rows, leaves):
+        raise MemoryError(f"quern_batch_digests: no memory for the parts of {n} rows")
+    return True
 
 
 def _self_test(lib: Any) -> str:
