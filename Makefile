@@ -66,8 +66,10 @@ PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 1 -c $(CURDIR)/py
 # make test: the type check (mypy) and the docs site (make docs) run beside the suite, niced, in the time the
 # suite waits; their output follows the suite's, and any of the three failing fails the target. The browser
 # tests of the site (tests/test_site_browser.py, run last) wait for the build (QUERN_DOCS_DONE: the file its
-# exit status is written to).
-test: install lint
+# exit status is written to). Beside the wheel's build, tests/rewrite_cache.py writes pytest's rewritten
+# bytecode of the test modules once, which each worker would otherwise make itself (about 4 s of CPU each).
+test: lint
+	@$(PY) tests/rewrite_cache.py & $(MAKE) --no-print-directory install; rc=$$?; wait; exit $$rc
 	@logs=$$(mktemp -d); \
 	( nice -n 10 $(MAKE) --no-print-directory typecheck >$$logs/typecheck.log 2>&1; echo $$? >$$logs/typecheck.status ) & \
 	( { echo '$(SPHINX)'; nice -n 10 sh -c '$(SPHINX)'; } >$$logs/docs.log 2>&1; \

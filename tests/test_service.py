@@ -2,7 +2,9 @@
 
 Each test runs a driver script in a subprocess (with a timeout), so this process holds no Ray state; the script
 starts its own local cluster (``RayService(None, num_cpus=N)``, on 127.0.0.1), checks every batch against
-``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. A cluster
+``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. Three
+scenarios (dead actors, a failing step, a straggler) share one driver and one cluster, which it starts with
+``ray.init`` so that each service joins it (a cluster costs seconds of CPU); the test of each asserts on its part. A cluster
 started by ``RayService`` is shut down by ``close()``; the test then checks no process of it is left (Ray's
 processes carry the cluster's temporary folder in their command line). The two-node and cluster-gone cases are
 in ``test_service_cluster.py``.
@@ -149,113 +151,144 @@ def test_same_bytes_as_batch_at_with_one_and_two_actors_and_two_hosts(tmp_path):
     assert got == {"actors": 2, "ray_left": False, "lent": False, "copied": True}
 
 
+SCENARIOS = """
+import signal, traceback
+import ray
+
+# one local cluster for the three scenarios (each service joins it, and its close() leaves it running)
+ray.init(
+    address="local", _node_ip_address="127.0.0.1", num_cpus=4, object_store_memory=512 << 20,
+    include_dashboard=False, log_to_driver=False, configure_logging=False,
+)
+results = {}
+
+
+def scenario(fn):
+    try:
+        results[fn.__name__] = fn()
+    except BaseException as e:  # the others still run; the test of this one shows it
+        results[fn.__name__] = {"error": "".join(traceback.format_exception(e))[-4000:]}
+    return fn
+
+
+@scenario
+def dead_actors():
+    pipe = pipeline()
+    svc = quern.RayService(num_actors=2, hedge_after=None)
+    with pipe.iterator(service=svc) as it:
+        for s in range(400):  # a dead actor is found when a unit sent to it is waited for
+            if s == 20:
+                ray.kill(svc.actors[0], no_restart=True)
+            if s == 70:
+                svc.wait_ready()  # the replacement of the first has loaded the pipeline
+                os.kill(ray.get(svc.actors[1].pid_of.remote()), signal.SIGKILL)
+            assert same(next(it), pipe.batch_at(s)), s
+            if s > 70 and it.stats()["service"]["actors_replaced"] >= 2:
+                break
+        svc.wait_ready()
+        stats = it.stats()["service"]
+    svc.close()
+    return stats
+
+
+@scenario
+def failing_step():
+    def picky(r):
+        if r["x"][0] == 2 * 777:
+            raise ValueError("record 777 is bad")
+        return r
+
+    pipe = quern.Pipeline.from_source(
+        quern.sources.ArraySource({"x": np.arange(4000, dtype=np.int64).reshape(2000, 2)}), seed=1
+    ).shuffle().map(picky).batch(20)
+    local = None
+    with pipe.iterator() as it:
+        for s in range(100):
+            try:
+                next(it)
+            except quern.StepError as e:
+                local = (s, str(e).splitlines()[0])
+                break
+    assert local is not None
+    svc = quern.RayService(num_actors=2)
+    with pipe.iterator(service=svc) as it:
+        for s in range(local[0]):
+            assert same(next(it), pipe.batch_at(s))
+        try:
+            next(it)
+        except quern.StepError as e:
+            remote = str(e).splitlines()[0]
+            cause = type(e.__cause__).__name__
+        try:
+            next(it)  # asked again: computed again, and it fails again
+        except quern.StepError as e:
+            again = str(e).splitlines()[0]
+    svc.close()
+    return dict(local=local[1], remote=remote, again=again, cause=cause)
+
+
+@scenario
+def straggler():
+    def sluggish(b):
+        if os.path.exists(os.path.join(TMP, f"slow-{os.getpid()}")):
+            time.sleep(1.5)
+        return b
+
+    pipe = pipeline().map_batch(sluggish)
+    svc = quern.RayService(num_actors=2, hedge_after=2.0, hedge_min_s=0.3)
+    with pipe.iterator(service=svc, read_ahead=2) as it:
+        for s in range(10):
+            assert same(next(it), pipe.batch_at(s)), s
+        slow = ray.get(svc.actors[0].pid_of.remote())
+        open(os.path.join(TMP, f"slow-{slow}"), "w").close()
+        t1 = time.monotonic()
+        for s in range(10, 90):
+            assert same(next(it), pipe.batch_at(s)), s
+        seconds = time.monotonic() - t1
+        stats = it.stats()["service"]
+    svc.close()
+    return dict(seconds=seconds, **stats)
+
+
+ray.shutdown()
+done(**results)
+"""
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict:
+    """The three scenarios below, run by one driver on one local cluster (a cluster costs seconds of CPU)."""
+    return _driver(SCENARIOS, tmp_path_factory.mktemp("scenarios"))
+
+
+def _scenario(scenarios: dict, name: str) -> dict:
+    got = scenarios[name]
+    assert "error" not in got, got.get("error")
+    return got
+
+
 @pytest.mark.slow
-def test_dead_actors_are_replaced_and_their_units_recomputed(tmp_path):
+def test_dead_actors_are_replaced_and_their_units_recomputed(scenarios):
     """ray.kill of one actor and SIGKILL of another's process: every batch still equals batch_at."""
-    got = _driver(
-        """
-        import signal
-        import ray
-        pipe = pipeline()
-        svc = quern.RayService(num_actors=2, num_cpus=2, hedge_after=None)
-        with pipe.iterator(service=svc) as it:
-            for s in range(400):  # a dead actor is found when a unit sent to it is waited for
-                if s == 20:
-                    ray.kill(svc.actors[0], no_restart=True)
-                if s == 70:
-                    svc.wait_ready()  # the replacement of the first has loaded the pipeline
-                    os.kill(ray.get(svc.actors[1].pid_of.remote()), signal.SIGKILL)
-                assert same(next(it), pipe.batch_at(s)), s
-                if s > 70 and it.stats()["service"]["actors_replaced"] >= 2:
-                    break
-            svc.wait_ready()
-            stats = it.stats()["service"]
-        svc.close()
-        done(**stats)
-        """,
-        tmp_path,
-    )
+    got = _scenario(scenarios, "dead_actors")
     assert got["actors_replaced"] >= 2, got
     assert got["recomputations"] >= 1, got
     assert got["actors"] == 2, got
 
 
 @pytest.mark.slow
-def test_a_failing_step_is_a_step_error_as_locally(tmp_path):
+def test_a_failing_step_is_a_step_error_as_locally(scenarios):
     """A map that raises on one record: the service's StepError names the step, host and stage as the local one's."""
-    got = _driver(
-        """
-        def picky(r):
-            if r["x"][0] == 2 * 777:
-                raise ValueError("record 777 is bad")
-            return r
-
-        pipe = quern.Pipeline.from_source(
-            quern.sources.ArraySource({"x": np.arange(4000, dtype=np.int64).reshape(2000, 2)}), seed=1
-        ).shuffle().map(picky).batch(20)
-        local = None
-        with pipe.iterator() as it:
-            for s in range(100):
-                try:
-                    next(it)
-                except quern.StepError as e:
-                    local = (s, str(e).splitlines()[0])
-                    break
-        assert local is not None
-        svc = quern.RayService(num_actors=2, num_cpus=2)
-        with pipe.iterator(service=svc) as it:
-            for s in range(local[0]):
-                assert same(next(it), pipe.batch_at(s))
-            try:
-                next(it)
-            except quern.StepError as e:
-                remote = str(e).splitlines()[0]
-                cause = type(e.__cause__).__name__
-            try:
-                next(it)  # asked again: computed again, and it fails again
-            except quern.StepError as e:
-                again = str(e).splitlines()[0]
-        svc.close()
-        done(local=local[1], remote=remote, again=again, cause=cause)
-        """,
-        tmp_path,
-    )
+    got = _scenario(scenarios, "failing_step")
     assert got["remote"] == got["local"] == got["again"], got
     assert "host 0 of 1" in got["remote"] and "picky" in got["remote"], got
     assert got["cause"] == "ValueError"
 
 
 @pytest.mark.slow
-def test_a_straggler_is_hedged_and_the_bytes_do_not_change(tmp_path):
+def test_a_straggler_is_hedged_and_the_bytes_do_not_change(scenarios):
     """An actor that sleeps on its units: they are also asked of the other actor; the first answer is used."""
-    got = _driver(
-        """
-        import ray
-
-        def sluggish(b):
-            if os.path.exists(os.path.join(TMP, f"slow-{os.getpid()}")):
-                time.sleep(1.5)
-            return b
-
-        pipe = pipeline().map_batch(sluggish)
-        svc = quern.RayService(num_actors=2, num_cpus=2, hedge_after=2.0, hedge_min_s=0.3)
-        slow = ray.get(svc.actors[0].pid_of.remote()) if svc.actors else None
-        t0 = time.monotonic()
-        with pipe.iterator(service=svc, read_ahead=2) as it:
-            for s in range(10):
-                assert same(next(it), pipe.batch_at(s)), s
-            slow = ray.get(svc.actors[0].pid_of.remote())
-            open(os.path.join(TMP, f"slow-{slow}"), "w").close()
-            t1 = time.monotonic()
-            for s in range(10, 90):
-                assert same(next(it), pipe.batch_at(s)), s
-            seconds = time.monotonic() - t1
-            stats = it.stats()["service"]
-        svc.close()
-        done(seconds=seconds, **stats)
-        """,
-        tmp_path,
-    )
+    got = _scenario(scenarios, "straggler")
     assert got["hedges"] >= 1, got
     # 40 units of 2 steps, half of them first sent to the sleeping actor: without hedging about 20 x 1.5 s
     assert got["seconds"] < 20, got

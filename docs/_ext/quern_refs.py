@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -65,12 +66,14 @@ EXTERNAL = set(sys.stdlib_module_names) | {
 # --------------------------------------------------------------------------- objects by import path
 
 
+@functools.cache
 def lookup(path: str) -> Any:
     """The object at a dotted path inside the package (``None`` if there is none).
 
     Each part is an attribute of the one before (so ``quern.transforms.pad`` is the
     function) or else a submodule (``quern.pipeline.core.collate.CollatedRows``, though the
-    package's attribute ``collate`` is a function).
+    package's attribute ``collate`` is a function). Remembered: a build imports the
+    package once, and the same paths are looked up for every reference.
     """
     parts = path.split(".")
     if parts[0] != PACKAGE:
@@ -547,6 +550,29 @@ def skip_member(app: Sphinx, what: str, name: str, obj: Any, skip: bool, options
     return None
 
 
+_TOCTREES: dict[tuple[Any, ...], str] = {}
+
+
+def same_source_toctree(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    """The navigation of viewcode's source pages (``_modules/...``) made once per folder depth.
+
+    The theme renders the whole table of contents on every page; the source pages are in no
+    toctree, so theirs differs only by the depth of the links. Made once per depth, not once per
+    page, that is about a fifth of the build's time less.
+    """
+    real = context.get("toctree")
+    if not pagename.startswith("_modules/") or real is None:
+        return
+
+    def toctree(**kwargs: Any) -> str:
+        key = (pagename.count("/"), *sorted(kwargs.items()))
+        if key not in _TOCTREES:
+            _TOCTREES[key] = real(**kwargs)
+        return _TOCTREES[key]
+
+    context["toctree"] = toctree
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directives, the hooks and the checks."""
     app.add_directive("quern-config-reference", ConfigReference)
@@ -558,4 +584,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("env-get-outdated", always_read)
     app.connect("missing-reference", resolve_alias)
     app.connect("env-check-consistency", check_public)
+    app.connect("html-page-context", same_source_toctree, priority=100)  # before the theme's (500)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
