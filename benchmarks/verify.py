@@ -345,7 +345,10 @@ def ledger_cost(
 
 
 def _hash_rows(batch: Any) -> Any:
-    """``batch``, after hashing every row of it as the ledger does (the C row hash), and nothing else."""
+    """``batch``, after hashing every row of its leaves of over 16 bytes a row (the C row hash), and nothing else.
+
+    The ledger hashes the same rows inside one C call that also folds the seeds and makes the leaf digests.
+    """
     batch_digest._hashed(*batch_digest._prepare(batch, "batch"))
     return batch
 
@@ -619,7 +622,7 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
 
 
 _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the order it runs
-    (digesting, "_prepare", "the batch's leaves and layout (`batch_digest._prepare`)"),
+    (digesting, "_prepare", "the batch's leaves and layout (`_prepare`)"),
     (
         rowhash,
         "batch_digests_into",

@@ -56,17 +56,20 @@ def native() -> bool:
 
     It is where the C library is used (:func:`quern.pipeline.integrity.rowhash.is_native`) and its
     digests equal the Python path's on a few batches of several layouts (large and small leaves,
-    several of each, a leaf of no bytes, no rows); otherwise a warning says so, once.
+    several of each, no small bytes, only small bytes, a leaf of no bytes, no rows; every byte value);
+    otherwise a warning says so, once.
     """
     if not rowhash.is_native():
         return False
     rng = np.random.default_rng(0)
 
     def ints(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        return rng.integers(0, 200, shape).astype(dtype)
+        return rng.integers(0, 256, (*shape, np.dtype(dtype).itemsize), np.uint8).view(dtype).reshape(shape)
 
     batches = [
         {"tokens": ints((5, 7), np.int32), "length": ints((5,), np.int32)},
+        {"image": ints((3, 40), np.uint8)},  # large leaves and no small bytes
+        {"a": ints((4, 2), np.int64), "b": ints((4, 3), np.float32)},  # small leaves only, over 16 bytes a row
         {
             "a": ints((3, 5), np.uint8),
             "b": ints((3, 2), np.int64),
@@ -128,11 +131,14 @@ class Digesting:
         """
         plan, arrays = _prepare(batch, where)
         at, end, k = 16 * self._rows, 16 * (self._rows + plan.n), 16 * len(arrays)
-        if self._raw.size < end or self._leaves.size < k:
+        if self._raw.size < end:
             raw = np.empty(max(end, 2 * self._raw.size), _U8)
             raw[:at] = self._raw[:at]
-            self._raw, self._leaves = raw, np.empty(max(k, self._leaves.size), _U8)
-            self._at = rowhash.address(self._raw), rowhash.address(self._leaves)
+            self._raw = raw
+            self._at = rowhash.address(self._raw), self._at[1]
+        if self._leaves.size < k:
+            self._leaves = np.empty(k, _U8)
+            self._at = self._at[0], rowhash.address(self._leaves)
         if plan.native is not None and native():
             rowhash.batch_digests_into(plan.native, arrays, plan.n, self._at[0] + at, self._at[1])
             leaf_hex = _hex(self._leaves[:k])

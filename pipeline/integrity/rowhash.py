@@ -21,7 +21,7 @@ import binascii
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -59,6 +59,9 @@ def _typed(lib: Any) -> str:
     """Type the library's functions; why its ABI or xxHash release is not this module's (``""``: it is)."""
     lib.quern_rowhash_abi.restype = ctypes.c_int
     lib.quern_rowhash_xxh_version.restype = ctypes.c_uint
+    abi, version = lib.quern_rowhash_abi(), lib.quern_rowhash_xxh_version()
+    if (abi, version) != (_ABI, _XXH_VERSION):  # before its functions are looked up: an older one lacks some
+        return f"has ABI {abi} and xxHash {version}, not {_ABI} and {_XXH_VERSION}"
     size, ptr = ctypes.c_size_t, ctypes.c_void_p
     lib.quern_xxh3_128_rows.argtypes = [ptr, size, size, size, ptr]
     lib.quern_xxh3_128_rows.restype = None
@@ -68,9 +71,6 @@ def _typed(lib: Any) -> str:
     lib.quern_json_hex.restype = None
     lib.quern_batch_digests.argtypes = [size, size, ptr, ptr, ptr, ptr, ctypes.c_uint64, ptr, ptr]
     lib.quern_batch_digests.restype = ctypes.c_int
-    abi, version = lib.quern_rowhash_abi(), lib.quern_rowhash_xxh_version()
-    if (abi, version) != (_ABI, _XXH_VERSION):
-        return f"has ABI {abi} and xxHash {version}, not {_ABI} and {_XXH_VERSION}"
     return ""
 
 
@@ -115,29 +115,36 @@ def _native_json_hex(lib: Any, raw: bytes) -> str:
     return out.tobytes().decode()
 
 
-class BatchLayout(NamedTuple):
-    """What :func:`batch_digests_into` needs of a batch's layout (made once per layout).
+class BatchLayout:
+    """What :func:`batch_digests_into` needs of a batch's layout (made once per layout, in this process).
+
+    Args:
+        widths: bytes a row of each leaf, in path order.
+        large: for each leaf, whether it is hashed by row (over 16 bytes a row) or small.
+        seeds: each leaf digest's seed.
+        layout: ``L``, the ``xxh3_64`` of the layout.
 
     Attributes:
-        widths: bytes a row of each leaf, in path order (``uintp``).
-        large: 1 for a leaf hashed by row, 0 for a small one (``uint8``).
-        seeds: each leaf digest's seed (``uint64``).
-        layout: ``L``, the ``xxh3_64`` of the layout.
-        addresses: the three arrays' addresses.
+        arrays: the widths (``uintp``), large flags (``uint8``) and seeds (``uint64``) as arrays.
+        layout: ``L``.
+        addresses: the three arrays' addresses (a pickled copy makes its own arrays and addresses).
     """
 
-    widths: np.ndarray
-    large: np.ndarray
-    seeds: np.ndarray
-    layout: int
-    addresses: tuple[int, int, int]
+    __slots__ = ("addresses", "arrays", "layout")
+
+    def __init__(self, widths: list[int], large: list[bool], seeds: list[int], layout: int) -> None:
+        self.arrays = np.array(widths, np.uintp), np.array(large, np.uint8), np.array(seeds, np.uint64)
+        self.layout = int(layout)
+        self.addresses = tuple(address(a) for a in self.arrays)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        widths, large, seeds = (a.tolist() for a in self.arrays)
+        return BatchLayout, (widths, [bool(x) for x in large], seeds, self.layout)
 
 
 def batch_layout(widths: list[int], large: list[bool], seeds: list[int], layout: int) -> BatchLayout:
     """The :class:`BatchLayout` of leaves of ``widths`` bytes a row, ``large`` or small, with leaf ``seeds``."""
-    arrays = np.array(widths, np.uintp), np.array(large, np.uint8), np.array(seeds, np.uint64)
-    addresses = tuple(address(a) for a in arrays)
-    return BatchLayout(*arrays, layout, addresses)  # type: ignore[arg-type]
+    return BatchLayout(widths, large, seeds, layout)
 
 
 def address(array: np.ndarray) -> int:
@@ -151,7 +158,8 @@ def batch_digests_into(layout: BatchLayout, arrays: list[np.ndarray], n: int, ro
     Args:
         layout: the batch's :class:`BatchLayout`.
         arrays: its leaves in path order, numeric, C-contiguous and little-endian, sharing a first axis
-            of ``n`` rows (``n * widths[i]`` bytes each).
+            of ``n`` rows (``n * widths[i]`` bytes each: not checked, the caller made them so; as
+            :mod:`quern.pipeline.integrity.batch_digest` does).
         n: the rows.
         rows: the :func:`address` of ``16 * n`` writable bytes, for the row digests.
         leaves: the address of 16 writable bytes a leaf, for the leaf digests.
@@ -167,6 +175,8 @@ def batch_digests_into(layout: BatchLayout, arrays: list[np.ndarray], n: int, ro
     if lib is None:
         return False
     k = len(arrays)
+    if k != len(layout.arrays[0]):
+        raise ValueError(f"batch_digests_into: {k} arrays for a layout of {len(layout.arrays[0])} leaves")
     data = (ctypes.c_void_p * k)(*[a.__array_interface__["data"][0] for a in arrays])
     if lib.quern_batch_digests(n, k, data, *layout.addresses, layout.layout, rows, leaves):
         raise MemoryError(f"quern_batch_digests: no memory for the parts of {n} rows")
