@@ -123,14 +123,13 @@ class BatchLayout:
         large: for each leaf, whether it is hashed by row (over 16 bytes a row) or small.
         seeds: each leaf digest's seed.
         layout: ``L``, the ``xxh3_64`` of the layout.
-
-    Attributes:
-        arrays: the widths (``uintp``), large flags (``uint8``) and seeds (``uint64``) as arrays.
-        layout: ``L``.
-        addresses: the three arrays' addresses (a pickled copy makes its own arrays and addresses).
     """
 
-    __slots__ = ("addresses", "arrays", "layout")
+    __slots__ = {
+        "arrays": "The widths (``uintp``), large flags (``uint8``) and seeds (``uint64``) as arrays.",
+        "layout": "``L``.",
+        "addresses": "The three arrays' addresses (a pickled copy makes its own arrays and addresses).",
+    }
 
     def __init__(self, widths: list[int], large: list[bool], seeds: list[int], layout: int) -> None:
         self.arrays = np.array(widths, np.uintp), np.array(large, np.uint8), np.array(seeds, np.uint64)
