@@ -4,7 +4,7 @@ Each test runs a driver script in a subprocess (with a timeout), so this process
 starts its own local cluster (``RayService(None, num_cpus=N)``, on 127.0.0.1), checks every batch against
 ``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. Three
 scenarios (dead actors, a failing step, a straggler) share one driver and one cluster, which it starts with
-``ray.init`` so that each service joins it (a cluster costs seconds of CPU); the test of each asserts on its part. A cluster
+``ray.init`` so that each service joins it (a cluster costs seconds of CPU); one test checks each scenario's part. A cluster
 started by ``RayService`` is shut down by ``close()``; the test then checks no process of it is left (Ray's
 processes carry the cluster's temporary folder in their command line). The two-node and cluster-gone cases are
 in ``test_service_cluster.py``.
@@ -255,43 +255,39 @@ done(**results)
 """
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory) -> dict:
-    """The three scenarios below, run by one driver on one local cluster (a cluster costs seconds of CPU)."""
-    return _driver(SCENARIOS, tmp_path_factory.mktemp("scenarios"))
-
-
-def _scenario(scenarios: dict, name: str) -> dict:
-    got = scenarios[name]
-    assert "error" not in got, got.get("error")
-    return got
-
-
-@pytest.mark.slow
-def test_dead_actors_are_replaced_and_their_units_recomputed(scenarios):
+def _dead_actors(got: dict) -> None:
     """ray.kill of one actor and SIGKILL of another's process: every batch still equals batch_at."""
-    got = _scenario(scenarios, "dead_actors")
     assert got["actors_replaced"] >= 2, got
     assert got["recomputations"] >= 1, got
     assert got["actors"] == 2, got
 
 
-@pytest.mark.slow
-def test_a_failing_step_is_a_step_error_as_locally(scenarios):
+def _failing_step(got: dict) -> None:
     """A map that raises on one record: the service's StepError names the step, host and stage as the local one's."""
-    got = _scenario(scenarios, "failing_step")
     assert got["remote"] == got["local"] == got["again"], got
     assert "host 0 of 1" in got["remote"] and "picky" in got["remote"], got
     assert got["cause"] == "ValueError"
 
 
-@pytest.mark.slow
-def test_a_straggler_is_hedged_and_the_bytes_do_not_change(scenarios):
+def _straggler(got: dict) -> None:
     """An actor that sleeps on its units: they are also asked of the other actor; the first answer is used."""
-    got = _scenario(scenarios, "straggler")
     assert got["hedges"] >= 1, got
     # 40 units of 2 steps, half of them first sent to the sleeping actor: without hedging about 20 x 1.5 s
     assert got["seconds"] < 20, got
+
+
+@pytest.mark.slow
+def test_dead_actors_a_failing_step_and_a_straggler_on_one_cluster(tmp_path):
+    """Three scenarios on one cluster (one test: a fixture would run once per test worker); each is checked."""
+    got = _driver(SCENARIOS, tmp_path)
+    failed = []
+    for name, check in (("dead_actors", _dead_actors), ("failing_step", _failing_step), ("straggler", _straggler)):
+        try:
+            assert "error" not in got[name], got[name].get("error")
+            check(got[name])
+        except AssertionError as e:
+            failed.append(f"{name}: {check.__doc__}\n{e}")
+    assert not failed, "\n\n".join(failed)
 
 
 @pytest.mark.slow
