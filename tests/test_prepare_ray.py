@@ -261,8 +261,7 @@ def test_ray_local_cluster_same_bytes_as_local(corpus, tmp_path):
     _assert_same_tree(tmp_path / "ray", corpus / "local")
 
 
-@pytest.mark.slow
-def test_ray_address_same_bytes_as_local(corpus, ray_head, tmp_path):
+def _same_bytes_as_local(corpus, ray_head, tmp_path) -> None:
     """The smoke test: ``--ray-address`` of a running cluster writes every shard as a Ray task; the folder is
     byte-identical to the local run's (shards, metadata, manifest; nothing else left)."""
     drivers = os.path.join(ray_head["tmpdir"], "session_latest", "logs", "python-core-driver-*")
@@ -294,7 +293,7 @@ def test_ray_address_same_bytes_as_local(corpus, ray_head, tmp_path):
     assert m["skipped"]["count"] == 0
 
 
-def test_ray_map_error_names_the_file(bad_corpus, ray_head, tmp_path):
+def _map_error_names_the_file(bad_corpus, ray_head, tmp_path) -> None:
     """A map raising on one record under Ray: exit status 1 and the one message a local run gives (``quern: prepare:
     FILE: the map raised ...``), without the Ray task's traceback; no manifest."""
     args = [bad_corpus / "docs", "--map", "bad:encode", "--shard-size", "16KB"]
@@ -329,7 +328,7 @@ def test_ray_skip_errors_same_bytes_as_local(bad_corpus, ray_head, tmp_path):
     assert m["records"]["count"] == 39 and len(m["shards"]) > 1
 
 
-def test_ray_task_refuses_a_map_whose_global_changed_at_run_time(ray_head, tmp_path):
+def _refuses_a_map_whose_global_changed_at_run_time(ray_head, tmp_path) -> None:
     """A Ray task imports an installed map's module again (a fresh process) and would see its global's import-time
     value: it refuses, naming the global, and prepare fails with that message instead of writing other records."""
     import sysconfig
@@ -363,3 +362,22 @@ except PrepareError as e:
     assert f"global `{name}.THR` is 0 here and 50 in the parent" in line[0]
     assert "Ray task" in line[0]
     assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+@pytest.mark.slow
+def test_ray_address_same_bytes_a_map_error_and_a_changed_global(corpus, bad_corpus, ray_head, tmp_path):
+    """Three checks against one running head, as one test (the module's head fixture would start a head for each
+    test worker that ran one of them): the same bytes as a local run, a map's error naming the file, a map whose
+    global changed at run time refused. Each runs; each that fails is named."""
+    failed = []
+    for check, args in (
+        (_same_bytes_as_local, (corpus, ray_head, tmp_path / "same")),
+        (_map_error_names_the_file, (bad_corpus, ray_head, tmp_path / "error")),
+        (_refuses_a_map_whose_global_changed_at_run_time, (ray_head, tmp_path / "global")),
+    ):
+        args[-1].mkdir()
+        try:
+            check(*args)
+        except AssertionError as e:
+            failed.append(f"{check.__name__}: {check.__doc__}\n{e}")
+    assert not failed, "\n\n".join(failed)
