@@ -3,8 +3,10 @@
 Each test runs a driver script in a subprocess (with a timeout), so this process holds no Ray state; the script
 starts its own local cluster (``RayService(None, num_cpus=N)``, on 127.0.0.1), checks every batch against
 ``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. Three
-scenarios (dead actors, a failing step, a straggler) share one driver and one cluster, which it starts with
-``ray.init`` so that each service joins it (a cluster costs seconds of CPU); one test checks each scenario's part. A cluster
+scenarios (dead actors, a failing step, a straggler) share one driver and one cluster of 2 CPUs, which it starts
+with ``ray.init`` so that each service joins it (a cluster costs seconds of CPU); one test checks each scenario's
+part. A cluster that ``RayService`` starts itself, and shuts down at ``close()``, is the first and the bad-input
+tests'. A cluster
 started by ``RayService`` is shut down by ``close()``; the test then checks no process of it is left (Ray's
 processes carry the cluster's temporary folder in their command line). The two-node and cluster-gone cases are
 in ``test_service_cluster.py``.
@@ -155,9 +157,10 @@ SCENARIOS = """
 import signal, traceback
 import ray
 
-# one local cluster for the three scenarios (each service joins it, and its close() leaves it running)
+# one local cluster for the three scenarios (each service joins it, and its close() leaves it running); 2 CPUs
+# as each scenario had on its own: its 2 actors fill it, so a dead actor's replacement waits for its CPU
 ray.init(
-    address="local", _node_ip_address="127.0.0.1", num_cpus=4, object_store_memory=512 << 20,
+    address="local", _node_ip_address="127.0.0.1", num_cpus=2, object_store_memory=512 << 20,
     include_dashboard=False, log_to_driver=False, configure_logging=False,
 )
 results = {}
@@ -166,7 +169,7 @@ results = {}
 def scenario(fn):
     try:
         results[fn.__name__] = fn()
-    except BaseException as e:  # the others still run; the test of this one shows it
+    except BaseException as e:  # the others still run; the test names this one and shows its error
         results[fn.__name__] = {"error": "".join(traceback.format_exception(e))[-4000:]}
     return fn
 
@@ -175,20 +178,21 @@ def scenario(fn):
 def dead_actors():
     pipe = pipeline()
     svc = quern.RayService(num_actors=2, hedge_after=None)
-    with pipe.iterator(service=svc) as it:
-        for s in range(400):  # a dead actor is found when a unit sent to it is waited for
-            if s == 20:
-                ray.kill(svc.actors[0], no_restart=True)
-            if s == 70:
-                svc.wait_ready()  # the replacement of the first has loaded the pipeline
-                os.kill(ray.get(svc.actors[1].pid_of.remote()), signal.SIGKILL)
-            assert same(next(it), pipe.batch_at(s)), s
-            if s > 70 and it.stats()["service"]["actors_replaced"] >= 2:
-                break
-        svc.wait_ready()
-        stats = it.stats()["service"]
-    svc.close()
-    return stats
+    try:  # closed whatever happens: the next scenario's actors need the CPUs
+        with pipe.iterator(service=svc) as it:
+            for s in range(400):  # a dead actor is found when a unit sent to it is waited for
+                if s == 20:
+                    ray.kill(svc.actors[0], no_restart=True)
+                if s == 70:
+                    svc.wait_ready()  # the replacement of the first has loaded the pipeline
+                    os.kill(ray.get(svc.actors[1].pid_of.remote()), signal.SIGKILL)
+                assert same(next(it), pipe.batch_at(s)), s
+                if s > 70 and it.stats()["service"]["actors_replaced"] >= 2:
+                    break
+            svc.wait_ready()
+            return it.stats()["service"]
+    finally:
+        svc.close()
 
 
 @scenario
@@ -211,19 +215,21 @@ def failing_step():
                 break
     assert local is not None
     svc = quern.RayService(num_actors=2)
-    with pipe.iterator(service=svc) as it:
-        for s in range(local[0]):
-            assert same(next(it), pipe.batch_at(s))
-        try:
-            next(it)
-        except quern.StepError as e:
-            remote = str(e).splitlines()[0]
-            cause = type(e.__cause__).__name__
-        try:
-            next(it)  # asked again: computed again, and it fails again
-        except quern.StepError as e:
-            again = str(e).splitlines()[0]
-    svc.close()
+    try:
+        with pipe.iterator(service=svc) as it:
+            for s in range(local[0]):
+                assert same(next(it), pipe.batch_at(s))
+            try:
+                next(it)
+            except quern.StepError as e:
+                remote = str(e).splitlines()[0]
+                cause = type(e.__cause__).__name__
+            try:
+                next(it)  # asked again: computed again, and it fails again
+            except quern.StepError as e:
+                again = str(e).splitlines()[0]
+    finally:
+        svc.close()
     return dict(local=local[1], remote=remote, again=again, cause=cause)
 
 
@@ -236,17 +242,19 @@ def straggler():
 
     pipe = pipeline().map_batch(sluggish)
     svc = quern.RayService(num_actors=2, hedge_after=2.0, hedge_min_s=0.3)
-    with pipe.iterator(service=svc, read_ahead=2) as it:
-        for s in range(10):
-            assert same(next(it), pipe.batch_at(s)), s
-        slow = ray.get(svc.actors[0].pid_of.remote())
-        open(os.path.join(TMP, f"slow-{slow}"), "w").close()
-        t1 = time.monotonic()
-        for s in range(10, 90):
-            assert same(next(it), pipe.batch_at(s)), s
-        seconds = time.monotonic() - t1
-        stats = it.stats()["service"]
-    svc.close()
+    try:
+        with pipe.iterator(service=svc, read_ahead=2) as it:
+            for s in range(10):
+                assert same(next(it), pipe.batch_at(s)), s
+            slow = ray.get(svc.actors[0].pid_of.remote())
+            open(os.path.join(TMP, f"slow-{slow}"), "w").close()
+            t1 = time.monotonic()
+            for s in range(10, 90):
+                assert same(next(it), pipe.batch_at(s)), s
+            seconds = time.monotonic() - t1
+            stats = it.stats()["service"]
+    finally:
+        svc.close()
     return dict(seconds=seconds, **stats)
 
 
@@ -285,8 +293,8 @@ def test_dead_actors_a_failing_step_and_a_straggler_on_one_cluster(tmp_path):
         try:
             assert "error" not in got[name], got[name].get("error")
             check(got[name])
-        except AssertionError as e:
-            failed.append(f"{name}: {check.__doc__}\n{e}")
+        except Exception as e:  # noqa: BLE001 - every scenario is checked, and each that fails is named
+            failed.append(f"{name}: {check.__doc__}\n{type(e).__name__}: {e}")
     assert not failed, "\n\n".join(failed)
 
 

@@ -201,12 +201,14 @@ BUILTINS = {*dir(builtins), "None"}
 
 
 class PlainExternalReferences(SphinxPostTransform):
-    """References to built-in names and other projects' objects that no entry matches, left as text early.
+    """Type references to built-ins and other projects' objects that no entry matches, left as text early.
 
-    They end as text anyway (:func:`resolve_alias`, Sphinx's own resolver of built-ins), but only after
-    Sphinx's fuzzy search of every entry for each: about 15,000 searches of 8,000 entries (``int``,
-    ``str``, ``numpy.ndarray`` in the types of every documented signature). One that an entry could
-    match (an exact name, or a name ending in ``.TARGET``, as the fuzzy search finds) is left to Sphinx.
+    A ``class`` or ``obj`` reference (the types of every documented signature: ``int``, ``str``,
+    ``numpy.ndarray``...) to a built-in or to a name of a project in :data:`EXTERNAL`, which no entry
+    matches exactly or by its last parts, ends as its text: Sphinx's resolver of built-ins or
+    :func:`resolve_alias` gives it so. Made text here, it skips Sphinx's fuzzy search of all the entries
+    first (about 15,000 searches of 8,000 entries). Every other reference is left to Sphinx, so a broken
+    one still fails a strict build.
     """
 
     default_priority = 5  # before the references are resolved (10)
@@ -216,9 +218,11 @@ class PlainExternalReferences(SphinxPostTransform):
         objects = self.env.domains["py"].objects
         matched: dict[str, bool] = {}  # target -> whether an entry's name ends with ".TARGET"
         for node in list(self.document.findall(addnodes.pending_xref)):
-            if node.get("refdomain") != "py" or not node.children:
+            if node.get("refdomain") != "py" or node.get("reftype") not in ("class", "obj") or not node.children:
                 continue
-            target = node["reftarget"].lstrip(".~").removesuffix("()")
+            if isinstance(node[0], addnodes.pending_xref_condition):  # Sphinx chooses the text of those
+                continue
+            target = node["reftarget"].lstrip(".~")
             if target not in BUILTINS and target.partition(".")[0] not in EXTERNAL:
                 continue
             module, cls = node.get("py:module"), node.get("py:class")
@@ -610,6 +614,11 @@ def same_source_toctree(app: Sphinx, pagename: str, templatename: str, context: 
     context["toctree"] = toctree
 
 
+def forget_toctrees(app: Sphinx) -> None:
+    """A new build (another builder, or a build again in this process) makes its own navigation."""
+    _TOCTREES.clear()
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directives, the hooks and the checks."""
     app.add_directive("quern-config-reference", ConfigReference)
@@ -621,6 +630,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("env-get-outdated", always_read)
     app.connect("missing-reference", resolve_alias)
     app.connect("env-check-consistency", check_public)
+    app.connect("builder-inited", forget_toctrees)
     app.connect("html-page-context", same_source_toctree, priority=100)  # before the theme's (500)
     app.add_post_transform(PlainExternalReferences)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
