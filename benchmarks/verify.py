@@ -55,9 +55,11 @@ no ledger and the ledger, ``--floor-runs`` interleaved rounds of ``--seconds0``.
 that hashes every byte must pay, wherever it hashes.
 
 **2d. One running iterator** (0 workers): records/s of blocks of 32 batches of one iterator with a
-ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of three blocks:
-no ledger, the row hash alone on the consumer's thread, the ledger). No iterator starts in a timed
-block (part 2 and 2c start one per run of 0.1 s), so the transients of starting one do not enter.
+ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of six blocks:
+no ledger, the row hash alone on the consumer's thread, the ledger; and the same three with a
+consumer that copies each batch into buffers of its own, as moving a batch to a device does, the
+costs then against that consumer without a ledger). No iterator starts in a timed block (part 2
+and 2c start one per run of 0.1 s), so the transients of starting one do not enter.
 
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
@@ -578,8 +580,10 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
 
     One iterator with a ledger; for each block of ``block`` batches its ledger is taken away (off),
     kept (on; the lines kept from the last block written before the block starts), or taken away
-    with the row hash of each batch done on the consumer's thread after ``next()``. No iterator
-    starts inside a timed block, and the blocks of a round are next to each other in time.
+    with the row hash of each batch done on the consumer's thread after ``next()``. The same three
+    again with a consumer that copies each batch into buffers of its own after ``next()`` (and after
+    the hash), as moving a batch to a device does. No iterator starts inside a timed block, and the
+    blocks of a round are next to each other in time.
     """
     print(f"\n## 2d. One running iterator, blocks of {block} batches, 0 workers\n")
     it = common.started(pipe.iterator(num_workers=0, ledger=os.path.join(folder, "blocks.jsonl")))
@@ -588,20 +592,27 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
         "off": "no ledger",
         "hash": "the row hash alone, on the consumer's thread",
         "ledger": "the ledger",
+        "off+copy": "no ledger; the consumer copies each batch",
+        "hash+copy": "the row hash alone; the consumer copies each batch",
+        "ledger+copy": "the ledger; the consumer copies each batch",
     }
     got: dict[str, list[float]] = {k: [] for k in kinds}
     try:
+        staging = {k: np.empty_like(v) for k, v in next(it).items()}  # the consumer's buffers
         for _ in range(20):
             next(it)
         for r in range(rounds):
             for k in list(kinds)[:: 1 if r % 2 == 0 else -1]:
-                it._ledger = writer if k == "ledger" else None
+                it._ledger = writer if k.startswith("ledger") else None
                 writer.flush()
                 rows, t0 = 0, time.perf_counter()
                 for _ in range(block):
                     batch = next(it)
-                    if k == "hash":
+                    if k.startswith("hash"):
                         _hash_rows(batch)
+                    if k.endswith("+copy"):
+                        for key, value in batch.items():
+                            np.copyto(staging[key], value)
                     rows += len(batch["length"])
                 got[k].append(rows / (time.perf_counter() - t0))
     finally:
@@ -609,15 +620,18 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
         it.close()
     print(common.markdown_header(["case", "records/s (median)", "cost (medians)", "90% interval", "per pair: median"]))
     out: dict[str, Any] = {}
-    off = got["off"]
     for k, what in kinds.items():
-        cost = 1 - statistics.median(got[k]) / statistics.median(off)
-        lo, hi = _interval(got[k], off) if k != "off" else (0.0, 0.0)
-        per = statistics.median(1 - a / b for a, b in zip(got[k], off))
+        base = got["off+copy" if k.endswith("+copy") else "off"]
+        cost = 1 - statistics.median(got[k]) / statistics.median(base)
+        lo, hi = _interval(got[k], base) if not k.startswith("off") else (0.0, 0.0)
+        per = statistics.median(1 - a / b for a, b in zip(got[k], base))
         out[k] = {"rates": got[k], "cost": cost, "interval": [lo, hi], "per_pair": per}
-        shown = ["", "", ""] if k == "off" else [f"{cost:+.2%}", f"{lo:+.2%} to {hi:+.2%}", f"{per:+.2%}"]
+        shown = ["", "", ""] if k.startswith("off") else [f"{cost:+.2%}", f"{lo:+.2%} to {hi:+.2%}", f"{per:+.2%}"]
         print(common.markdown_row([what, f"{statistics.median(got[k]):,.0f}", *shown]))
-    print(f"\n{rounds} rounds, the cases in turn (every second round reversed).")
+    print(
+        f"\n{rounds} rounds, the cases in turn (every second round reversed); the costs with a copying consumer are "
+        "against the copying consumer without a ledger."
+    )
     return out
 
 
