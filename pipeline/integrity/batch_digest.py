@@ -363,9 +363,9 @@ def _leaf_hex(plan: _Plan, hashed: list[bytes], arrays: list[Any]) -> list[str]:
     ]
 
 
-def _hex_rows(raw: bytes) -> list[str]:
-    """16-byte digests as 32 hex digits each."""
-    return binascii.hexlify(raw, b" ", 16).decode().split(" ") if raw else []
+def _hex_rows(raw: Any) -> list[str]:
+    """16-byte digests (``bytes`` or a C-contiguous ``uint8`` array) as 32 hex digits each."""
+    return binascii.hexlify(raw, b" ", 16).decode().split(" ") if len(raw) else []
 
 
 def digests_of(batch: Any, where: str = "batch") -> BatchDigests:

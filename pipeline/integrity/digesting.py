@@ -13,7 +13,6 @@ Python path on a few batches before it is first used, and not used where they di
 
 from __future__ import annotations
 
-import binascii
 import functools
 import warnings
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import rowhash
-from .batch_digest import _hashed, _leaf_hex, _prepare, _row_raw
+from .batch_digest import _hashed, _hex_rows, _leaf_hex, _prepare, _row_raw
 
 __all__ = ["Digesting", "native"]
 
@@ -42,12 +41,7 @@ def _c(batch: Any) -> tuple[bytes, list[str]] | None:
     at = rowhash.address(rows), rowhash.address(leaves)
     if plan.native is None or not rowhash.batch_digests_into(plan.native, arrays, plan.n, *at):
         return None
-    return rows.tobytes(), _hex(leaves)
-
-
-def _hex(raw: np.ndarray) -> list[str]:
-    """16-byte digests as 32 hex digits each."""
-    return binascii.hexlify(raw.data, b" ", 16).decode().split(" ") if raw.size else []
+    return rows.tobytes(), _hex_rows(leaves)
 
 
 @functools.cache
@@ -139,10 +133,13 @@ class Digesting:
         if self._leaves.size < k:
             self._leaves = np.empty(k, _U8)
             self._at = self._at[0], rowhash.address(self._leaves)
-        if plan.native is not None and native():
-            rowhash.batch_digests_into(plan.native, arrays, plan.n, self._at[0] + at, self._at[1])
-            leaf_hex = _hex(self._leaves[:k])
-        else:
+        if (
+            plan.native is not None
+            and native()
+            and rowhash.batch_digests_into(plan.native, arrays, plan.n, self._at[0] + at, self._at[1])
+        ):
+            leaf_hex = _hex_rows(self._leaves[:k])
+        else:  # the Python path (also where the library was not used after all: nothing was written)
             hashed = _hashed(plan, arrays)
             self._raw[at:end] = np.frombuffer(_row_raw(plan, hashed, arrays), _U8)
             leaf_hex = _leaf_hex(plan, hashed, arrays)

@@ -289,12 +289,18 @@ class LedgerWriter:
         """
         if not self._hashed:
             return
+        described = self._described
+        try:  # the lines' starts first: an error here (a fingerprint) leaves every step kept
+            starts = [self._start(step) for step in self._hashed]
+        except BaseException:
+            self._described = described
+            raise
         if self._views:
             self._lines = [bytes(p) for p in self._lines]
-        self._views, self._hashed = True, []  # True first: lines made before an error here are views too
-        for step, first, n, items, leaves in self._fields.finish_views():
-            start = f'{self._start(step)}"rows": [{first}, {first + n}], "row_digests": ['
-            self._lines += [start.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
+        self._views, self._hashed = True, []
+        for start, (_, first, n, items, leaves) in zip(starts, self._fields.finish_views()):
+            head = f'{start}"rows": [{first}, {first + n}], "row_digests": ['
+            self._lines += [head.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
             self._kept += 1
 
     def _write_if_due(self) -> None:
