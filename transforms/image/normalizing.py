@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ...pipeline.core.libraries import checked
 from . import native
 
-__all__ = ["normalize_u8_f32"]
+__all__ = ["is_native", "native_why", "normalize_u8_f32"]
 
 _MAX_CHANNELS = 16  # what the C loop takes (its period is 8 pixels of every channel)
 
@@ -37,20 +38,32 @@ def _native(lib: Any, image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> n
     return out
 
 
-@functools.cache
-def _library() -> Any:
-    """The checked library, or ``None``: it must give NumPy's values on a test image of each channel count tried."""
-    lib = native.library()[0]
-    if lib is None:
-        return None
+def _self_test(lib: Any) -> str:
+    """Why the C loop's values differ from NumPy's on a test image of each channel count tried (``""``: they do not)."""
     rng = np.random.default_rng(0)
     for c in (1, 3, 4):
         image = rng.integers(0, 256, (3, 7, 5, c), dtype=np.uint8)
         mean = rng.uniform(0, 255, c).astype(np.float32)
         std = rng.uniform(0.5, 80, c).astype(np.float32)
         if not np.array_equal(_native(lib, image, mean, std), _numpy(image, mean, std)):
-            return None
-    return lib
+            return f"{native.LIBRARY} normalizes {c} channels unlike NumPy (a bad build)"
+    return ""
+
+
+@functools.cache
+def _library() -> tuple[Any, str]:
+    """The checked library (loaded on the first call), or ``None`` and why it is not used."""
+    return checked(native.library(), _self_test)
+
+
+def is_native() -> bool:
+    """Whether the C normalisation is used (:func:`native_why` says why not)."""
+    return _library()[0] is not None
+
+
+def native_why() -> str:
+    """Why the C normalisation is not used (``""`` when it is)."""
+    return _library()[1]
 
 
 def normalize_u8_f32(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
@@ -65,7 +78,7 @@ def normalize_u8_f32(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np
         A new float32 array of ``image``'s shape.
     """
     c = image.shape[-1] if image.ndim else 1
-    lib = _library()
+    lib = _library()[0]
     plain = image.ndim >= 1 and mean.ndim <= 1 and std.ndim <= 1 and mean.dtype == std.dtype == np.float32
     if lib is None or not plain or not 1 <= c <= _MAX_CHANNELS:  # NumPy broadcasts the rest
         return _numpy(image, mean, std)
