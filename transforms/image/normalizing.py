@@ -18,7 +18,7 @@ import numpy as np
 from ...pipeline.core.libraries import checked
 from . import native
 
-__all__ = ["is_native", "native_why", "normalize_u8_f32"]
+__all__ = ["normalize_u8_f32"]
 
 _MAX_CHANNELS = 16  # what the C loop takes (its period is 8 pixels of every channel)
 
@@ -52,18 +52,8 @@ def _self_test(lib: Any) -> str:
 
 @functools.cache
 def _library() -> tuple[Any, str]:
-    """The checked library (loaded on the first call), or ``None`` and why it is not used."""
+    """The C loop's library, checked against NumPy on first use, or ``None`` and why it is not used."""
     return checked(native.library(), _self_test)
-
-
-def is_native() -> bool:
-    """Whether the C normalisation is used (:func:`native_why` says why not)."""
-    return _library()[0] is not None
-
-
-def native_why() -> str:
-    """Why the C normalisation is not used (``""`` when it is)."""
-    return _library()[1]
 
 
 def normalize_u8_f32(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
