@@ -14,6 +14,8 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -678,3 +680,20 @@ def test_a_damaged_sidecar_beside_a_url_is_not_used(tmp_path):
         with pytest.warns(UserWarning, match=r"sidecar index http://.*\.quern\.idx is not used: .*checksum"):
             remote = JsonlSource(url, index_cache=tmp_path / "idx", cache=ShardCache(tmp_path / "cache"))
         assert remote.index_sources == ["built"] and read_all(remote) == read_jsonl(path)
+
+
+def test_import_quern_leaves_crc32c_out_until_a_crc_is_checked():
+    """``import quern`` imports neither ``crc32c`` nor the ``importlib.metadata`` it pulls in (about 40 ms of
+    every worker's and command's start); the first TFRecord CRC imports it and checks with it."""
+    code = (
+        "import sys, quern\n"
+        "print(sorted(m for m in ('crc32c', 'importlib.metadata') if m in sys.modules))\n"
+        "from quern.pipeline.sources.tfrecord import masked_crc\n"
+        "print(hex(masked_crc(b'')), hex(masked_crc(b'123456789')), 'crc32c' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # CRC-32C("123456789") is 0xe3069283 (RFC 3720's check value), masked as TFRecord frames hold it
+    crc = 0xE3069283
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    assert out.stdout.splitlines() == ["[]", f"0xa282ead8 {hex(masked)} True"], out.stdout

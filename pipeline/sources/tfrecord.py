@@ -10,11 +10,12 @@ length's CRC; a read checks both CRCs of the records it returns.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
-import crc32c
 import numpy as np
 
 from ..core.errors import SourceError
@@ -26,6 +27,18 @@ __all__ = ["TFRecordSource", "masked_crc"]
 _LENGTH = struct.Struct("<QI")  # the length and its masked CRC
 _BLOCK = 4 << 20  # bytes the scan reads at once
 _CHAIN = 1 << 20  # record boundaries checked at once at open
+
+
+@functools.cache
+def _crc32c() -> Callable[[bytes | memoryview], int]:
+    """``crc32c.crc32c``, imported on first use.
+
+    Importing ``crc32c`` imports ``importlib.metadata``: about 40 ms that every ``import quern`` (each
+    worker, each command) would otherwise pay.
+    """
+    import crc32c
+
+    return crc32c.crc32c
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -41,7 +54,7 @@ def masked_crc(data: bytes | memoryview) -> int:
         >>> hex(masked_crc(b""))
         '0xa282ead8'
     """
-    crc = crc32c.crc32c(data)
+    crc = _crc32c()(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
