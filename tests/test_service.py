@@ -363,6 +363,7 @@ def test_bad_input_is_a_clear_error_and_nothing_is_left(tmp_path):
     assert "cannot reach the Ray cluster at 127.0.0.1:" in got["unreachable"], got
     assert got["unreachable_s"] < 10, got
     assert "has 2 CPUs" in got["cpus"] and "num_actors=5" in got["cpus"], got
+    assert got["cpus"].startswith("the new local cluster has 2 CPUs"), got  # refused before a cluster started
     assert got["ray_after_cpus"] is False
     assert got["default_actors"] == 2, got
     assert "stage map_batch[0]" in got["pickle"] and "cannot be pickled" in got["pickle"], got
@@ -392,3 +393,28 @@ def test_quern_run_ray(tmp_path):
         import shutil
 
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_actors": 0},
+        {"num_actors": True},
+        {"num_cpus_per_actor": 0},
+        {"hedge_after": 0.5},
+        {"hedge_min_s": -1},
+        {"gone_after": 0},
+        {"gone_after": 51},
+        {"gone_after": True},
+        {"gone_after": "3"},
+    ],
+    ids=lambda kw: "-".join(f"{k}={v!r}" for k, v in kw.items()),
+)
+def test_bad_arguments_are_value_errors_naming_them_before_ray_is_touched(kwargs):
+    """Each bad argument is a ValueError naming it, raised before Ray is initialised in this process."""
+    import quern
+
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        quern.RayService(**kwargs)
+    assert not sys.modules["ray"].is_initialized()

@@ -89,7 +89,9 @@ if os.environ.get("DRIVER_NODE_TMPDIR"):  # the driver on that node (Ray would p
         log_to_driver=False,
         configure_logging=False,
     )
-svc = quern.RayService(address, num_actors=int(os.environ.get("NUM_ACTORS", "2")))
+svc = quern.RayService(
+    address, num_actors=int(os.environ.get("NUM_ACTORS", "2")), gone_after=float(os.environ.get("GONE_AFTER", "10"))
+)
 try:
     with pipe.iterator(service=svc, read_ahead=2) as it:
         hellos = [ray.get(a.hello.remote(), timeout=60) for a in svc.actors]
@@ -243,6 +245,7 @@ def _head_dies(tmp_path, linger: float, actor_on_head: bool = True) -> list[dict
                 pause_at=10,
                 NUM_ACTORS="1",
                 LINGER=str(linger),
+                GONE_AFTER="3",  # RayService(gone_after=3): the head's refusals it waits through (default 10 s)
                 DRIVER_NODE_TMPDIR=trainer.tmpdir,
             )
             _wait_ready(tmp_path, driver)
@@ -260,6 +263,7 @@ def _head_dies(tmp_path, linger: float, actor_on_head: bool = True) -> list[dict
     assert out.get("other_error") is None, out
     assert out["error"] is not None, f"next() went on after the head stopped: {out}"
     assert f"the Ray cluster at {head.address} is gone" in out["error"], out
+    assert "has refused connections for 3 s" in out["error"], out
     assert "disconnected from Ray" in out["error"], out
     assert out["elapsed"] < 30, out
     assert not out["ray_initialized"], "the service did not disconnect this process from Ray"

@@ -29,6 +29,22 @@ GONE_AFTER = 10.0
 """Seconds the cluster's address may refuse connections before the service says the cluster is gone."""
 
 
+def _check_fit(cluster: str, cpus: float, num_actors: int | None, num_cpus_per_actor: float, fix: str) -> int:
+    """The actors to run on a cluster of ``cpus`` CPUs: ``num_actors``, or as many as fit (at least 1).
+
+    Raises:
+        ServiceError: they need more CPUs than the cluster has (the message names ``cluster`` and
+            says ``fix``).
+    """
+    wanted = num_actors if num_actors is not None else max(int(cpus // num_cpus_per_actor), 1)
+    if wanted * num_cpus_per_actor > cpus:
+        raise ServiceError(
+            f"{cluster} has {cpus:g} CPUs: num_actors={wanted} x num_cpus_per_actor={num_cpus_per_actor:g} "
+            f"needs {wanted * num_cpus_per_actor:g} (ask for fewer actors, or {fix})"
+        )
+    return wanted
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -59,6 +75,9 @@ class RayService:
         hedge_after: a unit not back after this many times the recent units' median
             time is also asked of another actor (``None``: never hedge).
         hedge_min_s: ...but never before this many seconds.
+        gone_after: seconds the cluster's head may refuse connections before the service says the
+            cluster is gone (:data:`GONE_AFTER` by default); Ray itself ends a driver whose head has
+            been gone for about a minute.
 
     Raises:
         ServiceError: Ray is not installed, the cluster cannot be reached (its address
@@ -81,6 +100,7 @@ class RayService:
         object_store_memory: int | None = None,
         hedge_after: float | None = 3.0,
         hedge_min_s: float = 1.0,
+        gone_after: float = GONE_AFTER,
     ) -> None:
         if num_actors is not None and (
             isinstance(num_actors, bool) or not isinstance(num_actors, int) or num_actors < 1
@@ -92,8 +112,11 @@ class RayService:
             raise ValueError(f"hedge_after must be a number >= 1 or None, got {hedge_after!r}")
         if not isinstance(hedge_min_s, int | float) or hedge_min_s < 0:
             raise ValueError(f"hedge_min_s must be a number >= 0, got {hedge_min_s!r}")
+        if isinstance(gone_after, bool) or not isinstance(gone_after, int | float) or not 0 < gone_after <= 50:
+            raise ValueError(f"gone_after must be a number of seconds in (0, 50], got {gone_after!r}")
         ray = _ray()
         self.hedge_after, self.hedge_min_s = hedge_after, float(hedge_min_s)
+        self.gone_after = float(gone_after)
         self.num_cpus_per_actor = num_cpus_per_actor
         self._lock = threading.RLock()
         self._closed = False
@@ -102,6 +125,8 @@ class RayService:
         if not ray.is_initialized():
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is None:
+                cpus = float(num_cpus or os.cpu_count() or 1)  # too few for the actors: refused before it starts
+                _check_fit("the new local cluster", cpus, num_actors, num_cpus_per_actor, "a larger num_cpus")
                 kw.update(
                     address="local",
                     _node_ip_address="127.0.0.1",  # the node's address (Ray may still name the machine's own)
@@ -123,14 +148,9 @@ class RayService:
             if address is None:
                 self.address = f"the local cluster at {self.gcs_address}"
             cpus = float(ray.cluster_resources().get("CPU", 0))
-            fit = int(cpus // num_cpus_per_actor)
-            self.num_actors = num_actors if num_actors is not None else max(fit, 1)
-            if self.num_actors * num_cpus_per_actor > cpus:
-                raise ServiceError(
-                    f"the Ray cluster at {self.address} has {cpus:g} CPUs: num_actors={self.num_actors} x "
-                    f"num_cpus_per_actor={num_cpus_per_actor:g} needs {self.num_actors * num_cpus_per_actor:g} "
-                    "(ask for fewer actors, or add nodes)"
-                )
+            self.num_actors = _check_fit(
+                f"the Ray cluster at {self.address}", cpus, num_actors, num_cpus_per_actor, "add nodes"
+            )
         except BaseException:
             self._shutdown()
             raise
@@ -301,12 +321,12 @@ class RayService:
 
         Raises:
             ServiceError: the service is closed, or the head has refused connections for
-                :data:`GONE_AFTER` seconds (the address is named). Ray is shut down in this
+                ``gone_after`` seconds (the address is named). Ray is shut down in this
                 process first, so that Ray does not end it later.
         """
         self._check_open()
         host, _, port = self.gcs_address.rpartition(":")
-        deadline = time.monotonic() + GONE_AFTER
+        deadline = time.monotonic() + self.gone_after
         while True:
             try:
                 with socket.create_connection((host, int(port)), timeout=2.0):
@@ -316,7 +336,7 @@ class RayService:
                     self._shutdown(force=True)
                     raise ServiceError(
                         f"the Ray cluster at {self.address} is gone: its head {self.gcs_address} has refused "
-                        f"connections for {GONE_AFTER:g} s ({e}); this process is disconnected from Ray"
+                        f"connections for {self.gone_after:g} s ({e}); this process is disconnected from Ray"
                     ) from None
             time.sleep(0.5)
 
