@@ -111,6 +111,28 @@ def test_pixels_equal_pillows_arithmetic_done_loop_by_loop(seed):
         assert np.array_equal(resampling.resize_u8(img, size, box), _by_loops(img, size, box)), (img.shape, size, box)
 
 
+def test_the_numpy_path_equals_pillows_arithmetic_done_loop_by_loop():
+    """The path used without the C library (its taps vectorised, its weights made per axis at once)."""
+    for img, size, box in _cases(60, seed=3):
+        assert np.array_equal(resampling._numpy_resize(img, size, box), _by_loops(img, size, box)), (size, box)
+
+
+def test_a_pass_whose_sums_reach_31_bits_is_exact():
+    """Weights summing past what 32-bit sums hold (never from _coeffs below millions of taps) are summed in 64."""
+    rng = np.random.default_rng(4)
+    img = rng.integers(0, 256, (300, 5, 2), dtype=np.uint8)
+    kk = np.full((2, 300), 1 << 22, np.int64)  # each output row: the sum of the 300 input rows
+    kk[1, 150:] = 0  # the second: the first 150 only
+    bounds = np.array([[0, 300], [0, 150]])
+    out = resampling._pass(img, bounds, kk)
+    sums = img.astype(np.int64).sum(axis=0), img[:150].astype(np.int64).sum(axis=0)
+    assert np.array_equal(out, np.stack([np.minimum(s, 255) for s in sums]).astype(np.uint8))
+    assert (sums[0].min() << 22) >= 1 << 31  # 32-bit sums would have wrapped
+    scaled = kk // 300  # and an ordinary one (under 2**31) keeps the arithmetic
+    want = (img.astype(np.int64) * scaled[0][:, None, None]).sum(axis=0) + (1 << 21) >> 22
+    assert np.array_equal(resampling._pass(img, bounds, scaled)[0], np.clip(want, 0, 255).astype(np.uint8))
+
+
 def test_pixels_are_within_one_level_of_pillow_and_equal_to_it_where_one_pass_runs():
     worst = 0
     for img, size, box in _cases(300, seed=7):

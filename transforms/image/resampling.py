@@ -13,7 +13,7 @@ The work is a C library built with the wheel (``native/resample.c`` in ``libimag
 :mod:`~quern.transforms.image.native`: the vertical pass along whole
 rows, vectorised, with an AVX2 clone on x86-64; the GIL released during the call, so threads
 resize in parallel), about 2.5x faster than Pillow here (``benchmarks/vision.py``), or, without it,
-the same arithmetic in NumPy (slower, the same pixels). The library is used only when it loads,
+the same arithmetic in NumPy (7-12x slower than the C loop, the same pixels; ``benchmarks/resize.py``). The library is used only when it loads,
 reports the expected ABI and resizes a few test images exactly as the NumPy path does; otherwise
 (no C compiler at install, ``QUERN_NATIVE=0`` in the environment) the NumPy path is used and
 :func:`native_why` says why.
@@ -39,41 +39,48 @@ def _coeffs(in_size: int, in0: float, in1: float, out_size: int) -> tuple[np.nda
     """Pillow's ``precompute_coeffs`` (bilinear) and ``normalize_coeffs_8bpc`` of one axis.
 
     Per output pixel: its first input pixel and tap count (``bounds``, ``(out_size, 2)``) and its
-    fixed-point weights (``(out_size, ksize)``).
+    fixed-point weights (``(out_size, ksize)``, zero past its tap count).
     ``in0`` and ``in1`` are taken as 32-bit floats, as Pillow takes the box; every other step is in double
-    precision in the same order as Pillow's C, so the weights are its weights.
+    precision with Pillow's operations in Pillow's order (the weights' total summed tap by tap, as its loop
+    does), so the weights are its weights.
     """
     lo, hi = np.float32(in0), np.float32(in1)
     scale = float(np.float32(hi - lo)) / out_size
     filterscale = max(scale, 1.0)
     support, inv = filterscale, 1.0 / filterscale
     ksize = math.ceil(support) * 2 + 1
-    bounds = np.zeros((out_size, 2), np.int64)
-    kk = np.zeros((out_size, ksize), np.int64)
-    for xx in range(out_size):
-        center = float(lo) + (xx + 0.5) * scale
-        xmin = max(int(center - support + 0.5), 0)
-        xmax = min(int(center + support + 0.5), in_size) - xmin
-        weights = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * inv)) for x in range(xmax)]
-        total = 0.0
-        for w in weights:
-            total += w
-        if total != 0.0:
-            weights = [w / total for w in weights]
-        bounds[xx] = xmin, xmax
-        kk[xx, :xmax] = [int(0.5 + w * (1 << _BITS)) for w in weights]  # bilinear weights are never negative
-    return bounds, kk
+    center = float(lo) + (np.arange(out_size) + 0.5) * scale
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # int(): toward zero, as C's cast
+    xmax = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
+    x = np.arange(ksize)
+    weights = np.maximum(0.0, 1.0 - np.abs((x + xmin[:, None] - center[:, None] + 0.5) * inv))
+    weights[x >= xmax[:, None]] = 0.0
+    total = np.cumsum(weights, axis=1)[:, -1]  # sequential, as Pillow's loop (np.sum adds pairwise)
+    np.divide(weights, total[:, None], out=weights, where=total[:, None] != 0.0)
+    kk = (0.5 + weights * (1 << _BITS)).astype(np.int64)  # bilinear weights are never negative
+    return np.stack([xmin, xmax], axis=1), kk
 
 
 def _pass(image: np.ndarray, bounds: np.ndarray, kk: np.ndarray) -> np.ndarray:
-    """One pass along the first axis: each output row the rounded, clipped weighted sum of its input rows."""
-    out = np.empty((len(bounds), *image.shape[1:]), np.uint8)
-    acc = np.empty(image.shape[1:], np.int64)
-    for yy, ((first, n), k) in enumerate(zip(bounds, kk)):
-        acc.fill(1 << (_BITS - 1))
-        for y in range(n):
-            acc += image[first + y].astype(np.int64) * int(k[y])
-        np.clip(acc >> _BITS, 0, 255, out=out[yy], casting="unsafe")
+    """One pass along the first axis: each output row the rounded, clipped weighted sum of its input rows.
+
+    Vectorised over the output rows, one tap at a time (a tap past a row's count has weight 0). The sums
+    are exact integers: in 32 bits where no sum can reach ``2**31`` (``255 x`` a row's weights, about
+    ``2**30``), as Pillow's own, else in 64.
+    """
+    bound = 255 * int(kk.sum(axis=1).max(initial=0)) + (1 << (_BITS - 1))
+    wide = np.int32 if bound < 1 << 31 else np.int64
+    acc = np.full((len(bounds), *image.shape[1:]), 1 << (_BITS - 1), wide)
+    if len(image):
+        taps = np.minimum(bounds[:, :1] + np.arange(kk.shape[1]), len(image) - 1)
+        weights = kk.astype(wide).reshape(*kk.shape, *(1,) * (image.ndim - 1))
+        term = np.empty_like(acc)
+        for t in range(kk.shape[1]):
+            np.multiply(image[taps[:, t]], weights[:, t], out=term)
+            acc += term
+    acc >>= _BITS
+    out = np.empty(acc.shape, np.uint8)
+    np.clip(acc, 0, 255, out=out, casting="unsafe")
     return out
 
 
