@@ -78,10 +78,12 @@ def readable(sock: socket.socket, timeout: float = 0.0) -> bool:
 
 
 def preloads(pipe: Pipeline) -> tuple[str, ...]:
-    """The reader modules (:data:`READERS`) of the pipeline's sources that this process has imported.
+    """The reader modules (:data:`READERS`) of the pipeline's sources.
 
-    The fork server imports them once, before it forks the workers. A source made
-    of others (a mixture's, say) counts its parts' readers.
+    The fork server imports them once, before it forks the workers, whether or not this
+    process has (a TFRecord source read through a cached index has not imported ``crc32c``);
+    one that fails to import is left to the source. A source made of others (a mixture's,
+    say) counts its parts' readers.
 
     Args:
         pipe: The pipeline.
@@ -104,7 +106,7 @@ def preloads(pipe: Pipeline) -> tuple[str, ...]:
                 todo.extend(parts.values())
             elif isinstance(parts, (list, tuple)):
                 todo.extend(parts)
-    return tuple(sorted(m for m in found if m in sys.modules))
+    return tuple(sorted(found))
 
 
 class ServerHandle:
