@@ -2,8 +2,8 @@
 
 Each test runs a driver script in a subprocess (with a timeout), so this process holds no Ray state; the script
 starts its own local cluster (``RayService(None, num_cpus=N)``, on 127.0.0.1), checks every batch against
-``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. Three
-scenarios (dead actors, a failing step, a straggler) share one driver and one cluster of 2 CPUs, which it starts
+``pipe.batch_at`` itself and prints its figures as JSON on its last line, which the test asserts on. Four
+scenarios (too many actors, dead actors, a failing step, a straggler) share one driver and one cluster of 2 CPUs, which it starts
 with ``ray.init`` so that each service joins it (a cluster costs seconds of CPU); one test checks each scenario's
 part. A cluster that ``RayService`` starts itself, and shuts down at ``close()``, is the first and the bad-input
 tests'. A cluster
@@ -157,7 +157,7 @@ SCENARIOS = """
 import signal, traceback
 import ray
 
-# one local cluster for the three scenarios (each service joins it, and its close() leaves it running); 2 CPUs
+# one local cluster for the four scenarios (each service joins it, and its close() leaves it running); 2 CPUs
 # as each scenario had on its own: its 2 actors fill it, so a dead actor's replacement waits for its CPU
 ray.init(
     address="local", _node_ip_address="127.0.0.1", num_cpus=2, object_store_memory=512 << 20,
@@ -172,6 +172,15 @@ def scenario(fn):
     except BaseException as e:  # the others still run; the test names this one and shows its error
         results[fn.__name__] = {"error": "".join(traceback.format_exception(e))[-4000:]}
     return fn
+
+
+@scenario
+def too_many_actors():  # more actors than the cluster joined has CPUs: refused, naming it; the cluster runs on
+    try:
+        quern.RayService(num_actors=5)
+    except quern.ServiceError as e:
+        return dict(message=str(e), ray_left=ray.is_initialized())
+    return dict(message=None)
 
 
 @scenario
@@ -263,6 +272,14 @@ done(**results)
 """
 
 
+def _too_many_actors(got: dict) -> None:
+    """RayService(num_actors=5) on the 2-CPU cluster this process joined: a ServiceError naming the cluster."""
+    message = got["message"]
+    assert message is not None and "has 2 CPUs: num_actors=5 x num_cpus_per_actor=1 needs 5" in message, got
+    assert message.startswith("the local cluster at ") and "ask for fewer actors, or add nodes" in message, got
+    assert got["ray_left"] is True, got  # a cluster the service did not start is left as it was
+
+
 def _dead_actors(got: dict) -> None:
     """ray.kill of one actor and SIGKILL of another's process: every batch still equals batch_at."""
     assert got["actors_replaced"] >= 2, got
@@ -285,11 +302,13 @@ def _straggler(got: dict) -> None:
 
 
 @pytest.mark.slow
-def test_dead_actors_a_failing_step_and_a_straggler_on_one_cluster(tmp_path):
-    """Three scenarios on one cluster (one test: a fixture would run once per test worker); each is checked."""
+def test_too_many_actors_dead_actors_a_failing_step_and_a_straggler_on_one_cluster(tmp_path):
+    """Four scenarios on one cluster (one test: a fixture would run once per test worker); each is checked."""
     got = _driver(SCENARIOS, tmp_path)
     failed = []
-    for name, check in (("dead_actors", _dead_actors), ("failing_step", _failing_step), ("straggler", _straggler)):
+    checks = [("too_many_actors", _too_many_actors), ("dead_actors", _dead_actors)]
+    checks += [("failing_step", _failing_step), ("straggler", _straggler)]
+    for name, check in checks:
         try:
             assert "error" not in got[name], got[name].get("error")
             check(got[name])
@@ -403,8 +422,8 @@ def test_quern_run_ray(tmp_path):
         {"num_cpus_per_actor": 0},
         {"hedge_after": 0.5},
         {"hedge_min_s": -1},
-        {"gone_after": 0},
-        {"gone_after": 51},
+        {"gone_after": 0.5},
+        {"gone_after": 46},
         {"gone_after": True},
         {"gone_after": "3"},
     ],

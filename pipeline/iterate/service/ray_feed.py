@@ -205,7 +205,7 @@ class ServiceFeed(Feed):
         except ray.exceptions.RayTaskError as e:  # the actor's compute() itself failed (not a step: those come back)
             cause = getattr(e, "cause", None) or e
             raise ServiceError(
-                f"actor {t.slot} on the Ray cluster at {self.service.address} failed on steps "
+                f"actor {t.slot} on {self.service.cluster} failed on steps "
                 f"{unit.first}..{unit.first + unit.count - 1} (host {self.process_index} of {self.process_count}): "
                 f"{type(cause).__name__}: {cause}"
             ) from e
@@ -316,7 +316,7 @@ class ServiceFeed(Feed):
                     on = ", ".join(f"actor {t.slot}" for t in unit.tries) or "no actor"
                     raise StepTimeoutError(
                         f"step {step} (host {self.process_index} of {self.process_count}) did not come in "
-                        f"step_timeout={timeout:g} s from the service at {self.service.address} ({on} computing it); "
+                        f"step_timeout={timeout:g} s from the service on {self.service.cluster} ({on} computing it); "
                         "asking again waits for it again"
                     )
                 wait = min(wait, left)
@@ -330,7 +330,7 @@ class ServiceFeed(Feed):
         if report is not None:
             unit.result = None  # asking again computes the unit again
             unit.hedged = False
-            raise report.error(f"service actor (pid {result.pid}) on {self.service.address},")
+            raise report.error(f"service actor (pid {result.pid}) on {self.service.cluster},")
         batch = result.batches[i]
         result.batches[i] = None  # the iterator holds it now
         self.last_digests = result.fields[i]

@@ -26,7 +26,8 @@ __all__ = ["RayService", "START_TIMEOUT", "GONE_AFTER"]
 START_TIMEOUT = 120.0
 """Seconds an actor may take to start and load the pipeline before the service gives up on it."""
 GONE_AFTER = 10.0
-"""Seconds the cluster's address may refuse connections before the service says the cluster is gone."""
+"""The default of ``RayService(gone_after=)``: seconds the cluster's head may refuse connections before the
+service says the cluster is gone."""
 
 
 def _check_fit(cluster: str, cpus: float, num_actors: int | None, num_cpus_per_actor: float, fix: str) -> int:
@@ -38,9 +39,11 @@ def _check_fit(cluster: str, cpus: float, num_actors: int | None, num_cpus_per_a
     """
     wanted = num_actors if num_actors is not None else max(int(cpus // num_cpus_per_actor), 1)
     if wanted * num_cpus_per_actor > cpus:
+        asked = f"num_actors={wanted}" if num_actors is not None else "num_actors=None (one at least)"
+        fewer = "fewer actors" if num_actors is not None and num_actors > 1 else "fewer CPUs per actor"
         raise ServiceError(
-            f"{cluster} has {cpus:g} CPUs: num_actors={wanted} x num_cpus_per_actor={num_cpus_per_actor:g} "
-            f"needs {wanted * num_cpus_per_actor:g} (ask for fewer actors, or {fix})"
+            f"{cluster} has {cpus:g} CPU{'' if cpus == 1 else 's'}: {asked} x num_cpus_per_actor="
+            f"{num_cpus_per_actor:g} needs {wanted * num_cpus_per_actor:g} (ask for {fewer}, or {fix})"
         )
     return wanted
 
@@ -76,8 +79,9 @@ class RayService:
             time is also asked of another actor (``None``: never hedge).
         hedge_min_s: ...but never before this many seconds.
         gone_after: seconds the cluster's head may refuse connections before the service says the
-            cluster is gone (:data:`GONE_AFTER` by default); Ray itself ends a driver whose head has
-            been gone for about a minute.
+            cluster is gone (:data:`GONE_AFTER`, 10, by default), from 1 to 45: Ray itself ends a
+            driver whose head has been gone for about 60 s, and the service looks at the head only
+            every 2 s (then 2 s at most for a connection), so it must give up well before.
 
     Raises:
         ServiceError: Ray is not installed, the cluster cannot be reached (its address
@@ -112,8 +116,8 @@ class RayService:
             raise ValueError(f"hedge_after must be a number >= 1 or None, got {hedge_after!r}")
         if not isinstance(hedge_min_s, int | float) or hedge_min_s < 0:
             raise ValueError(f"hedge_min_s must be a number >= 0, got {hedge_min_s!r}")
-        if isinstance(gone_after, bool) or not isinstance(gone_after, int | float) or not 0 < gone_after <= 50:
-            raise ValueError(f"gone_after must be a number of seconds in (0, 50], got {gone_after!r}")
+        if isinstance(gone_after, bool) or not isinstance(gone_after, int | float) or not 1 <= gone_after <= 45:
+            raise ValueError(f"gone_after must be a number of seconds from 1 to 45, got {gone_after!r}")
         ray = _ray()
         self.hedge_after, self.hedge_min_s = hedge_after, float(hedge_min_s)
         self.gone_after = float(gone_after)
@@ -125,12 +129,12 @@ class RayService:
         if not ray.is_initialized():
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is None:
-                cpus = float(num_cpus or os.cpu_count() or 1)  # too few for the actors: refused before it starts
-                _check_fit("the new local cluster", cpus, num_actors, num_cpus_per_actor, "a larger num_cpus")
+                local_cpus = num_cpus or os.cpu_count() or 1  # too few for the actors: refused before it starts
+                _check_fit("the new local cluster", local_cpus, num_actors, num_cpus_per_actor, "a larger num_cpus")
                 kw.update(
                     address="local",
                     _node_ip_address="127.0.0.1",  # the node's address (Ray may still name the machine's own)
-                    num_cpus=num_cpus or os.cpu_count() or 1,
+                    num_cpus=local_cpus,
                     object_store_memory=object_store_memory or 512 << 20,
                 )
             else:
@@ -139,18 +143,14 @@ class RayService:
             try:
                 ray.init(**kw)
             except Exception as e:
-                raise ServiceError(
-                    f"cannot connect to the Ray cluster at {self.address}: {type(e).__name__}: {e}"
-                ) from e
+                raise ServiceError(f"cannot connect to {self.cluster}: {type(e).__name__}: {e}") from e
             self._started = True
         try:
             self.gcs_address = str(ray.get_runtime_context().gcs_address)
             if address is None:
                 self.address = f"the local cluster at {self.gcs_address}"
             cpus = float(ray.cluster_resources().get("CPU", 0))
-            self.num_actors = _check_fit(
-                f"the Ray cluster at {self.address}", cpus, num_actors, num_cpus_per_actor, "add nodes"
-            )
+            self.num_actors = _check_fit(self.cluster, cpus, num_actors, num_cpus_per_actor, "add nodes")
         except BaseException:
             self._shutdown()
             raise
@@ -162,6 +162,11 @@ class RayService:
         self._expect: Expect | None = None
         self._pipe_key: str | None = None  # what pipeline the actors hold
         self.replaced = 0  # actors replaced after dying
+
+    @property
+    def cluster(self) -> str:
+        """The cluster as messages name it: ``the Ray cluster at HOST:PORT`` or ``the local cluster at HOST:PORT``."""
+        return self.address if self.address.startswith(("the ", "a ")) else f"the Ray cluster at {self.address}"
 
     # ------------------------------------------------------------------ actors
 
@@ -232,8 +237,8 @@ class RayService:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ServiceError(
-                    f"{len(pending)} of {self.num_actors} actors did not start in {timeout:g} s on the Ray cluster at "
-                    f"{self.address} (not enough free CPUs? each needs {self.num_cpus_per_actor:g})"
+                    f"{len(pending)} of {self.num_actors} actors did not start in {timeout:g} s on "
+                    f"{self.cluster} (not enough free CPUs? each needs {self.num_cpus_per_actor:g})"
                 )
             ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=min(left, 2.0))
             if not ready:
@@ -282,7 +287,7 @@ class RayService:
             del self._pending[slot]
             self._hello[slot] = hello
         if hello.problem is not None:
-            raise ServiceError(f"actor {slot} (pid {hello.pid}) on the Ray cluster at {self.address}: {hello.problem}")
+            raise ServiceError(f"actor {slot} (pid {hello.pid}) on {self.cluster}: {hello.problem}")
 
     def replace(self, slot: int, actor: Any = None) -> None:
         """Kill actor ``slot`` (if it is still ``actor``) and start another in its place.
@@ -335,7 +340,7 @@ class RayService:
                 if time.monotonic() >= deadline:
                     self._shutdown(force=True)
                     raise ServiceError(
-                        f"the Ray cluster at {self.address} is gone: its head {self.gcs_address} has refused "
+                        f"{self.cluster} is gone: its head {self.gcs_address} has refused "
                         f"connections for {self.gone_after:g} s ({e}); this process is disconnected from Ray"
                     ) from None
             time.sleep(0.5)
