@@ -111,6 +111,20 @@ def test_pixels_equal_pillows_arithmetic_done_loop_by_loop(seed):
         assert np.array_equal(resampling.resize_u8(img, size, box), _by_loops(img, size, box)), (img.shape, size, box)
 
 
+def test_the_weights_are_pillows_for_random_boxes():
+    """Each axis's weights and first pixels, made at once, equal the loop's, output pixel by output pixel."""
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        n, out = int(rng.integers(1, 2000)), int(rng.integers(1, 300))
+        lo = float(rng.uniform(0, n)) if rng.random() < 0.7 else 0.0
+        hi = float(rng.uniform(lo, n)) if lo else float(n)
+        bounds, kk = resampling._coeffs(n, lo, hi, out)
+        for (first, count, ks), (want_first, want) in zip(
+            [(b[0], b[1], k) for b, k in zip(bounds.tolist(), kk.tolist())], _weights(n, lo, hi, out)
+        ):
+            assert (first, ks[:count], set(ks[count:]) <= {0}) == (want_first, want, True), (n, lo, hi, out)
+
+
 def test_the_numpy_path_equals_pillows_arithmetic_done_loop_by_loop():
     """The path used without the C library (its taps vectorised, its weights made per axis at once)."""
     for img, size, box in _cases(60, seed=3):
@@ -120,14 +134,16 @@ def test_the_numpy_path_equals_pillows_arithmetic_done_loop_by_loop():
 def test_a_pass_whose_sums_reach_31_bits_is_exact():
     """Weights summing past what 32-bit sums hold (never from _coeffs below millions of taps) are summed in 64."""
     rng = np.random.default_rng(4)
-    img = rng.integers(0, 256, (300, 5, 2), dtype=np.uint8)
-    kk = np.full((2, 300), 1 << 22, np.int64)  # each output row: the sum of the 300 input rows
-    kk[1, 150:] = 0  # the second: the first 150 only
-    bounds = np.array([[0, 300], [0, 150]])
+    img = (rng.random((600, 5, 2)) < 0.3).astype(np.uint8)  # 0s and 1s: each sum a count of ones, under 255
+    img[:, 0, 0] = 1  # a column of 600 ones: 255 (clipped), where a 32-bit sum wraps to a negative 0
+    kk = np.full((2, 600), 1 << 22, np.int64)  # each output row: the sum of the 600 input rows
+    kk[1, 300:] = 0  # the second: the first 300 only
+    bounds = np.array([[0, 600], [0, 300]])
     out = resampling._pass(img, bounds, kk)
-    sums = img.astype(np.int64).sum(axis=0), img[:150].astype(np.int64).sum(axis=0)
+    sums = img.astype(np.int64).sum(axis=0), img[:300].astype(np.int64).sum(axis=0)
     assert np.array_equal(out, np.stack([np.minimum(s, 255) for s in sums]).astype(np.uint8))
-    assert (sums[0].min() << 22) >= 1 << 31  # 32-bit sums would have wrapped
+    assert 0 < out[0, 1:].min() and out[0, 1:].max() < 255  # exact counts, not a saturated 255 or a wrapped sum
+    assert (int(sums[0].max()) << 22) >= 1 << 31  # 32-bit sums would have wrapped
     scaled = kk // 300  # and an ordinary one (under 2**31) keeps the arithmetic
     want = (img.astype(np.int64) * scaled[0][:, None, None]).sum(axis=0) + (1 << 21) >> 22
     assert np.array_equal(resampling._pass(img, bounds, scaled)[0], np.clip(want, 0, 255).astype(np.uint8))

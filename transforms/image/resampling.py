@@ -13,7 +13,8 @@ The work is a C library built with the wheel (``native/resample.c`` in ``libimag
 :mod:`~quern.transforms.image.native`: the vertical pass along whole
 rows, vectorised, with an AVX2 clone on x86-64; the GIL released during the call, so threads
 resize in parallel), about 2.5x faster than Pillow here (``benchmarks/vision.py``), or, without it,
-the same arithmetic in NumPy (7-12x slower than the C loop, the same pixels; ``benchmarks/resize.py``). The library is used only when it loads,
+the same arithmetic in NumPy (7-12x slower than the C loop, the same pixels;
+``benchmarks/resize.py``). The library is used only when it loads,
 reports the expected ABI and resizes a few test images exactly as the NumPy path does; otherwise
 (no C compiler at install, ``QUERN_NATIVE=0`` in the environment) the NumPy path is used and
 :func:`native_why` says why.
@@ -64,11 +65,12 @@ def _coeffs(in_size: int, in0: float, in1: float, out_size: int) -> tuple[np.nda
 def _pass(image: np.ndarray, bounds: np.ndarray, kk: np.ndarray) -> np.ndarray:
     """One pass along the first axis: each output row the rounded, clipped weighted sum of its input rows.
 
-    Vectorised over the output rows, one tap at a time (a tap past a row's count has weight 0). The sums
-    are exact integers: in 32 bits where no sum can reach ``2**31`` (``255 x`` a row's weights, about
-    ``2**30``), as Pillow's own, else in 64.
+    Vectorised over the output rows, one tap at a time: ``kk`` must be zero past each row's tap count
+    (as :func:`_coeffs` makes it; ``bounds[:, 1]`` is not read). The sums are exact integers: in 32
+    bits where no sum can reach ``2**31`` (``255 x`` a row's weights, about ``2**30``), as Pillow's
+    own, else in 64.
     """
-    bound = 255 * int(kk.sum(axis=1).max(initial=0)) + (1 << (_BITS - 1))
+    bound = 255 * int(np.abs(kk).sum(axis=1).max(initial=0)) + (1 << (_BITS - 1))
     wide = np.int32 if bound < 1 << 31 else np.int64
     acc = np.full((len(bounds), *image.shape[1:]), 1 << (_BITS - 1), wide)
     if len(image):
