@@ -10,7 +10,6 @@ length's CRC; a read checks both CRCs of the records it returns.
 
 from __future__ import annotations
 
-import functools
 import mmap
 import struct
 from collections.abc import Callable
@@ -29,16 +28,20 @@ _BLOCK = 4 << 20  # bytes the scan reads at once
 _CHAIN = 1 << 20  # record boundaries checked at once at open
 
 
-@functools.cache
-def _crc32c() -> Callable[[bytes | memoryview], int]:
-    """``crc32c.crc32c``, imported on first use.
+def _first_crc32c(data: bytes | memoryview) -> int:
+    """``crc32c.crc32c(data)``, importing ``crc32c`` first and binding :data:`_crc32c` to it.
 
     Importing ``crc32c`` imports ``importlib.metadata``: about 40 ms that every ``import quern`` (each
-    worker, each command) would otherwise pay.
+    command) would otherwise pay. After the first call, a CRC costs a global lookup, as before.
     """
+    global _crc32c
     import crc32c
 
-    return crc32c.crc32c
+    _crc32c = crc32c.crc32c
+    return _crc32c(data)
+
+
+_crc32c: Callable[[bytes | memoryview], int] = _first_crc32c
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -54,7 +57,7 @@ def masked_crc(data: bytes | memoryview) -> int:
         >>> hex(masked_crc(b""))
         '0xa282ead8'
     """
-    crc = _crc32c()(data)
+    crc = _crc32c(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
