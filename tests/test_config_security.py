@@ -368,6 +368,36 @@ def test_an_alias_that_contains_itself(parquet):
         quern.load_config(cyclic)
 
 
+DOCUMENTS = [
+    "source: {type: parquet, paths: [a.parquet, 'b c.parquet']}\nbatch: 8\nseed: 0x1F\n",
+    "base: &b {length: 512, pad_value: -1}\ntransforms:\n  - {name: pad, kwargs: {<<: *b, length: 256}}\n  - *b\n",
+    "a: 1.5e3\nb: .inf\nc: ~\nd: yes\ne: 2020-01-02\nf: '007'\ng: !!str 12\nh: |\n  two\n  lines\ni: >-\n  folded\n  text\n",
+    '# a comment\n---\nk: [1, [2, [3, {x: y}]], "\\u00e9\\t"]\n...\n',
+    "empty:\nlist: []\nmap: {}\n",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", DOCUMENTS, ids=range(len(DOCUMENTS)))
+def test_the_libyaml_loader_gives_the_python_loaders_values(text):
+    """Configs are read with libyaml's scanner and parser under the limits' Python composer: the same values."""
+    if yaml.__with_libyaml__:
+        assert limits.LOADER is not limits.Loader and limits.LOADER.__name__ == "CLoader"
+    assert yaml.load(text, Loader=limits.LOADER) == yaml.load(text, Loader=limits.Loader)
+
+
+def test_a_large_config_loads_with_libyaml_and_keeps_the_limits(parquet):
+    """A 50,000-path list: libyaml parses it (seconds in Python); over MAX_VALUES it is still refused."""
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML here has no libyaml: configs are read by the Python loader, tested throughout")
+    paths = [f"p{i}.parquet" for i in range(50_000)]
+    block = "paths:\n" + "".join(f"- {p}\n" for p in paths)
+    assert yaml.load(block, Loader=limits.LOADER) == {"paths": paths}
+    over = "paths: [" + ", ".join(map(str, range(limits.MAX_VALUES + 1))) + "]\n"
+    with pytest.raises(quern.ConfigError, match="100,000"):
+        yaml.load(over, Loader=limits.LOADER)
+
+
 @pytest.mark.parametrize("levels", [70, 5000, 200_000])
 def test_nesting_is_bounded(parquet, levels):
     head = "source: {type: parquet, paths: d.parquet}\nbatch: 4\n"

@@ -42,6 +42,7 @@ __all__ = [
     "node_children",
     "object_children",
     "Loader",
+    "LOADER",
 ]
 
 MAX_BYTES = 1 << 20
@@ -224,25 +225,16 @@ def object_children(value: Any) -> Iterable[Any] | None:
     return None
 
 
-class Loader(yaml.SafeLoader):
-    """YAML's safe loader with the limits of this module.
+class _Limited:
+    """The limits of this module in a YAML loader whose composer is PyYAML's Python one.
 
     Nesting is checked while the document is composed (recursively, so before
     Python's recursion limit), and the size with aliases expanded on the composed
     node graph, before any object is constructed (constructing merge keys would
     copy what they expand to).
-
-    Args:
-        stream: The YAML text (or a file).
-
-    Example:
-        >>> yaml.load("batch: 8", Loader=Loader)
-        {'batch': 8}
     """
 
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         """Compose one node, refusing one nested deeper than :data:`MAX_DEPTH`.
@@ -260,8 +252,8 @@ class Loader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH + 1:
-                raise ConfigError(f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})")
-            return super().compose_node(parent, index)
+                raise ConfigError(_TOO_DEEP)
+            return super().compose_node(parent, index)  # type: ignore[misc]
         finally:
             self._depth -= 1
 
@@ -274,8 +266,56 @@ class Loader(yaml.SafeLoader):
         Raises:
             ConfigError: The document is over a limit.
         """
-        node = self.get_single_node()
+        try:
+            node = self.get_single_node()  # type: ignore[attr-defined]
+        except yaml.YAMLError as e:  # libyaml's own bound (1,000 levels), met while it scans ahead
+            if "maximum nesting depth" in str(e):
+                raise ConfigError(_TOO_DEEP) from None
+            raise
         if node is None:
             return None
         measure(node, node_children, what="the document")
-        return self.construct_document(node)
+        return self.construct_document(node)  # type: ignore[attr-defined]
+
+
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"
+
+
+class Loader(_Limited, yaml.SafeLoader):
+    """YAML's safe loader with the limits of this module, in Python.
+
+    :data:`LOADER` is the one configs are read with: this one's composer, constructor and
+    resolver over libyaml's scanner and parser where PyYAML has them (the same values, about
+    5x faster on a large file), else this one.
+
+    Args:
+        stream: The YAML text (or a file).
+
+    Example:
+        >>> yaml.load("batch: 8", Loader=Loader)
+        {'batch': 8}
+    """
+
+
+def _libyaml_loader() -> type | None:
+    """:class:`Loader` with libyaml's scanner and parser (events) under its Python composer and constructor.
+
+    ``None`` where PyYAML was built without libyaml.
+    """
+    try:
+        from yaml.cyaml import CParser
+    except ImportError:  # pragma: no cover - PyYAML built without libyaml
+        return None
+
+    class CLoader(_Limited, yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver, CParser):
+        def __init__(self, stream: Any) -> None:
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            yaml.composer.Composer.__init__(self)
+
+    return CLoader
+
+
+LOADER: type = _libyaml_loader() or Loader
+"""The YAML loader configs are read with (see :class:`Loader`)."""

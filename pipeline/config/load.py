@@ -28,7 +28,7 @@ from ..definition.mix import mix
 from ..order import components as _mixture
 from ..order.index import host_rows
 from .edits import apply_edits
-from .limits import MAX_BYTES, Loader, bounded, clip, measure, object_children, show
+from .limits import LOADER, MAX_BYTES, bounded, clip, measure, object_children, show
 from .schema import (
     ArrayRecordConfig,
     BatchConfig,
@@ -77,7 +77,7 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
             data = json.loads(text)
             measure(data, object_children, what="the document")
         else:
-            data = yaml.load(text, Loader=Loader)  # a SafeLoader, with the limits
+            data = yaml.load(text, Loader=LOADER)  # a SafeLoader's values, with the limits
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     except Exception as e:  # a syntax error, JSON nested past Python's recursion limit
