@@ -383,10 +383,31 @@ def test_the_libyaml_loader_gives_the_python_loaders_values(text):
     """Configs are read with libyaml's scanner and parser under the limits' Python composer: the same values."""
     if yaml.__with_libyaml__:
         assert limits.LOADER is not limits.Loader and limits.LOADER.__name__ == "CLoader"
+        # the Python composer (with the depth check) and the safe constructor, not libyaml's composer
+        assert limits.LOADER.get_single_node is yaml.composer.Composer.get_single_node
+        assert limits.LOADER.compose_node is limits.Loader.compose_node
+        assert limits.LOADER.construct_document is yaml.constructor.SafeConstructor.construct_document
     assert yaml.load(text, Loader=limits.LOADER) == yaml.load(text, Loader=limits.Loader)
 
 
-def test_a_large_config_loads_with_libyaml_and_keeps_the_limits(parquet):
+@pytest.mark.parametrize("tag", ["!!python/object/apply:os.system ['true']", "!!python/name:os.system ''"])
+def test_the_libyaml_loader_refuses_python_tags(tag):
+    with pytest.raises(yaml.constructor.ConstructorError):
+        yaml.load(f"x: {tag}\n", Loader=limits.LOADER)
+
+
+def test_the_libyaml_loaders_known_differences():
+    """What libyaml accepts or refuses unlike the Python loader, pinned (its docstring says so)."""
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML here has no libyaml: configs are read by the Python loader")
+    assert yaml.load("a:\t1\n", Loader=limits.LOADER) == {"a": 1}
+    with pytest.raises(yaml.YAMLError):
+        yaml.load("a:\t1\n", Loader=limits.Loader)
+    with pytest.raises(yaml.YAMLError):
+        yaml.load("%FOO bar\n---\na: 1\n", Loader=limits.LOADER)
+
+
+def test_a_large_config_loads_with_libyaml_and_keeps_the_limits():
     """A 50,000-path list: libyaml parses it (seconds in Python); over MAX_VALUES it is still refused."""
     if not yaml.__with_libyaml__:
         pytest.skip("PyYAML here has no libyaml: configs are read by the Python loader, tested throughout")
