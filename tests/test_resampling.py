@@ -35,7 +35,9 @@ def _weights(in_size, in0, in1, out_size):
         xmin = max(int(center - support + 0.5), 0)
         xmax = min(int(center + support + 0.5), in_size) - xmin
         w = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * (1.0 / support))) for x in range(xmax)]
-        total = sum(w) if w else 0.0
+        total = 0.0
+        for v in w:  # one at a time, as Pillow's loop (sum() compensates from Python 3.12)
+            total += v
         w = [v / total for v in w] if total else w
         out.append((xmin, [int(0.5 + v * (1 << 22)) for v in w]))
     return out

@@ -51,6 +51,7 @@ MAX_VALUES = 100_000
 """The most values (scalars, lists and mappings) a config holds, YAML aliases and merge keys expanded."""
 MAX_DEPTH = 64
 """The deepest nesting of lists and mappings in a config."""
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"  # measure's and the loaders'
 MAX_KEYS = 16
 """The most keys of one section (``source``, ``batch``, a transform...: none has more than 6)."""
 MAX_STAGES = 256
@@ -161,7 +162,6 @@ def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], *, what:
     """
     memo: dict[int, tuple[int, int]] = {}  # id -> (values, height)
     active: set[int] = set()
-    deep = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"
 
     def visit(node: Any, depth: int) -> tuple[int, int]:
         kids = children(node)
@@ -172,7 +172,7 @@ def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], *, what:
             if key in active:
                 raise ConfigError(f"{what} contains itself (an alias or reference inside its own value)")
             if depth >= MAX_DEPTH:
-                raise ConfigError(deep)
+                raise ConfigError(_TOO_DEEP)
             active.add(key)
             size, height = 1, 1
             for kid in kids:
@@ -187,7 +187,7 @@ def measure(root: Any, children: Callable[[Any], Iterable[Any] | None], *, what:
             memo[key] = size, height
         size, height = memo[key]
         if depth + height > MAX_DEPTH:
-            raise ConfigError(deep)
+            raise ConfigError(_TOO_DEEP)
         return size, height
 
     visit(root, 0)
@@ -276,9 +276,6 @@ class _Limited:
             return None
         measure(node, node_children, what="the document")
         return self.construct_document(node)  # type: ignore[attr-defined]
-
-
-_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep (the limit is {MAX_DEPTH})"
 
 
 class Loader(_Limited, yaml.SafeLoader):
