@@ -38,9 +38,11 @@ does: caches cold), median and quartiles over ``--path-steps`` steps, and of dig
 batch of each 16 again (hot).
 
 **2b. Where the ledger's time goes** (0 workers): the CPU time per batch of each part of the
-ledger in a running iterator of the vs_grain pipeline (taking the batch's leaves, the C digests,
-``StepFields.add`` and ``finish_views``, ``LedgerWriter._write`` and ``add_batch``), each function wrapped with a timer of the
-calling thread's CPU (about 1 µs a call), as a share of the process's CPU per batch; the median of
+ledger in a running iterator of the vs_grain pipeline (on the prefetch thread, ``made_of``: taking
+each batch's leaves, the C digests, the hex digits of the chunk's row digests; on the consumer's
+thread, ``LedgerWriter.add_made`` with ``_write``; the ledger is the two together), each function
+wrapped with a timer of the calling thread's CPU (about 1 µs a call), as a share of the process's CPU
+per batch; the median of
 3 runs of ``--parts-seconds``, with the machine's idle share (``/proc/stat``). Unlike the records/s
 of part 2, these figures hardly move with the machine's drift; but they are not its cost in
 records/s: work on the consumer's thread runs while the prefetch thread waits for its reads.
@@ -55,11 +57,15 @@ no ledger and the ledger, ``--floor-runs`` interleaved rounds of ``--seconds0``.
 that hashes every byte must pay, wherever it hashes.
 
 **2d. One running iterator** (0 workers): records/s of blocks of 32 batches of one iterator with a
-ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of six blocks:
-no ledger, the row hash alone on the consumer's thread, the ledger; and the same three with a
+ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of eight blocks:
+no ledger, the row hash alone on the consumer's thread, the ledger, the ledger with each batch
+hashed as it is yielded (the placement before the digests moved to the prefetch thread), the
+ledger's digests alone on the prefetch thread (no lines, no writes); and the first three with a
 consumer that copies each batch into buffers of its own, as moving a batch to a device does, the
-costs then against that consumer without a ledger). No iterator starts in a timed block (part 2
-and 2c start one per run of 0.1 s), so the transients of starting one do not enter.
+costs then against that consumer without a ledger). Whether the prefetch thread digests applies
+to the chunks it starts after a change, so the batches already made or in flight then are taken
+untimed first. No iterator starts in a timed block (part 2 and 2c start one per run of 0.1 s), so
+the transients of starting one do not enter.
 
 **3. quern verify**: ``quern.verify.compare_topologies`` of the vs_grain pipeline over
 ``--verify-steps`` steps, hosts 1 and 2, workers 0 and 2 (one reference and four topologies),
@@ -98,6 +104,7 @@ import quern
 import quern.pipeline.execute
 import quern.verify
 from quern.pipeline.integrity import batch_digest, digesting, ledger, rowhash
+from quern.pipeline.iterate import threads
 
 VS_GRAIN_RECORDS = 200_000
 
@@ -576,25 +583,31 @@ def where_speed(seconds: float, folder: str) -> dict[str, Any]:
 
 
 def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, Any]:
-    """Records/s of one running iterator (0 workers), blocks of batches with the ledger off, on, or the hash alone.
+    """Records/s of one running iterator (0 workers), blocks of batches with the ledger off, on, or parts of it.
 
     One iterator with a ledger; for each block of ``block`` batches its ledger is taken away (off),
-    kept (on; the lines kept from the last block written before the block starts), or taken away
-    with the row hash of each batch done on the consumer's thread after ``next()``. The same three
-    again with a consumer that copies each batch into buffers of its own after ``next()`` (and after
-    the hash), as moving a batch to a device does. No iterator starts inside a timed block, and the
-    blocks of a round are next to each other in time.
+    kept (on; the lines kept from the last block written before the block starts), kept with the
+    prefetch thread not digesting (each batch hashed as it is yielded, the design before), taken away
+    with the row hash of each batch done on the consumer's thread after ``next()``, or taken away with
+    the prefetch thread still making each chunk's digests (the ledger's digests, no lines or writes). The
+    off, hash and ledger cases again with a consumer that copies each batch into buffers of its own
+    after ``next()`` (and after the hash), as moving a batch to a device does. Whether the prefetch
+    thread digests applies to the chunks it starts after the change, so after each change the
+    batches already made or in flight are taken untimed first. No iterator starts inside a timed
+    block, and the blocks of a round are next to each other in time.
     """
     print(f"\n## 2d. One running iterator, blocks of {block} batches, 0 workers\n")
     it = common.started(pipe.iterator(num_workers=0, ledger=os.path.join(folder, "blocks.jsonl")))
-    writer = it._ledger
-    kinds = {
+    writer, feed = it._ledger, it._feed
+    kinds = {  # those digesting on the prefetch thread last: one change a round (every second round reversed)
         "off": "no ledger",
         "hash": "the row hash alone, on the consumer's thread",
-        "ledger": "the ledger",
         "off+copy": "no ledger; the consumer copies each batch",
         "hash+copy": "the row hash alone; the consumer copies each batch",
+        "ledger@yield": "the ledger, each batch hashed as it is yielded (on the consumer's thread, as before)",
+        "digests": "the ledger's digests alone, on the prefetch thread (no lines, no writes)",
         "ledger+copy": "the ledger; the consumer copies each batch",
+        "ledger": "the ledger",
     }
     got: dict[str, list[float]] = {k: [] for k in kinds}
     try:
@@ -603,6 +616,13 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
             next(it)
         for r in range(rounds):
             for k in list(kinds)[:: 1 if r % 2 == 0 else -1]:
+                digests = k.startswith(("ledger", "digests")) and k != "ledger@yield"
+                if feed.digesting != digests:
+                    feed.digesting = digests
+                    it._ledger = None
+                    flow = it.stats()["host_prefetch"]
+                    for _ in range(flow["ready"] + flow["in_flight"]):
+                        next(it)
                 it._ledger = writer if k.startswith("ledger") else None
                 writer.flush()
                 rows, t0 = 0, time.perf_counter()
@@ -636,21 +656,18 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
 
 
 _PARTS = [  # (owner, attribute, what): the ledger's work with 0 workers, in the order it runs
-    (digesting, "_prepare", "the batch's leaves and layout (`_prepare`)"),
+    (digesting, "_prepare", "the batch's leaves and layout (`_prepare`), on the prefetch thread"),
     (
         rowhash,
         "batch_digests_into",
-        "the C digests: row hash, seeds, leaf digests (`rowhash.batch_digests_into`)",
+        "the C digests: row hash, seeds, leaf digests (`rowhash.batch_digests_into`), on the prefetch thread",
     ),
-    (ledger.StepFields, "add", "`StepFields.add` (the two above, as the batch is yielded)"),
-    (ledger.StepFields, "finish_views", "`StepFields.finish_views` (hex digits into a kept buffer)"),
-    (ledger.LedgerWriter, "_write", "`LedgerWriter._write` (the above, the lines' text, `writev`)"),
-    (
-        ledger.LedgerWriter,
-        "add_batch",
-        "**the ledger**: `LedgerWriter.add_batch` (all the above, the lines, the writes)",
-    ),
+    (digesting.Digesting, "finish_views", "hex digits of a chunk's row digests (`Digesting.finish_views`)"),
+    (threads, "made_of", "`made_of`: the three above, per batch of the chunks made (the prefetch thread)"),
+    (ledger.LedgerWriter, "_write", "`LedgerWriter._write` (the lines' pieces, `writev`)"),
+    (ledger.LedgerWriter, "add_made", "`LedgerWriter.add_made`: the line as the batch is yielded, with the writes"),
 ]
+_LEDGER = (_PARTS[3][2], _PARTS[5][2])  # the parts that together are the whole ledger (one per thread)
 
 
 def _idle_ticks() -> tuple[int, int] | None:
@@ -709,7 +726,16 @@ def ledger_parts(pipe: Any, rounds: int, seconds: float, folder: str) -> dict[st
         us = statistics.median(values) * 1e6
         out[what] = us
         print(common.markdown_row([what, f"{us:,.1f}", f"{us / (cpu_batch * 1e6):.2%}"]))
-    out["the ledger"] = out[_PARTS[-1][2]]
+    out["the ledger"] = sum(out[what] for what in _LEDGER)
+    print(
+        common.markdown_row(
+            [
+                "**the ledger** (`made_of` and `add_made`)",
+                f"{out['the ledger']:,.1f}",
+                f"{out['the ledger'] / (cpu_batch * 1e6):.2%}",
+            ]
+        )
+    )
     wall = statistics.median(t[1] for t in totals)
     shares = [t[2] for t in totals if t[2] is not None]
     idle = f"; the machine idle {statistics.median(shares):.0%} of the time" if shares else ""

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -23,7 +24,10 @@ import pytest
 import quern
 import quern.verify
 from quern.pipeline.integrity.batch_digest import digests_of
+from quern.pipeline.integrity.digesting import made_of
+from quern.pipeline.integrity.ledger import LedgerWriter
 from quern.pipeline.integrity.ledger_read import read_ledger
+from quern.pipeline.iterate import threads
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -143,6 +147,51 @@ def test_a_batch_leaf_without_a_row_axis_fails_the_step_with_a_ledger_only(tmp_p
     with pipe.iterator(num_workers=workers, ledger=tmp_path / "l.jsonl") as it:
         with pytest.raises(quern.StepError, match=r"step 0 \(host 0 of 1\), stage 'digest'.*leaf batch\['scale'\]"):
             next(it)
+
+
+def test_with_0_workers_the_prefetch_threads_digest_full_chunks_and_a_bad_batch_fails_at_its_step(
+    tmp_path, monkeypatch
+):
+    seen = []
+    real = threads.made_of
+
+    def made_of(batches):  # the real one, noting where it runs
+        seen.append((threading.current_thread().name, len(batches)))
+        return real(batches)
+
+    monkeypatch.setattr(threads, "made_of", made_of)
+    plain = quern.Pipeline.from_source({"x": np.arange(400, dtype=np.int64)}, seed=0).batch(4)
+    pipe = plain.map_batch(lambda b: {**b, "s": np.int64(1)} if b["x"][0] == 80 else b)  # step 20: no row axis
+    with pipe.iterator(num_workers=0, ledger=tmp_path / "l.jsonl") as it:
+        assert it._feed.read_ahead == 16  # chunks of 1, 2, 4 and 8 steps (hashed as yielded), then of 16
+        assert [int(next(it)["x"][0]) for _ in range(20)] == list(range(0, 80, 4))
+        with pytest.raises(quern.StepError, match=r"step 20 \(host 0 of 1\), stage 'digest'.*leaf batch\['s'\]"):
+            next(it)
+        assert it.stats()["stages"]["digest"] > 0
+    lines = _lines(tmp_path / "l.jsonl")
+    assert [x["step"] for x in lines] == list(range(20))
+    assert all(x["row_digests"] == plain.row_digests(x["step"]) for x in lines)
+    assert all(x["leaf_digests"] == digests_of(plain.batch_at(x["step"])).leaves for x in lines)
+    assert seen and all(name.startswith("quern-prefetch") for name, _ in seen), seen
+    assert all(n == 16 for _, n in seen), seen  # the full chunks' batches digested together, the first ones not
+
+
+def test_lines_of_batches_digested_where_made_or_as_yielded_are_the_same(tmp_path):
+    pipe = _pipe()
+    batches = [pipe.batch_at(s) for s in range(40)]
+    made = made_of(batches)
+    one = LedgerWriter(tmp_path / "one.jsonl", pipe, 0, 1, 0)
+    mixed = LedgerWriter(tmp_path / "mixed.jsonl", pipe, 0, 1, 0)
+    for s, (batch, m) in enumerate(zip(batches, made)):
+        one.add_batch(s, batch)
+        if s % 7 in (2, 3, 4):  # runs of both kinds, across the writes every 16 lines
+            mixed.add_batch(s, batch)
+        else:
+            mixed.add_made(s, m)
+    one.close()
+    mixed.close()
+    assert (tmp_path / "mixed.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    assert [x["step"] for x in _lines(tmp_path / "one.jsonl")] == list(range(40))
 
 
 def test_a_resumed_run_appending_to_its_ledger_gives_a_valid_ledger(tmp_path):

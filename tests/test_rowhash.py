@@ -150,6 +150,22 @@ def test_a_chunks_digests_made_together_equal_each_batchs():
     assert [(n, f"[{bytes(v).decode()}]", leaf) for n, v, leaf in views] == want
 
 
+def test_made_of_gives_each_batchs_ledger_values_in_a_buffer_of_its_own():
+    batches = _batches()
+    bad = {"x": np.arange(4), "s": np.int64(3)}  # a leaf without a row axis: None, raised where it is yielded
+    made = digesting.made_of([batches[0], bad, *batches[1:]])
+    assert made[1] is None and all(m is not None for i, m in enumerate(made) if i != 1)
+    again = digesting.made_of(batches[::-1])  # another chunk's values...
+    d = digesting.Digesting()
+    for b in batches:  # ...and another Digesting's write buffers of their own: the first ones' text stays
+        d.add(b)
+    d.finish_views()
+    want = [batch_digest.ledger_digests(b) for b in batches]
+    assert [(m.rows, f"[{bytes(m.items).decode()}]", m.leaves) for m in made if m is not None] == want
+    assert [(m.rows, f"[{bytes(m.items).decode()}]", m.leaves) for m in again if m is not None] == want[::-1]
+    assert digesting.made_of([]) == []
+
+
 def test_step_fields_made_together_equal_each_steps():
     pipe = quern.Pipeline.from_source(quern.sources.ArraySource(np.arange(40, dtype=np.int64)), seed=0).batch(8)
     fields = ledger.StepFields(pipe, 1, 2)

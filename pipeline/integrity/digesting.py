@@ -9,20 +9,24 @@ batch where the C library is not used, takes the Python path of
 :mod:`quern.pipeline.integrity.batch_digest`. Both give the digests
 :func:`~quern.pipeline.integrity.batch_digest.ledger_digests` gives: the C call is checked against the
 Python path on a few batches before it is first used, and not used where they differ.
+
+:func:`made_of` makes the ledger values of a chunk of batches where the chunk is made (a prefetch
+thread, while the batches are in the CPU's cache), to be written as each batch is yielded.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import rowhash
 from .batch_digest import _hashed, _hex_rows, _leaf_hex, _prepare, _row_raw
 
-__all__ = ["Digesting", "native"]
+__all__ = ["Digesting", "Made", "made_of", "native"]
 
 _U8 = np.dtype(np.uint8)
 
@@ -169,3 +173,46 @@ class Digesting:
             out.append((n, text[36 * at : max(36 * (at + n) - 2, 36 * at)], leaves))
             at += n
         return out
+
+
+class Made(NamedTuple):
+    """A batch's ledger values, made before it is yielded (:func:`made_of`): as :meth:`Digesting.finish_views` gives them."""
+
+    rows: int  # the batch's rows
+    items: memoryview  # its row digests, the items of their JSON array as ASCII bytes (no brackets)
+    leaves: str  # its leaf digests' JSON object
+
+
+def made_of(batches: Sequence[Any]) -> list[Made | None]:
+    """The ledger values of each of ``batches``, made together (one hex conversion for all).
+
+    Each depends on its batch's leaves only (keys, dtypes, shapes and bytes), and equals
+    :meth:`Digesting.finish_views` of that batch; the row digests' text of all of them is one buffer of
+    their own, never written again.
+
+    Args:
+        batches: pytrees of arrays, each with a leading row axis shared by its leaves.
+
+    Returns:
+        Per batch, in order, its values, or ``None`` where it cannot be digested (a leaf without a
+        row axis, an object leaf of other than ``bytes`` or ``str``: :meth:`Digesting.add` of it
+        raises, naming it, where it is yielded).
+
+    Example:
+        >>> import numpy as np
+        >>> from quern.pipeline.integrity.batch_digest import ledger_digests
+        >>> made = made_of([{"x": np.arange(4)}, {"x": np.float32(1)}])
+        >>> n, items, leaves = made[0]
+        >>> (n, f"[{bytes(items).decode()}]", leaves) == ledger_digests({"x": np.arange(4)}), made[1]
+        (True, None)
+    """
+    digesting, ok = Digesting(), []
+    for batch in batches:
+        try:
+            digesting.add(batch)
+        except (ValueError, TypeError):
+            ok.append(False)
+        else:
+            ok.append(True)
+    views = iter(digesting.finish_views())
+    return [Made(*next(views)) if good else None for good in ok]

@@ -17,9 +17,14 @@ global batch, ``row_digests`` and ``leaf_digests`` those of
 :mod:`quern.pipeline.integrity.batch_digest`, whose canonical form is version ``digest_format``
 (:data:`~quern.pipeline.integrity.batch_digest.FORMAT`: a line of another is refused when read).
 With workers, the digests are computed in the
-worker processes and travel with the batch; with 0 workers the iterator hashes each
-batch's rows as it yields it (:meth:`LedgerWriter.add_batch`: the batch as the user
-gets it), and makes the lines of the steps kept together when it writes them. ``PATH`` may hold
+worker processes and travel with the batch; with 0 workers the prefetch thread that
+made a chunk of batches digests them together once it has made them
+(:func:`quern.pipeline.integrity.digesting.made_of`, while they are in the CPU's cache),
+and the iterator keeps each batch's line as it yields it (:meth:`LedgerWriter.add_made`).
+A batch with no digests made (the chunk was made before the ledger was set, or it cannot be
+digested, which then raises naming its step) is hashed as it is yielded
+(:meth:`LedgerWriter.add_batch`), and the lines of the steps kept are made together when
+they are written. ``PATH`` may hold
 ``{process_index}``. Lines are kept in memory and written every
 :data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
 ``close()``, the end of the stream and an error, each write whole lines in one
@@ -42,7 +47,7 @@ from typing import Any, Protocol
 from ..core.errors import StepError
 from ..order.index import host_rows
 from .batch_digest import FORMAT
-from .digesting import Digesting
+from .digesting import Digesting, Made
 
 __all__ = [
     "FLUSH_LINES",
@@ -268,13 +273,31 @@ class LedgerWriter:
             self._hashed.append(step)
             self._write_if_due()
 
+    def add_made(self, step: int, made: Made) -> None:
+        """Keep the line of ``step``, whose batch's digests were made where it was made (:func:`~quern.pipeline.integrity.digesting.made_of`).
+
+        Args:
+            step: the step about to be yielded.
+            made: the digests of this host's batch at ``step``.
+
+        Raises:
+            FingerprintError: the pipeline cannot be fingerprinted at ``step``.
+            OSError: the lines kept could not be written.
+        """
+        with self._lock:
+            self._make_lines()  # the lines of earlier batches first
+            start = self._start(step)
+            self._lines += self._pieces(start, first_row(self.pipe, step, *self._hosts, made.rows), *made)
+            self._kept += 1
+            self._write_if_due()
+
     def _start(self, step: int) -> str:
         """A line's text before its fields: the step, its fingerprint (and description) and the hosts."""
         fp = self.pipe.fingerprint_at(step)
         described = ""
         if fp != self._described:  # a fingerprint's first line says what it describes
-            self._described = fp
             described = f', "description": {json.dumps(self.pipe.leaves_at(step), sort_keys=False)}'
+            self._described = fp
         return f'{{"step": {step}, "fingerprint": "{fp}"{described}{self._head}'
 
     def _line(self, step: int, fields: str) -> bytes:
@@ -299,9 +322,14 @@ class LedgerWriter:
             self._lines = [bytes(p) for p in self._lines]
         self._views, self._hashed = True, []
         for start, (_, first, n, items, leaves) in zip(starts, self._fields.finish_views()):
-            head = f'{start}"rows": [{first}, {first + n}], "row_digests": ['
-            self._lines += [head.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
+            self._lines += self._pieces(start, first, n, items, leaves)
             self._kept += 1
+
+    @staticmethod
+    def _pieces(start: str, first: int, n: int, items: memoryview, leaves: str) -> list[bytes | memoryview]:
+        """A line as three pieces, the middle one its row digests' text as it is (no copy)."""
+        head = f'{start}"rows": [{first}, {first + n}], "row_digests": ['
+        return [head.encode(), items, f'], "leaf_digests": {leaves}}}\n'.encode()]
 
     def _write_if_due(self) -> None:
         if self._kept + len(self._hashed) >= FLUSH_LINES or time.monotonic() - self._since >= FLUSH_SECONDS:
