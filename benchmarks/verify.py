@@ -57,10 +57,10 @@ no ledger and the ledger, ``--floor-runs`` interleaved rounds of ``--seconds0``.
 that hashes every byte must pay, wherever it hashes.
 
 **2d. One running iterator** (0 workers): records/s of blocks of 32 batches of one iterator with a
-ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of eight blocks:
+ledger, which is taken away for the blocks without it (``--block-rounds`` rounds of nine blocks:
 no ledger, the row hash alone on the consumer's thread, the ledger, the ledger with each batch
 hashed as it is yielded (the placement before the digests moved to the prefetch thread), the
-ledger's digests alone on the prefetch thread (no lines, no writes); and the first three with a
+ledger's digests alone on the prefetch thread (no lines, no writes); and the first four with a
 consumer that copies each batch into buffers of its own, as moving a batch to a device does, the
 costs then against that consumer without a ledger). Whether the prefetch thread digests applies
 to the chunks it starts after a change, so the batches already made or in flight then are taken
@@ -590,7 +590,7 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
     prefetch thread not digesting (each batch hashed as it is yielded, the design before), taken away
     with the row hash of each batch done on the consumer's thread after ``next()``, or taken away with
     the prefetch thread still making each chunk's digests (the ledger's digests, no lines or writes). The
-    off, hash and ledger cases again with a consumer that copies each batch into buffers of its own
+    off, hash and both ledger cases again with a consumer that copies each batch into buffers of its own
     after ``next()`` (and after the hash), as moving a batch to a device does. Whether the prefetch
     thread digests applies to the chunks it starts after the change, so after each change the
     batches already made or in flight are taken untimed first. No iterator starts inside a timed
@@ -605,6 +605,7 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
         "off+copy": "no ledger; the consumer copies each batch",
         "hash+copy": "the row hash alone; the consumer copies each batch",
         "ledger@yield": "the ledger, each batch hashed as it is yielded (on the consumer's thread, as before)",
+        "ledger@yield+copy": "the same; the consumer copies each batch",
         "digests": "the ledger's digests alone, on the prefetch thread (no lines, no writes)",
         "ledger+copy": "the ledger; the consumer copies each batch",
         "ledger": "the ledger",
@@ -616,7 +617,7 @@ def ledger_blocks(pipe: Any, rounds: int, block: int, folder: str) -> dict[str, 
             next(it)
         for r in range(rounds):
             for k in list(kinds)[:: 1 if r % 2 == 0 else -1]:
-                digests = k.startswith(("ledger", "digests")) and k != "ledger@yield"
+                digests = k.startswith(("ledger", "digests")) and not k.startswith("ledger@yield")
                 if feed.digesting != digests:
                     feed.digesting = digests
                     it._ledger = None

@@ -160,6 +160,19 @@ def test_with_0_workers_the_prefetch_threads_digest_full_chunks_and_a_bad_batch_
         return real(batches)
 
     monkeypatch.setattr(threads, "made_of", made_of)
+    given = {}  # step -> how its line got its digests
+
+    def noting(name):
+        real = getattr(LedgerWriter, name)
+
+        def call(self, step, value):
+            given[step] = name
+            return real(self, step, value)
+
+        return call
+
+    for name in ("add_made", "add_batch"):
+        monkeypatch.setattr(LedgerWriter, name, noting(name))
     plain = quern.Pipeline.from_source({"x": np.arange(400, dtype=np.int64)}, seed=0).batch(4)
     pipe = plain.map_batch(lambda b: {**b, "s": np.int64(1)} if b["x"][0] == 80 else b)  # step 20: no row axis
     with pipe.iterator(num_workers=0, ledger=tmp_path / "l.jsonl") as it:
@@ -174,6 +187,7 @@ def test_with_0_workers_the_prefetch_threads_digest_full_chunks_and_a_bad_batch_
     assert all(x["leaf_digests"] == digests_of(plain.batch_at(x["step"])).leaves for x in lines)
     assert seen and all(name.startswith("quern-prefetch") for name, _ in seen), seen
     assert all(n == 16 for _, n in seen), seen  # the full chunks' batches digested together, the first ones not
+    assert given == {s: "add_made" if 15 <= s < 20 else "add_batch" for s in range(21)}  # step 20 raised there
 
 
 def test_lines_of_batches_digested_where_made_or_as_yielded_are_the_same(tmp_path):

@@ -194,9 +194,9 @@ def made_of(batches: Sequence[Any]) -> list[Made | None]:
         batches: pytrees of arrays, each with a leading row axis shared by its leaves.
 
     Returns:
-        Per batch, in order, its values, or ``None`` where it cannot be digested (a leaf without a
-        row axis, an object leaf of other than ``bytes`` or ``str``: :meth:`Digesting.add` of it
-        raises, naming it, where it is yielded).
+        Per batch, in order, its values, or ``None`` where digesting it raised (a leaf without a
+        row axis, an object leaf of other than ``bytes`` or ``str``, no memory): :meth:`Digesting.add`
+        of it raises again, naming it, where it is yielded.
 
     Example:
         >>> import numpy as np
@@ -210,7 +210,7 @@ def made_of(batches: Sequence[Any]) -> list[Made | None]:
     for batch in batches:
         try:
             digesting.add(batch)
-        except (ValueError, TypeError):
+        except Exception:  # raised again where the batch is yielded, naming its step
             ok.append(False)
         else:
             ok.append(True)

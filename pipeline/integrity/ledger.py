@@ -21,10 +21,10 @@ worker processes and travel with the batch; with 0 workers the prefetch thread t
 made a chunk of batches digests them together once it has made them
 (:func:`quern.pipeline.integrity.digesting.made_of`, while they are in the CPU's cache),
 and the iterator keeps each batch's line as it yields it (:meth:`LedgerWriter.add_made`).
-A batch with no digests made (the chunk was made before the ledger was set, or it cannot be
-digested, which then raises naming its step) is hashed as it is yielded
-(:meth:`LedgerWriter.add_batch`), and the lines of the steps kept are made together when
-they are written. ``PATH`` may hold
+The batches of chunks of fewer steps (an iterator's first chunks, the last one of a stream,
+one step at a time after a failed chunk) and a batch whose digests raised are hashed as they
+are yielded (:meth:`LedgerWriter.add_batch`; the error then names the step), and the lines
+of those steps are made together when they are written. ``PATH`` may hold
 ``{process_index}``. Lines are kept in memory and written every
 :data:`FLUSH_LINES` steps or :data:`FLUSH_SECONDS` seconds, at ``state()``,
 ``close()``, the end of the stream and an error, each write whole lines in one
@@ -139,8 +139,9 @@ def step_fields(pipe: _Batched, batch: Any, step: int, process_index: int, proce
 class StepFields:
     """The :func:`step_fields` of consecutive steps of one host slice, with less work per step.
 
-    The iterator adds each batch as it yields it (its rows are hashed then) and finishes the fields
-    of the steps added together when it writes their lines
+    With 0 workers the ledger adds the batches hashed as they are yielded (those whose digests
+    were not made with their chunk: :meth:`LedgerWriter.add_batch`) and finishes the fields of the
+    steps added together when it writes their lines
     (:class:`quern.pipeline.integrity.digesting.Digesting`).
 
     Args:
@@ -246,10 +247,9 @@ class LedgerWriter:
         Raises:
             OSError: the lines kept could not be written.
         """
-        line = self._line(step, fields)
         with self._lock:
-            self._make_lines()  # the lines of earlier batches first
-            self._lines.append(line)
+            self._make_lines()  # the lines of earlier batches first (their descriptions too)
+            self._lines.append(self._line(step, fields))
             self._kept += 1
             self._write_if_due()
 
@@ -286,8 +286,8 @@ class LedgerWriter:
         """
         with self._lock:
             self._make_lines()  # the lines of earlier batches first
-            start = self._start(step)
-            self._lines += self._pieces(start, first_row(self.pipe, step, *self._hosts, made.rows), *made)
+            first = first_row(self.pipe, step, *self._hosts, made.rows)
+            self._lines += self._pieces(self._start(step), first, *made)
             self._kept += 1
             self._write_if_due()
 

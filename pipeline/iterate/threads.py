@@ -273,14 +273,16 @@ class ThreadFeed(Feed):
     its own (:func:`compute_on_own_thread`); a chunk stuck past the deadline is
     left running and the feed cannot go on (Python cannot stop a thread).
 
-    With ``settings.digests`` (a ledger), the prefetch thread of each chunk of
-    ``read_ahead`` steps digests its batches once it has made them all, while they
-    are still in the CPU's cache (about 40 µs for a 513 KiB batch on the project's
-    machine, against about 60 µs once the batch has left it, and less of the memory
-    traffic the other threads wait on); :meth:`add_to_ledger` hands those digests
-    over as the batch is yielded. The first, smaller chunks are not digested there:
-    the iterator is waiting for them, so their batches are hashed as they are
-    yielded, while the prefetch thread goes on to the next chunk.
+    With ``settings.digests`` (a ledger), the thread that computes a chunk of
+    ``read_ahead`` steps (the prefetch thread, or its own thread when watched) digests
+    its batches once it has made them all, while they are still in the CPU's cache
+    (about 40 µs for a 513 KiB batch on the project's machine, against about 60 µs
+    once the batch has left it, and less of the memory traffic the other threads
+    wait on); :meth:`add_to_ledger` hands those digests over as the batch is
+    yielded. Chunks of fewer steps (the first ones, while the chunk size grows; the
+    last one of a stream) are not digested there: the iterator is waiting for the
+    first ones, so their batches are hashed as they are yielded, while the prefetch
+    thread goes on to the next chunk.
 
     Args:
         pipe: the pipeline.
@@ -404,7 +406,7 @@ class ThreadFeed(Feed):
                 s = self.settings
                 batches = execute.batches_at(self.pipe, step, 1, s.process_index, s.process_count)
                 made = []
-            self._ready.extend(zip(batches, made or [None] * len(batches)))
+            self._ready.extend(zip(batches, made or [None] * len(batches), strict=True))
             if batches and self.settings.read_ahead is None:  # large batches (images): smaller chunks
                 cap = max(1, THREAD_CHUNK_BYTES // max(1, batch_nbytes(batches[0])))
                 self.read_ahead = min(self.read_ahead, cap)
@@ -473,8 +475,9 @@ class ThreadFeed(Feed):
             ledger: the iterator's ledger.
             step: the step.
             batch: its batch, the one :meth:`get` returned last (hashed here where its chunk did
-                not digest it: made before :attr:`digesting` was set, one step at a time after a
-                failed chunk, or not digestible, which then raises here, naming the step).
+                not digest it: a chunk of fewer than ``read_ahead`` steps, one step at a time
+                after a failed chunk, one started while :attr:`digesting` was false, or a batch
+                whose digests raised, which raises again here, naming the step).
         """
         t0 = time.perf_counter()
         made, self._last = self._last, None
