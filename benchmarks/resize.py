@@ -2,7 +2,8 @@
 
 What is measured
 ----------------
-Milliseconds per call (the median of ``--runs`` runs of at least ``--seconds`` each, one thread) of
+Milliseconds per call (the median of ``--runs`` rounds of at least ``--seconds`` each, the three
+taking turns within a round so that a slow spell of the machine hits them all; one thread) of
 ``quern.transforms.image.resampling.resize_u8`` with the C library (``libimage.so``), of the same
 function's NumPy path (``_numpy_resize``: what runs without a C compiler at install or with
 ``QUERN_NATIVE=0``; the same pixels), and of Pillow's ``Image.resize(..., BILINEAR, box=...)`` (the
@@ -22,9 +23,8 @@ library the C column is left out (``resize_u8`` would be the NumPy path). Run (a
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import common
@@ -40,18 +40,6 @@ CASES = {  # name: (image height, width), output (height, width), box (left, top
 }
 
 
-def per_call_ms(fn: Callable[..., Any], fn_args: tuple[Any, ...], runs: int, seconds: float) -> float:
-    """The median over ``runs`` runs of the milliseconds ``fn(*fn_args)`` takes (each run at least ``seconds``)."""
-    times = []
-    for _ in range(runs):
-        n, t0 = 0, time.perf_counter()
-        while n == 0 or time.perf_counter() - t0 < seconds:
-            fn(*fn_args)
-            n += 1
-        times.append((time.perf_counter() - t0) / n * 1e3)
-    return statistics.median(times)
-
-
 def _pillow(img: np.ndarray, size: tuple[int, int], box: tuple[float, ...]) -> Image.Image:
     return Image.fromarray(img).resize((size[1], size[0]), Image.Resampling.BILINEAR, box=box)
 
@@ -63,8 +51,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     print("# The resize kernel: C, NumPy, Pillow\n")
-    print(common.command_line())
-    print(common.machine_line(pillow=Image.__version__))
+    common.begin(pillow=Image.__version__)
     print(f"C library: {'used' if resampling.is_native() else 'not used: ' + resampling.native_why()}\n")
     rng = np.random.default_rng(0)
     print(common.markdown_header(["case", "C ms", "NumPy path ms", "Pillow ms", "NumPy / C", "Pillow / C"]))
@@ -73,18 +60,23 @@ def main() -> None:
         img = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
         assert np.array_equal(resampling.resize_u8(img, size, box), resampling._numpy_resize(img, size, box))
         calls = {
-            "c": (resampling.resize_u8, (img, size, box)),
-            "numpy": (resampling._numpy_resize, (img, size, box)),
-            "pillow": (_pillow, (img, size, box)),
+            "c": functools.partial(resampling.resize_u8, img, size, box),
+            "numpy": functools.partial(resampling._numpy_resize, img, size, box),
+            "pillow": functools.partial(_pillow, img, size, box),
         }
         if not resampling.is_native():
             del calls["c"]
-        ms = {k: per_call_ms(fn, fn_args, args.runs, args.seconds) for k, (fn, fn_args) in calls.items()}
+        cases = [(k, lambda fn=fn: 1e3 / common.rate(fn, args.seconds, 1)) for k, fn in calls.items()]
+        ms = {k: statistics.median(v) for k, v in common.interleaved(cases, args.runs, alternate=True).items()}
         figures[name] = ms
         c = ms.get("c")
-        row = [f"{name} {shape[1]}x{shape[0]} -> {size[1]}x{size[0]}", "n/a" if c is None else f"{c:.2f}"]
-        row += [f"{ms['numpy']:.2f}", f"{ms['pillow']:.2f}"]
-        row += ["n/a", "n/a"] if c is None else [f"{ms['numpy'] / c:.1f}x", f"{ms['pillow'] / c:.1f}x"]
+        row = [f"{name} {shape[1]}x{shape[0]} -> {size[1]}x{size[0]}", "-" if c is None else f"{c:.2f}"]
+        row += [
+            f"{ms['numpy']:.2f}",
+            f"{ms['pillow']:.2f}",
+            common.ratio(ms["numpy"], c),
+            common.ratio(ms["pillow"], c),
+        ]
         print(common.markdown_row(row))
     common.save_figures(args.json, figures)
 

@@ -12,7 +12,7 @@ Pillow's own (the rounding between the passes), and equal to it where one pass i
 The work is a C library built with the wheel (``native/resample.c`` in ``libimage.so``,
 :mod:`~quern.transforms.image.native`: the vertical pass along whole
 rows, vectorised, with an AVX2 clone on x86-64; the GIL released during the call, so threads
-resize in parallel), about 2.5x faster than Pillow here (``benchmarks/vision.py``), or, without it,
+resize in parallel), 1.3-3.9x faster than Pillow here (``benchmarks/resize.py``), or, without it,
 the same arithmetic in NumPy (7-12x slower than the C loop, the same pixels;
 ``benchmarks/resize.py``). The library is used only when it loads,
 reports the expected ABI and resizes a few test images exactly as the NumPy path does; otherwise
