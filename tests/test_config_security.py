@@ -378,15 +378,15 @@ DOCUMENTS = [
 ]
 
 
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml: configs use the Python loader")
 @pytest.mark.parametrize("text", DOCUMENTS, ids=range(len(DOCUMENTS)))
 def test_the_libyaml_loader_gives_the_python_loaders_values(text):
     """Configs are read with libyaml's scanner and parser under the limits' Python composer: the same values."""
-    if yaml.__with_libyaml__:
-        assert limits.LOADER is not limits.Loader and limits.LOADER.__name__ == "CLoader"
-        # the Python composer (with the depth check) and the safe constructor, not libyaml's composer
-        assert limits.LOADER.get_single_node is yaml.composer.Composer.get_single_node
-        assert limits.LOADER.compose_node is limits.Loader.compose_node
-        assert limits.LOADER.construct_document is yaml.constructor.SafeConstructor.construct_document
+    assert limits.LOADER is not limits.Loader and limits.LOADER.__name__ == "CLoader"
+    # the Python composer (with the depth check) and the safe constructor, not libyaml's composer
+    assert limits.LOADER.get_single_node is yaml.composer.Composer.get_single_node
+    assert limits.LOADER.compose_node is limits.Loader.compose_node
+    assert limits.LOADER.construct_document is yaml.constructor.SafeConstructor.construct_document
     assert yaml.load(text, Loader=limits.LOADER) == yaml.load(text, Loader=limits.Loader)
 
 

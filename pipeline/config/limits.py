@@ -297,20 +297,16 @@ class Loader(_Limited, yaml.SafeLoader):
 
 
 def _libyaml_loader() -> type | None:
-    """A loader with :class:`Loader`'s limits, composer, constructor and resolver over libyaml's parser (events).
+    """PyYAML's ``CSafeLoader`` (libyaml's parser, the safe constructor, the resolver) under :class:`Loader`'s limits and composer.
 
     ``None`` where PyYAML was built without libyaml.
     """
-    try:
-        from yaml.cyaml import CParser
-    except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    if not yaml.__with_libyaml__:  # pragma: no cover - PyYAML built without libyaml
         return None
 
-    class CLoader(_Limited, yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver, CParser):
+    class CLoader(_Limited, yaml.composer.Composer, yaml.CSafeLoader):
         def __init__(self, stream: Any) -> None:
-            CParser.__init__(self, stream)
-            yaml.constructor.SafeConstructor.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
+            yaml.CSafeLoader.__init__(self, stream)
             yaml.composer.Composer.__init__(self)
 
     return CLoader
