@@ -699,9 +699,11 @@ def test_import_quern_leaves_crc32c_out_until_a_crc_is_checked():
     assert out.stdout.splitlines() == ["False", f"0xa282ead8 {hex(masked)} True"], out.stdout
 
 
-def test_the_fork_server_preloads_crc32c_for_tfrecord_whether_or_not_this_process_imported_it(tmp_path, monkeypatch):
-    """A TFRecord source read through a cached index has computed no CRC here: the workers' fork server still
-    imports crc32c once, before it forks them, rather than each worker importing it itself."""
+def test_the_fork_servers_preloads_name_crc32c_for_tfrecord_whether_or_not_this_process_imported_it(
+    tmp_path, monkeypatch
+):
+    """A TFRecord source read through a cached index has computed no CRC here: the modules the workers' fork
+    server imports before it forks them (``preloads``) still name crc32c, so no worker imports it itself."""
     from quern.pipeline.iterate.workers.handles import preloads
 
     path = tmp_path / "a.tfrecord"
