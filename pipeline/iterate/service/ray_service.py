@@ -88,6 +88,11 @@ class RayService:
             is named), or it has fewer CPUs than the actors need.
         ValueError: an argument is out of range.
 
+    Attributes:
+        address: the ``address`` given, or ``"the local cluster at HOST:PORT"`` for a local one.
+        cluster: the cluster as messages name it: ``the Ray cluster at ADDRESS`` or ``the local
+            cluster at HOST:PORT`` (``the new local cluster`` until it has started).
+
     Example:
         >>> svc = quern.RayService(num_actors=2)  # doctest: +SKIP
         >>> with pipe.iterator(service=svc) as it:  # doctest: +SKIP
@@ -126,11 +131,12 @@ class RayService:
         self._closed = False
         self._started = False  # this service initialised Ray (close() shuts it down)
         self.address = address or "a new local cluster"
+        self.cluster = f"the Ray cluster at {address}" if address else "the new local cluster"
         if not ray.is_initialized():
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is None:
                 local_cpus = num_cpus or os.cpu_count() or 1  # too few for the actors: refused before it starts
-                _check_fit("the new local cluster", local_cpus, num_actors, num_cpus_per_actor, "a larger num_cpus")
+                _check_fit(self.cluster, local_cpus, num_actors, num_cpus_per_actor, "a larger num_cpus")
                 kw.update(
                     address="local",
                     _node_ip_address="127.0.0.1",  # the node's address (Ray may still name the machine's own)
@@ -148,7 +154,7 @@ class RayService:
         try:
             self.gcs_address = str(ray.get_runtime_context().gcs_address)
             if address is None:
-                self.address = f"the local cluster at {self.gcs_address}"
+                self.address = self.cluster = f"the local cluster at {self.gcs_address}"
             cpus = float(ray.cluster_resources().get("CPU", 0))
             self.num_actors = _check_fit(self.cluster, cpus, num_actors, num_cpus_per_actor, "add nodes")
         except BaseException:
@@ -162,11 +168,6 @@ class RayService:
         self._expect: Expect | None = None
         self._pipe_key: str | None = None  # what pipeline the actors hold
         self.replaced = 0  # actors replaced after dying
-
-    @property
-    def cluster(self) -> str:
-        """The cluster as messages name it: ``the Ray cluster at HOST:PORT`` or ``the local cluster at HOST:PORT``."""
-        return self.address if self.address.startswith(("the ", "a ")) else f"the Ray cluster at {self.address}"
 
     # ------------------------------------------------------------------ actors
 
