@@ -91,6 +91,14 @@ def native() -> bool:
     return True
 
 
+class Made(NamedTuple):
+    """A batch's ledger values as :meth:`Digesting.finish_views` gives them (and :func:`made_of`, before it is yielded)."""
+
+    rows: int  # the batch's rows
+    items: memoryview  # its row digests, the items of their JSON array as ASCII bytes (no brackets)
+    leaves: str  # its leaf digests' JSON object
+
+
 class Digesting:
     """The :func:`~quern.pipeline.integrity.batch_digest.ledger_digests` of consecutive batches, made with less work.
 
@@ -154,7 +162,7 @@ class Digesting:
         """Per batch added, in order: ``(rows, row digests, leaf digests)`` as ``ledger_digests`` gives them."""
         return [(n, f"[{bytes(items).decode()}]", leaf) for n, items, leaf in self.finish_views()]
 
-    def finish_views(self) -> list[tuple[int, memoryview, str]]:
+    def finish_views(self) -> list[Made]:
         """As :meth:`finish`, with each batch's row digests as the items of their JSON array (no brackets).
 
         The items are ASCII bytes in a buffer this object writes again at its next ``finish_views``
@@ -167,20 +175,12 @@ class Digesting:
             self._text = np.empty(size, _U8)
         rowhash.json_hex_into(self._raw[: 16 * rows], self._text[: max(size - 2, 0)])
         text = memoryview(self._text)  # type: ignore[arg-type]
-        out: list[tuple[int, memoryview, str]] = []
+        out: list[Made] = []
         at = 0
         for n, leaves in batches:
-            out.append((n, text[36 * at : max(36 * (at + n) - 2, 36 * at)], leaves))
+            out.append(Made(n, text[36 * at : max(36 * (at + n) - 2, 36 * at)], leaves))
             at += n
         return out
-
-
-class Made(NamedTuple):
-    """A batch's ledger values, made before it is yielded (:func:`made_of`): as :meth:`Digesting.finish_views` gives them."""
-
-    rows: int  # the batch's rows
-    items: memoryview  # its row digests, the items of their JSON array as ASCII bytes (no brackets)
-    leaves: str  # its leaf digests' JSON object
 
 
 def made_of(batches: Sequence[Any]) -> list[Made | None]:
@@ -215,4 +215,4 @@ def made_of(batches: Sequence[Any]) -> list[Made | None]:
         else:
             ok.append(True)
     views = iter(digesting.finish_views())
-    return [Made(*next(views)) if good else None for good in ok]
+    return [next(views) if good else None for good in ok]

@@ -316,7 +316,7 @@ class ThreadFeed(Feed):
         self._at = settings.start  # the step of the first ready batch (or the next one asked for)
         self._pending: collections.deque[tuple[int, int, cf.Future[Chunk]]] = collections.deque()
         self._ready: collections.deque[tuple[Batch, Made | None]] = collections.deque()  # the chunk being taken
-        self._last: Made | None = None  # the ledger digests of the batch get() returned last
+        self._last: tuple[int, Made | None] = (-1, None)  # the step get() returned last, its ledger digests
         self.digesting = settings.digests
         self._chunk = 1
         self._careful_until = 0  # steps below this are computed one per chunk (after a failed chunk)
@@ -413,7 +413,8 @@ class ThreadFeed(Feed):
                 self._chunk = min(self._chunk, self.read_ahead)
         self._fill(taking=1)  # before the batch is taken: a Ctrl-C in here loses nothing
         self._at = step + 1  # first, so that a Ctrl-C after it makes a step asked for again be recomputed
-        batch, self._last = self._ready.popleft()
+        batch, digests = self._ready.popleft()
+        self._last = step, digests
         return batch
 
     def _time_out(
@@ -480,8 +481,8 @@ class ThreadFeed(Feed):
                 whose digests raised, which raises again here, naming the step).
         """
         t0 = time.perf_counter()
-        made, self._last = self._last, None
-        if made is None:
+        (last, made), self._last = self._last, (-1, None)
+        if made is None or last != step:  # not the digests of this step's batch: hashed here
             ledger.add_batch(step, batch)
         else:
             ledger.add_made(step, made)
