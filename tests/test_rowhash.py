@@ -212,6 +212,25 @@ def test_the_c_digests_equal_the_python_digests_on_random_layouts():
     assert d.finish() == [batch_digest.ledger_digests(b) for b in batches]
 
 
+def test_an_arrays_address_is_its_first_byte_whether_writable_read_only_empty_or_strided():
+    """``rowhash.address`` reads a writable array's buffer through ctypes, and falls back for the others."""
+    base = np.arange(24, dtype=np.int32).reshape(4, 6)
+    read_only = np.frombuffer(base.tobytes(), np.int32).reshape(4, 6)
+    assert not read_only.flags.writeable
+    for a in (base, base[1:], read_only, read_only[2:], base[:, ::2], base[:, 3:], np.empty((0, 5), np.int64)):
+        assert rowhash.address(a) == a.__array_interface__["data"][0]
+    writable, row = np.zeros(3, np.uint8), base[2]
+    ctypes.memmove(rowhash.address(writable), rowhash.address(row), 3)  # the bytes at the address are the array's
+    assert writable.tolist() == list(row.tobytes()[:3])
+    if not HAVE_CC:
+        pytest.skip("no C compiler here: the wheel is built without the row hash (the Python path is tested)")
+    batch = {"tokens": read_only, "length": np.frombuffer(bytes(range(4)), np.uint8)}  # leaves no one may write
+    d = digesting.Digesting()
+    d.add(batch)
+    d.add({k: v.copy() for k, v in batch.items()})
+    assert d.finish() == [batch_digest.ledger_digests(batch)] * 2
+
+
 def test_a_c_library_that_digests_unlike_python_is_not_used(monkeypatch):
     """A C digest that differs from the Python path's on the check's batches is refused, with a warning."""
     if not HAVE_CC:

@@ -48,6 +48,7 @@ LIBRARY = Path(__file__).resolve().parent.parent / "native" / "librowhash.so"
 _ABI = 2  # quern_rowhash_abi() of the library this module was written for
 _XXH_VERSION = 804  # xxHash 0.8.4 (native/xxhash/)
 _U8 = np.dtype(np.uint8)
+_BYTE = ctypes.c_char
 
 
 def _python_rows(rows: Any) -> bytes:
@@ -129,12 +130,14 @@ class BatchLayout:
         "arrays": "The widths (``uintp``), large flags (``uint8``) and seeds (``uint64``) as arrays.",
         "layout": "``L``.",
         "addresses": "The three arrays' addresses (a pickled copy makes its own arrays and addresses).",
+        "pointers": "The ctypes type of an array of one address per leaf.",
     }
 
     def __init__(self, widths: list[int], large: list[bool], seeds: list[int], layout: int) -> None:
         self.arrays = np.array(widths, np.uintp), np.array(large, np.uint8), np.array(seeds, np.uint64)
         self.layout = int(layout)
         self.addresses = tuple(address(a) for a in self.arrays)
+        self.pointers = ctypes.c_void_p * len(widths)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         widths, large, seeds = (a.tolist() for a in self.arrays)
@@ -147,8 +150,15 @@ def batch_layout(widths: list[int], large: list[bool], seeds: list[int], layout:
 
 
 def address(array: np.ndarray) -> int:
-    """The address of ``array``'s first byte (for :func:`batch_digests_into`)."""
-    return int(array.__array_interface__["data"][0])
+    """The address of ``array``'s first byte (for :func:`batch_digests_into`).
+
+    Taken from a ctypes view of the array's buffer where it is writable and contiguous (about 0.4 µs
+    a call here), else from its array interface (about 1.5 µs: the interface is a new dict each time).
+    """
+    try:
+        return ctypes.addressof(_BYTE.from_buffer(array))
+    except (TypeError, ValueError, BufferError):  # read-only, empty or not contiguous
+        return int(array.__array_interface__["data"][0])
 
 
 def batch_digests_into(layout: BatchLayout, arrays: list[np.ndarray], n: int, rows: int, leaves: int) -> bool:
@@ -176,7 +186,7 @@ def batch_digests_into(layout: BatchLayout, arrays: list[np.ndarray], n: int, ro
     k = len(arrays)
     if k != len(layout.arrays[0]):
         raise ValueError(f"batch_digests_into: {k} arrays for a layout of {len(layout.arrays[0])} leaves")
-    data = (ctypes.c_void_p * k)(*[a.__array_interface__["data"][0] for a in arrays])
+    data = layout.pointers(*map(address, arrays))
     if lib.quern_batch_digests(n, k, data, *layout.addresses, layout.layout, rows, leaves):
         raise MemoryError(f"quern_batch_digests: no memory for the parts of {n} rows")
     return True
