@@ -181,6 +181,35 @@ def test_unreadable_config_files(tmp_path):
     assert str(info.value).startswith(f"{tmp_path / 'list.yaml'}: ") and str(info.value).count("list.yaml") == 1
 
 
+@pytest.mark.parametrize("parser", ["libyaml", "python"])
+def test_a_yaml_syntax_error_shows_each_place_with_its_line_and_a_caret(tmp_path, monkeypatch, parser):
+    from quern.pipeline.config import limits, load
+
+    if parser == "python":
+        monkeypatch.setattr(load, "LOADER", limits.Loader)
+    elif limits.LOADER is limits.Loader:
+        pytest.skip("PyYAML here has no libyaml: its parser is the Python one, tested beside")
+    path = tmp_path / "cfg.yaml"
+    path.write_text("source:\n  type: arrays\n\tpath: x\n")  # a tab where an indent goes
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(f"{path}: cannot parse: ") and "<unicode string>" not in str(info.value)
+    at = lines.index("  at line 3, column 1:")
+    assert lines[at + 1 :] == ["    \tpath: x", "    ^"]
+    long = "x" * 100
+    path.write_text(f"source: {{type: arrays, path: {long}] }}\nbatch: 4\n")  # a ] in a {...}, at column 130
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[lines.index("  at line 1, column 9:") + 1 :][:2] == [
+        "    source: {type: arrays, path: " + "x" * 47,
+        " " * 12 + "^",
+    ]
+    at = lines.index("  at line 1, column 130:")
+    assert lines[at + 1 :] == ["    " + "x" * 73 + "] }", "    " + " " * 73 + "^"]  # the line's last 76 characters
+
+
 def test_doubled_prefixes_are_found():
     assert doubled_prefixes("source: source: ArrayRecordSource: no file matches 'x'") == [("source", "source")]
     assert doubled_prefixes("cfg.yaml: cfg.yaml: cannot parse")

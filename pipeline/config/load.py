@@ -80,13 +80,71 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
             data = yaml.load(text, Loader=LOADER)  # a SafeLoader's values, with the limits
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    except Exception as e:  # a syntax error, JSON nested past Python's recursion limit
+    except yaml.MarkedYAMLError as e:  # a syntax error at a place in the file
+        raise ConfigError(f"{path}: cannot parse: {_yaml_error(e, text)}") from e
+    except Exception as e:  # another YAML error, JSON nested past Python's recursion limit
         raise ConfigError(f"{path}: cannot parse: {clip(str(e))}") from e
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: the top level must be a mapping of keys (source or mix, batch, ...), got {type(data).__name__}"
         )
     return data, os.path.dirname(os.path.abspath(path)), path
+
+
+def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
+    r"""A YAML syntax error's message: what was wrong, where, and the line of ``text`` with a caret there.
+
+    PyYAML's Python parser shows the line of each place it names; libyaml's (the loader quern
+    uses where PyYAML has it) names the line and column only. This message is the same for both
+    parsers' errors: each place once, as ``at line L, column C:``, then the line (at most
+    :data:`_SHOWN` characters of it, around the column) and a caret under the column.
+
+    Args:
+        error: the parser's error (line and column count from 0 in it).
+        text: the document parsed.
+
+    Returns:
+        The message, several lines.
+
+    Example:
+        >>> import yaml
+        >>> try:
+        ...     yaml.safe_load("a: [1, 2\nb: 3\n")
+        ... except yaml.MarkedYAMLError as e:
+        ...     print(_yaml_error(e, "a: [1, 2\nb: 3\n"))
+        while parsing a flow sequence
+          at line 1, column 4:
+            a: [1, 2
+               ^
+        expected ',' or ']', but got ':'
+          at line 2, column 2:
+            b: 3
+             ^
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+    places = [(error.context, error.context_mark), (error.problem, error.problem_mark)]
+    for i, (what, mark) in enumerate(places):
+        if what:
+            out.append(what)
+        problem = error.problem_mark
+        same = problem is not None and mark is not None and (mark.line, mark.column) == (problem.line, problem.column)
+        if mark is None or (i == 0 and same and error.problem is not None):  # a place said once
+            continue
+        out.append(f"  at line {mark.line + 1}, column {mark.column + 1}:")
+        if mark.line < len(lines):
+            line = lines[mark.line]
+            start = max(0, min(mark.column - _SHOWN // 2, len(line) - _SHOWN))
+            shown = line[start : start + _SHOWN]
+            pad = "".join(c if c == "\t" else " " for c in shown[: mark.column - start])  # a tab stays a tab
+            out += [f"    {shown}", f"    {pad}^"]
+    if error.note:
+        out.append(error.note)
+    return "\n".join(out)
+
+
+_SHOWN = 76
+"""The most characters of a line :func:`_yaml_error` shows."""
 
 
 def _prefixed(key: str, error: BaseException) -> str:
