@@ -21,7 +21,7 @@ import binascii
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xxhash
@@ -156,7 +156,7 @@ def address(array: np.ndarray) -> int:
     a call here), else from its array interface (about 1.5 µs: the interface is a new dict each time).
     """
     try:
-        return ctypes.addressof(_BYTE.from_buffer(array))
+        return ctypes.addressof(_BYTE.from_buffer(cast(Any, array)))  # numpy's stubs do not type arrays as buffers
     except (TypeError, ValueError, BufferError):  # read-only, empty or not contiguous
         return int(array.__array_interface__["data"][0])
 
