@@ -203,11 +203,23 @@ def test_a_yaml_syntax_error_shows_each_place_with_its_line_and_a_caret(tmp_path
         quern.load_config(path)
     lines = str(info.value).splitlines()
     assert lines[lines.index("  at line 1, column 9:") + 1 :][:2] == [
-        "    source: {type: arrays, path: " + "x" * 47,
+        "    source: {type: arrays, path: " + "x" * 47 + "...",  # the line's first 76 characters
         " " * 12 + "^",
     ]
     at = lines.index("  at line 1, column 130:")
-    assert lines[at + 1 :] == ["    " + "x" * 73 + "] }", "    " + " " * 73 + "^"]  # the line's last 76 characters
+    assert lines[at + 1 :] == ["    ..." + "x" * 73 + "] }", "    " + " " * 76 + "^"]  # its last 76
+    path.write_text("source: [1, 2\n")  # the place the parser names is past the last line
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[lines.index("  at line 2, column 1:") + 1 :] == ["    (the end of the text)"]
+    for huge in (f"a: *{'y' * 5000}\n", f"a: !{'y' * 5000} 1\n"):  # an alias, a tag: quoted by the parser
+        path.write_text(huge)
+        with pytest.raises(quern.ConfigError) as info:
+            quern.load_config(path)
+        assert "characters)" in str(info.value) and max(map(len, str(info.value).splitlines())) < 700, str(info.value)[
+            :3000
+        ]
 
 
 def test_doubled_prefixes_are_found():

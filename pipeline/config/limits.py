@@ -285,7 +285,8 @@ class Loader(_Limited, yaml.SafeLoader):
     and resolver over libyaml's scanner and parser where PyYAML has them (about 5x faster on a
     large file), else this one. The two give the same values for what both accept; libyaml
     also takes a tab as the space after a colon or comma, refuses directives other
-    than ``%YAML`` and ``%TAG``, and says less in its syntax errors (the line and column stay).
+    than ``%YAML`` and ``%TAG``, and words its syntax errors more briefly (the message shows
+    the line and a caret for both: :func:`quern.pipeline.config.load._yaml_error`).
 
     Args:
         stream: The YAML text (or a file).

@@ -95,9 +95,13 @@ def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
     r"""A YAML syntax error's message: what was wrong, where, and the line of ``text`` with a caret there.
 
     PyYAML's Python parser shows the line of each place it names; libyaml's (the loader quern
-    uses where PyYAML has it) names the line and column only. This message is the same for both
-    parsers' errors: each place once, as ``at line L, column C:``, then the line (at most
-    :data:`_SHOWN` characters of it, around the column) and a caret under the column.
+    uses where PyYAML has it) names the line and column only. This message is laid out the same
+    for both parsers' errors (their wording differs): each place once, as ``at line L, column
+    C:``, then the line and a caret under the column. A line is shown in at most :data:`_SHOWN`
+    characters around the column (``...`` where it is cut, a character that cannot be printed
+    as ``?``), a place past the last line as ``(the end of the text)``, and each of the parser's
+    own sentences in at most :data:`~quern.pipeline.config.limits.MAX_LINE` characters (they
+    may quote the file: an alias, an anchor, a tag).
 
     Args:
         error: the parser's error (line and column count from 0 in it).
@@ -126,20 +130,23 @@ def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
     places = [(error.context, error.context_mark), (error.problem, error.problem_mark)]
     for i, (what, mark) in enumerate(places):
         if what:
-            out.append(what)
+            out.append(clip(what))
         problem = error.problem_mark
         same = problem is not None and mark is not None and (mark.line, mark.column) == (problem.line, problem.column)
         if mark is None or (i == 0 and same and error.problem is not None):  # a place said once
             continue
         out.append(f"  at line {mark.line + 1}, column {mark.column + 1}:")
-        if mark.line < len(lines):
-            line = lines[mark.line]
-            start = max(0, min(mark.column - _SHOWN // 2, len(line) - _SHOWN))
-            shown = line[start : start + _SHOWN]
-            pad = "".join(c if c == "\t" else " " for c in shown[: mark.column - start])  # a tab stays a tab
-            out += [f"    {shown}", f"    {pad}^"]
+        if mark.line >= len(lines):
+            out.append("    (the end of the text)")
+            continue
+        line = lines[mark.line]
+        start = max(0, min(mark.column - _SHOWN // 2, len(line) - _SHOWN))
+        shown = "".join(c if c.isprintable() or c == "\t" else "?" for c in line[start : start + _SHOWN])
+        before, after = ("..." if start else ""), ("..." if start + _SHOWN < len(line) else "")
+        pad = "".join(c if c == "\t" else " " for c in before + shown[: mark.column - start])  # a tab stays a tab
+        out += [f"    {before}{shown}{after}", f"    {pad}^"]
     if error.note:
-        out.append(error.note)
+        out.append(clip(error.note))
     return "\n".join(out)
 
 
