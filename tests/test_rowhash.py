@@ -217,8 +217,17 @@ def test_an_arrays_address_is_its_first_byte_whether_writable_read_only_empty_or
     base = np.arange(24, dtype=np.int32).reshape(4, 6)
     read_only = np.frombuffer(base.tobytes(), np.int32).reshape(4, 6)
     assert not read_only.flags.writeable
-    for a in (base, base[1:], read_only, read_only[2:], base[:, ::2], base[:, 3:], np.empty((0, 5), np.int64)):
+    others = [base[:, ::2], base[:, 3:], base[::-1], np.asfortranarray(base), np.empty((0, 5), np.int64)]
+    others += [read_only, read_only[2:], np.arange(3).astype("datetime64[s]")]  # not a buffer ctypes may view
+    for a in [base, base[1:], *others]:
         assert rowhash.address(a) == a.__array_interface__["data"][0]
+
+    class NoInterface(np.ndarray):  # an array whose interface cannot be read: the ctypes view is used
+        @property
+        def __array_interface__(self):
+            raise AssertionError("the array interface was read")
+
+    assert rowhash.address(base[1:].view(NoInterface)) == base[1:].__array_interface__["data"][0]
     writable, row = np.zeros(3, np.uint8), base[2]
     ctypes.memmove(rowhash.address(writable), rowhash.address(row), 3)  # the bytes at the address are the array's
     assert writable.tolist() == list(row.tobytes()[:3])
