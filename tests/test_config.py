@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from uuid import uuid4  # noqa: F401 (re-exported from here: a config may not name it as test_config:uuid4)
 
@@ -66,6 +67,9 @@ def test_yaml_json_and_dict_give_the_same_pipeline(files, tmp_path):
     assert_same_pipeline(from_dict, quern.load_config(tmp_path / "p.yaml"))
     assert_same_pipeline(from_dict, quern.load_config(str(tmp_path / "p.json")))
     assert from_dict.batch_at(0)["shifted"].shape == (8, 16)
+    for name, text in (("bom.json", json.dumps(cfg)), ("bom.yaml", yaml.safe_dump(cfg))):  # a byte-order mark first
+        (tmp_path / name).write_bytes(("\ufeff" + text).encode())
+        assert_same_pipeline(from_dict, quern.load_config(tmp_path / name))
 
 
 def test_code_built_pipeline_round_trips(files):
@@ -217,9 +221,13 @@ def test_a_yaml_syntax_error_shows_each_place_with_its_line_and_a_caret(tmp_path
         path.write_text(huge)
         with pytest.raises(quern.ConfigError) as info:
             quern.load_config(path)
-        assert "characters)" in str(info.value) and max(map(len, str(info.value).splitlines())) < 700, str(info.value)[
-            :3000
-        ]
+        first = str(info.value).splitlines()[0]
+        assert re.search(r"y\.\.\. \(4,\d{3} more characters\)$", first) and len(first) < 600, first[:3000]
+    path.write_bytes("\ufeffsource: [1, 2\nbatch: 4\n".encode())  # a byte-order mark: no column of the parsers'
+    with pytest.raises(quern.ConfigError) as info:
+        quern.load_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[lines.index("  at line 1, column 9:") + 1 :][:2] == ["    source: [1, 2", " " * 12 + "^"]
 
 
 def test_doubled_prefixes_are_found():

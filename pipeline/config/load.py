@@ -69,7 +69,7 @@ def _read(config: Any) -> tuple[dict, str, str | None]:
             raw = f.read(MAX_BYTES + 1)
         if len(raw) > MAX_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_BYTES:,} bytes (the limit for a config file)")
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not text: no parser counts it in a column
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {clip(str(e))}") from e
     try:
@@ -99,9 +99,9 @@ def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
     for both parsers' errors (their wording differs): each place once, as ``at line L, column
     C:``, then the line and a caret under the column. A line is shown in at most :data:`_SHOWN`
     characters around the column (``...`` where it is cut, a character that cannot be printed
-    as ``?``), a place past the last line as ``(the end of the text)``, and each of the parser's
-    own sentences in at most :data:`~quern.pipeline.config.limits.MAX_LINE` characters (they
-    may quote the file: an alias, an anchor, a tag).
+    as ``?``; the caret counts characters, as both parsers' columns do), and a place past the last
+    line as ``(the end of the text)``. The parser's own sentences may quote the file (an alias,
+    an anchor, a tag): :func:`load_config` bounds every line of a message, this one's too.
 
     Args:
         error: the parser's error (line and column count from 0 in it).
@@ -130,7 +130,7 @@ def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
     places = [(error.context, error.context_mark), (error.problem, error.problem_mark)]
     for i, (what, mark) in enumerate(places):
         if what:
-            out.append(clip(what))
+            out.append(what)
         problem = error.problem_mark
         same = problem is not None and mark is not None and (mark.line, mark.column) == (problem.line, problem.column)
         if mark is None or (i == 0 and same and error.problem is not None):  # a place said once
@@ -146,7 +146,7 @@ def _yaml_error(error: yaml.MarkedYAMLError, text: str) -> str:
         pad = "".join(c if c == "\t" else " " for c in before + shown[: mark.column - start])  # a tab stays a tab
         out += [f"    {before}{shown}{after}", f"    {pad}^"]
     if error.note:
-        out.append(clip(error.note))
+        out.append(error.note)
     return "\n".join(out)
 
 

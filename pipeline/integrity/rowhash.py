@@ -152,15 +152,16 @@ def batch_layout(widths: list[int], large: list[bool], seeds: list[int], layout:
 def address(array: np.ndarray) -> int:
     """The address of ``array``'s first byte (for :func:`batch_digests_into`).
 
-    Taken from a ctypes view of the array's buffer where it is writable, C-contiguous and not
-    empty (about 0.4 µs a call here), else, and for a dtype numpy keeps out of buffers
-    (``datetime64``), from its array interface (about 1.5 µs: the interface is a new dict each time).
+    Taken from a ctypes view of the array's buffer where it is C-contiguous and not empty (well
+    under a microsecond here), else, and where ctypes refuses the view (a read-only array, a dtype
+    numpy keeps out of buffers: ``datetime64``), from its array interface (about 1.5 µs: the
+    interface is a new dict each time). Writability is left to ctypes to find: reading
+    ``flags.writeable`` warns for some views (``np.broadcast_arrays``'s).
     """
-    flags = array.flags
-    if flags.writeable and flags.c_contiguous and array.size:
+    if array.flags.c_contiguous and array.size:
         try:
             return ctypes.addressof(_BYTE.from_buffer(cast(Any, array)))  # numpy's stubs do not type arrays as buffers
-        except (TypeError, ValueError, BufferError):  # a dtype numpy does not export (datetime64, timedelta64)
+        except (TypeError, ValueError, BufferError):  # read-only, or a dtype numpy does not export
             pass
     return int(array.__array_interface__["data"][0])
 
