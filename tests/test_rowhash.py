@@ -17,6 +17,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -219,8 +220,11 @@ def test_an_arrays_address_is_its_first_byte_whether_writable_read_only_empty_or
     assert not read_only.flags.writeable
     others = [base[:, ::2], base[:, 3:], base[::-1], np.asfortranarray(base), np.empty((0, 5), np.int64)]
     others += [read_only, read_only[2:], np.arange(3).astype("datetime64[s]")]  # not a buffer ctypes may view
-    for a in [base, base[1:], *others]:
-        assert rowhash.address(a) == a.__array_interface__["data"][0]
+    others.append(np.broadcast_arrays(np.arange(3), np.zeros((1, 3)))[0])  # numpy warns when its flags are read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for a in [base, base[1:], *others]:
+            assert rowhash.address(a) == a.__array_interface__["data"][0]
 
     class NoInterface(np.ndarray):  # an array whose interface cannot be read: the ctypes view is used
         @property
